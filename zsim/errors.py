@@ -1,0 +1,27 @@
+"""User-facing errors. The CLI turns any ZsimError into one line and exit code 2; anything
+else is a bug and keeps its traceback."""
+
+
+class ZsimError(Exception):
+    """Base of every error a user can cause with their input."""
+
+
+class ConfigError(ZsimError):
+    """A field of a model, hardware profile, plan or scenario has a bad value.
+
+    The message names the field path and the offending value.
+    """
+
+    def __init__(self, field: str, value: object, reason: str) -> None:
+        self.field = field
+        self.value = value
+        self.reason = reason
+        super().__init__(f"{field}={value!r}: {reason}")
+
+
+class InfeasiblePlan(ZsimError):
+    """A plan cannot run on the given cluster (for example its state alone exceeds HBM)."""
+
+
+class OutOfMemory(ZsimError):
+    """The simulated memory ledger exceeded HBM capacity."""

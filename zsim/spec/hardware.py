@@ -1,0 +1,195 @@
+"""HardwareProfile: one cluster's GPUs, nodes and links, loaded from strict YAML.
+
+Owns the profile schema and its conversion from human units (GiB, GB/s, us, TFLOP/s in
+YAML keys) to SI base units (bytes, bytes/s, s, FLOP/s) once, at load. Every section of a
+profile file carries a `source:` saying where its numbers come from (a datasheet, a
+published measurement in shared/cases/, or a `zsim calibrate` run). Hardware numbers live
+only in hardware_profiles/*.yaml; no code branches on device names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from zsim.errors import ConfigError
+from zsim.units import GB, US, GiB
+
+_SCHEMA: dict[str, tuple[str, ...]] = {
+    "": ("name", "description", "gpu", "node", "intra_node", "inter_node", "efficiency"),
+    "gpu": ("name", "hbm_gib", "hbm_bandwidth_gb_per_s", "peak_tflops", "source"),
+    "node": ("gpus_per_node", "host_memory_gib", "pcie_gb_per_s", "nvme_read_gb_per_s",
+             "nvme_write_gb_per_s", "source"),
+    "intra_node": ("name", "bandwidth_gb_per_s", "latency_us", "efficiency", "source"),
+    "inter_node": ("name", "bandwidth_gb_per_s", "latency_us", "efficiency", "source"),
+    "efficiency": ("matmul", "attention", "memory_bound", "pcie", "host_adam_params_per_s",
+                   "comm_compute_slowdown", "source"),
+}
+"""Required keys of each section; no others are accepted."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Link:
+    """One level of the network, per GPU and per direction."""
+
+    name: str
+    """e.g. "NVLink4/NVSwitch", "InfiniBand NDR 400G"."""
+    bandwidth_bytes_per_s: float
+    """Line rate per GPU per direction."""
+    latency_s: float
+    """Per-hop start-up latency (the alpha of an alpha-beta model)."""
+    efficiency: float
+    """Achievable fraction of line rate for large collectives (nccl-tests bus bandwidth /
+    line rate)."""
+
+    @property
+    def achievable_bytes_per_s(self) -> float:
+        return self.bandwidth_bytes_per_s * self.efficiency
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HardwareProfile:
+    """A homogeneous GPU cluster."""
+
+    name: str
+    """Profile name (file stem in hardware_profiles/)."""
+    description: str
+    gpu_name: str
+    hbm_bytes: float
+    """Usable HBM per GPU, bytes (what the allocator can hand out)."""
+    hbm_bandwidth_bytes_per_s: float
+    peak_flop_per_s: dict[str, float]
+    """Dense peak per dtype ("bf16", "fp16", "fp32", "tf32"), FLOP/s."""
+    gpus_per_node: int
+    host_memory_bytes: float
+    """Host DRAM per node, bytes."""
+    pcie_bytes_per_s: float
+    """Host<->GPU bandwidth per GPU per direction."""
+    nvme_read_bytes_per_s: float
+    """Per node."""
+    nvme_write_bytes_per_s: float
+    intra_node: Link
+    inter_node: Link
+    matmul_efficiency: float
+    """Achievable fraction of peak for transformer matmuls."""
+    attention_efficiency: float
+    """Achievable fraction of peak for (flash) attention forward + backward."""
+    memory_bound_efficiency: float
+    """Achievable fraction of HBM bandwidth for elementwise/norm kernels."""
+    pcie_efficiency: float
+    """Achievable fraction of PCIe line rate for pinned copies."""
+    host_adam_params_per_s: float
+    """CPU AdamW throughput for offloaded optimizer steps, parameters per second per node."""
+    comm_compute_slowdown: float
+    """Fraction by which compute slows while communication kernels hold SMs (0 = none)."""
+
+    def peak(self, dtype: str) -> float:
+        """Dense peak FLOP/s for a compute dtype.
+
+        Raises:
+            ConfigError: the profile has no peak for that dtype.
+        """
+        if dtype not in self.peak_flop_per_s:
+            raise ConfigError(f"hardware.gpu.peak_tflops.{dtype}", None,
+                              f"profile {self.name} has no peak for {dtype}")
+        return self.peak_flop_per_s[dtype]
+
+    @classmethod
+    def from_dict(cls, data: Any, *, name: str) -> HardwareProfile:
+        """Build from the YAML structure; strict about keys and types.
+
+        Raises:
+            ConfigError: a section or key is unknown, missing or of the wrong type.
+        """
+        _check_keys(data, "")
+        for section in ("gpu", "node", "intra_node", "inter_node", "efficiency"):
+            _check_keys(data[section], section)
+        gpu, node, eff = data["gpu"], data["node"], data["efficiency"]
+        peaks = gpu["peak_tflops"]
+        if not isinstance(peaks, dict) or not peaks:
+            raise ConfigError("gpu.peak_tflops", peaks, "must map dtype names to TFLOP/s")
+        return cls(
+            name=name,
+            description=str(data["description"]),
+            gpu_name=str(gpu["name"]),
+            hbm_bytes=_pos(gpu, "gpu", "hbm_gib") * GiB,
+            hbm_bandwidth_bytes_per_s=_pos(gpu, "gpu", "hbm_bandwidth_gb_per_s") * GB,
+            peak_flop_per_s={k: _pos(peaks, "gpu.peak_tflops", k) * 1e12 for k in peaks},
+            gpus_per_node=int(_pos(node, "node", "gpus_per_node")),
+            host_memory_bytes=_pos(node, "node", "host_memory_gib") * GiB,
+            pcie_bytes_per_s=_pos(node, "node", "pcie_gb_per_s") * GB,
+            nvme_read_bytes_per_s=_pos(node, "node", "nvme_read_gb_per_s") * GB,
+            nvme_write_bytes_per_s=_pos(node, "node", "nvme_write_gb_per_s") * GB,
+            intra_node=_link(data["intra_node"], "intra_node"),
+            inter_node=_link(data["inter_node"], "inter_node"),
+            matmul_efficiency=_fraction(eff, "matmul"),
+            attention_efficiency=_fraction(eff, "attention"),
+            memory_bound_efficiency=_fraction(eff, "memory_bound"),
+            pcie_efficiency=_fraction(eff, "pcie"),
+            host_adam_params_per_s=_pos(eff, "efficiency", "host_adam_params_per_s"),
+            comm_compute_slowdown=_fraction(eff, "comm_compute_slowdown", allow_zero=True),
+        )
+
+    @classmethod
+    def from_yaml(cls, path: Path) -> HardwareProfile:
+        """Load hardware_profiles/<name>.yaml (or any path).
+
+        Raises:
+            ConfigError: unreadable file, malformed YAML, or a schema violation.
+        """
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError("hardware", str(path), "no such file") from None
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError("hardware", str(path), f"malformed YAML{where}") from None
+        return cls.from_dict(data, name=path.stem)
+
+
+def _check_keys(data: Any, section: str) -> None:
+    where = section or "hardware"
+    if not isinstance(data, dict):
+        raise ConfigError(where, data, "must be a mapping")
+    expected = _SCHEMA[section]
+    for key in data:
+        if key not in expected:
+            raise ConfigError(f"{section + '.' if section else ''}{key}", data[key],
+                              f"unknown key; expected one of {', '.join(expected)}")
+    for key in expected:
+        if key not in data:
+            raise ConfigError(f"{section + '.' if section else ''}{key}", None,
+                              "missing required key")
+
+
+def _pos(d: dict[str, Any], section: str, key: str) -> float:
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+        raise ConfigError(f"{section}.{key}", v, "must be a positive number")
+    return float(v)
+
+
+def _fraction(d: dict[str, Any], key: str, *, allow_zero: bool = False) -> float:
+    v = d[key]
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (
+        0 <= v < 1 if allow_zero else 0 < v <= 1)
+    if not ok:
+        raise ConfigError(f"efficiency.{key}", v, "must be a fraction in (0, 1]" if not
+                          allow_zero else "must be a fraction in [0, 1)")
+    return float(v)
+
+
+def _link(d: dict[str, Any], section: str) -> Link:
+    eff = d["efficiency"]
+    if isinstance(eff, bool) or not isinstance(eff, (int, float)) or not 0 < eff <= 1:
+        raise ConfigError(f"{section}.efficiency", eff, "must be a fraction in (0, 1]")
+    latency = d["latency_us"]
+    if isinstance(latency, bool) or not isinstance(latency, (int, float)) or latency < 0:
+        raise ConfigError(f"{section}.latency_us", latency, "must be a number >= 0")
+    return Link(name=str(d["name"]), bandwidth_bytes_per_s=_pos(d, section, "bandwidth_gb_per_s") * GB,
+                latency_s=float(latency) * US, efficiency=float(eff))

@@ -1,0 +1,298 @@
+"""ModelSpec: the shape of a decoder-only transformer, with exact parameter and FLOP counts.
+
+Owns the architecture description and the closed forms derived from it; imports nothing
+beyond the standard library and zsim.errors. Two independent parameter counts live here:
+`parameter_tensors()` enumerates every weight tensor (what `torch.nn.Module.parameters()`
+would list for the reference model of DESIGN.md), and `num_params` sums closed-form
+expressions per component; a test checks they agree.
+
+References:
+- GPT-3 shapes: Brown et al. 2020, "Language Models are Few-Shot Learners", Table 2.1.
+- Llama-2 shapes: Touvron et al. 2023, Table 1 and the released config.json files.
+- Llama-3.1 shapes: Llama Team 2024, "The Llama 3 Herd of Models", Table 3.
+- FLOPs: Kaplan et al. 2020 Sec. 2.1 (6N per token for forward + backward) plus the
+  attention term 12 * L * s * d per token (PaLM, Chowdhery et al. 2022, App. B), halved
+  for causal masking as flash attention skips the masked half.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Literal
+
+from zsim.errors import ConfigError
+
+Mlp = Literal["swiglu", "gelu"]
+Norm = Literal["rmsnorm", "layernorm"]
+AttentionKernel = Literal["flash", "math"]
+NormKernel = Literal["fused", "composite"]
+GqaImpl = Literal["enable_gqa", "repeat_kv"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    """A decoder-only transformer (GPT or Llama family)."""
+
+    name: str
+    """Preset or file name, for reports."""
+    num_layers: int
+    """Transformer blocks."""
+    d_model: int
+    """Hidden size."""
+    num_heads: int
+    """Attention (query) heads."""
+    num_kv_heads: int
+    """Key/value heads; equal to num_heads for multi-head attention, fewer for GQA."""
+    ffn_hidden: int
+    """MLP inner size (per up-projection for SwiGLU)."""
+    mlp: Mlp = "swiglu"
+    """"swiglu": w1, w3 up and w2 down (Llama); "gelu": one up, one down (GPT)."""
+    norm: Norm = "rmsnorm"
+    """Normalisation layer; RMSNorm has a weight, LayerNorm a weight and (with bias) a bias."""
+    bias: bool = False
+    """Linear and norm layers carry biases (GPT-3 does, Llama does not)."""
+    vocab_size: int
+    """Embedding rows."""
+    tied_embeddings: bool = False
+    """The output projection reuses the token embedding matrix."""
+    learned_pos_emb: bool = False
+    """A learned position-embedding table of max_seq_len rows (GPT); False means RoPE."""
+    max_seq_len: int
+    """Default and maximum training sequence length, tokens."""
+    attention_kernel: AttentionKernel = "flash"
+    """Which SDPA kernel autograd records: "flash" saves q, k, v, out and the log-sum-exp;
+    "math" also saves the s x s softmax (what CPU and fake-CUDA runs use)."""
+    norm_kernel: NormKernel = "fused"
+    """"fused" RMSNorm saves its input and an fp32 rstd (CUDA); "composite" saves fp32
+    intermediates too (the CPU decomposition of torch.nn.RMSNorm)."""
+    gqa_impl: GqaImpl = "enable_gqa"
+    """GQA through SDPA's enable_gqa (k, v saved at kv width) or by repeating k and v to
+    all heads before attention (saved at full width)."""
+    logits_upcast: bool = True
+    """Loss computed as cross_entropy(logits.float()): the log-softmax saved in fp32."""
+    extra_params: int = 0
+    """Parameters outside the transformer structure, held by the root unit. Synthetic
+    models (`synthetic()`) use it to reach an exact parameter count; 0 for real models."""
+
+    def __post_init__(self) -> None:
+        for f in ("num_layers", "d_model", "num_heads", "num_kv_heads", "ffn_hidden",
+                  "vocab_size", "max_seq_len"):
+            value = getattr(self, f)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"model.{f}", value, "must be a positive integer")
+        if self.extra_params < 0:
+            raise ConfigError("model.extra_params", self.extra_params, "must be >= 0")
+        if self.d_model % self.num_heads:
+            raise ConfigError("model.num_heads", self.num_heads,
+                              f"must divide d_model={self.d_model}")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError("model.num_kv_heads", self.num_kv_heads,
+                              f"must divide num_heads={self.num_heads}")
+        for f, choices in (("mlp", ("swiglu", "gelu")),
+                           ("norm", ("rmsnorm", "layernorm")),
+                           ("attention_kernel", ("flash", "math")),
+                           ("norm_kernel", ("fused", "composite")),
+                           ("gqa_impl", ("enable_gqa", "repeat_kv"))):
+            if getattr(self, f) not in choices:
+                raise ConfigError(f"model.{f}", getattr(self, f),
+                                  f"must be one of {', '.join(choices)}")
+
+    # ---------------------------------------------------------------- shapes
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the key (and of the value) projection output."""
+        return self.num_kv_heads * self.head_dim
+
+    def block_tensors(self) -> list[tuple[str, tuple[int, ...]]]:
+        """Every parameter tensor of one transformer block, (name, shape), in module order."""
+        d, kv, f = self.d_model, self.kv_dim, self.ffn_hidden
+        t: list[tuple[str, tuple[int, ...]]] = [("attention_norm.weight", (d,))]
+        if self.norm == "layernorm" and self.bias:
+            t.append(("attention_norm.bias", (d,)))
+        for proj, out in (("wq", d), ("wk", kv), ("wv", kv), ("wo", d)):
+            t.append((f"attention.{proj}.weight", (out, d)))
+            if self.bias:
+                t.append((f"attention.{proj}.bias", (out,)))
+        t.append(("ffn_norm.weight", (d,)))
+        if self.norm == "layernorm" and self.bias:
+            t.append(("ffn_norm.bias", (d,)))
+        ups = ("w1", "w3") if self.mlp == "swiglu" else ("w1",)
+        for proj in ups:
+            t.append((f"feed_forward.{proj}.weight", (f, d)))
+            if self.bias:
+                t.append((f"feed_forward.{proj}.bias", (f,)))
+        t.append(("feed_forward.w2.weight", (d, f)))
+        if self.bias:
+            t.append(("feed_forward.w2.bias", (d,)))
+        return t
+
+    def root_tensors(self) -> list[tuple[str, tuple[int, ...]]]:
+        """Parameter tensors outside the blocks (embeddings, final norm, output), in order."""
+        d = self.d_model
+        t: list[tuple[str, tuple[int, ...]]] = [("tok_embeddings.weight", (self.vocab_size, d))]
+        if self.learned_pos_emb:
+            t.append(("pos_embeddings.weight", (self.max_seq_len, d)))
+        t.append(("norm.weight", (d,)))
+        if self.norm == "layernorm" and self.bias:
+            t.append(("norm.bias", (d,)))
+        if not self.tied_embeddings:
+            t.append(("output.weight", (self.vocab_size, d)))
+        if self.extra_params:
+            t.append(("extra", (self.extra_params,)))
+        return t
+
+    def parameter_tensors(self) -> list[tuple[str, tuple[int, ...]]]:
+        """All parameter tensors: root tensors first, then each block's, prefixed."""
+        out = self.root_tensors()
+        for i in range(self.num_layers):
+            out += [(f"layers.{i}.{n}", s) for n, s in self.block_tensors()]
+        return out
+
+    # ---------------------------------------------------------------- closed forms
+    @property
+    def params_per_block(self) -> int:
+        """Closed form: attention 2d^2 + 2d*kv (q, o; k, v), MLP (3 if SwiGLU else 2)*d*f,
+        norms 2d; with biases add d + 2kv + d for attention, f-per-up + d for the MLP and
+        2d for LayerNorm biases (Narayanan et al. 2021, Sec. 5.1 for the GPT case)."""
+        d, kv, f = self.d_model, self.kv_dim, self.ffn_hidden
+        n_up = 2 if self.mlp == "swiglu" else 1
+        n = 2 * d * d + 2 * d * kv + (n_up + 1) * d * f + 2 * d
+        if self.bias:
+            n += 2 * d + 2 * kv + n_up * f + d
+            if self.norm == "layernorm":
+                n += 2 * d
+        return n
+
+    @property
+    def embedding_params(self) -> int:
+        """Token embeddings (plus learned positions)."""
+        return self.vocab_size * self.d_model + (
+            self.max_seq_len * self.d_model if self.learned_pos_emb else 0)
+
+    @property
+    def head_params(self) -> int:
+        """Final norm and (untied) output projection."""
+        norm = self.d_model * (2 if self.norm == "layernorm" and self.bias else 1)
+        return norm + (0 if self.tied_embeddings else self.vocab_size * self.d_model)
+
+    @property
+    def root_params(self) -> int:
+        """Everything the root FSDP unit owns: embeddings, final norm, output, extra."""
+        return self.embedding_params + self.head_params + self.extra_params
+
+    @property
+    def num_params(self) -> int:
+        """Total parameter count."""
+        return self.num_layers * self.params_per_block + self.root_params
+
+    @property
+    def non_embedding_params(self) -> int:
+        """Parameters that take part in matmuls per token (Kaplan's N): all but the
+        embedding lookup tables; the output projection counts (it is a matmul)."""
+        lookups = self.embedding_params if not self.tied_embeddings else self.max_seq_len * \
+            self.d_model * self.learned_pos_emb
+        return self.num_params - lookups - self.extra_params
+
+    def attention_flops_per_token(self, seq_len: int, *, causal: bool = True) -> float:
+        """Forward + backward attention score/value FLOPs per token: 12 * L * s * d
+        (PaLM App. B), halved when the causal mask lets the kernel skip half the scores."""
+        flops = 12.0 * self.num_layers * seq_len * self.d_model
+        return flops / 2 if causal else flops
+
+    def flops_per_token(self, seq_len: int, *, causal: bool = True) -> float:
+        """Model FLOPs per trained token (forward + backward, no recomputation):
+        6 * N_matmul + attention. N_matmul excludes lookup tables, as they do no matmul."""
+        return 6.0 * self.non_embedding_params + self.attention_flops_per_token(
+            seq_len, causal=causal)
+
+    # ---------------------------------------------------------------- conversions
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, where: str = "model") -> ModelSpec:
+        """Strict: unknown keys and missing required keys raise ConfigError."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"{where}.{unknown[0]}", data[unknown[0]],
+                              f"unknown key; known keys: {', '.join(sorted(known))}")
+        required = [f.name for f in fields(cls) if f.default is MISSING]
+        missing = [k for k in required if k not in data]
+        if missing:
+            raise ConfigError(f"{where}.{missing[0]}", None, "missing required key")
+        return cls(**data)
+
+    @classmethod
+    def from_hf_config(cls, path: Path) -> ModelSpec:
+        """Load a HuggingFace-style Llama/Mistral `config.json` from disk (no hub access).
+
+        Raises:
+            ConfigError: the file is missing, is not JSON, or lacks a required key.
+        """
+        try:
+            cfg = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError("model", str(path), "no such file") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError("model", str(path), f"not valid JSON ({e})") from None
+        if not isinstance(cfg, dict):
+            raise ConfigError("model", str(path), "config.json must hold a JSON object")
+
+        def need(key: str) -> Any:
+            if key not in cfg:
+                raise ConfigError(f"{path}:{key}", None, "missing required key")
+            return cfg[key]
+
+        act = cfg.get("hidden_act", "silu")
+        return cls(
+            name=Path(path).parent.name or Path(path).stem,
+            num_layers=need("num_hidden_layers"),
+            d_model=need("hidden_size"),
+            num_heads=need("num_attention_heads"),
+            num_kv_heads=cfg.get("num_key_value_heads", cfg.get("num_attention_heads")),
+            ffn_hidden=need("intermediate_size"),
+            mlp="swiglu" if act in ("silu", "swish") else "gelu",
+            norm="rmsnorm",
+            bias=bool(cfg.get("attention_bias", False)),
+            vocab_size=need("vocab_size"),
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            max_seq_len=need("max_position_embeddings"),
+        )
+
+
+def synthetic(num_params: int, *, seq_len: int = 4096) -> ModelSpec:
+    """A Llama-style model of exactly `num_params` parameters.
+
+    Shape follows Kaplan et al. 2020's aspect ratio (d_model ~ 128 * layers for
+    mid-size models, Fig. 5 shows loss is flat over a wide range of it): layers are chosen
+    so the blocks hold most of the budget, d_model is a multiple of 128, SwiGLU with
+    ffn = 8/3 d rounded to 256, vocab 32000, untied; the remainder goes to `extra_params`.
+
+    Raises:
+        ConfigError: num_params is too small to hold one block and the embeddings.
+    """
+    if num_params < 10_000_000:
+        raise ConfigError("params", num_params, "synthetic models need at least 1e7 parameters")
+    vocab = 32000
+    best: ModelSpec | None = None
+    for layers in range(2, 200):
+        d = max(128, round(128 * layers / 128) * 128)
+        ffn = (8 * d // 3 + 255) // 256 * 256
+        spec = ModelSpec(name="", num_layers=layers, d_model=d, num_heads=d // 128,
+                         num_kv_heads=d // 128, ffn_hidden=ffn, vocab_size=vocab,
+                         max_seq_len=seq_len)
+        if spec.num_params > num_params:
+            break
+        best = spec
+    if best is None:
+        raise ConfigError("params", num_params, "too few parameters for a transformer")
+    name = f"synthetic-{num_params:.3g}".replace("+", "")
+    return ModelSpec(**{**best.to_dict(), "name": name,
+                        "extra_params": num_params - best.num_params})

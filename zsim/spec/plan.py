@@ -1,0 +1,238 @@
+"""Plan: how one training step is parallelised, sharded, recomputed and batched.
+
+Owns the plan fields and their single-field checks; cross-object rules (divisibility by the
+model's heads, fitting the cluster) live in zsim.spec.validate. Imports only zsim.errors
+and zsim.units.
+
+Degrees follow torchtitan: `dp_shard` ranks share one copy of the sharded state,
+`dp_replicate` copies of it exist, world = dp_shard * dp_replicate * tp * pp.
+
+ZeRO stage -> FSDP2 mapping (cf. torchtitan docs/fsdp.md):
+
+| strategy          | what is sharded over dp_shard          | FSDP2 equivalent                       |
+|-------------------|----------------------------------------|----------------------------------------|
+| ddp               | nothing (dp_shard = 1)                 | DistributedDataParallel                |
+| zero1             | optimizer state (+ fp32 master)        | none exact: ZeroRedundancyOptimizer    |
+| zero2             | + gradients                            | ~ fully_shard(reshard_after_forward=False); FSDP2 also keeps params sharded at rest |
+| fsdp (= zero3)    | + parameters, regathered in backward   | fully_shard(reshard_after_forward=True) |
+| fsdp-no-reshard   | + parameters, kept gathered fwd -> bwd | fully_shard(reshard_after_forward=False) |
+| hsdp              | as fsdp inside a shard group, replicated across groups | 2-D DeviceMesh (replicate, shard) ~ MiCS |
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Literal, get_args
+
+from zsim.errors import ConfigError
+from zsim.units import DTYPES, MiB
+
+Strategy = Literal["ddp", "zero1", "zero2", "fsdp", "fsdp-no-reshard", "hsdp"]
+STRATEGIES: tuple[str, ...] = get_args(Strategy)
+STRATEGY_ALIASES = {"zero3": "fsdp"}
+Recompute = Literal["none", "selective", "full"]
+Optimizer = Literal["adamw", "sgd", "adamw8bit"]
+Offload = Literal["none", "optimizer", "params"]
+Precision = Literal["bf16", "fp32"]
+
+OPTIMIZER_STATE_COPIES: dict[str, float] = {
+    # AdamW (Loshchilov & Hutter 2019) keeps momentum and variance.
+    "adamw": 2.0,
+    # SGD with momentum keeps one buffer.
+    "sgd": 1.0,
+}
+"""Optimizer state tensors per parameter, each in optimizer_state_dtype."""
+
+ADAMW8BIT_BYTES_PER_PARAM = 2.0 + 2 * 4 / 2048
+"""8-bit AdamW (Dettmers et al. 2022, "8-bit Optimizers via Block-wise Quantization",
+Sec. 2): two uint8 states plus one fp32 absmax per 2048-element block for each."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """One parallel training plan for a fixed model and cluster."""
+
+    strategy: Strategy
+    """Data-parallel strategy; see the module table for its FSDP2 equivalent."""
+    dp_shard: int
+    """Ranks that share one sharded copy of the model state (1 for ddp)."""
+    dp_replicate: int = 1
+    """Replicas of the (sharded) state; gradients are all-reduced across them."""
+    tp: int = 1
+    """Tensor-parallel degree (1 means disabled)."""
+    pp: int = 1
+    """Pipeline-parallel degree (1 means disabled)."""
+    micro_batch: int = 1
+    """Sequences per micro-batch per data-parallel rank."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step (gradient accumulation steps)."""
+    seq_len: int
+    """Tokens per sequence."""
+    recompute: Recompute = "none"
+    """Activation checkpointing: none, selective (recompute cheap ops), full (keep block inputs)."""
+    unit_size: int = 1
+    """Transformer blocks per FSDP unit (one fully_shard call)."""
+    prefetch: int = 1
+    """Units all-gathered ahead of the one computing (0 disables prefetch; FSDP2 uses 1)."""
+    bucket_bytes: int = 25 * MiB
+    """Gradient bucket size for ddp/zero1/zero2 reduction, bytes (DDP default 25 MiB)."""
+    param_dtype: str = "bf16"
+    """Dtype of gathered parameters, of compute and of activations."""
+    grad_dtype: str = "bf16"
+    """Dtype gradients are stored in before the optimizer (ZeRO paper: fp16/bf16)."""
+    reduce_dtype: str = "bf16"
+    """Dtype of gradient reduce-scatter / all-reduce traffic (FSDP2 often uses fp32)."""
+    master_dtype: str = "fp32"
+    """Dtype of the master weights the optimizer updates; equal to param_dtype means none."""
+    optimizer: Optimizer = "adamw"
+    """adamw (2 states), sgd (momentum, 1 state) or adamw8bit (block-quantised states)."""
+    optimizer_state_dtype: str = "fp32"
+    """Dtype of optimizer states (ignored by adamw8bit)."""
+    offload: Offload = "none"
+    """none, optimizer (states + master to host, CPU step), params (also parameters)."""
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ConfigError("plan.strategy", self.strategy,
+                              f"must be one of {', '.join(STRATEGIES)}")
+        for f in ("dp_shard", "dp_replicate", "tp", "pp", "micro_batch", "grad_accum",
+                  "seq_len", "unit_size", "bucket_bytes"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ConfigError(f"plan.{f}", v, "must be a positive integer")
+        if not isinstance(self.prefetch, int) or self.prefetch < 0:
+            raise ConfigError("plan.prefetch", self.prefetch, "must be an integer >= 0")
+        for f in ("param_dtype", "grad_dtype", "reduce_dtype", "master_dtype",
+                  "optimizer_state_dtype"):
+            if getattr(self, f) not in DTYPES:
+                raise ConfigError(f"plan.{f}", getattr(self, f),
+                                  f"must be one of {', '.join(DTYPES)}")
+        for f, choices in (("recompute", get_args(Recompute)),
+                           ("optimizer", get_args(Optimizer)),
+                           ("offload", get_args(Offload))):
+            if getattr(self, f) not in choices:
+                raise ConfigError(f"plan.{f}", getattr(self, f),
+                                  f"must be one of {', '.join(choices)}")
+        if self.strategy == "ddp" and self.dp_shard != 1:
+            raise ConfigError("plan.dp_shard", self.dp_shard, "ddp shards nothing: must be 1")
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def world_size(self) -> int:
+        return self.dp_shard * self.dp_replicate * self.tp * self.pp
+
+    @property
+    def dp_degree(self) -> int:
+        """Data-parallel ranks: each sees different data."""
+        return self.dp_shard * self.dp_replicate
+
+    @property
+    def shards_params(self) -> bool:
+        return self.strategy in ("fsdp", "fsdp-no-reshard", "hsdp")
+
+    @property
+    def shards_grads(self) -> bool:
+        return self.strategy != "ddp" and self.strategy != "zero1"
+
+    @property
+    def shards_optimizer(self) -> bool:
+        return self.strategy != "ddp"
+
+    @property
+    def reshard_after_forward(self) -> bool:
+        return self.strategy in ("fsdp", "hsdp")
+
+    @property
+    def hsdp_enabled(self) -> bool:
+        return self.dp_shard > 1 and self.dp_replicate > 1 and self.shards_params
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens the whole job trains on per optimizer step."""
+        return self.micro_batch * self.grad_accum * self.seq_len * self.dp_degree
+
+    @property
+    def has_master_copy(self) -> bool:
+        return self.master_dtype != self.param_dtype
+
+    # ------------------------------------------------------------------ builders
+    @classmethod
+    def for_strategy(cls, strategy: str, *, gpus: int, shard_group: int | None = None,
+                     **knobs: Any) -> Plan:
+        """Fill the degrees a strategy implies on `gpus` data-parallel GPUs.
+
+        Args:
+            strategy: a Strategy or an alias ("zero3").
+            gpus: world size (tp = pp = 1).
+            shard_group: hsdp only, ranks per shard group; must divide gpus.
+            knobs: any other Plan field.
+
+        Raises:
+            ConfigError: unknown strategy, or a shard group that does not divide gpus.
+        """
+        strategy = STRATEGY_ALIASES.get(strategy, strategy)
+        if strategy not in STRATEGIES:
+            raise ConfigError("strategy", strategy,
+                              f"must be one of {', '.join(STRATEGIES + tuple(STRATEGY_ALIASES))}")
+        if not isinstance(gpus, int) or gpus <= 0:
+            raise ConfigError("gpus", gpus, "must be a positive integer")
+        if strategy == "hsdp":
+            if shard_group is None:
+                raise ConfigError("shard_group", None, "hsdp needs a shard group size")
+            if shard_group <= 0 or gpus % shard_group:
+                raise ConfigError("shard_group", shard_group, f"must divide gpus={gpus}")
+            return cls(strategy="hsdp", dp_shard=shard_group,
+                       dp_replicate=gpus // shard_group, **knobs)
+        if shard_group is not None:
+            raise ConfigError("shard_group", shard_group, f"only hsdp takes a shard group, not {strategy}")
+        if strategy == "ddp":
+            return cls(strategy="ddp", dp_shard=1, dp_replicate=gpus, **knobs)
+        return cls(strategy=strategy, dp_shard=gpus, **knobs)  # type: ignore[arg-type]
+
+    @property
+    def label(self) -> str:
+        """Short human name, e.g. "hsdp(8x16) ac=selective mb=2"."""
+        deg = f"({self.dp_shard}x{self.dp_replicate})" if self.strategy == "hsdp" else ""
+        extra = f" offload={self.offload}" if self.offload != "none" else ""
+        return f"{self.strategy}{deg} ac={self.recompute} mb={self.micro_batch}{extra}"
+
+    def with_(self, **changes: Any) -> Plan:
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, where: str = "plan") -> Plan:
+        """Strict: unknown keys raise ConfigError naming the key."""
+        known = {f.name for f in fields(cls)}
+        for key in data:
+            if key not in known:
+                raise ConfigError(f"{where}.{key}", data[key],
+                                  f"unknown key; known keys: {', '.join(sorted(known))}")
+        try:
+            return cls(**data)
+        except TypeError as e:  # a missing required field
+            raise ConfigError(where, sorted(data), str(e)) from None
+
+
+PRECISIONS: dict[str, dict[str, str]] = {
+    # Mixed precision as the ZeRO paper counts it (Sec. 3.1): 16-bit params and grads,
+    # fp32 master weights and Adam states. FSDP2 users often set reduce_dtype=fp32.
+    "bf16": {"param_dtype": "bf16", "grad_dtype": "bf16", "reduce_dtype": "bf16",
+             "master_dtype": "fp32", "optimizer_state_dtype": "fp32"},
+    "fp32": {"param_dtype": "fp32", "grad_dtype": "fp32", "reduce_dtype": "fp32",
+             "master_dtype": "fp32", "optimizer_state_dtype": "fp32"},
+}
+"""Dtype fields set by the CLI's --precision."""
+
+
+def precision_knobs(precision: str) -> dict[str, str]:
+    """The Plan dtype fields for a --precision name.
+
+    Raises:
+        ConfigError: unknown precision name.
+    """
+    if precision not in PRECISIONS:
+        raise ConfigError("precision", precision, f"must be one of {', '.join(PRECISIONS)}")
+    return dict(PRECISIONS[precision])

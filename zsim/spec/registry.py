@@ -1,0 +1,64 @@
+"""Name resolution: "13b" -> ModelSpec, "dgx-h100" -> hardware_profiles/dgx-h100.yaml.
+
+Owns lookup and the "unknown name, here is what exists" errors; no shapes or hardware
+numbers live here (see zsim.spec.presets and hardware_profiles/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from zsim.errors import ConfigError
+from zsim.spec.hardware import HardwareProfile
+from zsim.spec.model import ModelSpec, synthetic
+from zsim.spec.presets import ALIASES, PRESETS
+
+PROFILES_DIR = Path(__file__).resolve().parents[2] / "hardware_profiles"
+"""Shipped hardware profiles (the repository's hardware_profiles/ folder)."""
+
+DEFAULT_HARDWARE = "dgx-h100"
+
+
+def model_names() -> list[str]:
+    """Preset names followed by their short aliases."""
+    return list(PRESETS) + list(ALIASES)
+
+
+def resolve_model(name: str | None = None, *, params: float | None = None) -> ModelSpec:
+    """A preset or alias name, a path to a HuggingFace config.json, or a synthetic model
+    of exactly `params` parameters.
+
+    Raises:
+        ConfigError: unknown name (the message lists presets), unreadable config, or
+            neither/both of name and params given.
+    """
+    if (name is None) == (params is None):
+        raise ConfigError("model", name, "give exactly one of --model or --params")
+    if params is not None:
+        if params != int(params) or params <= 0:
+            raise ConfigError("params", params, "must be a positive whole number")
+        return synthetic(int(params))
+    assert name is not None
+    key = ALIASES.get(name.lower(), name.lower())
+    if key in PRESETS:
+        return PRESETS[key]
+    if name.endswith(".json") or Path(name).is_file():
+        return ModelSpec.from_hf_config(Path(name))
+    raise ConfigError("model", name, f"unknown model; known: {', '.join(model_names())}")
+
+
+def hardware_names() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+
+
+def resolve_hardware(name: str) -> HardwareProfile:
+    """A profile name from hardware_profiles/ or a path to a profile YAML.
+
+    Raises:
+        ConfigError: unknown name (the message lists profiles) or a bad profile file.
+    """
+    path = PROFILES_DIR / f"{name}.yaml"
+    if path.is_file():
+        return HardwareProfile.from_yaml(path)
+    if name.endswith((".yaml", ".yml")) and Path(name).is_file():
+        return HardwareProfile.from_yaml(Path(name))
+    raise ConfigError("hardware", name, f"unknown hardware; known: {', '.join(hardware_names())}")
