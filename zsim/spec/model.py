@@ -132,6 +132,16 @@ class ModelSpec:
             t.append(("feed_forward.w2.bias", (d,)))
         return t
 
+    def block_matmuls(self) -> list[tuple[str, int, int]]:
+        """The weight matmuls of one block in call order: (module, in_features, out_features)."""
+        d, kv, f = self.d_model, self.kv_dim, self.ffn_hidden
+        mms = [("attention.wq", d, d), ("attention.wk", d, kv), ("attention.wv", d, kv),
+               ("attention.wo", d, d), ("feed_forward.w1", d, f)]
+        if self.mlp == "swiglu":
+            mms.append(("feed_forward.w3", d, f))
+        mms.append(("feed_forward.w2", f, d))
+        return mms
+
     def root_tensors(self) -> list[tuple[str, tuple[int, ...]]]:
         """Parameter tensors outside the blocks (embeddings, final norm, output), in order."""
         d = self.d_model

@@ -1,0 +1,195 @@
+"""Activation memory: what autograd saves per transformer block and around the loss.
+
+Owns the list of tensors the reference training step of DESIGN.md keeps between a block's
+forward and its backward, per recomputation policy, and the transient working memory of
+the loss. Pure arithmetic on ModelSpec; imports nothing heavy. Kernel choices that move
+memory (flash vs math attention, fused vs composite RMSNorm, GQA by enable_gqa or by
+repeating k/v, fp32 logits) are ModelSpec knobs; the torch backend measures the same
+tensors with `torch.autograd.graph.saved_tensors_hooks`.
+
+References:
+- What each aten op saves: derivatives.yaml in PyTorch (tools/autograd/derivatives.yaml).
+- Flash attention saves q, k, v, the output and the log-sum-exp (Dao et al. 2022, Alg. 2).
+- Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+  Models", Eq. 2: 34*s*b*h + 5*a*s^2*b bytes per GPT layer without flash attention, a
+  cross-check (tests), not the model.
+- Selective recomputation follows torchtitan's op-level SAC policy
+  (torchtitan/distributed/activation_checkpoint.py, `_op_sac_save_list`): outputs of
+  matmuls and attention are saved, except every second matmul; everything else is
+  recomputed in backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zsim.spec.model import ModelSpec
+
+FP32_BYTES = 4
+INDEX_BYTES = 8
+"""int64 token ids and labels."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SavedTensor:
+    """One tensor autograd keeps alive for the backward pass."""
+
+    name: str
+    """Module path and role, e.g. "feed_forward.w1.output"."""
+    bytes: int
+    """Size in bytes for the whole micro-batch."""
+
+
+def _block_all(model: ModelSpec, b: int, s: int, a: int) -> list[SavedTensor]:
+    """Every tensor a block saves with no recomputation, in forward order."""
+    d, kv, f, h = model.d_model, model.kv_dim, model.ffn_hidden, model.num_heads
+    bs = b * s
+    kv_saved = d if model.gqa_impl == "repeat_kv" else kv
+    out: list[SavedTensor] = []
+
+    def norm(prefix: str) -> None:
+        out.append(SavedTensor(name=f"{prefix}.input", bytes=bs * d * a))
+        if model.norm == "layernorm":
+            out.append(SavedTensor(name=f"{prefix}.mean", bytes=bs * FP32_BYTES))
+        out.append(SavedTensor(name=f"{prefix}.rstd", bytes=bs * FP32_BYTES))
+        if model.norm_kernel == "composite":
+            # torch.nn.RMSNorm's decomposition upcasts: x.float() * rsqrt(...) is kept in
+            # fp32 for the multiply by the weight.
+            out.append(SavedTensor(name=f"{prefix}.normalized_fp32", bytes=bs * d * FP32_BYTES))
+
+    norm("attention_norm")
+    out.append(SavedTensor(name="attention.wqkv.input", bytes=bs * d * a))
+    if model.attention_kernel == "flash":
+        out += [
+            SavedTensor(name="attention.sdpa.q", bytes=bs * d * a),
+            SavedTensor(name="attention.sdpa.k", bytes=bs * kv_saved * a),
+            SavedTensor(name="attention.sdpa.v", bytes=bs * kv_saved * a),
+            SavedTensor(name="attention.sdpa.out", bytes=bs * d * a),
+            SavedTensor(name="attention.sdpa.logsumexp", bytes=b * h * s * FP32_BYTES),
+        ]
+    else:
+        # Math kernel: q and k (scaled copies) for q @ k^T, the s x s softmax output,
+        # and v for softmax @ v; GQA is done by expanding k and v to every head.
+        out += [
+            SavedTensor(name="attention.sdpa.q_scaled", bytes=bs * d * a),
+            SavedTensor(name="attention.sdpa.k_scaled", bytes=bs * d * a),
+            SavedTensor(name="attention.sdpa.softmax", bytes=b * h * s * s * a),
+            SavedTensor(name="attention.sdpa.v", bytes=bs * d * a),
+        ]
+    out.append(SavedTensor(name="attention.wo.input", bytes=bs * d * a))
+    norm("ffn_norm")
+    out.append(SavedTensor(name="feed_forward.w1.input", bytes=bs * d * a))
+    out.append(SavedTensor(name="feed_forward.w1.output", bytes=bs * f * a))
+    if model.mlp == "swiglu":
+        out += [
+            SavedTensor(name="feed_forward.silu.output", bytes=bs * f * a),
+            SavedTensor(name="feed_forward.w3.output", bytes=bs * f * a),
+        ]
+    out.append(SavedTensor(name="feed_forward.w2.input", bytes=bs * f * a))
+    return out
+
+
+def _block_selective(model: ModelSpec, b: int, s: int, a: int) -> list[SavedTensor]:
+    """torchtitan op-level SAC: the block input (checkpoint input), attention outputs and
+    the odd-numbered matmul outputs (wq, wv, w1, w2 in call order)."""
+    bs = b * s
+    out = [SavedTensor(name="block.input", bytes=bs * model.d_model * a)]
+    out += [SavedTensor(name=f"{name}.output", bytes=bs * width * a)
+            for name, _, width in model.block_matmuls()[::2]]
+    if model.attention_kernel == "flash":
+        out.append(SavedTensor(name="attention.sdpa.logsumexp",
+                               bytes=b * model.num_heads * s * FP32_BYTES))
+    out.append(SavedTensor(name="attention.sdpa.out", bytes=bs * model.d_model * a))
+    return out
+
+
+def block_saved_tensors(model: ModelSpec, *, micro_batch: int, seq_len: int,
+                        recompute: str, act_bytes: int = 2) -> list[SavedTensor]:
+    """Tensors one block keeps from its forward until its backward.
+
+    Args:
+        model: the architecture and its kernel knobs.
+        micro_batch: sequences per micro-batch.
+        seq_len: tokens per sequence.
+        recompute: "none", "selective" or "full".
+        act_bytes: bytes per activation element (2 for bf16 compute, 4 for fp32).
+
+    Returns:
+        The saved tensors, in forward order; sizes in bytes.
+    """
+    b, s, a = micro_batch, seq_len, act_bytes
+    if recompute == "full":
+        return [SavedTensor(name="block.input", bytes=b * s * model.d_model * a)]
+    if recompute == "selective":
+        return _block_selective(model, b, s, a)
+    return _block_all(model, b, s, a)
+
+
+def block_activation_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int,
+                           recompute: str, act_bytes: int = 2) -> int:
+    """Bytes one block keeps saved between its forward and backward."""
+    return sum(t.bytes for t in block_saved_tensors(
+        model, micro_batch=micro_batch, seq_len=seq_len, recompute=recompute,
+        act_bytes=act_bytes))
+
+
+def block_recompute_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int,
+                          recompute: str, act_bytes: int = 2) -> int:
+    """Bytes re-materialised while one block's backward runs under recomputation: what
+    "none" would have saved minus what the policy kept (0 without recomputation)."""
+    if recompute == "none":
+        return 0
+    full = block_activation_bytes(model, micro_batch=micro_batch, seq_len=seq_len,
+                                  recompute="none", act_bytes=act_bytes)
+    kept = block_activation_bytes(model, micro_batch=micro_batch, seq_len=seq_len,
+                                  recompute=recompute, act_bytes=act_bytes)
+    return max(full - kept, 0)
+
+
+def block_backward_working_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int,
+                                 act_bytes: int = 2) -> int:
+    """Activation gradients alive at once inside one block's backward: the gradient
+    flowing through the residual stream (b*s*d) plus, at the MLP, the gradients of the
+    up-projection outputs (b*s*f each) -- the largest simultaneous set."""
+    bs = micro_batch * seq_len
+    n_up = 2 if model.mlp == "swiglu" else 1
+    return bs * act_bytes * (2 * model.d_model + n_up * model.ffn_hidden)
+
+
+def root_saved_tensors(model: ModelSpec, *, micro_batch: int, seq_len: int,
+                       act_bytes: int = 2) -> list[SavedTensor]:
+    """Tensors saved outside the blocks: token ids, final norm, output projection input,
+    and the log-softmax of the loss (fp32 when logits are upcast)."""
+    b, s, d, a = micro_batch, seq_len, model.d_model, act_bytes
+    bs = b * s
+    logit_bytes = FP32_BYTES if model.logits_upcast else a
+    out = [SavedTensor(name="tok_embeddings.indices", bytes=bs * INDEX_BYTES),
+           SavedTensor(name="norm.input", bytes=bs * d * a),
+           SavedTensor(name="norm.rstd", bytes=bs * FP32_BYTES)]
+    if model.norm_kernel == "composite":
+        out.append(SavedTensor(name="norm.normalized_fp32", bytes=bs * d * FP32_BYTES))
+    out += [SavedTensor(name="output.input", bytes=bs * d * a),
+            SavedTensor(name="loss.log_softmax", bytes=bs * model.vocab_size * logit_bytes),
+            SavedTensor(name="loss.labels", bytes=bs * INDEX_BYTES)]
+    return out
+
+
+def loss_working_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int,
+                       act_bytes: int = 2) -> int:
+    """Transient bytes at the loss beyond what is saved: in backward, the gradient of
+    the log-softmax output and of its input (fp32 when upcast) exist together; in forward
+    the logits in compute dtype and their fp32 copy exist together. The larger of the two.
+    """
+    bsv = micro_batch * seq_len * model.vocab_size
+    logit = FP32_BYTES if model.logits_upcast else act_bytes
+    forward = bsv * act_bytes + (bsv * logit if model.logits_upcast else 0)
+    backward = 2 * bsv * logit
+    return max(forward, backward)
+
+
+def korthikanti_bytes_per_layer(*, seq_len: int, micro_batch: int, d_model: int,
+                                num_heads: int) -> int:
+    """Korthikanti et al. 2022, Eq. 2 (no recomputation, no tensor/sequence parallelism,
+    fp16 activations, with dropout masks): 34*s*b*h + 5*a*s^2*b bytes for a GPT layer."""
+    s, b, h, a = seq_len, micro_batch, d_model, num_heads
+    return 34 * s * b * h + 5 * a * s * s * b

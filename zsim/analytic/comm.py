@@ -1,0 +1,147 @@
+"""Collectives: bytes on the wire, which link carries them, and alpha-beta time.
+
+Owns the closed forms of ring collectives and the per-step communication volume of each
+strategy. Sizes follow nccl-tests (doc/PERFORMANCE.md): `size_bytes` is the full tensor
+(all_gather output, reduce_scatter input, all_reduce buffer); bus bytes per rank are
+(n-1)/n * size for all_gather and reduce_scatter, 2 (n-1)/n * size for all_reduce.
+
+References:
+- Ring algorithms: Patarasuk & Yuan 2009; NCCL's ring all-reduce = reduce-scatter +
+  all-gather, each moving (n-1)/n of the data per rank.
+- ZeRO communication: Rajbhandari et al. 2020, Sec. 7 (2 Psi for DDP and ZeRO-1/2,
+  3 Psi for ZeRO-3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from zsim.spec.hardware import HardwareProfile, Link
+from zsim.spec.model import ModelSpec
+from zsim.spec.plan import Plan
+from zsim.units import dtype_bytes
+
+CollectiveKind = Literal["all_gather", "reduce_scatter", "all_reduce"]
+COLLECTIVE_KINDS: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommGroup:
+    """A process group: `ranks` GPUs placed `ranks_per_node` to a node.
+
+    A group of consecutive ranks (an FSDP shard group of 8 on 8-GPU nodes) has
+    ranks_per_node = min(ranks, gpus_per_node); a replicate group that takes one rank
+    from each node has ranks_per_node = 1.
+    """
+
+    ranks: int
+    ranks_per_node: int
+
+    @property
+    def spans_nodes(self) -> bool:
+        return self.ranks > self.ranks_per_node
+
+
+def bus_bytes(kind: str, size_bytes: float, n: int) -> float:
+    """Bytes each rank sends (and receives) in a ring collective over n ranks."""
+    if n <= 1:
+        return 0.0
+    factor = 2.0 if kind == "all_reduce" else 1.0
+    return factor * (n - 1) / n * size_bytes
+
+
+def latency_steps(kind: str, n: int) -> int:
+    """Sequential ring steps, each paying the link latency once: n-1, twice for
+    all_reduce."""
+    if n <= 1:
+        return 0
+    return (2 if kind == "all_reduce" else 1) * (n - 1)
+
+
+def group_link(group: CommGroup, hw: HardwareProfile) -> Link:
+    """The bottleneck link of a ring over the group: the per-GPU NIC as soon as the ring
+    leaves a node (rail-optimised: each GPU has its own NIC), NVLink otherwise."""
+    return hw.inter_node if group.spans_nodes else hw.intra_node
+
+
+def collective_time_s(kind: str, size_bytes: float, group: CommGroup,
+                      hw: HardwareProfile) -> float:
+    """Alpha-beta ring time: latency_steps * alpha + bus_bytes / achievable bandwidth."""
+    link = group_link(group, hw)
+    return (latency_steps(kind, group.ranks) * link.latency_s
+            + bus_bytes(kind, size_bytes, group.ranks) / link.achievable_bytes_per_s)
+
+
+def shard_group(plan: Plan, hw: HardwareProfile) -> CommGroup:
+    """The group a model-state shard is spread over (consecutive ranks)."""
+    return CommGroup(ranks=plan.dp_shard, ranks_per_node=min(plan.dp_shard, hw.gpus_per_node))
+
+
+def replicate_group(plan: Plan, hw: HardwareProfile) -> CommGroup:
+    """Ranks holding the same shard in different replicas: one per shard group, so one
+    per node once a shard group fills a node."""
+    per_node = max(1, hw.gpus_per_node // plan.dp_shard)
+    return CommGroup(ranks=plan.dp_replicate, ranks_per_node=min(plan.dp_replicate, per_node))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepComm:
+    """Per-rank communication of one optimizer step, by collective and group."""
+
+    size_bytes: dict[str, float]
+    """Full tensor bytes through each collective kind per step (nccl-tests 'size')."""
+    bus_bytes: dict[str, float]
+    """Bytes each rank puts on the wire per collective kind per step."""
+    time_s: dict[str, float]
+    """Alpha-beta time per collective kind, if each ran alone (no overlap), seconds."""
+
+    @property
+    def total_bus_bytes(self) -> float:
+        return sum(self.bus_bytes.values())
+
+    @property
+    def total_time_s(self) -> float:
+        return sum(self.time_s.values())
+
+
+def step_comm(model: ModelSpec, plan: Plan, hw: HardwareProfile) -> StepComm:
+    """Data-parallel communication per rank per optimizer step.
+
+    S = parameters x param-dtype bytes. Gradients reduce once per step (FSDP2 and DDP's
+    no_sync keep accumulating locally across micro-batches); FSDP all-gathers once per
+    micro-batch in forward and, when resharding, again in backward.
+
+    - ddp: all_reduce of the gradients (reduce dtype) over dp_replicate.
+    - zero1 / zero2: reduce_scatter of gradients + all_gather of updated params (2S).
+    - fsdp: all_gather fwd + bwd per micro-batch, reduce_scatter of grads (3S).
+    - fsdp-no-reshard: one all_gather per micro-batch + reduce_scatter (2S).
+    - hsdp: as fsdp inside the shard group, plus an all_reduce of the gradient shard
+      across replicas.
+    """
+    n_params = model.num_params
+    s_param = n_params * dtype_bytes(plan.param_dtype)
+    s_reduce = n_params * dtype_bytes(plan.reduce_dtype)
+    sizes: dict[str, float] = {k: 0.0 for k in COLLECTIVE_KINDS}
+    bus: dict[str, float] = {k: 0.0 for k in COLLECTIVE_KINDS}
+    time: dict[str, float] = {k: 0.0 for k in COLLECTIVE_KINDS}
+
+    def add(kind: str, size: float, group: CommGroup, times: int = 1) -> None:
+        if group.ranks <= 1:
+            return
+        sizes[kind] += times * size
+        bus[kind] += times * bus_bytes(kind, size, group.ranks)
+        time[kind] += times * collective_time_s(kind, size, group, hw)
+
+    shard, repl = shard_group(plan, hw), replicate_group(plan, hw)
+    if plan.strategy == "ddp":
+        add("all_reduce", s_reduce, repl)
+    elif plan.strategy in ("zero1", "zero2"):
+        add("reduce_scatter", s_reduce, shard)
+        add("all_gather", s_param, shard)
+    else:
+        gathers = 2 if plan.reshard_after_forward else 1
+        add("all_gather", s_param, shard, times=gathers * plan.grad_accum)
+        add("reduce_scatter", s_reduce, shard)
+        add("all_reduce", s_reduce / plan.dp_shard, repl)
+    return StepComm(size_bytes=sizes, bus_bytes=bus, time_s=time)

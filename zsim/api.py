@@ -1,0 +1,64 @@
+"""The public entry points the CLI calls: resolve names, run the planner or simulator,
+and return plain data (dicts/records) for rendering. No printing here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zsim import planner
+from zsim.spec.plan import precision_knobs
+from zsim.spec.presets import ALIASES, PRESETS
+from zsim.spec.registry import hardware_names, resolve_hardware, resolve_model
+from zsim.units import GiB
+
+
+def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
+         seq: int | None, micro_batch: int, grad_accum: int = 1,
+         precision: str = "bf16") -> dict[str, Any]:
+    """Rank candidate plans for a model on `gpus` GPUs of a hardware profile.
+
+    Returns:
+        {"model", "num_params", "hardware", "gpus", "seq_len", "recommended",
+        "candidates": [record, ...]} with records from zsim.planner.to_record.
+
+    Raises:
+        ConfigError: unknown model/hardware, or invalid sizes.
+    """
+    spec = resolve_model(model, params=params)
+    hw = resolve_hardware(hardware)
+    seq_len = seq if seq is not None else spec.max_seq_len
+    ranked = planner.plan_candidates(spec, hw, gpus=gpus, seq_len=seq_len,
+                                     micro_batch=micro_batch, grad_accum=grad_accum,
+                                     **precision_knobs(precision))
+    best = ranked[0]
+    return {
+        "model": spec.name,
+        "num_params": spec.num_params,
+        "hardware": hw.name,
+        "gpus": gpus,
+        "seq_len": seq_len,
+        "recommended": best.plan.label if best.fits else None,
+        "candidates": [planner.to_record(c, best) for c in ranked],
+    }
+
+
+def models() -> list[dict[str, Any]]:
+    """One row per model preset, with its aliases and exact parameter count."""
+    aliases: dict[str, list[str]] = {}
+    for alias, name in ALIASES.items():
+        aliases.setdefault(name, []).append(alias)
+    return [{"name": m.name, "aliases": ",".join(aliases.get(m.name, [])) or "-",
+             "params": f"{m.num_params:,}", "layers": m.num_layers, "d_model": m.d_model,
+             "heads": m.num_heads, "kv_heads": m.num_kv_heads, "seq_len": m.max_seq_len}
+            for m in PRESETS.values()]
+
+
+def hardware() -> list[dict[str, Any]]:
+    """One row per shipped hardware profile."""
+    rows = []
+    for name in hardware_names():
+        hw = resolve_hardware(name)
+        rows.append({"name": hw.name, "gpu": hw.gpu_name, "hbm_gib": round(hw.hbm_bytes / GiB, 1),
+                     "gpus_per_node": hw.gpus_per_node, "intra_node": hw.intra_node.name,
+                     "inter_node": hw.inter_node.name})
+    return rows

@@ -1,0 +1,47 @@
+"""Tables: rows of records -> aligned text, CSV or JSON. No simulation, no pandas (the
+planner's answer must come in well under a second)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if isinstance(value, float):
+        return f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value)
+
+
+def text_table(rows: Sequence[dict[str, object]], columns: Sequence[str]) -> str:
+    """A left-aligned text table of `columns` (first column left, numbers right)."""
+    cells = [[_cell(r[c]) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [v.ljust(w) if i == 0 or i == len(columns) - 1 else v.rjust(w)
+                 for i, (v, w) in enumerate(zip(values, widths, strict=True))]
+        return "  ".join(parts).rstrip()
+
+    out = [line(list(columns)), line(["-" * w for w in widths])]
+    out += [line(row) for row in cells]
+    return "\n".join(out)
+
+
+def csv_text(rows: Sequence[dict[str, object]]) -> str:
+    """CSV with a header of every key of the first row."""
+    buf = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    return buf.getvalue()
+
+
+def json_text(obj: object) -> str:
+    """Deterministic JSON (sorted keys are not used: column order is meaningful)."""
+    return json.dumps(obj, indent=2)
