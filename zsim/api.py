@@ -3,10 +3,15 @@ and return plain data (dicts/records) for rendering. No printing here."""
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from zsim import planner
-from zsim.spec.plan import precision_knobs
+from zsim.spec.model import ModelSpec
+from zsim.spec.plan import Plan, precision_knobs
 from zsim.spec.presets import ALIASES, PRESETS
 from zsim.spec.registry import hardware_names, resolve_hardware, resolve_model
 from zsim.units import GiB
@@ -62,3 +67,60 @@ def hardware() -> list[dict[str, Any]]:
                      "gpus_per_node": hw.gpus_per_node, "intra_node": hw.intra_node.name,
                      "inter_node": hw.inter_node.name})
     return rows
+
+
+def build_plan(spec: ModelSpec, *, gpus: int, strategy: str, shard_group: int | None,
+               seq: int | None, micro_batch: int, grad_accum: int, ac: str,
+               precision: str, offload: str) -> Plan:
+    """The Plan the CLI's plan flags describe (shared by simulate and validate).
+
+    Raises:
+        ConfigError: an invalid flag value or combination.
+    """
+    return Plan.for_strategy(
+        strategy, gpus=gpus, shard_group=shard_group,
+        seq_len=seq if seq is not None else spec.max_seq_len, micro_batch=micro_batch,
+        grad_accum=grad_accum, recompute=ac, offload=offload, **precision_knobs(precision))
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file in the same folder, so a failure
+    never leaves a half-written file behind."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def simulate(*, model: str, gpus: int, strategy: str, shard_group: int | None = None,
+             hardware: str, seq: int | None = None, micro_batch: int = 1,
+             grad_accum: int = 1, ac: str = "none", precision: str = "bf16",
+             offload: str = "none", trace: Path | None = None) -> dict[str, Any]:
+    """Simulate one plan; optionally write its Chrome trace (Perfetto) to `trace`.
+
+    Returns:
+        Result.to_dict() plus "model", "hardware" and "plan" (the Plan's fields).
+
+    Raises:
+        ConfigError: invalid names, sizes or combinations.
+    """
+    from zsim.simulate import chrome_trace
+    from zsim.simulate import simulate as run
+
+    spec = resolve_model(model)
+    hw = resolve_hardware(hardware)
+    plan = build_plan(spec, gpus=gpus, strategy=strategy, shard_group=shard_group, seq=seq,
+                      micro_batch=micro_batch, grad_accum=grad_accum, ac=ac,
+                      precision=precision, offload=offload)
+    result = run(spec, hw, plan, trace=trace is not None)
+    if trace is not None:
+        write_atomically(trace, json.dumps(chrome_trace(result)))
+    return {"model": spec.name, "hardware": hw.name, "plan": plan.to_dict(),
+            **result.to_dict()}
+

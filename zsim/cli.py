@@ -3,8 +3,10 @@ api function, and renders; a ZsimError becomes one line on stderr and exit code 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from enum import Enum
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -94,3 +96,92 @@ def hardware() -> None:
     rows = _run(api.hardware)
     typer.echo(text_table(rows, ("name", "gpu", "hbm_gib", "gpus_per_node", "intra_node",
                                  "inter_node")))
+
+
+class Strategy(str, Enum):
+    ddp = "ddp"
+    zero1 = "zero1"
+    zero2 = "zero2"
+    fsdp = "fsdp"
+    fsdp_no_reshard = "fsdp-no-reshard"
+    hsdp = "hsdp"
+
+
+class Recompute(str, Enum):
+    none = "none"
+    selective = "selective"
+    full = "full"
+
+
+class Precision(str, Enum):
+    bf16 = "bf16"
+    fp32 = "fp32"
+
+
+class Offload(str, Enum):
+    none = "none"
+    optimizer = "optimizer"
+    params = "params"
+
+
+class SimFormat(str, Enum):
+    table = "table"
+    json = "json"
+
+
+@app.command()
+def simulate(
+    model: Annotated[str, typer.Option(help="Preset name or a config.json path.")],
+    gpus: GpusOpt,
+    strategy: Annotated[Strategy, typer.Option(help="Data-parallel strategy.")],
+    shard_group: Annotated[int | None, typer.Option(help="HSDP shard group size.")] = None,
+    hardware: HardwareOpt = DEFAULT_HARDWARE,
+    seq: SeqOpt = None,
+    micro_batch: MicroBatchOpt = 1,
+    grad_accum: Annotated[int, typer.Option(help="Micro-batches per optimizer step.")] = 1,
+    ac: Annotated[Recompute, typer.Option(help="Activation checkpointing.")] = Recompute.none,
+    precision: Annotated[Precision, typer.Option(help="Mixed bf16 or fp32.")] = Precision.bf16,
+    offload: Annotated[Offload, typer.Option(help="Offload to host memory.")] = Offload.none,
+    trace: Annotated[Path | None, typer.Option(help="Write a Chrome/Perfetto trace here.")] = None,
+    format: Annotated[SimFormat, typer.Option(help="Output format.")] = SimFormat.table,
+) -> None:
+    """Simulate one plan: step time, exposed communication, memory peak and breakdown."""
+    r = _run(lambda: api.simulate(
+        model=model, gpus=gpus, strategy=strategy.value, shard_group=shard_group,
+        hardware=hardware, seq=seq, micro_batch=micro_batch, grad_accum=grad_accum,
+        ac=ac.value, precision=precision.value, offload=offload.value, trace=trace))
+    if format is SimFormat.json:
+        typer.echo(json_text(r))
+        return
+    gib = 2**30
+    typer.echo(f"{r['model']} on {gpus} x {r['hardware']}: {strategy.value}, ac={ac.value}, "
+               f"micro-batch {micro_batch} x {grad_accum}")
+    typer.echo(f"step time       {r['step_time_s']:.4f} s   compute {r['compute_time_s']:.4f} s"
+               f"   exposed comm {r['exposed_comm_s']:.4f} s")
+    typer.echo(f"throughput      {r['tokens_per_s']:,.0f} tokens/s   MFU {r['mfu']:.1%}")
+    typer.echo(f"peak memory     {r['peak_memory_bytes'] / gib:.2f} GiB allocated, "
+               f"{r['reserved_memory_bytes'] / gib:.2f} GiB reserved -> "
+               f"{'fits' if r['fits'] else 'DOES NOT FIT'}")
+    if r["oom"]:
+        typer.echo(f"out of memory   {r['oom']}")
+    rows = [{"category": k, "gib_at_peak": v / gib} for k, v in r["memory_at_peak"].items()]
+    typer.echo(text_table(rows, ("category", "gib_at_peak")))
+
+
+# click's UsageError, whether typer vendors click (typer >= 0.29) or imports it.
+_UsageError: type[Exception] = typer.BadParameter.__mro__[1]
+
+
+def main() -> None:
+    """Console entry point: like `app()`, but a usage error (unknown option, bad choice,
+    unparsable value) is one line naming the option and value, with exit code 2."""
+    command = typer.main.get_command(app)
+    args = sys.argv[1:] or ["--help"]
+    try:
+        code = command.main(args=args, prog_name="zsim", standalone_mode=False)
+    except _UsageError as e:
+        typer.echo(f"error: {e.format_message()}", err=True)  # type: ignore[attr-defined]
+        sys.exit(2)
+    except (typer.Exit, typer.Abort) as e:
+        sys.exit(getattr(e, "exit_code", 130))
+    sys.exit(code if isinstance(code, int) else 0)
