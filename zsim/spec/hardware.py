@@ -107,6 +107,10 @@ class HardwareProfile:
         _check_keys(data, "")
         for section in ("gpu", "node", "intra_node", "inter_node", "efficiency"):
             _check_keys(data[section], section)
+            _text(data[section], section, "source")
+        for section, key in (("", "name"), ("", "description"), ("gpu", "name"),
+                             ("intra_node", "name"), ("inter_node", "name")):
+            _text(data[section] if section else data, section, key)
         gpu, node, eff = data["gpu"], data["node"], data["efficiency"]
         peaks = gpu["peak_tflops"]
         if not isinstance(peaks, dict) or not peaks:
@@ -118,7 +122,7 @@ class HardwareProfile:
             hbm_bytes=_pos(gpu, "gpu", "hbm_gib") * GiB,
             hbm_bandwidth_bytes_per_s=_pos(gpu, "gpu", "hbm_bandwidth_gb_per_s") * GB,
             peak_flop_per_s={k: _pos(peaks, "gpu.peak_tflops", k) * 1e12 for k in peaks},
-            gpus_per_node=int(_pos(node, "node", "gpus_per_node")),
+            gpus_per_node=_count(node, "node", "gpus_per_node"),
             host_memory_bytes=_pos(node, "node", "host_memory_gib") * GiB,
             pcie_bytes_per_s=_pos(node, "node", "pcie_gb_per_s") * GB,
             nvme_read_bytes_per_s=_pos(node, "node", "nvme_read_gb_per_s") * GB,
@@ -145,6 +149,8 @@ class HardwareProfile:
             data = yaml.safe_load(path.read_text())
         except FileNotFoundError:
             raise ConfigError("hardware", str(path), "no such file") from None
+        except OSError as e:
+            raise ConfigError("hardware", str(path), f"cannot read ({e.strerror})") from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f" line {mark.line + 1}" if mark is not None else ""
@@ -165,6 +171,22 @@ def _check_keys(data: Any, section: str) -> None:
         if key not in data:
             raise ConfigError(f"{section + '.' if section else ''}{key}", None,
                               "missing required key")
+
+
+def _text(d: dict[str, Any], section: str, key: str) -> str:
+    """A required non-empty string (names, descriptions and every section's source)."""
+    v = d[key]
+    if not isinstance(v, str) or not v.strip():
+        raise ConfigError(f"{section + '.' if section else ''}{key}", v,
+                          "must be a non-empty string")
+    return v
+
+
+def _count(d: dict[str, Any], section: str, key: str) -> int:
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise ConfigError(f"{section}.{key}", v, "must be a positive integer")
+    return v
 
 
 def _pos(d: dict[str, Any], section: str, key: str) -> float:
@@ -191,5 +213,6 @@ def _link(d: dict[str, Any], section: str) -> Link:
     latency = d["latency_us"]
     if isinstance(latency, bool) or not isinstance(latency, (int, float)) or latency < 0:
         raise ConfigError(f"{section}.latency_us", latency, "must be a number >= 0")
-    return Link(name=str(d["name"]), bandwidth_bytes_per_s=_pos(d, section, "bandwidth_gb_per_s") * GB,
+    return Link(name=str(d["name"]),
+                bandwidth_bytes_per_s=_pos(d, section, "bandwidth_gb_per_s") * GB,
                 latency_s=float(latency) * US, efficiency=float(eff))

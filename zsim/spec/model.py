@@ -82,8 +82,10 @@ class ModelSpec:
             value = getattr(self, f)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"model.{f}", value, "must be a positive integer")
-        if self.extra_params < 0:
-            raise ConfigError("model.extra_params", self.extra_params, "must be >= 0")
+        if (not isinstance(self.extra_params, int) or isinstance(self.extra_params, bool)
+                or self.extra_params < 0):
+            raise ConfigError("model.extra_params", self.extra_params,
+                              "must be an integer >= 0")
         if self.d_model % self.num_heads:
             raise ConfigError("model.num_heads", self.num_heads,
                               f"must divide d_model={self.d_model}")
@@ -244,12 +246,16 @@ class ModelSpec:
         """Load a HuggingFace-style Llama/Mistral `config.json` from disk (no hub access).
 
         Raises:
-            ConfigError: the file is missing, is not JSON, or lacks a required key.
+            ConfigError: the file is missing or unreadable, is not JSON, lacks a required
+                key, or describes a shape ModelSpec cannot represent (a head_dim other than
+                hidden_size / num_attention_heads, attention_bias differing from mlp_bias).
         """
         try:
             cfg = json.loads(Path(path).read_text())
         except FileNotFoundError:
             raise ConfigError("model", str(path), "no such file") from None
+        except OSError as e:
+            raise ConfigError("model", str(path), f"cannot read ({e.strerror})") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ConfigError("model", str(path), f"not valid JSON ({e})") from None
         if not isinstance(cfg, dict):
@@ -260,17 +266,30 @@ class ModelSpec:
                 raise ConfigError(f"{path}:{key}", None, "missing required key")
             return cfg[key]
 
-        act = cfg.get("hidden_act", "silu")
+        heads, hidden = need("num_attention_heads"), need("hidden_size")
+        head_dim = cfg.get("head_dim")
+        if head_dim is not None and isinstance(hidden, int) and isinstance(heads, int) \
+                and heads > 0 and head_dim * heads != hidden:
+            raise ConfigError(f"{path}:head_dim", head_dim,
+                              f"must equal hidden_size / num_attention_heads = {hidden}/{heads}"
+                              " (a separate head width is not modelled)")
+        # ModelSpec.bias puts biases on every linear; Llama's config splits them in two.
+        attention_bias = bool(cfg.get("attention_bias", False))
+        if attention_bias != bool(cfg.get("mlp_bias", False)):
+            raise ConfigError(f"{path}:attention_bias", cfg.get("attention_bias", False),
+                              f"must equal mlp_bias={cfg.get('mlp_bias', False)!r} (biases on "
+                              "only some linears are not modelled)")
+        # LlamaMLP is gated (gate, up, down projections) whatever hidden_act is.
         return cls(
             name=Path(path).parent.name or Path(path).stem,
             num_layers=need("num_hidden_layers"),
-            d_model=need("hidden_size"),
-            num_heads=need("num_attention_heads"),
-            num_kv_heads=cfg.get("num_key_value_heads", cfg.get("num_attention_heads")),
+            d_model=hidden,
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads", heads),
             ffn_hidden=need("intermediate_size"),
-            mlp="swiglu" if act in ("silu", "swish") else "gelu",
+            mlp="swiglu",
             norm="rmsnorm",
-            bias=bool(cfg.get("attention_bias", False)),
+            bias=attention_bias,
             vocab_size=need("vocab_size"),
             tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             max_seq_len=need("max_position_embeddings"),

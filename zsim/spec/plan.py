@@ -9,19 +9,22 @@ Degrees follow torchtitan: `dp_shard` ranks share one copy of the sharded state,
 
 ZeRO stage -> FSDP2 mapping (cf. torchtitan docs/fsdp.md):
 
-| strategy          | what is sharded over dp_shard          | FSDP2 equivalent                       |
-|-------------------|----------------------------------------|----------------------------------------|
-| ddp               | nothing (dp_shard = 1)                 | DistributedDataParallel                |
-| zero1             | optimizer state (+ fp32 master)        | none exact: ZeroRedundancyOptimizer    |
-| zero2             | + gradients                            | ~ fully_shard(reshard_after_forward=False); FSDP2 also keeps params sharded at rest |
-| fsdp (= zero3)    | + parameters, regathered in backward   | fully_shard(reshard_after_forward=True) |
-| fsdp-no-reshard   | + parameters, kept gathered fwd -> bwd | fully_shard(reshard_after_forward=False) |
-| hsdp              | as fsdp inside a shard group, replicated across groups | 2-D DeviceMesh (replicate, shard) ~ MiCS |
+| strategy        | sharded over dp_shard         | FSDP2 equivalent                          |
+|-----------------|-------------------------------|-------------------------------------------|
+| ddp             | nothing (dp_shard = 1)        | DistributedDataParallel                   |
+| zero1           | optimizer state (+ master)    | none exact: ZeroRedundancyOptimizer       |
+| zero2           | + gradients                   | ~fully_shard(reshard_after_forward=False) |
+| fsdp (= zero3)  | + params, regathered in bwd   | fully_shard(reshard_after_forward=True)   |
+| fsdp-no-reshard | + params, gathered fwd -> bwd | fully_shard(reshard_after_forward=False)  |
+| hsdp            | as fsdp in a shard group,     | 2-D DeviceMesh (replicate, shard) ~ MiCS  |
+|                 | replicated across groups      |                                           |
+
+For zero2, FSDP2 also keeps parameters sharded at rest (DeepSpeed's ZeRO-2 does not).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from typing import Any, Literal, get_args
 
 from zsim.errors import ConfigError
@@ -174,17 +177,19 @@ class Plan:
         if strategy not in STRATEGIES:
             raise ConfigError("strategy", strategy,
                               f"must be one of {', '.join(STRATEGIES + tuple(STRATEGY_ALIASES))}")
-        if not isinstance(gpus, int) or gpus <= 0:
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus <= 0:
             raise ConfigError("gpus", gpus, "must be a positive integer")
         if strategy == "hsdp":
             if shard_group is None:
                 raise ConfigError("shard_group", None, "hsdp needs a shard group size")
-            if shard_group <= 0 or gpus % shard_group:
+            if (isinstance(shard_group, bool) or not isinstance(shard_group, int)
+                    or shard_group <= 0 or gpus % shard_group):
                 raise ConfigError("shard_group", shard_group, f"must divide gpus={gpus}")
             return cls(strategy="hsdp", dp_shard=shard_group,
                        dp_replicate=gpus // shard_group, **knobs)
         if shard_group is not None:
-            raise ConfigError("shard_group", shard_group, f"only hsdp takes a shard group, not {strategy}")
+            raise ConfigError("shard_group", shard_group,
+                              f"only hsdp takes a shard group, not {strategy}")
         if strategy == "ddp":
             return cls(strategy="ddp", dp_shard=1, dp_replicate=gpus, **knobs)
         return cls(strategy=strategy, dp_shard=gpus, **knobs)  # type: ignore[arg-type]
@@ -204,16 +209,18 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, where: str = "plan") -> Plan:
-        """Strict: unknown keys raise ConfigError naming the key."""
+        """Strict: unknown keys and missing required keys raise ConfigError naming the key."""
+        if not isinstance(data, dict):
+            raise ConfigError(where, data, "must be a mapping")
         known = {f.name for f in fields(cls)}
         for key in data:
             if key not in known:
                 raise ConfigError(f"{where}.{key}", data[key],
                                   f"unknown key; known keys: {', '.join(sorted(known))}")
-        try:
-            return cls(**data)
-        except TypeError as e:  # a missing required field
-            raise ConfigError(where, sorted(data), str(e)) from None
+        for f in fields(cls):
+            if f.default is MISSING and f.name not in data:
+                raise ConfigError(f"{where}.{f.name}", None, "missing required key")
+        return cls(**data)
 
 
 PRECISIONS: dict[str, dict[str, str]] = {

@@ -5,6 +5,7 @@ numbers live here (see zsim.spec.presets and hardware_profiles/)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from zsim.errors import ConfigError
@@ -34,7 +35,8 @@ def resolve_model(name: str | None = None, *, params: float | None = None) -> Mo
     if (name is None) == (params is None):
         raise ConfigError("model", name, "give exactly one of --model or --params")
     if params is not None:
-        if params != int(params) or params <= 0:
+        if isinstance(params, bool) or not math.isfinite(params) or params != int(params) \
+                or params <= 0:
             raise ConfigError("params", params, "must be a positive whole number")
         return synthetic(int(params))
     assert name is not None

@@ -1,0 +1,244 @@
+"""HardwareProfile: shipped profiles load and cite sources, strict schema errors name the
+field, human units convert to SI once, and efficiencies match the measurements they cite."""
+
+from __future__ import annotations
+
+import copy
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from zsim.errors import ConfigError
+from zsim.spec.hardware import HardwareProfile
+from zsim.spec.registry import PROFILES_DIR, hardware_names, resolve_hardware
+
+SECTIONS = ("gpu", "node", "intra_node", "inter_node", "efficiency")
+REQUIRED_PROFILES = {"dgx-a100", "dgx-h100", "hgx-h200", "pcie-a100", "local-cpu"}
+
+TOY: dict[str, Any] = {
+    "name": "toy",
+    "description": "round numbers",
+    "gpu": {"name": "toy gpu", "hbm_gib": 80, "hbm_bandwidth_gb_per_s": 2000,
+            "peak_tflops": {"bf16": 100, "fp32": 10}, "source": "made up"},
+    "node": {"gpus_per_node": 8, "host_memory_gib": 1024, "pcie_gb_per_s": 32,
+             "nvme_read_gb_per_s": 10, "nvme_write_gb_per_s": 5, "source": "made up"},
+    "intra_node": {"name": "fast", "bandwidth_gb_per_s": 100, "latency_us": 5,
+                   "efficiency": 0.5, "source": "made up"},
+    "inter_node": {"name": "slow", "bandwidth_gb_per_s": 25, "latency_us": 0,
+                   "efficiency": 1, "source": "made up"},
+    "efficiency": {"matmul": 0.5, "attention": 0.25, "memory_bound": 0.75, "pcie": 0.8,
+                   "host_adam_params_per_s": 1000000, "comm_compute_slowdown": 0,
+                   "source": "made up"},
+}
+
+
+def _raw(name: str) -> dict[str, Any]:
+    return yaml.safe_load((PROFILES_DIR / f"{name}.yaml").read_text())
+
+
+def _leaves(data: Any, path: str = "") -> list[tuple[str, Any]]:
+    if isinstance(data, dict):
+        return [leaf for k, v in data.items() for leaf in _leaves(v, f"{path}.{k}")]
+    return [(path, data)]
+
+
+def test_required_profiles_ship() -> None:
+    assert set(hardware_names()) >= REQUIRED_PROFILES
+
+
+@pytest.mark.parametrize("name", hardware_names())
+def test_profile_loads_and_is_sane(name: str) -> None:
+    hw = resolve_hardware(name)
+    assert hw.name == name == _raw(name)["name"]
+    assert hw.hbm_bytes > 2**30 and hw.gpus_per_node >= 1
+    assert "fp32" in hw.peak_flop_per_s and "bf16" in hw.peak_flop_per_s
+    # Bus bandwidth never beats line rate in a ring model, and nodes are at least as well
+    # connected inside as between.
+    assert hw.intra_node.achievable_bytes_per_s <= hw.intra_node.bandwidth_bytes_per_s
+    assert hw.intra_node.achievable_bytes_per_s >= hw.inter_node.achievable_bytes_per_s
+
+
+@pytest.mark.parametrize("name", hardware_names())
+def test_every_section_cites_a_source(name: str) -> None:
+    raw = _raw(name)
+    for section in SECTIONS:
+        source = raw[section]["source"]
+        assert isinstance(source, str) and len(source.strip()) > 10, (name, section)
+
+
+@pytest.mark.parametrize("name", hardware_names())
+def test_numbers_are_numbers(name: str) -> None:
+    # PyYAML reads 7.7e8 as a string; every numeric field must load as int or float.
+    numeric = {"name", "description", "source"}
+    for path, value in _leaves(_raw(name)):
+        if path.rsplit(".", 1)[-1] not in numeric:
+            assert isinstance(value, (int, float)) and not isinstance(value, bool), (path, value)
+
+
+def test_si_conversion(write_yaml: Callable[..., Path]) -> None:
+    hw = HardwareProfile.from_yaml(write_yaml(TOY, "toy.yaml"))
+    assert hw.name == "toy"
+    assert hw.hbm_bytes == 80 * 2**30
+    assert hw.hbm_bandwidth_bytes_per_s == 2000e9
+    assert hw.peak("bf16") == 100e12 and hw.peak("fp32") == 10e12
+    assert hw.host_memory_bytes == 1024 * 2**30
+    assert hw.pcie_bytes_per_s == 32e9
+    assert hw.nvme_read_bytes_per_s == 10e9 and hw.nvme_write_bytes_per_s == 5e9
+    assert hw.intra_node.bandwidth_bytes_per_s == 100e9
+    assert hw.intra_node.latency_s == pytest.approx(5e-6, rel=1e-12)
+    assert hw.intra_node.achievable_bytes_per_s == 50e9
+    assert hw.inter_node.latency_s == 0
+    assert (hw.matmul_efficiency, hw.attention_efficiency, hw.memory_bound_efficiency,
+            hw.pcie_efficiency, hw.comm_compute_slowdown) == (0.5, 0.25, 0.75, 0.8, 0.0)
+    assert hw.host_adam_params_per_s == 1e6
+
+
+def test_missing_peak_dtype_names_it(write_yaml: Callable[..., Path]) -> None:
+    hw = HardwareProfile.from_yaml(write_yaml(TOY))
+    with pytest.raises(ConfigError) as e:
+        hw.peak("fp16")
+    assert e.value.field == "hardware.gpu.peak_tflops.fp16"
+
+
+def _mutated(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    data = copy.deepcopy(TOY)
+    change(data)
+    return data
+
+
+@pytest.mark.parametrize(("change", "field", "value"), [
+    (lambda d: d["gpu"].update(hbm_tib=1), "gpu.hbm_tib", 1),
+    (lambda d: d.update(extra="x"), "extra", "x"),
+    (lambda d: d["efficiency"].update(flops=1), "efficiency.flops", 1),
+], ids=["gpu", "top", "efficiency"])
+def test_unknown_key_names_it(write_yaml: Callable[..., Path], change: Callable, field: str,
+                              value: object) -> None:
+    with pytest.raises(ConfigError) as e:
+        HardwareProfile.from_yaml(write_yaml(_mutated(change)))
+    assert (e.value.field, e.value.value) == (field, value)
+    assert "unknown key" in e.value.reason
+
+
+@pytest.mark.parametrize(("section", "key"), [("gpu", "hbm_gib"), ("node", "source"),
+                                              ("intra_node", "latency_us"),
+                                              ("efficiency", "matmul"), ("", "inter_node")])
+def test_missing_key_names_it(write_yaml: Callable[..., Path], section: str, key: str) -> None:
+    data = _mutated(lambda d: (d[section] if section else d).pop(key))
+    with pytest.raises(ConfigError) as e:
+        HardwareProfile.from_yaml(write_yaml(data))
+    assert e.value.field == (f"{section}.{key}" if section else key)
+    assert "missing" in e.value.reason
+
+
+@pytest.mark.parametrize(("section", "key", "value"), [
+    ("gpu", "hbm_gib", "80"),            # a quoted number
+    ("gpu", "hbm_gib", "7.7e8"),         # what PyYAML makes of an unsigned-exponent float
+    ("gpu", "hbm_bandwidth_gb_per_s", -1),
+    ("node", "gpus_per_node", 8.5),
+    ("node", "gpus_per_node", True),
+    ("intra_node", "efficiency", 1.5),
+    ("intra_node", "latency_us", -1),
+    ("efficiency", "comm_compute_slowdown", 1),
+    ("efficiency", "matmul", 0),
+    ("gpu", "source", ""),
+    ("inter_node", "name", 400),
+])
+def test_wrong_type_or_range_names_field(write_yaml: Callable[..., Path], section: str, key: str,
+                                         value: object) -> None:
+    data = _mutated(lambda d: d[section].update({key: value}))
+    with pytest.raises(ConfigError) as e:
+        HardwareProfile.from_yaml(write_yaml(data))
+    assert (e.value.field, e.value.value) == (f"{section}.{key}", value)
+
+
+def test_peak_tflops_must_be_a_mapping(write_yaml: Callable[..., Path]) -> None:
+    data = _mutated(lambda d: d["gpu"].update(peak_tflops=989))
+    with pytest.raises(ConfigError) as e:
+        HardwareProfile.from_yaml(write_yaml(data))
+    assert e.value.field == "gpu.peak_tflops"
+    data = _mutated(lambda d: d["gpu"].update(peak_tflops={"bf16": "fast"}))
+    with pytest.raises(ConfigError) as e:
+        HardwareProfile.from_yaml(write_yaml(data))
+    assert e.value.field == "gpu.peak_tflops.bf16"
+
+
+def test_section_not_a_mapping(write_yaml: Callable[..., Path]) -> None:
+    with pytest.raises(ConfigError) as e:
+        HardwareProfile.from_yaml(write_yaml(_mutated(lambda d: d.update(node=[1, 2]))))
+    assert e.value.field == "node"
+
+
+def test_malformed_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: bad\ngpu: {hbm_gib: 80\nnode: [\n")
+    with pytest.raises(ConfigError) as e:
+        HardwareProfile.from_yaml(path)
+    assert e.value.field == "hardware" and e.value.value == str(path)
+    assert "malformed YAML line" in e.value.reason
+
+
+def test_empty_or_missing_file(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        HardwareProfile.from_yaml(empty)
+    with pytest.raises(ConfigError, match="no such file"):
+        HardwareProfile.from_yaml(tmp_path / "absent.yaml")
+    with pytest.raises(ConfigError, match="cannot read"):
+        HardwareProfile.from_yaml(tmp_path)
+
+
+def test_unknown_profile_lists_known() -> None:
+    with pytest.raises(ConfigError) as e:
+        resolve_hardware("dgx-z900")
+    assert e.value.field == "hardware" and e.value.value == "dgx-z900"
+    for name in REQUIRED_PROFILES:
+        assert name in e.value.reason
+
+
+def test_profile_by_path(write_yaml: Callable[..., Path]) -> None:
+    assert resolve_hardware(str(write_yaml(TOY, "mine.yaml"))).name == "mine"
+
+
+# ------------------------------------------ efficiencies against the cited measurements
+def test_h200_efficiencies_match_microbench(cases_dir: Path) -> None:
+    bench = yaml.safe_load((cases_dir / "h200-microbench.yaml").read_text())["rows"]
+    hw = resolve_hardware("hgx-h200")
+    bf16 = hw.peak("bf16")
+    gemm = statistics.median(r["tflops"] for r in bench
+                             if r["kind"] == "matmul" and r["dtype"] == "bfloat16")
+    attn = statistics.median(r["fwd_bwd_tflops"] for r in bench if r["kind"] == "sdpa_causal")
+    copy_rw = next(r["gbps_rw"] for r in bench if r["kind"] == "d2d_copy")
+    pinned = statistics.mean(r["gbps"] for r in bench
+                             if r["kind"] in ("h2d", "d2h") and r["pinned"])
+    adam = next(r["params_per_s"] for r in bench if r["kind"] == "cpu_adamw")
+    assert hw.matmul_efficiency == pytest.approx(gemm * 1e12 / bf16, abs=0.01)
+    assert hw.attention_efficiency == pytest.approx(attn * 1e12 / bf16, abs=0.01)
+    assert hw.memory_bound_efficiency == pytest.approx(
+        copy_rw * 1e9 / hw.hbm_bandwidth_bytes_per_s, abs=0.01)
+    assert hw.pcie_efficiency == pytest.approx(pinned * 1e9 / hw.pcie_bytes_per_s, abs=0.01)
+    assert hw.host_adam_params_per_s == pytest.approx(adam, rel=1e-6)
+    # 139.8 GiB visible, as the microbench's source line states.
+    assert hw.hbm_bytes == pytest.approx(139.8 * 2**30)
+
+
+@pytest.mark.parametrize(("profile", "case", "key", "link"), [
+    ("hgx-h200", "C-8xH200-allreduce-torch-vs-nccltests", "nvls_disabled_16GiB_busbw_GBps",
+     "intra_node"),
+    ("dgx-a100", "C-HGXA100-allreduce-1node-and-2node-4xHDR", "single_node_busbw_GBps",
+     "intra_node"),
+    ("dgx-a100", "C-NCCL-maintainer-multinode-reference-points",
+     "dgx_a100_8x200G_IB_allreduce_busbw_GBps", "inter_node"),
+])
+def test_link_efficiency_matches_published_busbw(published_cases: dict, profile: str,
+                                                 case: str, key: str, link: str) -> None:
+    busbw_bytes_per_s = float(published_cases[case]["measured"][key]) * 1e9
+    hw = resolve_hardware(profile)
+    achievable = getattr(hw, link).achievable_bytes_per_s
+    if link == "inter_node":  # a node-level ring figure: one NIC per GPU
+        busbw_bytes_per_s /= hw.gpus_per_node
+    assert achievable == pytest.approx(busbw_bytes_per_s, rel=0.01)

@@ -1,0 +1,145 @@
+"""validate(): the cross-object rules, each with a passing and a failing case."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zsim.errors import ConfigError
+from zsim.spec.hardware import HardwareProfile
+from zsim.spec.model import ModelSpec
+from zsim.spec.plan import Plan
+from zsim.spec.presets import PRESETS
+from zsim.spec.registry import resolve_hardware
+from zsim.spec.validate import validate
+
+H100 = resolve_hardware("dgx-h100")
+CPU = resolve_hardware("local-cpu")
+LLAMA2_7B = PRESETS["llama2-7b"]      # 32 layers, 32 heads, 32 kv heads, RoPE
+GPT3_13B = PRESETS["gpt3-13b"]        # 40 layers, 40 heads, learned positions, 2048 rows
+
+
+def _fsdp(**knobs: object) -> Plan:
+    return Plan(**{"strategy": "fsdp", "dp_shard": 64, "seq_len": 4096, **knobs})
+
+
+def _error(model: ModelSpec = LLAMA2_7B, hw: HardwareProfile = H100, plan: Plan | None = None,
+           gpus: object = 64) -> ConfigError:
+    with pytest.raises(ConfigError) as e:
+        validate(model, hw, plan or _fsdp(), gpus=gpus)  # type: ignore[arg-type]
+    return e.value
+
+
+def test_valid_triple_passes() -> None:
+    assert validate(LLAMA2_7B, H100, _fsdp(), gpus=64) is None
+    assert validate(LLAMA2_7B, H100, _fsdp()) is None
+
+
+def test_world_size_must_equal_gpus() -> None:
+    e = _error(plan=_fsdp(dp_shard=32), gpus=64)
+    assert (e.field, e.value) == ("gpus", 64)
+    assert "32" in e.reason
+    # Without gpus the world-size rule is skipped.
+    assert validate(LLAMA2_7B, H100, _fsdp(dp_shard=32)) is None
+
+
+def test_world_size_counts_every_degree() -> None:
+    plan = Plan(strategy="fsdp", dp_shard=8, dp_replicate=2, tp=2, pp=2, seq_len=4096)
+    assert validate(LLAMA2_7B, H100, plan, gpus=64) is None
+    assert _error(plan=plan, gpus=128).field == "gpus"
+
+
+@pytest.mark.parametrize("gpus", [0, -64, 64.0, True])
+def test_gpus_must_be_a_positive_integer(gpus: object) -> None:
+    e = _error(gpus=gpus)
+    assert (e.field, e.value) == ("gpus", gpus)
+
+
+def test_hsdp_group_may_span_nodes() -> None:
+    # 16-rank shard groups on 8-GPU nodes: allowed (the all-gathers then cross the NIC).
+    plan = Plan.for_strategy("hsdp", gpus=64, shard_group=16, seq_len=4096)
+    assert validate(LLAMA2_7B, H100, plan, gpus=64) is None
+
+
+def test_hsdp_group_must_divide_gpus() -> None:
+    plan = Plan(strategy="hsdp", dp_shard=3, dp_replicate=2, seq_len=4096)
+    e = _error(plan=plan, gpus=8)
+    assert (e.field, e.value) == ("plan.dp_shard", 3)
+    assert "gpus=8" in e.reason
+
+
+@pytest.mark.parametrize(("name", "tp", "ok"), [
+    ("llama2-7b", 8, True), ("llama2-7b", 3, False),
+    ("llama2-70b", 8, True), ("llama2-70b", 16, False),   # 64 heads divide, 8 kv heads do not
+    ("gpt3-13b", 5, True), ("gpt3-13b", 16, False),
+])
+def test_heads_and_kv_heads_divide_by_tp(name: str, tp: int, ok: bool) -> None:
+    model = PRESETS[name]
+    plan = Plan(strategy="fsdp", dp_shard=8, tp=tp, seq_len=2048)
+    if ok:
+        assert validate(model, H100, plan, gpus=8 * tp) is None
+        return
+    e = _error(model=model, plan=plan, gpus=8 * tp)
+    assert (e.field, e.value) == ("plan.tp", tp)
+    kind = "num_kv_heads" if model.num_heads % tp == 0 else "num_heads"
+    assert f"model.{kind}=" in e.reason
+
+
+@pytest.mark.parametrize(("pp", "ok"), [(2, True), (4, True), (3, False), (5, False)])
+def test_layers_divide_by_pp(pp: int, ok: bool) -> None:
+    plan = Plan(strategy="zero1", dp_shard=8, pp=pp, seq_len=4096)
+    if ok:
+        assert validate(LLAMA2_7B, H100, plan, gpus=8 * pp) is None
+        return
+    e = _error(plan=plan, gpus=8 * pp)
+    assert (e.field, e.value) == ("plan.pp", pp)
+    assert "num_layers=32" in e.reason
+
+
+def test_unit_size_at_most_layers() -> None:
+    assert validate(LLAMA2_7B, H100, _fsdp(unit_size=32), gpus=64) is None
+    assert validate(LLAMA2_7B, H100, _fsdp(unit_size=3), gpus=64) is None  # uneven last unit
+    e = _error(plan=_fsdp(unit_size=33))
+    assert (e.field, e.value) == ("plan.unit_size", 33)
+
+
+def test_learned_positions_bound_seq_len() -> None:
+    assert validate(GPT3_13B, H100, _fsdp(seq_len=2048), gpus=64) is None
+    e = _error(model=GPT3_13B, plan=_fsdp(seq_len=4096))
+    assert (e.field, e.value) == ("plan.seq_len", 4096)
+    assert "max_seq_len=2048" in e.reason
+    # RoPE models train past their default length.
+    assert validate(LLAMA2_7B, H100, _fsdp(seq_len=32768), gpus=64) is None
+
+
+def test_compute_dtype_needs_a_peak() -> None:
+    assert validate(LLAMA2_7B, CPU, _fsdp(dp_shard=2), gpus=2) is None
+    e = _error(hw=CPU, plan=_fsdp(dp_shard=2, param_dtype="fp16"), gpus=2)
+    assert (e.field, e.value) == ("plan.param_dtype", "fp16")
+    assert "local-cpu" in e.reason and "bf16" in e.reason
+
+
+def test_micro_batch_times_seq_positive_is_guaranteed_by_plan() -> None:
+    # validate() relies on Plan refusing non-positive sizes at construction.
+    for field in ("micro_batch", "seq_len"):
+        with pytest.raises(ConfigError) as e:
+            dataclasses.replace(_fsdp(), **{field: 0})
+        assert e.value.field == f"plan.{field}"
+
+
+@settings(max_examples=200, deadline=None)
+@given(tp=st.integers(1, 16), pp=st.integers(1, 8), dp=st.integers(1, 16),
+       unit=st.integers(1, 40))
+def test_rules_match_arithmetic(tp: int, pp: int, dp: int, unit: int) -> None:
+    """validate() passes exactly when every divisibility rule holds (GPT-3 13B: 40 layers,
+    40 heads)."""
+    plan = Plan(strategy="fsdp", dp_shard=dp, tp=tp, pp=pp, unit_size=unit, seq_len=2048)
+    ok = GPT3_13B.num_heads % tp == 0 and GPT3_13B.num_layers % pp == 0 and unit <= 40
+    if ok:
+        assert validate(GPT3_13B, H100, plan, gpus=dp * tp * pp) is None
+    else:
+        with pytest.raises(ConfigError):
+            validate(GPT3_13B, H100, plan, gpus=dp * tp * pp)
