@@ -49,7 +49,7 @@ MicroBatchOpt = Annotated[int, typer.Option(help="Sequences per micro-batch per 
 FormatOpt = Annotated[Format, typer.Option(help="Output format.")]
 
 PLAN_COLUMNS = ("plan", "fits", "peak_gib", "model_state_gb", "activations_gib",
-                "comm_gb_per_step", "step_time_s", "tokens_per_s", "mfu", "why")
+                "comm_gb_per_step", "step_time_s", "tokens_per_s_per_gpu", "mfu", "why")
 
 
 @app.command()

@@ -47,7 +47,7 @@ class Candidate:
     hbm_bytes: float
     comm_bus_bytes: float
     """Bytes each rank sends per optimizer step, all collectives."""
-    comm_volume_s: float
+    comm_volume_model_sizes: float
     """Communication volume in units of S (the param-dtype model size), counted as the
     seed card does: all_reduce = 2S, reduce_scatter = all_gather = 1S (per micro-batch)."""
     comm_time_s: float
@@ -55,7 +55,8 @@ class Candidate:
     compute_time_s: float
     step_time_s: float
     """First estimate: compute and communication fully overlapped, max of the two."""
-    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    """Training tokens per second per data-parallel GPU."""
     mfu: float
 
     @property
@@ -85,17 +86,17 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Candidate:
     ring = bus_bytes("all_gather", s_bytes, plan.dp_degree) or 1.0
     return Candidate(
         plan=plan, memory=mem, hbm_bytes=hw.hbm_bytes, comm_bus_bytes=comm.total_bus_bytes,
-        comm_volume_s=comm.total_bus_bytes / ring if plan.dp_degree > 1 else 0.0,
+        comm_volume_model_sizes=comm.total_bus_bytes / ring if plan.dp_degree > 1 else 0.0,
         comm_time_s=comm.total_time_s, compute_time_s=compute_s, step_time_s=step_s,
-        tokens_per_s=tokens / step_s, mfu=model_flops / step_s / peak,
+        tokens_per_s_per_gpu=tokens / step_s, mfu=model_flops / step_s / peak,
     )
 
 
 def rank(candidates: list[Candidate]) -> list[Candidate]:
     """Fitting plans first, fastest first; then non-fitting ones by peak memory. Ties keep
     enumeration order (sorted is stable), so the output is deterministic."""
-    return sorted(candidates, key=lambda c: (not c.fits,
-                                             -c.tokens_per_s if c.fits else c.memory.peak_bytes))
+    return sorted(candidates, key=lambda c: (
+        not c.fits, -c.tokens_per_s_per_gpu if c.fits else c.memory.peak_bytes))
 
 
 def why_not(candidate: Candidate, best: Candidate) -> str:
@@ -105,7 +106,7 @@ def why_not(candidate: Candidate, best: Candidate) -> str:
     if not candidate.fits:
         return (f"does not fit: needs {candidate.memory.peak_bytes / GiB:.1f} GiB "
                 f"> {candidate.hbm_bytes / GiB:.1f} GiB HBM")
-    slower = best.tokens_per_s / candidate.tokens_per_s - 1
+    slower = best.tokens_per_s_per_gpu / candidate.tokens_per_s_per_gpu - 1
     if candidate.bound == "comm":
         cause = (f"communication-bound ({candidate.comm_time_s:.2f} s of collectives, "
                  f"{candidate.comm_bus_bytes / GB:.1f} GB per rank)")
@@ -137,12 +138,13 @@ def to_record(candidate: Candidate, best: Candidate) -> dict[str, object]:
         "hbm_gib": round(candidate.hbm_bytes / GiB, 3),
         "model_state_gb": round(candidate.memory.steady_state_bytes / GB, 4),
         **{f"{cat}_gib": round(mem[cat] / GiB, 3) for cat in mem},
-        "comm_volume_s": round(candidate.comm_volume_s, 4),
+        "comm_volume_model_sizes": round(candidate.comm_volume_model_sizes, 4),
         "comm_gb_per_step": round(candidate.comm_bus_bytes / GB, 3),
         "comm_time_s": round(candidate.comm_time_s, 4),
         "compute_time_s": round(candidate.compute_time_s, 4),
         "step_time_s": round(candidate.step_time_s, 4),
-        "tokens_per_s": round(candidate.tokens_per_s, 1),
+        "tokens_per_s_per_gpu": round(candidate.tokens_per_s_per_gpu, 1),
+        "tokens_per_s": round(candidate.tokens_per_s_per_gpu * candidate.plan.dp_degree, 1),
         "mfu": round(candidate.mfu, 4),
         "why": why_not(candidate, best),
     }

@@ -67,16 +67,18 @@ def model_state_bytes(num_params: int, plan: Plan) -> ModelState:
     ZeRO-1 also keeps full gradients; DDP shards nothing. Offload moves the optimizer
     states and master copy (and with "params" the parameter shards) to host memory.
     """
-    n = plan.dp_shard
     psi = float(num_params)
-    p = psi * dtype_bytes(plan.param_dtype)
-    g = psi * dtype_bytes(plan.grad_dtype)
-    master = psi * dtype_bytes(plan.master_dtype) if plan.has_master_copy else 0.0
-    opt = psi * optimizer_bytes_per_param(plan)
-    params = p / n if plan.shards_params else p
-    grads = g / n if plan.shards_grads else g
-    master /= n if plan.shards_optimizer else 1
-    opt /= n if plan.shards_optimizer else 1
+    # A shard holds ceil(Psi / n) elements: the flat buffer is padded to a multiple of n
+    # (FSDP1's FlatParameter, DeepSpeed's ZeRO partitions), so n shards always cover the
+    # whole state. FSDP2 pads each parameter's dim 0 instead, which can only add more.
+    shard = float(-(-num_params // plan.dp_shard))
+    p_bytes, g_bytes = dtype_bytes(plan.param_dtype), dtype_bytes(plan.grad_dtype)
+    master_bytes = dtype_bytes(plan.master_dtype) if plan.has_master_copy else 0
+    opt_elems = shard if plan.shards_optimizer else psi
+    params = (shard if plan.shards_params else psi) * p_bytes
+    grads = (shard if plan.shards_grads else psi) * g_bytes
+    master = opt_elems * master_bytes
+    opt = opt_elems * optimizer_bytes_per_param(plan)
     if plan.offload != "none":
         master, opt = 0.0, 0.0
     if plan.offload == "params":
@@ -114,7 +116,8 @@ def estimate_memory(model: ModelSpec, plan: Plan) -> MemoryEstimate:
     - gathered params: FSDP holds the unit computing plus `prefetch` units in flight,
       in param dtype; fsdp-no-reshard holds every unit (all gathered after forward).
     - gathered grads: the unit being reduce-scattered plus the one being produced, in
-      reduce dtype (FSDP); ddp/zero1/zero2 use one bucket in flight.
+      reduce dtype (FSDP); ddp/zero1/zero2 use one bucket in flight; with gradient
+      accumulation, sharded-gradient strategies hold full unsharded gradients.
     - activations: all blocks' saved tensors + root tensors + the largest transient
       (loss backward, or a block's backward working set with its recomputation).
     """
@@ -131,6 +134,10 @@ def estimate_memory(model: ModelSpec, plan: Plan) -> MemoryEstimate:
         grads_in_flight = 2 * unit * dtype_bytes(plan.reduce_dtype)
     else:
         grads_in_flight = 2 * float(plan.bucket_bytes)
+    if plan.grad_accum > 1 and plan.shards_grads:
+        # Gradients accumulate unsharded across micro-batches and are reduced once per
+        # step (FSDP2 set_requires_gradient_sync(False), DDP no_sync), as step_comm counts.
+        grads_in_flight = float(model.num_params * dtype_bytes(plan.grad_dtype))
     saved = model.num_layers * block_activation_bytes(model, micro_batch=b, seq_len=s,
                                                       recompute=plan.recompute, act_bytes=a)
     saved += sum(t.bytes for t in root_saved_tensors(model, micro_batch=b, seq_len=s,

@@ -1,0 +1,31 @@
+"""Fixtures for the analytic unit tests: a two-tier toy cluster whose numbers make
+hand-worked times exact."""
+
+from __future__ import annotations
+
+import pytest
+
+from zsim.spec.hardware import HardwareProfile
+
+
+@pytest.fixture
+def two_tier_hw() -> HardwareProfile:
+    """4 GPUs per node; NVLink-like 100 GB/s with 1 us per hop inside a node, NIC-like
+    10 GB/s with 10 us per hop across nodes; efficiency 1; 1 TFLOP/s peaks, matmul at
+    half of peak and attention at a quarter."""
+
+    def link(name: str, gb_per_s: float, us: float) -> dict[str, object]:
+        return {"name": name, "bandwidth_gb_per_s": gb_per_s, "latency_us": us,
+                "efficiency": 1.0, "source": "test"}
+
+    return HardwareProfile.from_dict({
+        "name": "two-tier", "description": "toy",
+        "gpu": {"name": "toy", "hbm_gib": 80, "hbm_bandwidth_gb_per_s": 1000,
+                "peak_tflops": {"bf16": 1, "fp32": 0.5}, "source": "test"},
+        "node": {"gpus_per_node": 4, "host_memory_gib": 512, "pcie_gb_per_s": 10,
+                 "nvme_read_gb_per_s": 1, "nvme_write_gb_per_s": 1, "source": "test"},
+        "intra_node": link("intra", 100, 1), "inter_node": link("inter", 10, 10),
+        "efficiency": {"matmul": 0.5, "attention": 0.25, "memory_bound": 1.0, "pcie": 1.0,
+                       "host_adam_params_per_s": 1e9, "comm_compute_slowdown": 0.0,
+                       "source": "test"},
+    }, name="two-tier")

@@ -1,0 +1,85 @@
+"""zsim.analytic.activations: saved bytes per token of a Llama block, counted by hand from
+what each op's backward needs (PyTorch tools/autograd/derivatives.yaml; flash attention,
+Dao et al. 2022 Alg. 2; torchtitan's op-level SAC policy)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from zsim.analytic.activations import (
+    block_activation_bytes,
+    block_recompute_bytes,
+    loss_working_bytes,
+    root_saved_tensors,
+)
+from zsim.spec.presets import PRESETS
+
+LLAMA3_8B = PRESETS["llama3-8b"]  # d 4096, 32 heads, 8 kv heads (kv width 1024), f 14336
+
+
+def per_token(recompute: str, **changes: object) -> float:
+    model = dataclasses.replace(LLAMA3_8B, **changes)
+    b, s = 2, 256
+    return block_activation_bytes(model, micro_batch=b, seq_len=s, recompute=recompute) / (b * s)
+
+
+def test_no_recompute_flash_by_hand() -> None:
+    d, kv, f, h = 4096, 1024, 14336, 32
+    # bf16: norm inputs (2), the q/k/v input, q, sdpa out, wo input, w1 input: 7 x 2d;
+    # k and v at kv width (enable_gqa): 2 x 2kv; w1 out, silu out, w3 out, w2 input: 4 x 2f;
+    # fp32: two RMSNorm rstd (2 x 4) and the flash log-sum-exp per head (4h).
+    assert per_token("none") == 14 * d + 4 * kv + 8 * f + 8 + 4 * h
+
+
+def test_repeat_kv_saves_k_and_v_at_full_width() -> None:
+    d, kv = 4096, 1024
+    assert per_token("none", gqa_impl="repeat_kv") - per_token("none") == 4 * (d - kv)
+
+
+def test_selective_by_hand() -> None:
+    d, kv, f, h = 4096, 1024, 14336, 32
+    # block input; outputs of the 1st, 3rd, 5th, 7th matmul (wq d, wv kv, w1 f, w2 d);
+    # sdpa output and log-sum-exp
+    assert per_token("selective") == 2 * d + 2 * d + 2 * kv + 2 * f + 2 * d + 2 * d + 4 * h
+
+
+def test_full_keeps_only_the_block_input() -> None:
+    assert per_token("full") == 2 * 4096
+
+
+def test_math_attention_saves_the_score_matrix() -> None:
+    b, s, h = 1, 512, 32
+    model = dataclasses.replace(LLAMA3_8B, attention_kernel="math")
+    flash = block_activation_bytes(LLAMA3_8B, micro_batch=b, seq_len=s, recompute="none")
+    math_ = block_activation_bytes(model, micro_batch=b, seq_len=s, recompute="none")
+    # math: q, k expanded to every head (2d, 2d), softmax b*h*s^2 in bf16, v expanded (2d)
+    # flash: q (2d), k and v at kv width (2 x 2kv), out (2d), lse (4h) per token
+    d, kv = 4096, 1024
+    assert math_ - flash == b * s * (2 * d + 2 * d + 2 * d - 2 * d - 4 * kv - 2 * d - 4 * h) \
+        + 2 * b * h * s * s
+
+
+def test_recompute_bytes_are_what_the_policy_dropped() -> None:
+    kw = {"micro_batch": 1, "seq_len": 1024}
+    none = block_activation_bytes(LLAMA3_8B, recompute="none", **kw)
+    for policy in ("selective", "full"):
+        kept = block_activation_bytes(LLAMA3_8B, recompute=policy, **kw)
+        assert block_recompute_bytes(LLAMA3_8B, recompute=policy, **kw) == none - kept
+    assert block_recompute_bytes(LLAMA3_8B, recompute="none", **kw) == 0
+
+
+@pytest.mark.parametrize("upcast", [True, False])
+def test_loss_and_root_by_hand(upcast: bool) -> None:
+    model = dataclasses.replace(LLAMA3_8B, logits_upcast=upcast)
+    b, s, d, v = 1, 1024, 4096, 128256
+    logit = 4 if upcast else 2
+    saved = sum(t.bytes for t in root_saved_tensors(model, micro_batch=b, seq_len=s))
+    # token ids and labels int64, final-norm input and rstd, output input, log-softmax
+    assert saved == b * s * (8 + 8 + 2 * d + 4 + 2 * d + v * logit)
+    # backward of the loss: grad of the log-softmax and of its input, both in logit dtype;
+    # forward: bf16 logits plus their fp32 copy when upcast
+    forward = b * s * v * (2 + (4 if upcast else 0))
+    assert loss_working_bytes(model, micro_batch=b, seq_len=s) == max(
+        forward, 2 * b * s * v * logit)

@@ -1,0 +1,99 @@
+"""zsim.analytic.comm: which link a group uses, the latency term, and per-strategy step
+communication worked by hand on the two-tier toy cluster (4 GPUs per node, 100 GB/s and
+1 us inside a node, 10 GB/s and 10 us across nodes)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from zsim.analytic.comm import (
+    CommGroup,
+    bus_bytes,
+    collective_time_s,
+    replicate_group,
+    shard_group,
+    step_comm,
+)
+from zsim.spec.hardware import HardwareProfile
+from zsim.spec.model import synthetic
+from zsim.spec.plan import Plan
+
+MODEL = synthetic(100_000_000)
+S_BF16 = 2 * 100_000_000
+
+
+def test_bus_bytes_follow_nccl_tests_factors() -> None:
+    # nccl-tests doc/PERFORMANCE.md: all_reduce 2(n-1)/n, all_gather/reduce_scatter (n-1)/n
+    assert bus_bytes("all_gather", 800.0, 8) == 700.0
+    assert bus_bytes("reduce_scatter", 800.0, 8) == 700.0
+    assert bus_bytes("all_reduce", 800.0, 8) == 1400.0
+    assert bus_bytes("all_reduce", 800.0, 1) == 0.0
+
+
+def test_latency_term_inside_and_across_nodes(two_tier_hw: HardwareProfile) -> None:
+    inside = CommGroup(ranks=4, ranks_per_node=4)
+    across = CommGroup(ranks=8, ranks_per_node=4)
+    # zero bytes: only the alpha term remains, (n-1) hops for a ring, 2(n-1) for all_reduce
+    assert math.isclose(collective_time_s("all_gather", 0.0, inside, two_tier_hw), 3e-6)
+    assert math.isclose(collective_time_s("all_reduce", 0.0, inside, two_tier_hw), 6e-6)
+    assert math.isclose(collective_time_s("all_gather", 0.0, across, two_tier_hw), 70e-6)
+
+
+def test_a_ring_leaving_the_node_runs_at_nic_speed(two_tier_hw: HardwareProfile) -> None:
+    across = CommGroup(ranks=8, ranks_per_node=4)
+    # 7/8 * 1 GB at 10 GB/s = 87.5 ms, plus 7 hops of 10 us
+    assert math.isclose(collective_time_s("all_gather", 1e9, across, two_tier_hw),
+                        0.0875 + 70e-6)
+
+
+def test_groups_of_a_hybrid_plan(two_tier_hw: HardwareProfile) -> None:
+    plan = Plan.for_strategy("hsdp", gpus=16, shard_group=4, seq_len=1024)
+    assert shard_group(plan, two_tier_hw) == CommGroup(ranks=4, ranks_per_node=4)
+    # one rank of each replicate group per node: the gradient all_reduce crosses nodes
+    assert replicate_group(plan, two_tier_hw) == CommGroup(ranks=4, ranks_per_node=1)
+
+
+def test_hsdp_step_by_hand(two_tier_hw: HardwareProfile) -> None:
+    plan = Plan.for_strategy("hsdp", gpus=8, shard_group=4, seq_len=1024)
+    comm = step_comm(MODEL, plan, two_tier_hw)
+    s = S_BF16
+    # inside the node: all_gather fwd + bwd (2 x 3/4 S), reduce_scatter 3/4 S at 100 GB/s
+    # across nodes: all_reduce of the S/4 shard over 2 replicas, 2 x 1/2 x S/4 at 10 GB/s
+    assert comm.bus_bytes == pytest.approx(
+        {"all_gather": 1.5 * s, "reduce_scatter": 0.75 * s, "all_reduce": 0.25 * s})
+    assert comm.time_s == pytest.approx({
+        "all_gather": 2 * (0.75 * s / 100e9 + 3e-6),
+        "reduce_scatter": 0.75 * s / 100e9 + 3e-6,
+        "all_reduce": 0.25 * s / 10e9 + 2 * 10e-6,
+    })
+
+
+@pytest.mark.parametrize("strategy", ["zero1", "zero2", "fsdp", "fsdp-no-reshard"])
+def test_fp32_reduction_doubles_reduce_scatter_bytes_only(
+        strategy: str, two_tier_hw: HardwareProfile) -> None:
+    bf16 = step_comm(MODEL, Plan.for_strategy(strategy, gpus=8, seq_len=1024), two_tier_hw)
+    fp32 = step_comm(MODEL, Plan.for_strategy(strategy, gpus=8, seq_len=1024,
+                                              reduce_dtype="fp32"), two_tier_hw)
+    assert fp32.bus_bytes["reduce_scatter"] == 2 * bf16.bus_bytes["reduce_scatter"] > 0
+    assert fp32.bus_bytes["all_gather"] == bf16.bus_bytes["all_gather"] > 0
+
+
+def test_fp32_reduction_doubles_ddp_all_reduce(two_tier_hw: HardwareProfile) -> None:
+    bf16 = step_comm(MODEL, Plan.for_strategy("ddp", gpus=8, seq_len=1024), two_tier_hw)
+    fp32 = step_comm(MODEL, Plan.for_strategy("ddp", gpus=8, seq_len=1024,
+                                              reduce_dtype="fp32"), two_tier_hw)
+    assert fp32.total_bus_bytes == 2 * bf16.total_bus_bytes == 2 * 2 * 7 / 8 * S_BF16
+
+
+@pytest.mark.parametrize(("strategy", "gathers_per_micro_batch"),
+                         [("fsdp", 2), ("fsdp-no-reshard", 1)])
+def test_fsdp_gathers_every_micro_batch(strategy: str, gathers_per_micro_batch: int,
+                                        two_tier_hw: HardwareProfile) -> None:
+    # FSDP frees gathered parameters after each micro-batch's backward, so each micro-batch
+    # all-gathers again (forward, and backward when resharded after forward).
+    plan = Plan.for_strategy(strategy, gpus=4, seq_len=1024, grad_accum=3)
+    comm = step_comm(MODEL, plan, two_tier_hw)
+    assert comm.bus_bytes["all_gather"] == pytest.approx(
+        3 * gathers_per_micro_batch * 0.75 * S_BF16)

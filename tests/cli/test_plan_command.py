@@ -1,0 +1,114 @@
+"""`zsim plan` end to end through typer's CliRunner: the table, JSON and CSV renderings
+of one ranking, the recommended plan, and determinism."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from zsim.cli import app
+
+PLAN_13B_128 = ["plan", "--model", "13b", "--gpus", "128"]
+
+LABEL_KEYS = {"plan", "strategy", "recompute", "why"}
+"""Text columns (no unit)."""
+DIMENSIONLESS_KEYS = {"dp_shard", "dp_replicate", "micro_batch", "fits", "mfu"}
+"""Counts, a flag and a fraction: no unit to name."""
+UNITS = ("gib", "gb", "bytes", "s", "flops", "model_sizes")
+"""Units zsim names in keys (STYLE.md section 3), as whole words: `peak_gib`,
+`comm_gb_per_step`, `tokens_per_s`; `model_sizes` counts multiples of S."""
+
+
+def invoke(args: list[str]) -> Any:
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    return result
+
+
+@pytest.fixture(scope="module")
+def ranking() -> dict[str, Any]:
+    return json.loads(invoke([*PLAN_13B_128, "--format", "json"]).stdout)
+
+
+def test_table_shows_ranked_plans_and_a_recommendation(ranking: dict[str, Any]) -> None:
+    out = invoke(PLAN_13B_128).stdout
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("plan "))
+    for column in ("fits", "peak_gib", "comm_gb_per_step", "step_time_s", "why"):
+        assert column in lines[header]
+    assert set(lines[header + 1]) <= {"-", " "}
+    first_row = lines[header + 2]
+    recommended = ranking["recommended"]
+    assert recommended is not None
+    assert first_row.startswith(recommended)
+    assert first_row.rstrip().endswith("recommended")
+    assert f"recommended: {recommended}" in lines
+    # one data row per candidate, each with its one-line reason
+    rows = lines[header + 2: header + 2 + len(ranking["candidates"])]
+    assert [r.split("  ")[0].strip() for r in rows] == [c["plan"] for c in ranking["candidates"]]
+
+
+def test_json_candidates_name_their_units(ranking: dict[str, Any]) -> None:
+    assert ranking["gpus"] == 128
+    assert len(ranking["candidates"]) > 1
+    for candidate in ranking["candidates"]:
+        for key, value in candidate.items():
+            if key in LABEL_KEYS or key in DIMENSIONLESS_KEYS:
+                continue
+            assert isinstance(value, (int, float)), key
+            words = key.split("_")
+            assert any(unit.split("_") == words[i:i + len(unit.split("_"))]
+                       for unit in UNITS for i in range(len(words))), f"{key}: no unit"
+
+
+def test_recommended_plan_fits_and_ranks_first(ranking: dict[str, Any]) -> None:
+    first = ranking["candidates"][0]
+    assert first["plan"] == ranking["recommended"]
+    assert first["fits"] is True
+    assert first["peak_gib"] <= first["hbm_gib"]
+    assert first["why"] == "recommended"
+    fitting = [c for c in ranking["candidates"] if c["fits"]]
+    assert ranking["candidates"][:len(fitting)] == fitting  # every fitting plan first
+    speeds = [c["tokens_per_s"] for c in fitting]
+    assert speeds == sorted(speeds, reverse=True)
+    for loser in ranking["candidates"][1:]:
+        assert loser["why"] and "\n" not in loser["why"] and loser["why"] != "recommended"
+        if not loser["fits"]:
+            assert loser["peak_gib"] > loser["hbm_gib"]
+            assert loser["why"].startswith("does not fit")
+
+
+def test_peak_is_the_sum_of_its_categories(ranking: dict[str, Any]) -> None:
+    categories = ("params", "grads", "master_params", "optimizer_states", "gathered_params",
+                  "gathered_grads", "activations", "comm_buffers")
+    for c in ranking["candidates"]:
+        total = sum(c[f"{cat}_gib"] for cat in categories)
+        assert c["peak_gib"] == pytest.approx(total, abs=0.01), c["plan"]
+
+
+def test_csv_parses_to_the_same_ranking(ranking: dict[str, Any]) -> None:
+    text = invoke([*PLAN_13B_128, "--format", "csv"]).stdout
+    rows = list(csv.DictReader(io.StringIO(text)))
+    assert len(rows) == len(ranking["candidates"])
+    assert list(rows[0]) == list(ranking["candidates"][0])
+    assert [r["plan"] for r in rows] == [c["plan"] for c in ranking["candidates"]]
+    for row, cand in zip(rows, ranking["candidates"], strict=True):
+        assert float(row["peak_gib"]) == cand["peak_gib"]
+
+
+@pytest.mark.parametrize("fmt", ["table", "json", "csv"])
+def test_output_is_byte_identical_across_runs(fmt: str) -> None:
+    args = [*PLAN_13B_128, "--format", fmt]
+    assert invoke(args).stdout_bytes == invoke(args).stdout_bytes
+
+
+def test_table_numbers_are_plain() -> None:
+    # no float noise such as 0.30000000000000004 in the terminal table
+    assert not re.search(r"\d\.\d{6,}", invoke(PLAN_13B_128).stdout)

@@ -1,0 +1,96 @@
+"""Golden: model-state bytes per GPU and communication volume per strategy.
+
+Sources:
+- Seed card (shared/seed/zero-fsdp-card.txt): 7B parameters on 64 GPUs hold 112 / ~29 /
+  ~15.5 / ~1.75 GB (DDP / ZeRO-1 / ZeRO-2 / ZeRO-3), communication 2S / 2S / 2S / 3S with
+  S the bf16 size of the parameters.
+- Rajbhandari et al. 2020 (ZeRO), Fig. 1 / Table 1 for Psi = 7.5B, transcribed in
+  shared/cases/published.yaml as F-ZeRO-Table1-7.5B; read at test time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from zsim.analytic.comm import step_comm
+from zsim.analytic.memory import model_state_bytes
+from zsim.spec.hardware import HardwareProfile
+from zsim.spec.model import synthetic
+from zsim.spec.plan import Plan
+from zsim.units import GB
+
+PUBLISHED = Path(__file__).resolve().parents[2] / ".." / "shared" / "cases" / "published.yaml"
+
+SEED_GB = {"ddp": "112", "zero1": "29.3", "zero2": "15.5", "fsdp": "1.75", "zero3": "1.75"}
+"""Seed card, 7.0e9 parameters on 64 GPUs, decimal GB as printed."""
+
+SEED_COMM_S = {"ddp": 2, "zero1": 2, "zero2": 2, "fsdp": 3, "zero3": 3}
+"""Seed card: communication per step in units of S (all_reduce = reduce_scatter +
+all_gather = 2S; ZeRO-3 gathers twice and reduce-scatters once = 3S)."""
+
+
+@pytest.mark.parametrize("strategy", sorted(SEED_GB))
+def test_seed_card_model_state_7b_on_64(
+        strategy: str, matches_printed: Callable[[float, str], bool]) -> None:
+    plan = Plan.for_strategy(strategy, gpus=64, seq_len=4096)
+    total_gb = model_state_bytes(7_000_000_000, plan).total / GB
+    assert matches_printed(total_gb, SEED_GB[strategy]), (strategy, total_gb)
+
+
+def test_seed_card_exact_bytes_per_param() -> None:
+    # By hand, 16 bytes/param split as 2 param + 2 grad + 4 master + 8 Adam:
+    # ZeRO-1 4 + 12/64, ZeRO-2 2 + 14/64, ZeRO-3 16/64 bytes per parameter.
+    exact = {"ddp": 16.0, "zero1": 4 + 12 / 64, "zero2": 2 + 14 / 64, "fsdp": 16 / 64}
+    for strategy, per_param in exact.items():
+        plan = Plan.for_strategy(strategy, gpus=64, seq_len=4096)
+        got = model_state_bytes(7_000_000_000, plan).total
+        assert math.isclose(got, per_param * 7e9, rel_tol=1e-12), strategy
+
+
+@pytest.mark.parametrize("strategy", sorted(SEED_COMM_S))
+def test_seed_card_communication_7b_on_64(strategy: str, toy_hw: HardwareProfile) -> None:
+    model = synthetic(7_000_000_000)
+    plan = Plan.for_strategy(strategy, gpus=64, seq_len=4096)
+    s_bytes = 7e9 * 2  # bf16
+    # A ring moves (n-1)/n of the tensor per rank per all_gather / reduce_scatter.
+    expected = SEED_COMM_S[strategy] * (63 / 64) * s_bytes
+    assert math.isclose(step_comm(model, plan, toy_hw).total_bus_bytes, expected,
+                        rel_tol=1e-12)
+
+
+def _zero_case() -> dict:
+    if not PUBLISHED.is_file():
+        pytest.skip(f"published cases not found at {PUBLISHED} (shared/ is outside the repo)")
+    # BaseLoader keeps every scalar as the printed string, so the table's precision
+    # ("35.62", "0.469") is known.
+    cases = yaml.load(PUBLISHED.read_text(), Loader=yaml.BaseLoader)["cases"]
+    (case,) = [c for c in cases if c["id"] == "F-ZeRO-Table1-7.5B"]
+    return case
+
+
+ZERO_COLUMNS = {"baseline_dp_gb": "ddp", "pos_gb": "zero1", "pos_g_gb": "zero2",
+                "pos_g_p_gb": "fsdp"}
+"""Table 1 columns -> zsim strategy: P_os = ZeRO-1, P_os+g = ZeRO-2, P_os+g+p = ZeRO-3."""
+
+
+def test_zero_paper_table1_every_row(matches_printed: Callable[[float, str], bool]) -> None:
+    case = _zero_case()
+    psi = 7_500_000_000  # the case's model: "generic 7.5B-parameter model (Psi=7.5e9)"
+    rows = case["measured"]["model_state_gb_per_gpu"]
+    assert sorted(int(r["Nd"]) for r in rows) == [1, 4, 16, 64, 256, 1024]
+    mismatches = []
+    for row in rows:
+        nd = int(row["Nd"])
+        for column, strategy in ZERO_COLUMNS.items():
+            # fp16 params and grads, K = 12 (fp32 master, momentum, variance), as the paper.
+            plan = Plan.for_strategy(strategy, gpus=nd, seq_len=1024, param_dtype="fp16",
+                                     grad_dtype="fp16", reduce_dtype="fp16")
+            got_gb = model_state_bytes(psi, plan).total / GB
+            if not matches_printed(got_gb, row[column]):
+                mismatches.append((nd, column, got_gb, row[column]))
+    assert mismatches == []
