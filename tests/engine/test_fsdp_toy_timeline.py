@@ -1,0 +1,74 @@
+"""Whole FSDP step of the tiny 2-block model on the toy cluster (2 GPUs on one node,
+100 GB/s NVLink, no latency, 1e12 FLOP/s at efficiency 1, 1 TB/s HBM), with prefetch
+disabled so nothing overlaps: every op's start and end worked out by hand below."""
+
+from __future__ import annotations
+
+import pytest
+from toy_cluster import make_toy_hw
+
+from zsim.simulate import simulate
+from zsim.spec.model import ModelSpec
+from zsim.spec.plan import Plan
+
+US = 1e-6
+
+
+def test_fsdp_step_without_prefetch_is_the_sum_of_its_ops(tiny_model: ModelSpec) -> None:
+    # tiny: d=256, 4 heads (kv=256), SwiGLU 512, vocab 1000; micro-batch 1 x 256 tokens.
+    tokens = 256
+    matmul_params = 4 * 256 * 256 + 3 * 256 * 512          # wq wk wv wo, w1 w3 w2
+    attention = 2 * 1 * 256 * 256 * 256                    # QK^T + AV, half masked
+    fwd = (2 * tokens * matmul_params + attention) / 1e12  # 369.098752 us
+    bwd = 2 * fwd                                          # backward = 2 x forward
+    head = 2 * tokens * 256 * 1000 / 1e12                  # output projection
+    block_params = matmul_params + 2 * 256                 # + 2 RMSNorm weights
+    root_params = 2 * 1000 * 256 + 256                     # embedding, output, final norm
+    # Ring over 2 ranks: each moves half the bf16 tensor at 100 GB/s.
+    ag_block = block_params * 2 / 2 / 100e9
+    ag_root = root_params * 2 / 2 / 100e9
+    # AdamW on the local half: read+write fp32 master (8) and two fp32 moments (16),
+    # read the bf16 grad (2), write the bf16 param (2) = 28 B/param at 1 TB/s.
+    opt = (2 * block_params + root_params) / 2 * 28 / 1e12
+
+    t = [0.0]
+
+    def after(d: float) -> float:
+        t[0] += d
+        return t[0]
+
+    expected = [
+        (0.0, after(ag_root), "all_gather", "root all-gather forward (mb 0)"),
+        (t[0], t[0], "compute", "embedding forward (mb 0)"),
+        (t[0], after(ag_block), "all_gather", "unit 0 all-gather forward (mb 0)"),
+        (t[0], after(fwd), "compute", "unit 0 forward (mb 0)"),
+        (t[0], after(ag_block), "all_gather", "unit 1 all-gather forward (mb 0)"),
+        (t[0], after(fwd), "compute", "unit 1 forward (mb 0)"),
+        (t[0], after(head), "compute", "output+loss forward (mb 0)"),
+        (t[0], after(2 * head), "compute", "output+loss backward (mb 0)"),
+        (t[0], after(ag_block), "all_gather", "unit 1 all-gather backward (mb 0)"),
+        (t[0], after(bwd), "compute", "unit 1 backward (mb 0)"),
+    ]
+    # Unit 1's reduce-scatter and unit 0's re-gather start together and share NVLink:
+    # each at 50 GB/s, both end after twice the time of one alone.
+    t_shared = t[0]
+    after(2 * ag_block)
+    expected += [
+        (t_shared, t[0], "all_gather", "unit 0 all-gather backward (mb 0)"),
+        (t_shared, t[0], "reduce_scatter", "unit 1 reduce-scatter"),
+        (t[0], after(bwd), "compute", "unit 0 backward (mb 0)"),
+        (t[0], t[0], "compute", "embedding backward (mb 0)"),
+        (t[0], after(ag_block), "reduce_scatter", "unit 0 reduce-scatter"),
+        (t[0], after(ag_root), "reduce_scatter", "root reduce-scatter"),
+        (t[0], after(opt), "compute", "optimizer step"),
+        (t[0], t[0], "compute", "end of step"),
+    ]
+    plan = Plan.for_strategy("fsdp", gpus=2, seq_len=256, prefetch=0)
+    r = simulate(tiny_model, make_toy_hw(), plan, trace=True)
+    got = sorted((sp.start_s, sp.end_s, sp.stream, sp.name) for sp in r.spans)
+    want = sorted(expected)
+    assert [(round(a / US, 6), round(b / US, 6), s, n) for a, b, s, n in got] == [
+        (round(a / US, 6), round(b / US, 6), s, n) for a, b, s, n in want]
+    assert r.step_time_s == pytest.approx(t[0], rel=1e-12)
+    # No overlap: step = compute + communication busy time.
+    assert r.step_time_s == pytest.approx(r.compute_time_s + r.comm_busy_total_s, rel=1e-12)

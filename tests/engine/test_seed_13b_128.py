@@ -1,0 +1,90 @@
+"""The seed card's production example (scenarios/seed-13b-128.yaml), statement by
+statement, from simulation alone. Where the simulation disagrees with the card the test
+pins what the simulation says and reports/seed-13b-128.md explains why."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from zsim.analytic.memory import model_state_bytes
+from zsim.result import Result
+from zsim.simulate import simulate
+from zsim.spec.plan import Plan, precision_knobs
+from zsim.spec.registry import resolve_hardware, resolve_model
+from zsim.units import GB, GiB
+
+SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "seed-13b-128.yaml"
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[str, tuple[Plan, Result]]:
+    sc = yaml.safe_load(SCENARIO.read_text())
+    model, hw = resolve_model(sc["model"]), resolve_hardware(sc["hardware"])
+    out = {}
+    for name, knobs in sc["plans"].items():
+        knobs = dict(knobs)
+        plan = Plan.for_strategy(knobs.pop("strategy"), gpus=sc["gpus"],
+                                 shard_group=knobs.pop("shard_group", None),
+                                 seq_len=sc["seq_len"], **precision_knobs(sc["precision"]),
+                                 **knobs)
+        out[name] = (plan, simulate(model, hw, plan, trace=True))
+    return out
+
+
+def test_ddp_and_zero1_do_not_fit_8k(runs: dict[str, tuple[Plan, Result]]) -> None:
+    ddp, zero1 = runs["ddp"][1], runs["zero1"][1]
+    assert not ddp.fits and ddp.oom is not None and ddp.oom.startswith("OOM at model state")
+    # ZeRO-1 holds the model state, but the 8k activations push it over late in forward.
+    assert not zero1.fits and zero1.oom is not None
+    assert zero1.oom.startswith("OOM at unit 3") and "forward" in zero1.oom
+    assert runs["fsdp"][1].fits
+
+
+def test_fsdp_frees_the_replicated_model_state(runs: dict[str, tuple[Plan, Result]]) -> None:
+    model = resolve_model("13b")
+    zero1_plan, zero1 = runs["zero1"]
+    fsdp_plan, fsdp = runs["fsdp"]
+    # Closed form (ZeRO paper): 4 Psi + 12 Psi/N -> 16 Psi/N, about 51.6 GB per GPU.
+    closed = (model_state_bytes(model.num_params, zero1_plan).total
+              - model_state_bytes(model.num_params, fsdp_plan).total)
+    assert closed == pytest.approx(model.num_params * (4 + 12 / 128 - 16 / 128), rel=1e-9)
+    assert closed > 50 * GB
+    # Simulated, at the peak (start of backward): ZeRO-1's replicated gradients do not
+    # exist yet, so FSDP frees the replicated bf16 params minus its gathered units and
+    # buffers: ~22 GiB, the card's "~20 GB", not the closed form's 51.6 GB.
+    freed = zero1.peak_memory_bytes - fsdp.peak_memory_bytes
+    assert 18 * GiB < freed < 26 * GiB
+    assert zero1.memory_at_peak.get("grads", 0) < 1 * GiB
+    assert zero1.memory_at_peak["activations"] == fsdp.memory_at_peak["activations"]
+
+
+def test_fsdp_all_gathers_cross_nodes_and_stay_hidden_at_8k(
+        runs: dict[str, tuple[Plan, Result]]) -> None:
+    fsdp, hsdp = runs["fsdp-selective-mb2"][1], runs["hsdp-selective-mb2"][1]
+    assert {sp.link for sp in fsdp.spans if sp.kind == "all_gather"} == {"inter_node"}
+    assert {sp.link for sp in hsdp.spans if sp.kind == "all_gather"} == {"intra_node"}
+    # Cross-node rings pay 15 network steps (9.6 us) and 112 NVLink steps per gather
+    # against 7 NVLink steps inside a node, at similar bus bandwidth (8 NICs ~ 376 GB/s vs
+    # NVLink ~ 364 GB/s): FSDP's all-gathers are busy longer.
+    assert fsdp.comm_busy_s["all_gather"] > 1.2 * hsdp.comm_busy_s["all_gather"]
+    # The card reports 8% lower FSDP throughput; on 8 NDR NICs per node at 8k tokens a
+    # 13B block computes far longer than its 128-rank all-gather, so both hide their
+    # collectives and throughput differs by under 3% (see the report).
+    for r in (fsdp, hsdp):
+        assert r.exposed_comm_s < 0.02 * r.step_time_s
+    assert abs(fsdp.tokens_per_s / hsdp.tokens_per_s - 1) < 0.03
+
+
+def test_selective_recompute_makes_8k_fit_with_micro_batch_2(
+        runs: dict[str, tuple[Plan, Result]]) -> None:
+    assert not runs["hsdp"][1].fits
+    assert runs["hsdp-selective"][1].fits
+    assert runs["hsdp-selective-mb2"][1].fits
+    assert runs["fsdp-selective-mb2"][1].fits
+    assert not runs["zero1-selective-mb2"][1].fits
+    # Micro-batch 2 uses the larger batch: more tokens per second than micro-batch 1.
+    assert (runs["hsdp-selective-mb2"][1].tokens_per_s
+            > runs["hsdp-selective"][1].tokens_per_s)

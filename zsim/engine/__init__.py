@@ -1,0 +1,1 @@
+"""Discrete-event engine on SimPy: resources, the simulation loop and trace records."""

@@ -1,0 +1,242 @@
+"""Result of one simulated optimizer step, and its JSON-ready form.
+
+Owns `Result` (frozen) and `summarize(schedule, run)`, which turns the engine's trace and
+memory ledger into the figures the CLI, the planner and the calibration backend read:
+step time, compute time, busy time per collective kind, exposed communication with the
+reason for each wait, peak and reserved memory with what is live at the peak, the memory
+curve, out-of-memory location, tokens/s, TFLOP/s per GPU and MFU. No pandas here.
+
+Conventions (Calculon's vocabulary): *busy* = a stream was occupied (union of its
+intervals), *exposed* = the compute stream sat idle waiting for a collective. MFU counts
+model FLOPs only (6N + attention), HFU counts the FLOPs executed (recomputation included),
+as in shared/cases/published.yaml.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass, field
+from typing import Any
+
+from zsim.engine.resources import MemoryPool
+from zsim.engine.trace import OpSpan, Trace, Wait
+from zsim.schedule.ops import COLLECTIVE_KINDS, COPY_KINDS, Schedule
+from zsim.units import GiB
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Result:
+    """One simulated optimizer step of one plan (per GPU unless the name says otherwise)."""
+
+    model: str
+    hardware: str
+    plan_label: str
+    step_time_s: float
+    """Wall time of one optimizer step (all micro-batches), seconds."""
+    compute_time_s: float
+    """Time the compute stream was busy (slowdown by concurrent collectives included)."""
+    exposed_comm_s: float
+    """Time the compute stream waited on collectives (and offload copies)."""
+    exposed_by_reason_s: dict[str, float]
+    """exposed_comm_s split by reason (see zsim.engine.trace.Wait.reason)."""
+    exposed_by_kind_s: dict[str, float]
+    """exposed_comm_s split by the collective kind waited for."""
+    exposed_host_s: float
+    """Time the compute stream waited on the offloaded CPU optimizer step."""
+    host_busy_s: float
+    """Host CPU optimizer time (offload), seconds."""
+    waits: tuple[Wait, ...]
+    """Every compute-stream wait on a collective, a copy or the host, in time order."""
+    comm_busy_s: dict[str, float]
+    """Busy time per collective kind and per copy direction (h2d, d2h: PCIe, offload),
+    union of that stream's intervals, seconds."""
+    comm_busy_total_s: float
+    """Time at least one collective or copy was running, seconds."""
+    comm_bus_bytes: dict[str, float]
+    """Bytes each rank put on the wire (or PCIe) per collective kind / copy direction."""
+    peak_memory_bytes: int
+    """Peak allocated HBM (what torch.cuda.max_memory_allocated reports)."""
+    reserved_memory_bytes: int
+    """Estimated peak reserved by a caching allocator with per-stream pools."""
+    memory_at_peak: dict[str, int]
+    """Bytes live at the peak, by category."""
+    peak_time_s: float
+    peak_op: str
+    """The op whose allocation made the peak."""
+    baseline_memory_bytes: int
+    """Model state at rest (before and after the step)."""
+    end_memory_bytes: int
+    """Allocated bytes after the step (equals the baseline for a well-formed schedule)."""
+    hbm_bytes: float
+    phase_time_s: dict[str, float]
+    """Compute-stream busy time by phase ("forward", "backward", "optimizer"; an offloaded
+    optimizer step is host_busy_s instead), seconds; what the calibration backend times
+    per phase."""
+    phase_peak_bytes: dict[str, int]
+    """Highest allocated bytes while a kernel of that phase ran (the backend's per-phase
+    torch.cuda.max_memory_allocated)."""
+    memory_curve: tuple[tuple[float, int], ...] = field(repr=False)
+    """(time_s, allocated bytes) after every allocation and free."""
+    oom: str | None
+    """None, or where the ledger first exceeded HBM and why."""
+    tokens_per_s: float
+    """Job-wide training tokens per second."""
+    tokens_per_s_per_gpu: float
+    tflops_per_gpu: float
+    """Model TFLOP/s per GPU (MFU numerator)."""
+    mfu: float
+    hfu: float
+    world_size: int
+    events: int
+    """SimPy events processed (the benchmark's unit of work)."""
+    num_ops: int
+    step_time_p50_s: float | None = None
+    """Rank-level mode: median step time over the sampled steps."""
+    step_time_p99_s: float | None = None
+    spans: tuple[OpSpan, ...] = field(default=(), repr=False)
+    """Every op's execution (for the Chrome trace)."""
+    notes: tuple[str, ...] = ()
+
+    @property
+    def fits(self) -> bool:
+        return self.oom is None
+
+    @property
+    def trace(self) -> Trace:
+        return Trace(spans=self.spans, waits=self.waits, step_time_s=self.step_time_s,
+                     memory_curve=self.memory_curve, events=self.events)
+
+    def to_dict(self, *, curve: bool = False) -> dict[str, Any]:
+        """JSON-ready summary: the keys `zsim simulate --format json` prints."""
+        out: dict[str, Any] = {
+            "model": self.model, "hardware": self.hardware, "plan_label": self.plan_label,
+            "fits": self.fits, "oom": self.oom,
+            "step_time_s": self.step_time_s, "compute_time_s": self.compute_time_s,
+            "exposed_comm_s": self.exposed_comm_s,
+            "exposed_comm_by_reason_s": dict(self.exposed_by_reason_s),
+            "exposed_comm_by_kind_s": dict(self.exposed_by_kind_s),
+            "exposed_host_s": self.exposed_host_s, "host_busy_s": self.host_busy_s,
+            "comm_busy_s": dict(self.comm_busy_s), "comm_busy_total_s": self.comm_busy_total_s,
+            "comm_bus_bytes": dict(self.comm_bus_bytes),
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "reserved_memory_bytes": self.reserved_memory_bytes,
+            "memory_at_peak": dict(self.memory_at_peak),
+            "peak_op": self.peak_op, "peak_time_s": self.peak_time_s,
+            "baseline_memory_bytes": self.baseline_memory_bytes,
+            "hbm_bytes": self.hbm_bytes,
+            "phase_time_s": dict(self.phase_time_s),
+            "phase_peak_bytes": dict(self.phase_peak_bytes),
+            "tokens_per_s": self.tokens_per_s, "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
+            "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu, "hfu": self.hfu,
+            "world_size": self.world_size,
+            "step_time_p50_s": self.step_time_p50_s, "step_time_p99_s": self.step_time_p99_s,
+            "top_waits": [
+                {"op": w.op, "blocking": w.blocking, "collective": w.collective,
+                 "reason": w.reason, "link_shared": w.link_shared, "wait_s": w.wait_s}
+                for w in sorted(self.waits, key=lambda w: -w.wait_s)[:5]],
+        }
+        if curve:
+            out["memory_curve"] = [list(p) for p in self.memory_curve]
+        return out
+
+
+def _union_s(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if e <= end:
+            continue
+        total += e - max(s, end)
+        end = e
+    return total
+
+
+def _phases(spans: list[OpSpan], curve: tuple[tuple[float, int], ...]
+            ) -> tuple[dict[str, float], dict[str, int]]:
+    """Busy time and peak allocated bytes per compute phase."""
+    times = [t for t, _ in curve]
+    busy: dict[str, float] = {}
+    peak: dict[str, int] = {}
+    for sp in spans:
+        if sp.stream != "compute" or sp.kind not in ("forward", "backward", "optimizer"):
+            continue
+        busy[sp.kind] = busy.get(sp.kind, 0.0) + sp.duration_s
+        # Changes stamped at the end time belong to the next op.
+        lo, hi = bisect_left(times, sp.start_s), bisect_left(times, sp.end_s)
+        # The level in force when the kernel started counts too.
+        first = max(lo - 1, 0)
+        level = max((b for _, b in curve[first:hi]), default=0)
+        peak[sp.kind] = max(peak.get(sp.kind, 0), level)
+    return busy, peak
+
+
+def _oom_message(memory: MemoryPool) -> str | None:
+    o = memory.oom
+    if o is None:
+        return None
+    return (f"OOM at {o.where}: allocating {o.buffer} ({o.category}) takes the ledger to "
+            f"{o.allocated_bytes / GiB:.2f} GiB > {o.capacity_bytes / GiB:.2f} GiB HBM")
+
+
+def summarize(schedule: Schedule, trace: Trace, memory: MemoryPool, *, model: str,
+              hardware: str, plan_label: str, step_samples_s: list[float] | None = None,
+              keep_spans: bool = True) -> Result:
+    """Reduce an engine run to a Result (rank 0's view; memory of rank 0)."""
+    spans0 = [sp for sp in trace.spans if sp.rank == 0]
+    compute = sum(sp.duration_s for sp in spans0 if sp.stream == "compute")
+    busy: dict[str, float] = {}
+    bus: dict[str, float] = {}
+    transfers = COLLECTIVE_KINDS + COPY_KINDS
+    for kind in transfers:
+        iv = [(sp.start_s, sp.end_s) for sp in spans0 if sp.kind == kind]
+        if iv:
+            busy[kind] = _union_s(iv)
+            bus[kind] = sum(sp.bus_bytes for sp in spans0 if sp.kind == kind)
+    comm_total = _union_s([(sp.start_s, sp.end_s) for sp in spans0 if sp.kind in transfers])
+    waits0 = [w for w in trace.waits if w.rank == 0]
+    host_waits = [w for w in waits0 if w.collective == "host"]
+    comm_waits = [w for w in waits0 if w.collective != "host"]
+    by_reason: dict[str, float] = {}
+    by_kind: dict[str, float] = {}
+    for w in comm_waits:
+        by_reason[w.reason] = by_reason.get(w.reason, 0.0) + w.wait_s
+        by_kind[w.collective] = by_kind.get(w.collective, 0.0) + w.wait_s
+    phase_time, phase_peak = _phases(spans0, trace.memory_curve)
+    step = trace.step_time_s
+    tokens_job = schedule.tokens_per_rank * schedule.world_size
+    model_tflops = schedule.model_flops / step / 1e12 if step > 0 else 0.0
+    p50 = p99 = None
+    if step_samples_s:
+        ordered = sorted(step_samples_s)
+        p50 = _quantile(ordered, 0.5)
+        p99 = _quantile(ordered, 0.99)
+    return Result(
+        model=model, hardware=hardware, plan_label=plan_label, step_time_s=step,
+        compute_time_s=compute, exposed_comm_s=sum(w.wait_s for w in comm_waits),
+        exposed_by_reason_s=by_reason, exposed_by_kind_s=by_kind,
+        exposed_host_s=sum(w.wait_s for w in host_waits),
+        host_busy_s=sum(sp.duration_s for sp in spans0 if sp.stream == "host"),
+        waits=tuple(waits0),
+        comm_busy_s=busy, comm_busy_total_s=comm_total, comm_bus_bytes=bus,
+        peak_memory_bytes=memory.peak_bytes, reserved_memory_bytes=memory.reserved_bytes,
+        memory_at_peak=dict(memory.peak_by_category), peak_time_s=memory.peak_time_s,
+        peak_op=memory.peak_where,
+        baseline_memory_bytes=sum(b.bytes for b in schedule.baseline),
+        end_memory_bytes=memory.current_bytes, hbm_bytes=schedule.hbm_bytes,
+        phase_time_s=phase_time, phase_peak_bytes=phase_peak,
+        memory_curve=trace.memory_curve, oom=_oom_message(memory),
+        tokens_per_s=tokens_job / step if step > 0 else 0.0,
+        tokens_per_s_per_gpu=schedule.tokens_per_rank / step if step > 0 else 0.0,
+        tflops_per_gpu=model_tflops,
+        mfu=model_tflops * 1e12 / schedule.peak_flop_per_s,
+        hfu=schedule.hardware_flops / step / schedule.peak_flop_per_s if step > 0 else 0.0,
+        world_size=schedule.world_size, events=trace.events, num_ops=len(schedule.ops),
+        step_time_p50_s=p50, step_time_p99_s=p99,
+        spans=trace.spans if keep_spans else (), notes=schedule.notes)
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default method)."""
+    pos = q * (len(ordered) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)

@@ -1,0 +1,1 @@
+"""Schedules: the ops of one optimizer step (ops.py) and how plans lower to them (lower.py)."""

@@ -1,0 +1,527 @@
+"""Lowering: (ModelSpec, HardwareProfile, Plan) -> the ops of one optimizer step.
+
+Owns the order of kernels and collectives each strategy issues, their dependencies and
+the memory they allocate and free; durations come from zsim.analytic.compute, collective
+sizes and links from zsim.analytic.comm, saved tensors from zsim.analytic.activations and
+the model state at rest from zsim.analytic.memory. Never simulates and never imports simpy.
+
+What is modelled (FSDP2 semantics, torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py
+and _fsdp_state.py; DDP's Reducer and DeepSpeed ZeRO-1/2 for the unsharded-parameter
+strategies):
+- FSDP units: the root (embeddings, final norm, output; FSDP2's root is not resharded
+  after forward, so it is gathered once per micro-batch) and blocks grouped by
+  `plan.unit_size`. Each unit's all-gather allocates the gathered parameters and a flat
+  all-gather buffer (freed after copy-out).
+- Forward prefetch (implicit in FSDP2): the all-gather of unit k+p is issued when unit k
+  starts computing, p = `plan.prefetch` (FSDP2: 1); p = 0 issues it after unit k-1 ends.
+  Backward prefetch (explicit): the all-gather of unit k-p is issued when unit k's
+  backward starts. This also bounds the gathered units in flight (FSDP's rate limit).
+- reshard_after_forward frees the gathered parameters after a unit's forward (fsdp, hsdp)
+  or keeps them until after its backward (fsdp-no-reshard).
+- Gradients are reduced once per optimizer step, on the last micro-batch (FSDP2 with
+  set_requires_gradient_sync(False) and DDP's no_sync accumulate locally before it, as
+  zsim.analytic.comm.step_comm counts). FSDP reduce-scatters each unit's gradients in the
+  reduce dtype on its own stream from a flat input buffer; HSDP then all-reduces the
+  shard across replicas on a separate stream. DDP/ZeRO-1/ZeRO-2 reduce in buckets of
+  `plan.bucket_bytes` as gradients become ready in backward.
+- The optimizer steps on the local shard after every reduction, memory-bound (AdamW
+  reads and writes master weights and states and reads the gradient); ZeRO-1/2 then
+  all-gather the updated parameters. Gradients are set to None after the step, so memory
+  returns to the model state at rest.
+- Recomputation: the block's forward is re-run inside its backward (compute), and the
+  tensors it re-materialises live during that backward (memory).
+- Offload (ZeRO-Offload / FSDP2 CPUOffloadPolicy): reduced gradient shards are copied to
+  the host over PCIe (d2h stream), the optimizer steps on the host CPU at the profile's
+  host AdamW rate shared by the node's GPUs; with "optimizer" the updated compute-dtype
+  shard is copied back (h2d), with "params" each all-gather is preceded by an h2d copy of
+  the unit's shard. Copies run on copy engines: they share PCIe, not SMs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from zsim.analytic.activations import (
+    block_activation_bytes,
+    block_backward_working_bytes,
+    block_recompute_bytes,
+    loss_working_bytes,
+    root_saved_tensors,
+)
+from zsim.analytic.comm import (
+    CommGroup,
+    bus_bytes,
+    collective_latency_s,
+    link_bandwidths,
+    replicate_group,
+    ring_link_loads,
+    shard_group,
+)
+from zsim.analytic.compute import (
+    Flops,
+    block_backward_flops,
+    block_forward_flops,
+    compute_time_s,
+    head_forward_flops,
+    recompute_forward_flops,
+    step_flops,
+)
+from zsim.analytic.memory import model_state_bytes, optimizer_bytes_per_param
+from zsim.errors import ConfigError
+from zsim.schedule.ops import Buffer, Op, Schedule
+from zsim.spec.hardware import HardwareProfile
+from zsim.spec.model import ModelSpec
+from zsim.spec.plan import Plan
+from zsim.units import dtype_bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Unit:
+    """One FSDP unit (or, for ddp/zero, one gradient-readiness group)."""
+
+    name: str
+    index: int | None
+    """Block-unit index, None for the root."""
+    params: int
+    blocks: int
+
+
+class _Builder:
+    """Accumulates ops in issue order."""
+
+    def __init__(self, model: ModelSpec, hw: HardwareProfile, plan: Plan) -> None:
+        self.model, self.hw, self.plan = model, hw, plan
+        self.ops: list[Op] = []
+        self.dtype = plan.param_dtype
+        self.a = dtype_bytes(plan.param_dtype)
+        self.shard = shard_group(plan, hw)
+        self.repl = replicate_group(plan, hw)
+
+    def add(self, **kw: object) -> int:
+        index = len(self.ops)
+        self.ops.append(Op(index=index, **kw))  # type: ignore[arg-type]
+        return index
+
+    def compute(self, flops: Flops) -> float:
+        return compute_time_s(flops, self.hw, self.dtype)
+
+    def copy(self, *, kind: str, nbytes: float, **kw: object) -> int:
+        """A pinned host<->device copy over this GPU's PCIe link (one direction)."""
+        return self.add(kind=kind, stream=kind, size_bytes=nbytes, bus_bytes=nbytes,
+                        link="pcie", link_loads=((f"pcie_{kind}", 1.0),), **kw)
+
+    def collective(self, *, kind: str, size_bytes: float, group: CommGroup, gname: str,
+                   **kw: object) -> int:
+        return self.add(kind=kind, stream=kind, size_bytes=size_bytes,
+                        bus_bytes=bus_bytes(kind, size_bytes, group.ranks),
+                        latency_s=collective_latency_s(kind, group, self.hw),
+                        link="inter_node" if group.spans_nodes else "intra_node",
+                        link_loads=ring_link_loads(group), group_ranks=group.ranks,
+                        group=gname, **kw)
+
+
+def _units(model: ModelSpec, plan: Plan) -> list[_Unit]:
+    """Block units in forward order (the root is separate)."""
+    if plan.unit_size > model.num_layers:
+        raise ConfigError("plan.unit_size", plan.unit_size,
+                          f"must be <= num_layers={model.num_layers}")
+    out = []
+    for i, first in enumerate(range(0, model.num_layers, plan.unit_size)):
+        blocks = min(plan.unit_size, model.num_layers - first)
+        out.append(_Unit(name=f"unit {i}", index=i, params=blocks * model.params_per_block,
+                         blocks=blocks))
+    return out
+
+
+def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
+    """Build the schedule of one optimizer step of a representative rank.
+
+    Raises:
+        ConfigError: a plan the simulator does not model (tp or pp, parameter offload
+            without sharded parameters), or a unit size larger than the model.
+    """
+    for f in ("tp", "pp"):
+        if getattr(plan, f) != 1:
+            raise ConfigError(f"plan.{f}", getattr(plan, f),
+                              "the simulator models data parallelism only (tp = pp = 1)")
+    if plan.offload == "params" and not plan.shards_params:
+        raise ConfigError("plan.offload", plan.offload,
+                          "parameter offload needs sharded parameters "
+                          "(fsdp, fsdp-no-reshard, hsdp)")
+    b = _Builder(model, hw, plan)
+    units = _units(model, plan)
+    root = _Unit(name="root", index=None, params=model.root_params, blocks=0)
+    state = model_state_bytes(model.num_params, plan)
+    baseline = tuple(Buffer(name=f"state/{c}", category=c, bytes=math.ceil(v))
+                     for c, v in state.as_dict().items() if c != "grads" and v > 0)
+    grad_buffers: list[str] = []
+    last_reduce: list[int] = []
+    if plan.shards_params:
+        _lower_fsdp(b, units, root, grad_buffers, last_reduce)
+    else:
+        _lower_replicated(b, units, root, grad_buffers, last_reduce)
+    opt = _optimizer(b, last_reduce, grad_buffers, state_params=model.num_params)
+    if plan.strategy in ("zero1", "zero2"):
+        _param_all_gather(b, opt)
+    last_per_stream: dict[str, int] = {}
+    for op in b.ops:
+        last_per_stream[op.stream] = op.index
+    b.add(name="end of step", kind="sync", stream="compute",
+          after=tuple(i for s, i in last_per_stream.items() if s != "compute"))
+    model_flops, _ = step_flops(model, micro_batch=plan.micro_batch, seq_len=plan.seq_len,
+                                grad_accum=plan.grad_accum, recompute=plan.recompute)
+    return Schedule(
+        ops=tuple(b.ops), baseline=baseline,
+        link_bytes_per_s={**link_bandwidths(hw),
+                          "pcie_h2d": hw.pcie_bytes_per_s * hw.pcie_efficiency,
+                          "pcie_d2h": hw.pcie_bytes_per_s * hw.pcie_efficiency},
+        comm_compute_slowdown=hw.comm_compute_slowdown, hbm_bytes=hw.hbm_bytes,
+        model_flops=model_flops, hardware_flops=sum(op.flops for op in b.ops),
+        tokens_per_rank=plan.micro_batch * plan.seq_len * plan.grad_accum,
+        world_size=plan.world_size, peak_flop_per_s=hw.peak(plan.param_dtype),
+        dp_shard=plan.dp_shard,
+        notes=("gradients reduced once per step, on the last micro-batch",))
+
+
+# ---------------------------------------------------------------------- shared pieces
+def _activation_sizes(b: _Builder) -> tuple[int, int, int, int]:
+    """(saved bytes per block, backward transient per block, root saved, loss working)."""
+    m, p = b.model, b.plan
+    kw = dict(micro_batch=p.micro_batch, seq_len=p.seq_len, act_bytes=b.a)
+    saved = block_activation_bytes(m, recompute=p.recompute, **kw)
+    transient = block_backward_working_bytes(m, **kw) + block_recompute_bytes(
+        m, recompute=p.recompute, **kw)
+    root_saved = sum(t.bytes for t in root_saved_tensors(m, **kw))
+    return saved, transient, root_saved, loss_working_bytes(m, **kw)
+
+
+def _block_flops(b: _Builder) -> tuple[Flops, Flops]:
+    """(forward, backward incl. recomputation) FLOPs of one block for one micro-batch."""
+    m, p = b.model, b.plan
+    kw = dict(micro_batch=p.micro_batch, seq_len=p.seq_len)
+    fwd = block_forward_flops(m, **kw)
+    bwd = block_backward_flops(m, **kw) + recompute_forward_flops(m, recompute=p.recompute, **kw)
+    return fwd, bwd
+
+
+def _forward(b: _Builder, mb: int, units: list[_Unit], *, gather: dict[int, int] | None,
+             reshard: bool, gathered: dict[int, str], first: int) -> list[int]:
+    """Block forwards of micro-batch mb; FSDP all-gathers when `gather` is given.
+    Returns the forward op index of each unit."""
+    p = b.plan
+    saved, _, _, _ = _activation_sizes(b)
+    fwd_flops, _ = _block_flops(b)
+    fwd: list[int] = []
+    for k, u in enumerate(units):
+        after: tuple[int, ...] = ()
+        if gather is not None:
+            if p.prefetch >= 1:
+                issue = dict(after_start=(fwd[k - p.prefetch] if k >= p.prefetch else first,))
+            else:
+                issue = dict(issue_after=(fwd[k - 1] if k else first,))
+            gather[k] = _all_gather(b, u, mb, gathered, phase="forward", **issue)
+            after = (gather[k],)
+        flops = fwd_flops.scaled(u.blocks)
+        fwd.append(b.add(
+            name=f"{u.name} forward (mb {mb})", kind="forward", stream="compute", unit=u.index,
+            microbatch=mb, after=after, compute_s=b.compute(flops), flops=flops.total,
+            allocs=(Buffer(name=f"mb{mb}/{u.name}/saved", category="activations",
+                           bytes=saved * u.blocks),),
+            frees=(gathered[k],) if gather is not None and reshard else ()))
+    return fwd
+
+
+def _all_gather(b: _Builder, u: _Unit, mb: int, gathered: dict[int, str], *, phase: str,
+                **deps: tuple[int, ...]) -> int:
+    key = -1 if u.index is None else u.index
+    size = u.params * b.a
+    name = f"mb{mb}/{u.name}/gathered/{phase}"
+    gathered[key] = name
+    flat = f"{name}/flat"
+    frees: tuple[str, ...] = (flat,)
+    if b.plan.offload == "params":
+        # FSDP2 CPUOffloadPolicy: the shard (in its at-rest dtype) is copied to the GPU
+        # before the all-gather, on the same issue point, and dropped after it.
+        shard = f"{name}/shard_from_host"
+        nbytes = math.ceil(u.params / b.plan.dp_shard) * _at_rest_bytes(b.plan)
+        h2d = b.copy(kind="h2d", nbytes=nbytes, name=f"{u.name} shard to GPU {phase} (mb {mb})",
+                     unit=u.index, microbatch=mb,
+                     allocs=(Buffer(name=shard, category="comm_buffers", bytes=nbytes),),
+                     **deps)
+        deps = {"after": (h2d,)}
+        frees += (shard,)
+    return b.collective(
+        kind="all_gather", size_bytes=size, group=b.shard, gname="shard",
+        name=f"{u.name} all-gather {phase} (mb {mb})", unit=u.index, microbatch=mb,
+        allocs=(Buffer(name=name, category="gathered_params", bytes=size),
+                Buffer(name=flat, category="comm_buffers", bytes=size)),
+        frees=frees, **deps)
+
+
+def _at_rest_bytes(plan: Plan) -> int:
+    """Bytes per parameter of the sharded copy the optimizer updates (fp32 master in
+    FSDP2's mixed precision, else the param dtype)."""
+    return dtype_bytes(plan.master_dtype if plan.has_master_copy else plan.param_dtype)
+
+
+def _grads_to_host(b: _Builder, after: int, grad: str, nbytes: int, grad_buffers: list[str],
+                   *, name: str) -> int:
+    """Offload: copy a reduced gradient shard to the host for the CPU optimizer step.
+    With parameter offload it leaves the GPU right away; with optimizer offload the GPU
+    keeps it until the step, as zsim.analytic.memory counts it."""
+    keep = b.plan.offload == "optimizer"
+    if not keep:
+        grad_buffers.remove(grad)
+    return b.copy(kind="d2h", nbytes=nbytes, name=name, microbatch=b.plan.grad_accum - 1,
+                  after=(after,), frees=() if keep else (grad,))
+
+
+def _head(b: _Builder, mb: int, *, after: tuple[int, ...], grad_alloc: tuple[Buffer, ...]
+          ) -> tuple[int, int]:
+    """Output projection + loss forward and backward of micro-batch mb."""
+    _, _, root_saved, loss_work = _activation_sizes(b)
+    head = head_forward_flops(b.model, micro_batch=b.plan.micro_batch, seq_len=b.plan.seq_len)
+    saved_name = f"mb{mb}/root/saved"
+    fwd = b.add(name=f"output+loss forward (mb {mb})", kind="forward", stream="compute",
+                microbatch=mb, after=after, compute_s=b.compute(head), flops=head.total,
+                allocs=(Buffer(name=saved_name, category="activations", bytes=root_saved),
+                        Buffer(name=f"mb{mb}/loss/fwd", category="activations",
+                               bytes=loss_work)),
+                frees=(f"mb{mb}/loss/fwd",))
+    bwd_flops = head.scaled(2.0)
+    bwd = b.add(name=f"output+loss backward (mb {mb})", kind="backward", stream="compute",
+                microbatch=mb, compute_s=b.compute(bwd_flops), flops=bwd_flops.total,
+                allocs=(Buffer(name=f"mb{mb}/loss/bwd", category="activations",
+                               bytes=loss_work), *grad_alloc),
+                frees=(f"mb{mb}/loss/bwd", saved_name))
+    return fwd, bwd
+
+
+# ---------------------------------------------------------------------- FSDP / HSDP
+def _lower_fsdp(b: _Builder, units: list[_Unit], root: _Unit, grad_buffers: list[str],
+                last_reduce: list[int]) -> None:
+    p = b.plan
+    reshard = p.reshard_after_forward
+    _, transient, _, _ = _activation_sizes(b)
+    _, bwd_flops = _block_flops(b)
+    n = p.dp_shard
+    g_bytes = dtype_bytes(p.grad_dtype)
+    r_bytes = dtype_bytes(p.reduce_dtype)
+    acc_bytes = b.a if p.grad_accum == 1 else r_bytes  # FSDP2 accumulates in reduce dtype
+    prev_last_bwd: int | None = None
+    for mb in range(p.grad_accum):
+        last_mb = mb == p.grad_accum - 1
+        gathered: dict[int, str] = {}
+        root_ag = _all_gather(b, root, mb, gathered, phase="forward",
+                              after_start=() if prev_last_bwd is None else (prev_last_bwd,))
+        emb = b.add(name=f"embedding forward (mb {mb})", kind="forward", stream="compute",
+                    microbatch=mb, after=(root_ag,))
+        ag: dict[int, int] = {}
+        fwd = _forward(b, mb, units, gather=ag, reshard=reshard, gathered=gathered, first=emb)
+
+        def grad_alloc(u: _Unit, mb: int = mb) -> tuple[Buffer, ...]:
+            if mb > 0:
+                return ()  # accumulating into the buffer of micro-batch 0
+            return (Buffer(name=f"{u.name}/unsharded_grad", category="gathered_grads",
+                           bytes=u.params * acc_bytes),)
+
+        _, head_b = _head(b, mb, after=(fwd[-1],), grad_alloc=grad_alloc(root))
+        bwd: dict[int, int] = {}
+        for k in reversed(range(len(units))):
+            u = units[k]
+            after: tuple[int, ...] = ()
+            if reshard:
+                if p.prefetch >= 1:
+                    hi = k + p.prefetch
+                    issue = dict(after_start=(bwd[hi] if hi < len(units) else head_b,))
+                else:
+                    issue = dict(issue_after=(bwd[k + 1] if k + 1 < len(units) else head_b,))
+                after = (_all_gather(b, u, mb, gathered, phase="backward", **issue),)
+            flops = bwd_flops.scaled(u.blocks)
+            work = f"mb{mb}/{u.name}/backward_working"
+            bwd[k] = b.add(
+                name=f"{u.name} backward (mb {mb})", kind="backward", stream="compute",
+                unit=u.index, microbatch=mb, after=after, compute_s=b.compute(flops),
+                flops=flops.total,
+                allocs=(Buffer(name=work, category="activations", bytes=transient),
+                        *grad_alloc(u)),
+                frees=(work, f"mb{mb}/{u.name}/saved", gathered[k]))
+            if last_mb:
+                last_reduce.extend(_fsdp_reduce(b, u, bwd[k], n, g_bytes, r_bytes,
+                                                grad_buffers))
+        emb_b = b.add(name=f"embedding backward (mb {mb})", kind="backward", stream="compute",
+                      microbatch=mb, frees=(gathered[-1],))
+        if last_mb:
+            last_reduce.extend(_fsdp_reduce(b, root, emb_b, n, g_bytes, r_bytes, grad_buffers))
+        prev_last_bwd = emb_b
+
+
+def _fsdp_reduce(b: _Builder, u: _Unit, after: int, n: int, g_bytes: int, r_bytes: int,
+                 grad_buffers: list[str]) -> list[int]:
+    """Reduce-scatter of one unit's gradients (+ HSDP all-reduce of the shard)."""
+    shard_grad = f"{u.name}/grad_shard"
+    grad_buffers.append(shard_grad)
+    shard_elems = math.ceil(u.params / n)
+    rs_in = f"{u.name}/reduce_scatter_input"
+    rs = b.collective(
+        kind="reduce_scatter", size_bytes=u.params * r_bytes, group=b.shard, gname="shard",
+        name=f"{u.name} reduce-scatter", unit=u.index, microbatch=b.plan.grad_accum - 1,
+        after=(after,), frees_at_start=(f"{u.name}/unsharded_grad",),
+        allocs=(Buffer(name=rs_in, category="comm_buffers", bytes=u.params * r_bytes),
+                Buffer(name=shard_grad, category="grads", bytes=shard_elems * g_bytes)),
+        frees=(rs_in,))
+    last = rs
+    if b.plan.dp_replicate > 1:
+        last = b.collective(kind="all_reduce", size_bytes=shard_elems * r_bytes, group=b.repl,
+                            gname="replicate", name=f"{u.name} all-reduce (replicas)",
+                            unit=u.index, microbatch=b.plan.grad_accum - 1, after=(rs,))
+    if b.plan.offload != "none":
+        last = _grads_to_host(b, last, shard_grad, shard_elems * g_bytes, grad_buffers,
+                              name=f"{u.name} grad shard to host")
+    return [last]
+
+
+# ---------------------------------------------------------------------- DDP / ZeRO-1/2
+def _lower_replicated(b: _Builder, units: list[_Unit], root: _Unit, grad_buffers: list[str],
+                      last_reduce: list[int]) -> None:
+    p = b.plan
+    _, transient, _, _ = _activation_sizes(b)
+    _, bwd_flops = _block_flops(b)
+    full_grads_are_state = p.strategy in ("ddp", "zero1")
+    category = "grads" if full_grads_are_state else "gathered_grads"
+    for mb in range(p.grad_accum):
+        last_mb = mb == p.grad_accum - 1
+
+        def grad_alloc(u: _Unit, mb: int = mb) -> tuple[Buffer, ...]:
+            if mb > 0:
+                return ()
+            name = f"{u.name}/full_grad"
+            if full_grads_are_state:
+                grad_buffers.append(name)
+            return (Buffer(name=name, category=category,
+                           bytes=u.params * dtype_bytes(p.grad_dtype)),)
+
+        emb = b.add(name=f"embedding forward (mb {mb})", kind="forward", stream="compute",
+                    microbatch=mb)
+        fwd = _forward(b, mb, units, gather=None, reshard=False, gathered={}, first=emb)
+        _head(b, mb, after=(fwd[-1],), grad_alloc=grad_alloc(root))
+        ready: list[tuple[_Unit, int]] = []
+        for k in reversed(range(len(units))):
+            u = units[k]
+            flops = bwd_flops.scaled(u.blocks)
+            work = f"mb{mb}/{u.name}/backward_working"
+            op = b.add(name=f"{u.name} backward (mb {mb})", kind="backward", stream="compute",
+                       unit=u.index, microbatch=mb, compute_s=b.compute(flops),
+                       flops=flops.total,
+                       allocs=(Buffer(name=work, category="activations", bytes=transient),
+                               *grad_alloc(u)),
+                       frees=(work, f"mb{mb}/{u.name}/saved"))
+            ready.append((u, op))
+        emb_b = b.add(name=f"embedding backward (mb {mb})", kind="backward", stream="compute",
+                      microbatch=mb)
+        ready.append((root, emb_b))
+        if last_mb:
+            last_reduce.extend(_buckets(b, ready, grad_buffers))
+
+
+def _buckets(b: _Builder, ready: list[tuple[_Unit, int]], grad_buffers: list[str]
+             ) -> list[int]:
+    """Bucketed gradient reduction in readiness order: a bucket is reduced once the
+    backward op that completes it has run (DDP Reducer / DeepSpeed reduce buckets)."""
+    p = b.plan
+    r_bytes, g_bytes = dtype_bytes(p.reduce_dtype), dtype_bytes(p.grad_dtype)
+    per_bucket = max(1, p.bucket_bytes // r_bytes)
+    ddp = p.strategy == "ddp"
+    out: list[int] = []
+    pending = 0
+    waiting: list[_Unit] = []
+    bucket = 0
+
+    def flush(elems: int, after: int, done_units: list[_Unit]) -> None:
+        nonlocal bucket
+        frees = tuple(f"{u.name}/full_grad" for u in done_units) \
+            if p.strategy == "zero2" else ()
+        kw = dict(name=f"bucket {bucket} {'all-reduce' if ddp else 'reduce-scatter'}",
+                  unit=bucket, microbatch=p.grad_accum - 1, after=(after,), frees=frees)
+        if ddp:
+            out.append(b.collective(kind="all_reduce", size_bytes=elems * r_bytes,
+                                    group=b.repl, gname="replicate", **kw))
+        else:
+            allocs: tuple[Buffer, ...] = ()
+            if p.strategy == "zero2":
+                name = f"bucket {bucket}/grad_shard"
+                grad_buffers.append(name)
+                allocs = (Buffer(name=name, category="grads",
+                                 bytes=math.ceil(elems / p.dp_shard) * g_bytes),)
+            out.append(b.collective(kind="reduce_scatter", size_bytes=elems * r_bytes,
+                                    group=b.shard, gname="shard", allocs=allocs, **kw))
+        if p.offload == "optimizer":
+            local = elems if ddp else math.ceil(elems / p.dp_shard)
+            out[-1] = b.copy(kind="d2h", nbytes=local * g_bytes, unit=bucket,
+                             name=f"bucket {bucket} grads to host",
+                             microbatch=p.grad_accum - 1, after=(out[-1],))
+        bucket += 1
+
+    for u, op in ready:
+        remaining = u.params
+        waiting.append(u)
+        while pending + remaining >= per_bucket:
+            take = per_bucket - pending
+            remaining -= take
+            done = waiting if remaining == 0 else waiting[:-1]
+            flush(per_bucket, op, list(done))
+            waiting = [] if remaining == 0 else [u]
+            pending = 0
+        pending += remaining
+    if pending or waiting:
+        flush(pending, ready[-1][1], waiting)
+    return out
+
+
+# ---------------------------------------------------------------------- optimizer
+def _optimizer(b: _Builder, last_reduce: list[int], grad_buffers: list[str], *,
+               state_params: int) -> int:
+    """AdamW/SGD on the local shard: memory-bound, reads and writes the master weights
+    (or the params without a master copy) and the optimizer states, reads the gradient,
+    and writes the compute-dtype params when a master copy exists (PyTorch foreach AdamW
+    touches each tensor once per step)."""
+    p, hw = b.plan, b.hw
+    local = state_params / (p.dp_shard if p.shards_optimizer else 1)
+    if p.offload != "none":
+        return _host_optimizer(b, last_reduce, grad_buffers, local_params=local)
+    master = dtype_bytes(p.master_dtype) if p.has_master_copy else b.a
+    per_param = (2 * master + 2 * optimizer_bytes_per_param(p) + dtype_bytes(p.grad_dtype)
+                 + (b.a if p.has_master_copy else 0))
+    seconds = local * per_param / (hw.hbm_bandwidth_bytes_per_s * hw.memory_bound_efficiency)
+    return b.add(name="optimizer step", kind="optimizer", stream="compute",
+                 microbatch=p.grad_accum - 1, after=tuple(last_reduce), compute_s=seconds,
+                 frees=tuple(grad_buffers))
+
+
+def _host_optimizer(b: _Builder, last_reduce: list[int], grad_buffers: list[str], *,
+                    local_params: float) -> int:
+    """Offloaded step (ZeRO-Offload, Ren et al. 2021, Sec. 4): CPU AdamW on the local shard
+    at the node's host rate shared by its GPUs; with optimizer offload the updated
+    compute-dtype shard is copied back to the GPU (parameter offload keeps it on the host
+    until the next all-gather copies it in)."""
+    p, hw = b.plan, b.hw
+    per_gpu_params_per_s = hw.host_adam_params_per_s / hw.gpus_per_node
+    step = b.add(name="optimizer step (host)", kind="optimizer", stream="host",
+                 microbatch=p.grad_accum - 1, after=tuple(last_reduce),
+                 compute_s=local_params / per_gpu_params_per_s, frees=tuple(grad_buffers))
+    if p.offload != "optimizer":
+        return step
+    return b.copy(kind="h2d", nbytes=math.ceil(local_params) * b.a, name="params to GPU",
+                  microbatch=p.grad_accum - 1, after=(step,))
+
+
+def _param_all_gather(b: _Builder, opt: int) -> None:
+    """ZeRO-1/2: all-gather the updated compute-dtype parameters, in buckets."""
+    p = b.plan
+    total = b.model.num_params * b.a
+    per = max(1, p.bucket_bytes)
+    for i, start in enumerate(range(0, total, per)):
+        b.collective(kind="all_gather", size_bytes=min(per, total - start), group=b.shard,
+                     gname="shard", name=f"param all-gather bucket {i}", unit=i,
+                     microbatch=p.grad_accum - 1, after=(opt,))

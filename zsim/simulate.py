@@ -1,0 +1,73 @@
+"""Public entry of the simulator: simulate one plan, export its timeline.
+
+Owns `simulate(model, hw, plan)` (lower -> engine -> summarize) and `chrome_trace(result)`.
+The CLI (`zsim simulate`, `zsim plan`) and the calibration backend call these; nothing
+here does I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zsim.engine.simulate import Jitter, run
+from zsim.engine.trace import chrome_trace_events
+from zsim.errors import ConfigError
+from zsim.result import Result, summarize
+from zsim.schedule.lower import lower
+from zsim.spec.hardware import HardwareProfile
+from zsim.spec.model import ModelSpec
+from zsim.spec.plan import Plan
+
+RANK_LEVEL_STEPS = 16
+"""Steps sampled in rank-level mode for the p50/p99 step time."""
+
+
+def simulate(model: ModelSpec, hw: HardwareProfile, plan: Plan, *, trace: bool = False,
+             rank_level: bool = False, seed: int = 0, jitter: Jitter | None = None,
+             rank_level_steps: int = RANK_LEVEL_STEPS) -> Result:
+    """Simulate one optimizer step of `plan` for `model` on `hw`.
+
+    Args:
+        model, hw, plan: what to simulate.
+        trace: keep every op's span in the Result (needed by `chrome_trace`).
+        rank_level: simulate every rank with seeded per-rank compute jitter and
+            stragglers (`jitter`), `rank_level_steps` times; the Result then carries the
+            p50/p99 step time and the figures of the first sampled step. Default
+            (symmetric mode) simulates one representative rank.
+        seed: seeds the jitter draws (rank-level mode).
+        jitter: jitter distribution for rank-level mode (default `Jitter()`).
+        rank_level_steps: steps sampled in rank-level mode.
+
+    Returns:
+        The Result; `result.fits` is False and `result.oom` says where when the memory
+        ledger exceeds HBM (the step time is still reported).
+
+    Raises:
+        ConfigError: a plan the simulator does not model (tp/pp, parameter offload
+            without sharded parameters), or an invalid unit size.
+    """
+    schedule = lower(model, hw, plan)
+    if not rank_level:
+        out = run(schedule)
+        return summarize(schedule, out.trace, out.memory, model=model.name,
+                         hardware=hw.name, plan_label=plan.label, keep_spans=trace)
+    if rank_level_steps < 1:
+        raise ConfigError("rank_level_steps", rank_level_steps, "must be >= 1")
+    runs = [run(schedule, num_ranks=plan.world_size, seed=seed * 1_000_003 + i,
+                jitter=jitter) for i in range(rank_level_steps)]
+    first = runs[0]
+    return summarize(schedule, first.trace, first.memory, model=model.name,
+                     hardware=hw.name, plan_label=plan.label, keep_spans=trace,
+                     step_samples_s=[r.trace.step_time_s for r in runs])
+
+
+def chrome_trace(result: Result) -> dict[str, Any]:
+    """The step's timeline as Trace Event Format JSON (open in ui.perfetto.dev): one track
+    per rank and stream, plus an HBM counter track.
+
+    Raises:
+        ConfigError: the result was simulated without `trace=True`.
+    """
+    if not result.spans:
+        raise ConfigError("trace", False, "simulate with trace=True to export a timeline")
+    return chrome_trace_events(result.trace, title=f"{result.model} {result.plan_label}")
