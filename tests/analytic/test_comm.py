@@ -38,14 +38,26 @@ def test_latency_term_inside_and_across_nodes(two_tier_hw: HardwareProfile) -> N
     # zero bytes: only the alpha term remains, (n-1) hops for a ring, 2(n-1) for all_reduce
     assert math.isclose(collective_time_s("all_gather", 0.0, inside, two_tier_hw), 3e-6)
     assert math.isclose(collective_time_s("all_reduce", 0.0, inside, two_tier_hw), 6e-6)
-    assert math.isclose(collective_time_s("all_gather", 0.0, across, two_tier_hw), 70e-6)
+    # 8 ranks on 2 nodes (NCCL tuning model): 1 of the 7 steps crosses nodes (10 us),
+    # 6 stay on NVLink (1 us); all_reduce doubles both counts.
+    assert math.isclose(collective_time_s("all_gather", 0.0, across, two_tier_hw), 16e-6)
+    assert math.isclose(collective_time_s("all_reduce", 0.0, across, two_tier_hw), 32e-6)
+    # One rank per node: every step crosses nodes.
+    replicas = CommGroup(ranks=4, ranks_per_node=1)
+    assert math.isclose(collective_time_s("all_gather", 0.0, replicas, two_tier_hw), 30e-6)
 
 
-def test_a_ring_leaving_the_node_runs_at_nic_speed(two_tier_hw: HardwareProfile) -> None:
+def test_a_ring_leaving_the_node_uses_every_nic(two_tier_hw: HardwareProfile) -> None:
     across = CommGroup(ranks=8, ranks_per_node=4)
-    # 7/8 * 1 GB at 10 GB/s = 87.5 ms, plus 7 hops of 10 us
+    # One ring per NIC: NVLink carries 3/4 of the bus bytes, each GPU's NIC 1/4.
+    # Bottleneck max(0.75 / 100 GB/s, 0.25 / 10 GB/s) = 25 ps per bus byte;
+    # 7/8 * 1 GB * 25 ps = 21.875 ms, plus the 16 us latency above.
     assert math.isclose(collective_time_s("all_gather", 1e9, across, two_tier_hw),
-                        0.0875 + 70e-6)
+                        0.021875 + 16e-6)
+    # With one rank per node the ring runs at NIC speed: 3/4 GB at 10 GB/s + 3 x 10 us.
+    replicas = CommGroup(ranks=4, ranks_per_node=1)
+    assert math.isclose(collective_time_s("all_gather", 1e9, replicas, two_tier_hw),
+                        0.075 + 30e-6)
 
 
 def test_groups_of_a_hybrid_plan(two_tier_hw: HardwareProfile) -> None:

@@ -23,14 +23,15 @@ HAND_RING_S = {2: 0.005, 4: 0.0075, 8: 0.00875, 64: 0.00984375}
 @pytest.mark.parametrize("n", sorted(HAND_RING_S))
 @pytest.mark.parametrize("kind", ["all_gather", "reduce_scatter"])
 def test_ring_gather_scatter_time(kind: str, n: int, toy_hw: HardwareProfile) -> None:
-    group = CommGroup(ranks=n, ranks_per_node=min(n, toy_hw.gpus_per_node))
+    # All ranks on one link tier: the textbook single ring.
+    group = CommGroup(ranks=n, ranks_per_node=n)
     assert math.isclose(collective_time_s(kind, 1e9, group, toy_hw), HAND_RING_S[n],
                         rel_tol=1e-12)
 
 
 @pytest.mark.parametrize("n", sorted(HAND_RING_S))
 def test_ring_all_reduce_takes_twice_as_long(n: int, toy_hw: HardwareProfile) -> None:
-    group = CommGroup(ranks=n, ranks_per_node=min(n, toy_hw.gpus_per_node))
+    group = CommGroup(ranks=n, ranks_per_node=n)
     assert math.isclose(collective_time_s("all_reduce", 1e9, group, toy_hw),
                         2 * HAND_RING_S[n], rel_tol=1e-12)
 

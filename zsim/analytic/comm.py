@@ -8,6 +8,9 @@ strategy. Sizes follow nccl-tests (doc/PERFORMANCE.md): `size_bytes` is the full
 References:
 - Ring algorithms: Patarasuk & Yuan 2009; NCCL's ring all-reduce = reduce-scatter +
   all-gather, each moving (n-1)/n of the data per rank.
+- Latency: NCCL's own cost model (src/graph/tuning.cc, ncclTopoTuneModel): a ring pays
+  one per-step latency per step, the network's for the steps that cross nodes
+  (nNodes - 1 per pass) and NVLink's for the others.
 - ZeRO communication: Rajbhandari et al. 2020, Sec. 7 (2 Psi for DDP and ZeRO-1/2,
   3 Psi for ZeRO-3).
 """
@@ -42,6 +45,11 @@ class CommGroup:
     def spans_nodes(self) -> bool:
         return self.ranks > self.ranks_per_node
 
+    @property
+    def nodes(self) -> int:
+        """Nodes the group touches."""
+        return -(-self.ranks // self.ranks_per_node)
+
 
 def bus_bytes(kind: str, size_bytes: float, n: int) -> float:
     """Bytes each rank sends (and receives) in a ring collective over n ranks."""
@@ -52,25 +60,60 @@ def bus_bytes(kind: str, size_bytes: float, n: int) -> float:
 
 
 def latency_steps(kind: str, n: int) -> int:
-    """Sequential ring steps, each paying the link latency once: n-1, twice for
-    all_reduce."""
+    """Sequential ring steps, each paying a per-step latency: n-1, twice for all_reduce."""
     if n <= 1:
         return 0
     return (2 if kind == "all_reduce" else 1) * (n - 1)
 
 
 def group_link(group: CommGroup, hw: HardwareProfile) -> Link:
-    """The bottleneck link of a ring over the group: the per-GPU NIC as soon as the ring
-    leaves a node (rail-optimised: each GPU has its own NIC), NVLink otherwise."""
+    """The link of the group's slowest phase: the per-GPU NIC as soon as the ring leaves
+    a node, NVLink otherwise."""
     return hw.inter_node if group.spans_nodes else hw.intra_node
+
+
+def ring_link_loads(group: CommGroup) -> tuple[tuple[str, float], ...]:
+    """Link bytes per bus byte of a ring collective over `group`, per GPU: (link, load).
+
+    Inside one node every hop is NVLink (load 1). A ring that spans nodes with
+    r = ranks_per_node consecutive GPUs per node: NCCL runs one ring (channel) per NIC,
+    rotated so that each GPU's outgoing hop crosses nodes in 1 of r rings; so NVLink
+    carries (r-1)/r and each GPU's own NIC 1/r of the bus bytes, and the ring's bus
+    bandwidth is min(NVLink * r/(r-1), NIC * r). On 8-NIC NDR nodes that is 8 x ~47 =
+    ~376 GB/s, the NCCL maintainers' expectation of 370-385 GB/s ring busbw
+    (shared/cases/published.yaml C-NCCL-maintainer-multinode-reference-points). With one
+    rank per node (HSDP replicas) every hop uses the NIC (load 1).
+    """
+    if not group.spans_nodes:
+        return (("intra_node", 1.0),)
+    r = group.ranks_per_node
+    if r == 1:
+        return (("inter_node", 1.0),)
+    return (("intra_node", (r - 1) / r), ("inter_node", 1.0 / r))
+
+
+def collective_latency_s(kind: str, group: CommGroup, hw: HardwareProfile) -> float:
+    """Start-up term of a ring collective (NCCL tuning model): the steps that cross nodes
+    (nodes - 1 per pass) pay the network's per-step latency, the rest NVLink's."""
+    steps = latency_steps(kind, group.ranks)
+    inter = latency_steps(kind, group.nodes) if group.spans_nodes else 0
+    return (steps - inter) * hw.intra_node.latency_s + inter * hw.inter_node.latency_s
+
+
+def link_bandwidths(hw: HardwareProfile) -> dict[str, float]:
+    """Achievable bytes/s per GPU per direction of each link a ring can load."""
+    return {"intra_node": hw.intra_node.achievable_bytes_per_s,
+            "inter_node": hw.inter_node.achievable_bytes_per_s}
 
 
 def collective_time_s(kind: str, size_bytes: float, group: CommGroup,
                       hw: HardwareProfile) -> float:
-    """Alpha-beta ring time: latency_steps * alpha + bus_bytes / achievable bandwidth."""
-    link = group_link(group, hw)
-    return (latency_steps(kind, group.ranks) * link.latency_s
-            + bus_bytes(kind, size_bytes, group.ranks) / link.achievable_bytes_per_s)
+    """Alpha-beta time of a ring collective running alone: latency plus bus bytes over
+    the ring's bottleneck (the link whose load / bandwidth is largest)."""
+    bandwidth = link_bandwidths(hw)
+    seconds_per_bus_byte = max(load / bandwidth[link] for link, load in ring_link_loads(group))
+    return (collective_latency_s(kind, group, hw)
+            + bus_bytes(kind, size_bytes, group.ranks) * seconds_per_bus_byte)
 
 
 def shard_group(plan: Plan, hw: HardwareProfile) -> CommGroup:
