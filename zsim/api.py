@@ -32,9 +32,8 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
     spec = resolve_model(model, params=params)
     hw = resolve_hardware(hardware)
     seq_len = seq if seq is not None else spec.max_seq_len
-    ranked = planner.plan_candidates(spec, hw, gpus=gpus, seq_len=seq_len,
-                                     micro_batch=micro_batch, grad_accum=grad_accum,
-                                     **precision_knobs(precision))
+    ranked = planner.choose(spec, hw, gpus=gpus, seq_len=seq_len, micro_batch=micro_batch,
+                            grad_accum=grad_accum, **precision_knobs(precision))
     best = ranked[0]
     return {
         "model": spec.name,

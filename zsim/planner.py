@@ -1,7 +1,9 @@
-"""Planner: enumerate candidate plans for a model on a cluster, estimate, rank, explain.
+"""Planner: enumerate candidate plans for a model on a cluster, estimate, simulate, rank,
+explain.
 
 Owns candidate enumeration, the closed-form evaluation of each candidate (memory,
-communication, a first step-time estimate) and the ranking with a one-line reason per
+communication, a first step-time estimate), the prune of plans whose model state alone
+cannot fit, the simulation of the survivors, and the ranking with a one-line reason per
 losing plan. No I/O; the CLI renders what this returns.
 """
 
@@ -11,7 +13,9 @@ from dataclasses import dataclass
 
 from zsim.analytic.comm import bus_bytes, step_comm
 from zsim.analytic.compute import step_flops
-from zsim.analytic.memory import MemoryEstimate, estimate_memory
+from zsim.analytic.memory import CATEGORIES, MemoryEstimate, estimate_memory
+from zsim.result import Result
+from zsim.simulate import simulate
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
@@ -63,10 +67,6 @@ class Candidate:
     def fits(self) -> bool:
         return self.memory.peak_bytes <= self.hbm_bytes
 
-    @property
-    def bound(self) -> str:
-        return "comm" if self.comm_time_s > self.compute_time_s else "compute"
-
 
 def evaluate(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Candidate:
     """Closed-form memory, communication and step-time estimate of one plan."""
@@ -99,52 +99,118 @@ def rank(candidates: list[Candidate]) -> list[Candidate]:
         not c.fits, -c.tokens_per_s_per_gpu if c.fits else c.memory.peak_bytes))
 
 
-def why_not(candidate: Candidate, best: Candidate) -> str:
-    """One line on why `candidate` loses to `best`."""
-    if candidate is best:
-        return "recommended"
-    if not candidate.fits:
-        return (f"does not fit: needs {candidate.memory.peak_bytes / GiB:.1f} GiB "
-                f"> {candidate.hbm_bytes / GiB:.1f} GiB HBM")
-    slower = best.tokens_per_s_per_gpu / candidate.tokens_per_s_per_gpu - 1
-    if candidate.bound == "comm":
-        cause = (f"communication-bound ({candidate.comm_time_s:.2f} s of collectives, "
-                 f"{candidate.comm_bus_bytes / GB:.1f} GB per rank)")
-    elif candidate.compute_time_s > best.compute_time_s * 1.001:
-        cause = f"recomputation ({candidate.plan.recompute}) adds compute"
-    else:
-        cause = "same speed, ranked by enumeration order"
-    return f"slower by {slower:.1%}: {cause}"
-
-
 def plan_candidates(model: ModelSpec, hw: HardwareProfile, *, gpus: int,
                     **knobs: object) -> list[Candidate]:
     """Enumerate, evaluate and rank candidate plans."""
     return rank([evaluate(model, hw, p) for p in candidate_plans(hw, gpus=gpus, **knobs)])
 
 
-def to_record(candidate: Candidate, best: Candidate) -> dict[str, object]:
-    """One flat row with units in every key (GiB for memory, GB for traffic)."""
-    mem = candidate.memory.by_category
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Choice:
+    """A candidate after both planner stages: its closed-form estimate and, unless the
+    closed form rules it out (model state alone exceeds HBM), its simulated step."""
+
+    estimate: Candidate
+    result: Result | None
+    """None when pruned by the closed form."""
+
+    @property
+    def plan(self) -> Plan:
+        return self.estimate.plan
+
+    @property
+    def fits(self) -> bool:
+        return self.result is not None and self.result.fits
+
+    @property
+    def peak_bytes(self) -> float:
+        if self.result is None:
+            return self.estimate.memory.peak_bytes
+        return float(self.result.peak_memory_bytes)
+
+    @property
+    def memory_at_peak(self) -> dict[str, float]:
+        if self.result is None:
+            return dict(self.estimate.memory.by_category)
+        return {c: float(self.result.memory_at_peak.get(c, 0)) for c in CATEGORIES}
+
+
+def choose(model: ModelSpec, hw: HardwareProfile, *, gpus: int,
+           **knobs: object) -> list[Choice]:
+    """Closed forms for every candidate, the simulator for those whose model state fits
+    in HBM; ranked: fitting plans by simulated throughput, then the others by peak."""
+    choices = []
+    for c in plan_candidates(model, hw, gpus=gpus, **knobs):
+        prune = c.memory.steady_state_bytes > c.hbm_bytes
+        choices.append(Choice(estimate=c, result=None if prune else simulate(model, hw, c.plan)))
+
+    def key(ch: Choice) -> tuple[bool, bool, float]:
+        if ch.result is not None and ch.fits:
+            return (False, False, -ch.result.tokens_per_s_per_gpu)
+        return (True, ch.result is None, ch.peak_bytes)
+
+    return sorted(choices, key=key)
+
+
+def explain(choice: Choice, best: Choice) -> str:
+    """One line on why `choice` loses to `best` (or "recommended")."""
+    if choice is best and choice.fits:
+        return "recommended"
+    hbm = choice.estimate.hbm_bytes / GiB
+    r, b = choice.result, best.result
+    if r is None:
+        return (f"does not fit: model state alone needs "
+                f"{choice.estimate.memory.steady_state_bytes / GiB:.1f} GiB > {hbm:.1f} GiB "
+                f"HBM (closed form, not simulated)")
+    if not r.fits:
+        where = (r.oom or "").split(":")[0]
+        return (f"does not fit: peak {r.peak_memory_bytes / GiB:.1f} GiB > {hbm:.1f} GiB HBM "
+                f"({where})")
+    assert b is not None  # a fitting choice exists, so the best one was simulated
+    slower = b.tokens_per_s_per_gpu / r.tokens_per_s_per_gpu - 1
+    more_exposed = r.exposed_comm_s + r.exposed_host_s - b.exposed_comm_s - b.exposed_host_s
+    more_compute = r.compute_time_s - b.compute_time_s
+    if max(more_exposed, more_compute) <= 0.001 * b.step_time_s:
+        cause = "same speed, ranked by enumeration order"
+    elif more_exposed >= more_compute:
+        waits = {**r.exposed_by_kind_s, "host optimizer step": r.exposed_host_s}
+        kind = max(waits, key=lambda k: waits[k])
+        cause = f"{more_exposed:.3f} s more exposed communication (mostly {kind})"
+    elif choice.plan.recompute != best.plan.recompute:
+        cause = f"recomputation ({choice.plan.recompute}) adds {more_compute:.3f} s of compute"
+    else:
+        cause = f"{more_compute:.3f} s more compute (collectives slow the kernels they overlap)"
+    return f"slower by {slower:.1%}: {cause}"
+
+
+def to_record(choice: Choice, best: Choice) -> dict[str, object]:
+    """One flat row with units in every key (GiB for memory, GB for traffic). Simulated
+    figures where the plan was simulated, closed-form ones where it was pruned; the
+    closed-form estimates are also kept as estimate_* columns."""
+    est, r = choice.estimate, choice.result
     return {
-        "plan": candidate.plan.label,
-        "strategy": candidate.plan.strategy,
-        "dp_shard": candidate.plan.dp_shard,
-        "dp_replicate": candidate.plan.dp_replicate,
-        "recompute": candidate.plan.recompute,
-        "micro_batch": candidate.plan.micro_batch,
-        "fits": candidate.fits,
-        "peak_gib": round(candidate.memory.peak_bytes / GiB, 3),
-        "hbm_gib": round(candidate.hbm_bytes / GiB, 3),
-        "model_state_gb": round(candidate.memory.steady_state_bytes / GB, 4),
-        **{f"{cat}_gib": round(mem[cat] / GiB, 3) for cat in mem},
-        "comm_volume_model_sizes": round(candidate.comm_volume_model_sizes, 4),
-        "comm_gb_per_step": round(candidate.comm_bus_bytes / GB, 3),
-        "comm_time_s": round(candidate.comm_time_s, 4),
-        "compute_time_s": round(candidate.compute_time_s, 4),
-        "step_time_s": round(candidate.step_time_s, 4),
-        "tokens_per_s_per_gpu": round(candidate.tokens_per_s_per_gpu, 1),
-        "tokens_per_s": round(candidate.tokens_per_s_per_gpu * candidate.plan.dp_degree, 1),
-        "mfu": round(candidate.mfu, 4),
-        "why": why_not(candidate, best),
+        "plan": choice.plan.label,
+        "strategy": choice.plan.strategy,
+        "dp_shard": choice.plan.dp_shard,
+        "dp_replicate": choice.plan.dp_replicate,
+        "recompute": choice.plan.recompute,
+        "micro_batch": choice.plan.micro_batch,
+        "evaluated": "simulated" if r is not None else "closed form",
+        "fits": choice.fits,
+        "peak_gib": round(choice.peak_bytes / GiB, 3),
+        "hbm_gib": round(est.hbm_bytes / GiB, 3),
+        "model_state_gb": round(est.memory.steady_state_bytes / GB, 4),
+        **{f"{cat}_gib": round(v / GiB, 3) for cat, v in choice.memory_at_peak.items()},
+        "comm_volume_model_sizes": round(est.comm_volume_model_sizes, 4),
+        "comm_gb_per_step": round(est.comm_bus_bytes / GB, 3),
+        # Time figures only where simulated: a pruned plan never runs.
+        "step_time_s": round(r.step_time_s, 4) if r else None,
+        "compute_time_s": round(r.compute_time_s, 4) if r else None,
+        "exposed_comm_s": round(r.exposed_comm_s, 4) if r else None,
+        "tokens_per_s_per_gpu": round(r.tokens_per_s_per_gpu, 1) if r else None,
+        "tokens_per_s": round(r.tokens_per_s, 1) if r else None,
+        "mfu": round(r.mfu, 4) if r else None,
+        "estimate_peak_gib": round(est.memory.peak_bytes / GiB, 3),
+        "estimate_step_time_s": round(est.step_time_s, 4),
+        "why": explain(choice, best),
     }

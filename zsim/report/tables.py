@@ -10,6 +10,8 @@ from collections.abc import Sequence
 
 
 def _cell(value: object) -> str:
+    if value is None:
+        return "-"
     if isinstance(value, bool):
         return "yes" if value else "NO"
     if isinstance(value, float):

@@ -1,0 +1,44 @@
+"""zsim.planner.choose: closed-form prune, then the simulator ranks the survivors."""
+
+from __future__ import annotations
+
+from zsim.planner import choose, to_record
+from zsim.simulate import simulate
+from zsim.spec.presets import PRESETS
+from zsim.spec.registry import resolve_hardware
+
+H100 = resolve_hardware("dgx-h100")
+MODEL = PRESETS["llama2-13b"]
+
+
+def test_only_plans_whose_state_cannot_fit_are_pruned() -> None:
+    choices = choose(MODEL, H100, gpus=128, seq_len=8192)
+    for ch in choices:
+        state_fits = ch.estimate.memory.steady_state_bytes <= H100.hbm_bytes
+        assert (ch.result is not None) == state_fits, ch.plan.label
+    # DDP keeps 16 bytes per parameter: 208 GB > 80 GB before any activation.
+    assert all(ch.result is None for ch in choices if ch.plan.strategy == "ddp")
+
+
+def test_ranking_follows_the_simulation() -> None:
+    choices = choose(MODEL, H100, gpus=128, seq_len=8192)
+    fitting = [ch for ch in choices if ch.fits]
+    assert fitting and choices[: len(fitting)] == fitting
+    speeds = [ch.result.tokens_per_s_per_gpu for ch in fitting if ch.result]
+    assert speeds == sorted(speeds, reverse=True)
+    # The table's figures are the simulator's, not the closed form's.
+    best = choices[0]
+    again = simulate(MODEL, H100, best.plan)
+    record = to_record(best, best)
+    assert record["step_time_s"] == round(again.step_time_s, 4)
+    assert record["peak_gib"] == round(again.peak_memory_bytes / 2**30, 3)
+    assert record["why"] == "recommended"
+
+
+def test_a_simulated_plan_that_runs_out_of_memory_says_where() -> None:
+    choices = choose(MODEL, H100, gpus=128, seq_len=8192)
+    oom = [ch for ch in choices if ch.result is not None and not ch.fits]
+    assert oom, "at 8k without recomputation ZeRO-1 runs out of memory"
+    for ch in oom:
+        why = to_record(ch, choices[0])["why"]
+        assert why.startswith("does not fit: peak") and "OOM at" in why
