@@ -71,6 +71,12 @@ def main() -> None:
     print(f"fresh interpreter: import + 3 simulations of 13b/128: "
           f"{time.perf_counter() - t0:.3f} s")
 
+    # The user's first command, start-up included (console script in a fresh process).
+    cmd = [sys.executable, "-m", "zsim", "plan", "--model", "13b", "--gpus", "128"]
+    wall, _ = _timed(lambda: subprocess.run(cmd, check=True, capture_output=True))
+    print(f"zsim plan --model 13b --gpus 128 (fresh process, closed forms + simulated "
+          f"survivors): {wall:.3f} s")
+
 
 if __name__ == "__main__":
     main()

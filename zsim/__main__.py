@@ -1,0 +1,5 @@
+"""`python -m zsim` runs the command line."""
+
+from zsim.cli import main
+
+main()
