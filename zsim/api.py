@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -123,3 +124,32 @@ def simulate(*, model: str, gpus: int, strategy: str, shard_group: int | None = 
     return {"model": spec.name, "hardware": hw.name, "plan": plan.to_dict(),
             **result.to_dict()}
 
+
+def sweep(scenario: Path, out: Path | None = None, *,
+          progress: Callable[[int, int, str], None] | None = None) -> dict[str, Any]:
+    """Simulate every run of a scenario YAML (its sweep expanded) and, with `out`, write its
+    report there: `<name>.csv`, `<name>.md` and `<name>-*.png`, all or nothing.
+
+    Args:
+        scenario: the scenario file (schema in zsim.scenario).
+        out: folder for the report files, or None to write nothing.
+        progress: called after each run with (runs done, runs in total, run name).
+
+    Returns:
+        {"scenario": name, "rows": one record per run (zsim.report.frame.sweep_frame
+        columns), "csv": the CSV text, "written": the paths written}.
+
+    Raises:
+        ConfigError: a bad scenario file (the field path names where), a run the simulator
+            does not model, or a bad report template.
+    """
+    from zsim.report.build import report_files, write_files
+    from zsim.report.frame import csv_text, sweep_frame
+    from zsim.scenario import load_scenario, simulate_runs
+
+    loaded = load_scenario(scenario)
+    pairs = simulate_runs(loaded, progress=progress)
+    frame = sweep_frame(pairs)
+    written = [] if out is None else write_files(out, report_files(loaded, pairs))
+    return {"scenario": loaded.name, "rows": frame.to_dict(orient="records"),
+            "csv": csv_text(frame), "written": [str(p) for p in written]}

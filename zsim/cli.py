@@ -185,3 +185,29 @@ def main() -> None:
     except (typer.Exit, typer.Abort) as e:
         sys.exit(getattr(e, "exit_code", 130))
     sys.exit(code if isinstance(code, int) else 0)
+
+
+SWEEP_COLUMNS = ("run", "fits", "step_time_s", "exposed_comm_s", "peak_memory_gib",
+                 "tokens_per_s_per_gpu", "mfu")
+
+
+@app.command()
+def sweep(
+    scenario: Annotated[Path, typer.Option(help="Scenario YAML (plans and an optional sweep).")],
+    out: Annotated[Path | None, typer.Option(
+        help="Folder for the report: <name>.csv, <name>.md and <name>-*.png.")] = None,
+    format: FormatOpt = Format.table,
+) -> None:
+    """Simulate every run of a scenario (sweep expanded); print a table, write the report."""
+    def progress(done: int, total: int, name: str) -> None:
+        typer.echo(f"[{done}/{total}] {name}", err=True)
+
+    r = _run(lambda: api.sweep(scenario, out, progress=progress))
+    if format is Format.json:
+        typer.echo(json_text(r["rows"]))
+    elif format is Format.csv:
+        typer.echo(r["csv"], nl=False)
+    else:
+        typer.echo(text_table(r["rows"], SWEEP_COLUMNS))
+    for path in r["written"]:
+        typer.echo(f"wrote {path}", err=True)

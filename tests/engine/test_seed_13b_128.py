@@ -7,13 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from zsim.analytic.memory import model_state_bytes
 from zsim.result import Result
+from zsim.scenario import load_scenario
 from zsim.simulate import simulate
-from zsim.spec.plan import Plan, precision_knobs
-from zsim.spec.registry import resolve_hardware, resolve_model
+from zsim.spec.plan import Plan
+from zsim.spec.registry import resolve_model
 from zsim.units import GB, GiB
 
 SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "seed-13b-128.yaml"
@@ -21,17 +21,9 @@ SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "seed-13b-128.yam
 
 @pytest.fixture(scope="module")
 def runs() -> dict[str, tuple[Plan, Result]]:
-    sc = yaml.safe_load(SCENARIO.read_text())
-    model, hw = resolve_model(sc["model"]), resolve_hardware(sc["hardware"])
-    out = {}
-    for name, knobs in sc["plans"].items():
-        knobs = dict(knobs)
-        plan = Plan.for_strategy(knobs.pop("strategy"), gpus=sc["gpus"],
-                                 shard_group=knobs.pop("shard_group", None),
-                                 seq_len=sc["seq_len"], **precision_knobs(sc["precision"]),
-                                 **knobs)
-        out[name] = (plan, simulate(model, hw, plan, trace=True))
-    return out
+    scenario = load_scenario(SCENARIO)
+    return {run.name: (run.plan, simulate(run.model, run.hardware, run.plan, trace=True))
+            for run in scenario.runs}
 
 
 def test_ddp_and_zero1_do_not_fit_8k(runs: dict[str, tuple[Plan, Result]]) -> None:

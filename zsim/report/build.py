@@ -1,0 +1,107 @@
+"""A simulated scenario -> its report files (CSV, markdown, PNGs), written all or nothing.
+
+Owns the report's file names (`<scenario>.csv`, `<scenario>.md`, `<scenario>-<figure>.png`),
+the markdown table's columns, and the all-or-nothing write. Never simulates (see
+zsim.scenario.simulate_runs). Only the sweep path imports this module (pandas, matplotlib).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from zsim.report.frame import csv_text, memory_curve_frame, sweep_frame
+from zsim.report.markdown import DEFAULT_TEMPLATE, markdown_table, render_report
+from zsim.report.plots import memory_curve_figure, memory_figure, png_bytes, step_time_figure
+from zsim.result import Result
+from zsim.scenario import Run, Scenario
+from zsim.units import GiB
+
+TABLE_COLUMNS: tuple[str, ...] = (
+    "run", "fits", "step_time_s", "compute_time_s", "exposed_comm_s", "all_gather_busy_s",
+    "reduce_scatter_busy_s", "all_reduce_busy_s", "peak_memory_gib", "reserved_memory_gib",
+    "peak_op", "tokens_per_s_per_gpu", "mfu",
+)
+"""Columns of the markdown table (the CSV has every column of sweep_frame)."""
+
+FIGURES: dict[str, tuple[str, str]] = {
+    "step_time": ("step-time", "Step time: compute vs exposed communication"),
+    "memory": ("memory", "Memory live at the peak, by category"),
+    "memory_curve": ("memory-curve", "Allocated memory over the step"),
+}
+"""Figure key -> (file name suffix, caption)."""
+
+
+def report_files(scenario: Scenario, pairs: Sequence[tuple[Run, Result]]) -> dict[str, bytes]:
+    """Every report file of a simulated scenario, by file name, in memory.
+
+    Returns:
+        {"<name>.csv": every sweep_frame column, "<name>.md": the template (or
+        DEFAULT_TEMPLATE) filled in, "<name>-<figure>.png": one per FIGURES entry}.
+
+    Raises:
+        ConfigError: a template placeholder that names no run, column or section.
+    """
+    frame = sweep_frame(pairs)
+    figures = _figures(scenario, pairs, frame)
+    files = {f"{scenario.name}-{FIGURES[key][0]}.png": png_bytes(fig)
+             for key, fig in figures.items()}
+    links = {key: f"![{FIGURES[key][1]}]({scenario.name}-{FIGURES[key][0]}.png)"
+             for key in FIGURES}
+    sections = {
+        "name": scenario.name, "description": scenario.description,
+        "source": scenario.source or "-", "table": markdown_table(frame, TABLE_COLUMNS),
+        "csv": f"[{scenario.name}.csv]({scenario.name}.csv)",
+        "figures": "\n\n".join(links.values()),
+        **{f"figure.{key}": link for key, link in links.items()},
+    }
+    markdown = render_report(scenario.template or DEFAULT_TEMPLATE, frame, sections)
+    return {f"{scenario.name}.csv": csv_text(frame).encode(),
+            f"{scenario.name}.md": markdown.encode(), **files}
+
+
+def _figures(scenario: Scenario, pairs: Sequence[tuple[Run, Result]],
+             frame: pd.DataFrame) -> dict[str, Figure]:
+    curves = memory_curve_frame(pairs, scenario.memory_curves)
+    first = next(r for run, r in pairs if run.name == scenario.memory_curves[0])
+    makers: dict[str, Callable[[], Figure]] = {
+        "step_time": lambda: step_time_figure(frame),
+        "memory": lambda: memory_figure(frame),
+        "memory_curve": lambda: memory_curve_figure(curves, hbm_gib=first.hbm_bytes / GiB),
+    }
+    return {key: makers[key]() for key in FIGURES}
+
+
+def write_files(out_dir: Path, files: Mapping[str, bytes]) -> list[Path]:
+    """Write every file into `out_dir`, all or nothing: each goes to a temporary file in
+    the same folder first, and only when all are written are they renamed into place
+    (os.replace, atomic per file), so a failure leaves no partial file behind.
+
+    Returns:
+        The written paths, in `files` order.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staged: list[tuple[str, Path]] = []
+    # mkstemp creates 0600 files; give the report the mode a plain open() would.
+    umask = os.umask(0)
+    os.umask(umask)
+    try:
+        for name, data in files.items():
+            fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{name}.")
+            staged.append((tmp, out_dir / name))
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.chmod(tmp, 0o666 & ~umask)
+        for tmp, final in staged:
+            os.replace(tmp, final)
+    except BaseException:
+        for tmp, _ in staged:
+            Path(tmp).unlink(missing_ok=True)
+        raise
+    return [final for _, final in staged]

@@ -1,0 +1,84 @@
+"""Simulated runs -> pandas DataFrames: one summary row per run, and the memory curves.
+
+Owns the report's column names (snake_case with units: `step_time_s`, `peak_memory_gib`,
+`at_peak_activations_gib`, ...). Imports pandas, so only the sweep path imports this
+module; the simulator and `zsim plan` never do. Never simulates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+
+from zsim.analytic.memory import CATEGORIES, model_state_bytes
+from zsim.result import Result
+from zsim.scenario import Run
+from zsim.schedule.ops import COLLECTIVE_KINDS
+from zsim.units import GiB, MiB
+
+
+def sweep_frame(pairs: Sequence[tuple[Run, Result]]) -> pd.DataFrame:
+    """One row per run, in scenario order.
+
+    Columns: the run's settings (run, plan, strategy, gpus, dp_shard, dp_replicate,
+    seq_len, micro_batch, grad_accum, recompute, unit_size, prefetch, bucket_mib,
+    param_dtype), fits and oom ("" when it fits), times in seconds (step, compute,
+    exposed communication, busy time per collective kind), memory in GiB (peak allocated,
+    estimated reserved, model state at rest, the closed-form model state of
+    zsim.analytic.memory.model_state_bytes (gradients included), HBM, and what is live at
+    the peak per category of zsim.analytic.memory.CATEGORIES), the op that made the peak, and
+    throughput (job tokens/s, tokens/s per GPU, model TFLOP/s per GPU, MFU).
+    """
+    rows = []
+    for run, r in pairs:
+        p = run.plan
+        row: dict[str, object] = {
+            "run": run.name, "plan": p.label, "strategy": p.strategy, "gpus": run.gpus,
+            "dp_shard": p.dp_shard, "dp_replicate": p.dp_replicate, "seq_len": p.seq_len,
+            "micro_batch": p.micro_batch, "grad_accum": p.grad_accum,
+            "recompute": p.recompute, "unit_size": p.unit_size, "prefetch": p.prefetch,
+            "bucket_mib": p.bucket_bytes / MiB, "param_dtype": p.param_dtype,
+            "fits": r.fits, "oom": r.oom or "",
+            "step_time_s": r.step_time_s, "compute_time_s": r.compute_time_s,
+            "exposed_comm_s": r.exposed_comm_s, "comm_busy_s": r.comm_busy_total_s,
+        }
+        for kind in COLLECTIVE_KINDS:
+            row[f"{kind}_busy_s"] = r.comm_busy_s.get(kind, 0.0)
+        row |= {
+            "peak_memory_gib": r.peak_memory_bytes / GiB,
+            "reserved_memory_gib": r.reserved_memory_bytes / GiB,
+            "baseline_memory_gib": r.baseline_memory_bytes / GiB,
+            "closed_form_model_state_gib":
+                model_state_bytes(run.model.num_params, p).total / GiB,
+            "hbm_gib": r.hbm_bytes / GiB, "peak_op": r.peak_op,
+        }
+        for cat in CATEGORIES:
+            row[f"at_peak_{cat}_gib"] = r.memory_at_peak.get(cat, 0) / GiB
+        row |= {"tokens_per_s": r.tokens_per_s, "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu,
+                "tflops_per_gpu": r.tflops_per_gpu, "mfu": r.mfu}
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def memory_curve_frame(pairs: Sequence[tuple[Run, Result]], runs: Sequence[str]
+                       ) -> pd.DataFrame:
+    """The allocated-memory curve of each run named in `runs` (in that order).
+
+    Returns:
+        Columns run, time_s (simulated time of the change) and allocated_gib (allocated
+        HBM after it), one row per allocation or free (the model state is allocated at
+        time 0).
+    """
+    by_name = {run.name: r for run, r in pairs}
+    rows = []
+    for name in runs:
+        rows += [{"run": name, "time_s": t, "allocated_gib": b / GiB}
+                 for t, b in by_name[name].memory_curve]
+    return pd.DataFrame(rows, columns=["run", "time_s", "allocated_gib"])
+
+
+def csv_text(frame: pd.DataFrame) -> str:
+    """The frame as CSV: no index, "\\n" line ends, floats to 6 significant digits (so a
+    regeneration diffs cleanly and is byte-identical for the same scenario)."""
+    return str(frame.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
