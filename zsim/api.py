@@ -4,13 +4,12 @@ and return plain data (dicts/records) for rendering. No printing here."""
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from zsim import planner
+from zsim.atomic import write_files
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan, precision_knobs
 from zsim.spec.presets import ALIASES, PRESETS
@@ -83,21 +82,6 @@ def build_plan(spec: ModelSpec, *, gpus: int, strategy: str, shard_group: int | 
         grad_accum=grad_accum, recompute=ac, offload=offload, **precision_knobs(precision))
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file in the same folder, so a failure
-    never leaves a half-written file behind."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def simulate(*, model: str, gpus: int, strategy: str, shard_group: int | None = None,
              hardware: str, seq: int | None = None, micro_batch: int = 1,
              grad_accum: int = 1, ac: str = "none", precision: str = "bf16",
@@ -120,7 +104,7 @@ def simulate(*, model: str, gpus: int, strategy: str, shard_group: int | None = 
                       precision=precision, offload=offload)
     result = run(spec, hw, plan, trace=trace is not None)
     if trace is not None:
-        write_atomically(trace, json.dumps(chrome_trace(result)))
+        write_files(trace.parent, {trace.name: json.dumps(chrome_trace(result)).encode()})
     return {"model": spec.name, "hardware": hw.name, "plan": plan.to_dict(),
             **result.to_dict()}
 
@@ -143,7 +127,7 @@ def sweep(scenario: Path, out: Path | None = None, *,
         ConfigError: a bad scenario file (the field path names where), a run the simulator
             does not model, or a bad report template.
     """
-    from zsim.report.build import report_files, write_files
+    from zsim.report.build import report_files
     from zsim.report.frame import csv_text, sweep_frame
     from zsim.scenario import load_scenario, simulate_runs
 

@@ -89,7 +89,7 @@ def test_a_sweep_failing_midway_leaves_nothing_in_out(
 
 
 def test_a_failing_write_leaves_no_partial_files(tmp_path: Path) -> None:
-    from zsim.report.build import write_files
+    from zsim.atomic import write_files
 
     with pytest.raises(TypeError):
         write_files(tmp_path, {"a.csv": b"x\n", "b.md": "not bytes"})  # type: ignore[dict-item]

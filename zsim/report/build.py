@@ -7,10 +7,7 @@ zsim.scenario.simulate_runs). Only the sweep path imports this module (pandas, m
 
 from __future__ import annotations
 
-import os
-import tempfile
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 
 import pandas as pd
 from matplotlib.figure import Figure
@@ -75,33 +72,3 @@ def _figures(scenario: Scenario, pairs: Sequence[tuple[Run, Result]],
         "memory_curve": lambda: memory_curve_figure(curves, hbm_gib=first.hbm_bytes / GiB),
     }
     return {key: makers[key]() for key in FIGURES}
-
-
-def write_files(out_dir: Path, files: Mapping[str, bytes]) -> list[Path]:
-    """Write every file into `out_dir`, all or nothing: each goes to a temporary file in
-    the same folder first, and only when all are written are they renamed into place
-    (os.replace, atomic per file), so a failure leaves no partial file behind.
-
-    Returns:
-        The written paths, in `files` order.
-    """
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    staged: list[tuple[str, Path]] = []
-    # mkstemp creates 0600 files; give the report the mode a plain open() would.
-    umask = os.umask(0)
-    os.umask(umask)
-    try:
-        for name, data in files.items():
-            fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{name}.")
-            staged.append((tmp, out_dir / name))
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.chmod(tmp, 0o666 & ~umask)
-        for tmp, final in staged:
-            os.replace(tmp, final)
-    except BaseException:
-        for tmp, _ in staged:
-            Path(tmp).unlink(missing_ok=True)
-        raise
-    return [final for _, final in staged]
