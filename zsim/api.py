@@ -86,7 +86,8 @@ def simulate(*, model: str, gpus: int, strategy: str, shard_group: int | None = 
              hardware: str, seq: int | None = None, micro_batch: int = 1,
              grad_accum: int = 1, ac: str = "none", precision: str = "bf16",
              offload: str = "none", trace: Path | None = None) -> dict[str, Any]:
-    """Simulate one plan; optionally write its Chrome trace (Perfetto) to `trace`.
+    """Simulate one plan; optionally write its Chrome trace (Perfetto) to `trace`. HSDP
+    shards within a node unless `shard_group` says otherwise.
 
     Returns:
         Result.to_dict() plus "model", "hardware" and "plan" (the Plan's fields).
@@ -99,6 +100,8 @@ def simulate(*, model: str, gpus: int, strategy: str, shard_group: int | None = 
 
     spec = resolve_model(model)
     hw = resolve_hardware(hardware)
+    if strategy == "hsdp" and shard_group is None:
+        shard_group = min(hw.gpus_per_node, gpus)  # shard within a node, the usual HSDP
     plan = build_plan(spec, gpus=gpus, strategy=strategy, shard_group=shard_group, seq=seq,
                       micro_batch=micro_batch, grad_accum=grad_accum, ac=ac,
                       precision=precision, offload=offload)
