@@ -41,8 +41,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from zsim.errors import ConfigError
 from zsim.result import Result
 from zsim.spec.hardware import HardwareProfile
@@ -51,6 +49,7 @@ from zsim.spec.plan import Plan, precision_knobs
 from zsim.spec.presets import ALIASES, PRESETS
 from zsim.spec.registry import resolve_hardware, resolve_model
 from zsim.spec.validate import validate
+from zsim.spec.yaml_file import read_yaml
 from zsim.units import MiB
 
 RUN_KEYS: tuple[str, ...] = (
@@ -105,25 +104,6 @@ class Scenario:
         return tuple(r.name for r in self.runs)
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate mapping keys (PyYAML keeps the last silently)."""
-
-
-def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node)  # type: ignore[no-untyped-call]
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-                              _mapping_without_duplicates)
-
-
 def load_scenario(path: Path) -> Scenario:
     """Read and check a scenario YAML file, expanding its sweep into runs.
 
@@ -139,19 +119,7 @@ def load_scenario(path: Path) -> Scenario:
             path names where in the file, e.g. `plans.hsdp.shard_group` or `sweep.gpus`).
     """
     path = Path(path)
-    try:
-        data = yaml.load(path.read_text(), Loader=_StrictLoader)
-    except FileNotFoundError:
-        raise ConfigError("scenario", str(path), "no such file") from None
-    except OSError as e:
-        raise ConfigError("scenario", str(path), f"cannot read ({e.strerror})") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None)
-        raise ConfigError("scenario", str(path),
-                          f"malformed YAML{where}" + (f": {problem}" if problem else "")
-                          ) from None
+    data = read_yaml(path, field="scenario")
     return scenario_from_dict(data, base_dir=path.parent)
 
 

@@ -178,7 +178,7 @@ def test_malformed_yaml(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:
         HardwareProfile.from_yaml(path)
     assert e.value.field == "hardware" and e.value.value == str(path)
-    assert "malformed YAML line" in e.value.reason
+    assert "malformed YAML at line" in e.value.reason
 
 
 def test_empty_or_missing_file(tmp_path: Path) -> None:

@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from zsim.errors import ConfigError
+from zsim.spec.yaml_file import read_yaml
 from zsim.units import GB, US, GiB
 
 _SCHEMA: dict[str, tuple[str, ...]] = {
@@ -145,16 +144,7 @@ class HardwareProfile:
             ConfigError: unreadable file, malformed YAML, or a schema violation.
         """
         path = Path(path)
-        try:
-            data = yaml.safe_load(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError("hardware", str(path), "no such file") from None
-        except OSError as e:
-            raise ConfigError("hardware", str(path), f"cannot read ({e.strerror})") from None
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f" line {mark.line + 1}" if mark is not None else ""
-            raise ConfigError("hardware", str(path), f"malformed YAML{where}") from None
+        data = read_yaml(path, field="hardware")
         return cls.from_dict(data, name=path.stem)
 
 
