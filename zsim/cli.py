@@ -4,16 +4,19 @@ api function, and renders; a ZsimError becomes one line on stderr and exit code 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, get_args
 
 import typer
 
 from zsim import api
 from zsim.errors import ZsimError
 from zsim.report.tables import csv_text, json_text, text_table
+from zsim.spec.plan import PRECISIONS, STRATEGIES
+from zsim.spec.plan import Offload as OffloadLiteral
+from zsim.spec.plan import Recompute as RecomputeLiteral
 from zsim.spec.registry import DEFAULT_HARDWARE
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -98,30 +101,16 @@ def hardware() -> None:
                                  "inter_node")))
 
 
-class Strategy(str, Enum):
-    ddp = "ddp"
-    zero1 = "zero1"
-    zero2 = "zero2"
-    fsdp = "fsdp"
-    fsdp_no_reshard = "fsdp-no-reshard"
-    hsdp = "hsdp"
+def _choices(name: str, values: Iterable[str]) -> Any:
+    """A str Enum of the allowed values of a plan field, so the CLI's choices can never
+    drift from zsim.spec.plan's."""
+    return Enum(name, [(v.replace("-", "_"), v) for v in values], type=str)
 
 
-class Recompute(str, Enum):
-    none = "none"
-    selective = "selective"
-    full = "full"
-
-
-class Precision(str, Enum):
-    bf16 = "bf16"
-    fp32 = "fp32"
-
-
-class Offload(str, Enum):
-    none = "none"
-    optimizer = "optimizer"
-    params = "params"
+Strategy = _choices("Strategy", STRATEGIES)
+Recompute = _choices("Recompute", get_args(RecomputeLiteral))
+Precision = _choices("Precision", PRECISIONS)
+Offload = _choices("Offload", get_args(OffloadLiteral))
 
 
 class SimFormat(str, Enum):
