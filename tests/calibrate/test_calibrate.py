@@ -1,0 +1,41 @@
+"""`calibrate()` end to end on 2 gloo ranks with a short benchmark: the profile loads with
+the strict schema of zsim.spec.hardware and carries its provenance."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from zsim.calibrate.microbench import BenchConfig  # noqa: E402
+from zsim.calibrate.profile import calibrate  # noqa: E402
+from zsim.errors import ConfigError  # noqa: E402
+from zsim.spec.hardware import HardwareProfile  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+QUICK = BenchConfig(sizes_bytes=(4096, 65536, 1 << 20, 4 << 20), iters_small=3, iters_large=2,
+                    matmul_shapes=((256, 256, 256), (512, 256, 512)), copy_bytes=8 << 20,
+                    adam_params=1 << 18)
+
+
+def test_calibrate_writes_a_loadable_profile_with_provenance(tmp_path: Path) -> None:
+    out = calibrate("gloo", 2, tmp_path / "cpu-test.yaml", config=QUICK, timeout_s=300)
+    hw = HardwareProfile.from_yaml(out)
+    assert hw.name == "cpu-test"
+    assert hw.gpus_per_node == 2
+    assert set(hw.peak_flop_per_s) == {"fp32", "bf16"}
+    assert hw.intra_node.latency_s >= 0
+    assert 0 < hw.intra_node.efficiency <= 1
+    text = out.read_text()
+    assert f"torch {torch.__version__}" in text
+    assert "--backend gloo --nproc 2" in text
+
+
+def test_calibrate_rejects_bad_arguments(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="nproc"):
+        calibrate("gloo", 1, tmp_path / "x.yaml")
+    with pytest.raises(ConfigError, match="backend"):
+        calibrate("mpi", 2, tmp_path / "x.yaml")

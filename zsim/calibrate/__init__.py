@@ -1,0 +1,37 @@
+"""Calibration backend: runs zsim plans on real torch.distributed (FSDP2, DDP, ZeRO) and
+compares them with the simulator. Importing this package does not import torch (an
+optional extra of zsim); calling its functions does.
+
+Modules: model (the reference Llama), fsdp2 (Plan -> fully_shard / DDP / ZeRO), runner
+(N processes), measure (instruments), step (one plan's measured run), microbench, fit,
+profile (`calibrate`), validate (`validate`, the report)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from zsim.spec.hardware import HardwareProfile
+    from zsim.spec.model import ModelSpec
+    from zsim.spec.plan import Plan
+
+__all__ = ["calibrate", "validate"]
+
+
+def calibrate(backend: str, nproc: int, out: Path) -> Path:
+    """Benchmark `nproc` ranks on `backend` ("gloo" or "nccl") and write a hardware
+    profile YAML to `out`; see zsim.calibrate.profile.calibrate."""
+    from zsim.calibrate.profile import calibrate as run
+
+    return run(backend, nproc, Path(out))
+
+
+def validate(model: ModelSpec, plan: Plan, *, nproc: int,
+             profile: HardwareProfile) -> list[dict[str, Any]]:
+    """Run `plan` for real and in the simulator; rows {metric, predicted, measured,
+    error_pct}, also written as a CSV under reports/validation/; see
+    zsim.calibrate.validate.validate."""
+    from zsim.calibrate.validate import validate as run
+
+    return run(model, plan, nproc=nproc, profile=profile)

@@ -1,0 +1,85 @@
+"""Fit an alpha-beta model to collective timings, and report bus bandwidth the way
+nccl-tests does. Pure arithmetic (numpy); no torch, so it is testable on its own.
+
+Model (ring algorithms, Thakur et al. 2005; DESIGN.md "Collectives"): an all-gather or
+reduce-scatter of S bytes (the full, unsharded buffer) over n ranks takes
+(n-1)·alpha + (n-1)/n · S / B; an all-reduce takes twice both terms. B is the achievable
+bandwidth per rank, alpha the per-step latency. Bus bandwidth = (S / t) · (n-1)/n for
+all-gather and reduce-scatter, · 2(n-1)/n for all-reduce (nccl-tests doc/PERFORMANCE.md),
+so busbw of a bandwidth-bound ring equals B.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from zsim.errors import ConfigError
+
+RING_PHASES: dict[str, int] = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2}
+"""Ring passes per collective: all-reduce = reduce-scatter + all-gather."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CollectiveSample:
+    """One measured collective."""
+
+    op: str
+    """"all_gather", "reduce_scatter" or "all_reduce" (torch.distributed spelling)."""
+    size_bytes: int
+    """Full buffer size: all-gather output, reduce-scatter input, all-reduce buffer."""
+    world_size: int
+    time_s: float
+    """Median wall time of one call, seconds."""
+
+    @property
+    def bus_bytes_per_s(self) -> float:
+        """nccl-tests bus bandwidth: algorithm bandwidth times the ring's traffic factor."""
+        n = self.world_size
+        return self.size_bytes / self.time_s * RING_PHASES[self.op] * (n - 1) / n
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AlphaBeta:
+    """Fitted link parameters."""
+
+    latency_s: float
+    """Per ring step (alpha), seconds."""
+    bandwidth_bytes_per_s: float
+    """Achievable per-rank bandwidth (1/beta), bytes/s."""
+    max_rel_error: float
+    """Largest |predicted - measured| / measured over the fitted samples."""
+
+    def predict_s(self, op: str, size_bytes: int, world_size: int) -> float:
+        """Ring time of one collective, seconds."""
+        n, k = world_size, RING_PHASES[op]
+        return k * (n - 1) * self.latency_s + k * (n - 1) / n * size_bytes / \
+            self.bandwidth_bytes_per_s
+
+
+def fit_alpha_beta(samples: Sequence[CollectiveSample]) -> AlphaBeta:
+    """Least squares on relative error (weights 1/t), so small and large messages count
+    alike: t ≈ k(n-1)·alpha + k(n-1)/n·S·beta.
+
+    Raises:
+        ConfigError: fewer than two samples, or a fit with non-positive alpha or beta
+            (timings that do not grow with size).
+    """
+    if len(samples) < 2:
+        raise ConfigError("samples", len(samples), "need at least two collective timings")
+    rows, target = [], []
+    for s in samples:
+        n, k = s.world_size, RING_PHASES[s.op]
+        rows.append([k * (n - 1) / s.time_s, k * (n - 1) / n * s.size_bytes / s.time_s])
+        target.append(1.0)
+    (alpha, beta), *_ = np.linalg.lstsq(np.array(rows), np.array(target), rcond=None)
+    if beta <= 0:
+        raise ConfigError("samples", "timings", "time does not grow with size: no bandwidth")
+    fit = AlphaBeta(latency_s=max(float(alpha), 0.0), bandwidth_bytes_per_s=1.0 / float(beta),
+                    max_rel_error=0.0)
+    worst = max(abs(fit.predict_s(s.op, s.size_bytes, s.world_size) - s.time_s) / s.time_s
+                for s in samples)
+    return AlphaBeta(latency_s=fit.latency_s, bandwidth_bytes_per_s=fit.bandwidth_bytes_per_s,
+                     max_rel_error=worst)

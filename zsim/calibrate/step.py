@@ -1,0 +1,297 @@
+"""Run a plan for real on N ranks and return what was measured: step time, per-unit
+forward/backward time, memory per phase and saved-activation bytes per block.
+
+Owns the measurement protocol of one plan. Each rank (1) builds the model and applies the
+plan (zsim.calibrate.fsdp2); (2) runs two steps with memory instruments on (CPU: the live
+tensor tracker of zsim.calibrate.measure; CUDA: the caching allocator's counters): the
+first step allocates lazy state (optimizer moments, FSDP buffers), the second is the
+steady-state step whose phases are reported, and its first micro-batch's saved tensors
+are recorded; (3) runs `warmup_steps` then `steps` timed steps with the instruments off.
+The step time of a step is the slowest rank's (ranks start aligned by a barrier); the
+reported figure is the median over steps. Imports torch.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from zsim.calibrate import fsdp2
+from zsim.calibrate.measure import LiveMemory, SavedTensor, record_saved_tensors, time_units
+from zsim.calibrate.runner import RankContext, run_fake_rank, run_ranks
+from zsim.spec.model import ModelSpec
+from zsim.spec.plan import Plan
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PhaseMemory:
+    """Memory of one rank over the steady-state step, bytes. On CPU these are live tensor
+    bytes from the tracker; on CUDA, torch.cuda.memory_allocated figures."""
+
+    after_init_bytes: int
+    """Live after the model is built and sharded (parameters and buffers)."""
+    after_first_step_bytes: int
+    """Live after the first step (adds optimizer state)."""
+    peak_forward_bytes: int
+    peak_backward_bytes: int
+    peak_optimizer_bytes: int
+    after_forward_bytes: int
+    """Live at the end of the (last micro-batch's) forward."""
+    peak_bytes: int
+    """Highest of the three phase peaks."""
+    reserved_bytes: int
+    """CUDA max_memory_reserved over the step; on CPU equal to peak_bytes."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankMeasurement:
+    """What one rank measured."""
+
+    rank: int
+    step_times_s: list[float]
+    """Wall time of each timed step on this rank, seconds."""
+    forward_s: dict[str, float]
+    """Per timing scope ("layers.<i>", "root": the whole forward), last timed step."""
+    backward_s: dict[str, float]
+    memory: PhaseMemory
+    collective_busy_s: dict[str, float]
+    """Summed duration of the backend's collective spans in one profiled step, by the
+    kind that actually ran ("all_gather", "reduce_scatter", "all_reduce"; gloo runs
+    reduce_scatter_tensor as an all-reduce of the full buffer), seconds."""
+    saved: list[SavedTensor]
+    """Storages autograd saved in the first micro-batch of the steady-state step."""
+    loss: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanMeasurement:
+    """A plan's real run across all ranks."""
+
+    spec: ModelSpec
+    plan: Plan
+    backend: str
+    ranks: list[RankMeasurement]
+    torch_version: str = field(default=torch.__version__)
+
+    @property
+    def step_time_s(self) -> float:
+        """Median over steps of the slowest rank's step time, seconds."""
+        per_step = [max(r.step_times_s[i] for r in self.ranks)
+                    for i in range(len(self.ranks[0].step_times_s))]
+        return statistics.median(per_step)
+
+    @property
+    def peak_bytes(self) -> int:
+        """Highest peak over ranks, bytes."""
+        return max(r.memory.peak_bytes for r in self.ranks)
+
+    def saved_block_bytes(self, block: str = "layers.0") -> int:
+        """Saved-activation bytes attributed to one block on rank 0."""
+        return sum(t.bytes for t in self.ranks[0].saved if t.scope == block)
+
+    @property
+    def saved_total_bytes(self) -> int:
+        """All saved-activation bytes of one micro-batch on rank 0 (deduplicated)."""
+        return sum(t.bytes for t in self.ranks[0].saved)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Job:
+    spec: ModelSpec
+    plan: Plan
+    steps: int
+    warmup_steps: int
+
+
+def measure_plan(spec: ModelSpec, plan: Plan, *, nproc: int, steps: int = 3,
+                 warmup_steps: int = 1, backend: str | None = None,
+                 timeout_s: float = 600.0) -> PlanMeasurement:
+    """Run `plan` on `nproc` processes and measure it.
+
+    Args:
+        spec: the model (already scaled to fit this machine if needed).
+        plan: the plan; its world size must equal nproc.
+        nproc: number of processes.
+        steps: timed steps.
+        warmup_steps: untimed steps before them (after the two memory steps).
+        backend: "gloo" or "nccl"; default nccl when CUDA is available, else gloo.
+        timeout_s: deadline for the whole run, seconds.
+
+    Raises:
+        ConfigError: the plan cannot run on this backend (see fsdp2.check_plan).
+        RankFailed: a rank raised, died or hung.
+    """
+    fsdp2.check_plan(plan, nproc, spec)
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    job = _Job(spec=spec, plan=plan, steps=steps, warmup_steps=warmup_steps)
+    ranks = run_ranks(_measure_rank, job, nproc=nproc, backend=backend, timeout_s=timeout_s)
+    return PlanMeasurement(spec=spec, plan=plan, backend=backend, ranks=ranks)
+
+
+def measure_fake_rank(spec: ModelSpec, plan: Plan, *, timeout_s: float = 600.0) -> PhaseMemory:
+    """Memory per phase of rank 0 when `plan.world_size` ranks run `plan`, measured in
+    one process on the fake process group (collectives move no data; shards have their
+    real sizes): on the GPU with the CUDA allocator's figures when one is present, else on
+    CPU with the live tensor tracker. Times are meaningless there and are not returned.
+
+    Raises:
+        ConfigError: the plan cannot run on this backend.
+        RankFailed: the process raised or hung.
+    """
+    fsdp2.check_plan(plan, plan.world_size, spec)
+    job = _Job(spec=spec, plan=plan, steps=0, warmup_steps=0)
+    result: RankMeasurement = run_fake_rank(_measure_rank, job, world_size=plan.world_size,
+                                            timeout_s=timeout_s)
+    return result.memory
+
+
+class _Meter:
+    """Live/peak bytes from the CPU tracker or the CUDA allocator, one interface."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = device.startswith("cuda")
+        self.tracker = None if self.cuda else LiveMemory()
+
+    def live(self) -> int:
+        if self.cuda:
+            return torch.cuda.memory_allocated()
+        assert self.tracker is not None
+        return self.tracker.live_bytes
+
+    def peak(self) -> int:
+        if self.cuda:
+            return torch.cuda.max_memory_allocated()
+        assert self.tracker is not None
+        return self.tracker.peak_bytes
+
+    def reserved(self) -> int:
+        return torch.cuda.max_memory_reserved() if self.cuda else self.peak()
+
+    def reset(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            assert self.tracker is not None
+            self.tracker.reset_peak()
+
+
+def _measure_rank(ctx: RankContext, job: _Job) -> RankMeasurement:
+    meter = _Meter(ctx.device)
+    tracking = meter.tracker if meter.tracker is not None else _NoTracking()
+    with tracking:
+        prep = fsdp2.prepare(job.spec, job.plan, device=ctx.device, world_size=ctx.world_size)
+        after_init = meter.live()
+        fsdp2.train_step(prep, fsdp2.batches(job.spec, job.plan, device=ctx.device,
+                                             rank=ctx.rank, step=0))
+        after_first = meter.live()
+        memory, saved, loss = _memory_step(prep, job, ctx, meter)
+    memory = PhaseMemory(after_init_bytes=after_init, after_first_step_bytes=after_first,
+                         **memory)
+    step_times: list[float] = []
+    forward_s: dict[str, float] = {}
+    backward_s: dict[str, float] = {}
+    for step in range(job.warmup_steps + job.steps):
+        micro = fsdp2.batches(job.spec, job.plan, device=ctx.device, rank=ctx.rank,
+                              step=2 + step)
+        _sync_device(ctx.device)
+        fsdp2.barrier()
+        with time_units(prep.units) as unit_times:
+            start = time.perf_counter()
+            loss = fsdp2.train_step(prep, micro)
+            _sync_device(ctx.device)
+            elapsed_s = time.perf_counter() - start
+        if step >= job.warmup_steps:
+            step_times.append(elapsed_s)
+            forward_s, backward_s = unit_times.forward_s, unit_times.backward_s
+    collectives = _profile_collectives(prep, job, ctx) if job.steps else {}
+    return RankMeasurement(rank=ctx.rank, step_times_s=step_times, forward_s=forward_s,
+                           backward_s=backward_s, memory=memory,
+                           collective_busy_s=collectives, saved=saved, loss=loss)
+
+
+_KINDS = (("all_gather", "all_gather"), ("allgather", "all_gather"),
+          ("reduce_scatter", "reduce_scatter"), ("reducescatter", "reduce_scatter"),
+          ("all_reduce", "all_reduce"), ("allreduce", "all_reduce"))
+"""Substrings of gloo span names (gloo:all_gather) and NCCL kernel names
+(ncclDevKernel_AllGather_RING_LL), lower-cased, and the collective kind they mean."""
+
+
+def _profile_collectives(prep: fsdp2.Prepared, job: _Job, ctx: RankContext) -> dict[str, float]:
+    """One more step under torch.profiler; the backend's own spans (gloo's worker-thread
+    spans, or NCCL kernels on the GPU) give how long each collective really ran."""
+    activities = [ProfilerActivity.CPU]
+    if ctx.device.startswith("cuda"):
+        activities.append(ProfilerActivity.CUDA)
+    micro = fsdp2.batches(job.spec, job.plan, device=ctx.device, rank=ctx.rank,
+                          step=2 + job.warmup_steps + job.steps)
+    fsdp2.barrier()
+    with profile(activities=activities) as prof:
+        fsdp2.train_step(prep, micro)
+        _sync_device(ctx.device)
+    busy: dict[str, float] = {}
+    for event in prof.events():
+        name = event.name.lower()
+        if not (name.startswith("gloo:") or name.startswith("nccl")):
+            continue
+        kind = next((k for sub, k in _KINDS if sub in name), None)
+        if kind is not None:
+            busy[kind] = busy.get(kind, 0.0) + event.time_range.elapsed_us() * 1e-6
+    return busy
+
+
+def _memory_step(prep: fsdp2.Prepared, job: _Job, ctx: RankContext,
+                 meter: _Meter) -> tuple[dict[str, int], list[SavedTensor], float]:
+    micro = fsdp2.batches(job.spec, job.plan, device=ctx.device, rank=ctx.rank, step=1)
+    peaks = {"peak_forward_bytes": 0, "peak_backward_bytes": 0, "after_forward_bytes": 0}
+    reserved = 0
+    saved: list[SavedTensor] = []
+    loss = 0.0
+
+    def forward_done() -> None:
+        peaks["peak_forward_bytes"] = max(peaks["peak_forward_bytes"], meter.peak())
+        peaks["after_forward_bytes"] = meter.live()
+        meter.reset()
+
+    block_names = [n for n in prep.units if n != "root"]
+    for i, (tokens, labels) in enumerate(micro):
+        last = i == len(micro) - 1
+        meter.reset()
+        if i == 0:
+            with record_saved_tensors(prep.inner, block_names) as records:
+                loss = fsdp2.forward_backward(prep, tokens, labels, last=last,
+                                              after_forward=forward_done)
+            saved = list(records)
+        else:
+            loss = fsdp2.forward_backward(prep, tokens, labels, last=last,
+                                          after_forward=forward_done)
+        peaks["peak_backward_bytes"] = max(peaks["peak_backward_bytes"], meter.peak())
+        reserved = max(reserved, meter.reserved())
+    meter.reset()
+    fsdp2.optimizer_step(prep)
+    peaks["peak_optimizer_bytes"] = meter.peak()
+    reserved = max(reserved, meter.reserved())
+    peaks["peak_bytes"] = max(peaks["peak_forward_bytes"], peaks["peak_backward_bytes"],
+                              peaks["peak_optimizer_bytes"])
+    peaks["reserved_bytes"] = max(reserved, peaks["peak_bytes"])
+    return peaks, saved, loss
+
+
+class _NoTracking:
+    """Stands in for LiveMemory on CUDA, where the allocator keeps the counts."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *args: Any) -> None:
+        return None
+
+
+def _sync_device(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
