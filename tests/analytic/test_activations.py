@@ -27,10 +27,18 @@ def per_token(recompute: str, **changes: object) -> float:
 
 def test_no_recompute_flash_by_hand() -> None:
     d, kv, f, h = 4096, 1024, 14336, 32
-    # bf16: norm inputs (2), the q/k/v input, q, sdpa out, wo input, w1 input: 7 x 2d;
+    # bf16: norm inputs (2), the q/k/v input, q, sdpa out (also wo's input: the flash
+    # output is laid out (b, s, h, d), so the transpose back is free), w1 input: 6 x 2d;
     # k and v at kv width (enable_gqa): 2 x 2kv; w1 out, silu out, w3 out, w2 input: 4 x 2f;
     # fp32: two RMSNorm rstd (2 x 4) and the flash log-sum-exp per head (4h).
-    assert per_token("none") == 14 * d + 4 * kv + 8 * f + 8 + 4 * h
+    assert per_token("none") == 12 * d + 4 * kv + 8 * f + 8 + 4 * h
+
+
+def test_composite_norm_saves_fp32_copies() -> None:
+    # CPU's RMSNorm decomposition saves x.float() instead of x and the fp32 normalised x:
+    # per norm 4d + 4d instead of 2d, two norms per block.
+    d = 4096
+    assert per_token("none", norm_kernel="composite") - per_token("none") == 2 * (8 * d - 2 * d)
 
 
 def test_repeat_kv_saves_k_and_v_at_full_width() -> None:
@@ -54,11 +62,12 @@ def test_math_attention_saves_the_score_matrix() -> None:
     model = dataclasses.replace(LLAMA3_8B, attention_kernel="math")
     flash = block_activation_bytes(LLAMA3_8B, micro_batch=b, seq_len=s, recompute="none")
     math_ = block_activation_bytes(model, micro_batch=b, seq_len=s, recompute="none")
-    # math: q, k expanded to every head (2d, 2d), softmax b*h*s^2 in bf16, v expanded (2d)
-    # flash: q (2d), k and v at kv width (2 x 2kv), out (2d), lse (4h) per token
+    # math: q, k expanded to every head (2d, 2d), softmax b*h*s^2 in bf16, v expanded (2d),
+    # and a (b, h, s, d) output that .contiguous() copies for wo (2d);
+    # flash: q (2d), k and v at kv width (2 x 2kv), out (2d, shared with wo), lse (4h)
     d, kv = 4096, 1024
-    assert math_ - flash == b * s * (2 * d + 2 * d + 2 * d - 2 * d - 4 * kv - 2 * d - 4 * h) \
-        + 2 * b * h * s * s
+    assert math_ - flash == b * s * (2 * d + 2 * d + 2 * d + 2 * d - 2 * d - 4 * kv - 2 * d
+                                     - 4 * h) + 2 * b * h * s * s
 
 
 def test_recompute_bytes_are_what_the_policy_dropped() -> None:
@@ -76,8 +85,9 @@ def test_loss_and_root_by_hand(upcast: bool) -> None:
     b, s, d, v = 1, 1024, 4096, 128256
     logit = 4 if upcast else 2
     saved = sum(t.bytes for t in root_saved_tensors(model, micro_batch=b, seq_len=s))
-    # token ids and labels int64, final-norm input and rstd, output input, log-softmax
-    assert saved == b * s * (8 + 8 + 2 * d + 4 + 2 * d + v * logit)
+    # token ids and labels int64, final-norm input and rstd, output input, log-softmax,
+    # and once per step the RoPE cos and sin tables (s x head_dim 128 each, bf16)
+    assert saved == b * s * (8 + 8 + 2 * d + 4 + 2 * d + v * logit) + 2 * s * 128 * 2
     # backward of the loss: grad of the log-softmax and of its input, both in logit dtype;
     # forward: bf16 logits plus their fp32 copy when upcast
     forward = b * s * v * (2 + (4 if upcast else 0))

@@ -48,13 +48,16 @@ def _block_all(model: ModelSpec, b: int, s: int, a: int) -> list[SavedTensor]:
     out: list[SavedTensor] = []
 
     def norm(prefix: str) -> None:
-        out.append(SavedTensor(name=f"{prefix}.input", bytes=bs * d * a))
+        if model.norm_kernel == "composite":
+            # torch.nn.RMSNorm's decomposition upcasts: it saves x.float() (not the bf16
+            # input), rsqrt(mean(x^2)) and the fp32 normalised x for the weight multiply.
+            out.append(SavedTensor(name=f"{prefix}.input_fp32", bytes=bs * d * FP32_BYTES))
+        else:
+            out.append(SavedTensor(name=f"{prefix}.input", bytes=bs * d * a))
         if model.norm == "layernorm":
             out.append(SavedTensor(name=f"{prefix}.mean", bytes=bs * FP32_BYTES))
         out.append(SavedTensor(name=f"{prefix}.rstd", bytes=bs * FP32_BYTES))
         if model.norm_kernel == "composite":
-            # torch.nn.RMSNorm's decomposition upcasts: x.float() * rsqrt(...) is kept in
-            # fp32 for the multiply by the weight.
             out.append(SavedTensor(name=f"{prefix}.normalized_fp32", bytes=bs * d * FP32_BYTES))
 
     norm("attention_norm")
@@ -67,6 +70,8 @@ def _block_all(model: ModelSpec, b: int, s: int, a: int) -> list[SavedTensor]:
             SavedTensor(name="attention.sdpa.out", bytes=bs * d * a),
             SavedTensor(name="attention.sdpa.logsumexp", bytes=b * h * s * FP32_BYTES),
         ]
+        # The flash kernel lays its output out as (b, s, h, d): the transpose back and
+        # .contiguous() before wo are free, so wo's saved input is sdpa.out's storage.
     else:
         # Math kernel: q and k (scaled copies) for q @ k^T, the s x s softmax output,
         # and v for softmax @ v; GQA is done by expanding k and v to every head.
@@ -75,8 +80,9 @@ def _block_all(model: ModelSpec, b: int, s: int, a: int) -> list[SavedTensor]:
             SavedTensor(name="attention.sdpa.k_scaled", bytes=bs * d * a),
             SavedTensor(name="attention.sdpa.softmax", bytes=b * h * s * s * a),
             SavedTensor(name="attention.sdpa.v", bytes=bs * d * a),
+            # (b, h, s, d) output: .contiguous() copies it before wo.
+            SavedTensor(name="attention.wo.input", bytes=bs * d * a),
         ]
-    out.append(SavedTensor(name="attention.wo.input", bytes=bs * d * a))
     norm("ffn_norm")
     out.append(SavedTensor(name="feed_forward.w1.input", bytes=bs * d * a))
     out.append(SavedTensor(name="feed_forward.w1.output", bytes=bs * f * a))
@@ -158,16 +164,23 @@ def block_backward_working_bytes(model: ModelSpec, *, micro_batch: int, seq_len:
 
 def root_saved_tensors(model: ModelSpec, *, micro_batch: int, seq_len: int,
                        act_bytes: int = 2) -> list[SavedTensor]:
-    """Tensors saved outside the blocks: token ids, final norm, output projection input,
-    and the log-softmax of the loss (fp32 when logits are upcast)."""
+    """Tensors saved outside the blocks: token ids, the RoPE tables, final norm, output
+    projection input, and the log-softmax of the loss (fp32 when logits are upcast)."""
     b, s, d, a = micro_batch, seq_len, model.d_model, act_bytes
     bs = b * s
     logit_bytes = FP32_BYTES if model.logits_upcast else a
-    out = [SavedTensor(name="tok_embeddings.indices", bytes=bs * INDEX_BYTES),
-           SavedTensor(name="norm.input", bytes=bs * d * a),
-           SavedTensor(name="norm.rstd", bytes=bs * FP32_BYTES)]
+    out = [SavedTensor(name="tok_embeddings.indices", bytes=bs * INDEX_BYTES)]
+    if not model.learned_pos_emb:
+        # RoPE cos and sin tables (s x head_dim each, compute dtype): built once per step
+        # and saved by every block's rotation, one storage.
+        out.append(SavedTensor(name="rope.cos_sin", bytes=2 * s * model.head_dim * a))
     if model.norm_kernel == "composite":
-        out.append(SavedTensor(name="norm.normalized_fp32", bytes=bs * d * FP32_BYTES))
+        out += [SavedTensor(name="norm.input_fp32", bytes=bs * d * FP32_BYTES),
+                SavedTensor(name="norm.rstd", bytes=bs * FP32_BYTES),
+                SavedTensor(name="norm.normalized_fp32", bytes=bs * d * FP32_BYTES)]
+    else:
+        out += [SavedTensor(name="norm.input", bytes=bs * d * a),
+                SavedTensor(name="norm.rstd", bytes=bs * FP32_BYTES)]
     out += [SavedTensor(name="output.input", bytes=bs * d * a),
             SavedTensor(name="loss.log_softmax", bytes=bs * model.vocab_size * logit_bytes),
             SavedTensor(name="loss.labels", bytes=bs * INDEX_BYTES)]
