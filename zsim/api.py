@@ -10,6 +10,7 @@ from typing import Any
 
 from zsim import planner
 from zsim.atomic import write_files
+from zsim.errors import ConfigError
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan, precision_knobs
 from zsim.spec.presets import ALIASES, PRESETS
@@ -140,3 +141,68 @@ def sweep(scenario: Path, out: Path | None = None, *,
     written = [] if out is None else write_files(out, report_files(loaded, pairs))
     return {"scenario": loaded.name, "rows": frame.to_dict(orient="records"),
             "csv": csv_text(frame), "written": [str(p) for p in written]}
+
+
+CPU_VALIDATION_D_MODEL = 256
+"""Hidden size presets are scaled to for validation on CPU (layers, and so the plan's
+units, are kept)."""
+CPU_VALIDATION_MAX_PARAMS = 50_000_000
+"""Models larger than this are scaled down before running on CPU."""
+
+
+def calibrate(*, backend: str, nproc: int, out: Path) -> Path:
+    """Benchmark this machine's collectives and kernels on `nproc` ranks and write a
+    hardware profile YAML (with provenance) to `out`.
+
+    Raises:
+        ConfigError: unknown backend or non-positive nproc.
+    """
+    if backend not in ("gloo", "nccl"):
+        raise ConfigError("backend", backend, "must be gloo or nccl")
+    if nproc < 1:
+        raise ConfigError("nproc", nproc, "must be a positive integer")
+    from zsim.calibrate import calibrate as run
+
+    return run(backend, nproc, Path(out))
+
+
+def validate(*, model: str, nproc: int, strategy: str, shard_group: int | None = None,
+             profile: str = "local-cpu", seq: int | None = None, micro_batch: int = 1,
+             grad_accum: int = 1, ac: str = "none", precision: str = "bf16",
+             offload: str = "none") -> dict[str, Any]:
+    """Run one plan for real on `nproc` processes and in the simulator with a calibrated
+    profile; compare. On a machine without CUDA, models above CPU_VALIDATION_MAX_PARAMS
+    are scaled to d_model CPU_VALIDATION_D_MODEL (same layers and units) and the default
+    sequence is 256 tokens.
+
+    Returns:
+        {"model", "profile", "plan", "rows": [{metric, predicted, measured, error_pct,
+        bound_pct}]}; the rows are also written as a CSV under reports/validation/.
+
+    Raises:
+        ConfigError: invalid names, sizes or combinations.
+        RankFailed: the real run crashed or hung (the message carries the rank's error).
+    """
+    import torch
+
+    from zsim.calibrate import validate as run
+    from zsim.calibrate.model import scale_model
+    from zsim.calibrate.validate import BOUNDS_PCT
+
+    spec = resolve_model(model)
+    hw = resolve_hardware(profile)
+    if not torch.cuda.is_available() and spec.num_params > CPU_VALIDATION_MAX_PARAMS:
+        ratio = spec.num_heads // spec.num_kv_heads
+        spec = scale_model(spec, d_model=max(CPU_VALIDATION_D_MODEL, 64 * ratio),
+                           vocab_size=2048, max_seq_len=max(256, seq or 0))
+        seq = seq or 256
+    if strategy == "hsdp" and shard_group is None:
+        shard_group = max(1, nproc // 2)
+    plan = build_plan(spec, gpus=nproc, strategy=strategy, shard_group=shard_group, seq=seq,
+                      micro_batch=micro_batch, grad_accum=grad_accum, ac=ac,
+                      precision=precision, offload=offload)
+    rows = run(spec, plan, nproc=nproc, profile=hw)
+    return {"model": spec.name, "profile": hw.name, "plan": plan.label,
+            "rows": [{"metric": r["metric"], "predicted": r["predicted"],
+                      "measured": r["measured"], "error_pct": r["error_pct"],
+                      "bound_pct": BOUNDS_PCT.get(r["metric"])} for r in rows]}

@@ -200,3 +200,42 @@ def sweep(
         typer.echo(text_table(r["rows"], SWEEP_COLUMNS))
     for path in r["written"]:
         typer.echo(f"wrote {path}", err=True)
+
+
+@app.command()
+def calibrate(
+    out: Annotated[Path, typer.Option(help="Where to write the fitted hardware profile YAML.")],
+    backend: Annotated[str, typer.Option(help="gloo (CPU) or nccl (CUDA GPUs).")] = "gloo",
+    nproc: Annotated[int, typer.Option(help="Processes (ranks) to benchmark.")] = 2,
+) -> None:
+    """Fit a hardware profile from collective and kernel micro-benchmarks on this machine."""
+    path = _run(lambda: api.calibrate(backend=backend, nproc=nproc, out=out))
+    typer.echo(f"wrote {path}")
+
+
+@app.command()
+def validate(
+    model: Annotated[str, typer.Option(help="Preset name or a config.json path.")],
+    nproc: Annotated[int, typer.Option(help="Processes to run the plan on.")],
+    strategy: Annotated[Strategy, typer.Option(help="Data-parallel strategy.")],
+    shard_group: Annotated[int | None, typer.Option(help="HSDP shard group size.")] = None,
+    seq: SeqOpt = None,
+    micro_batch: MicroBatchOpt = 1,
+    grad_accum: Annotated[int, typer.Option(help="Micro-batches per optimizer step.")] = 1,
+    ac: Annotated[Recompute, typer.Option(help="Activation checkpointing.")] = Recompute.none,
+    precision: Annotated[Precision, typer.Option(help="Mixed bf16 or fp32.")] = Precision.bf16,
+    offload: Annotated[Offload, typer.Option(help="Offload to host memory.")] = Offload.none,
+    profile: Annotated[str, typer.Option(help="Calibrated hardware profile.")] = "local-cpu",
+    format: Annotated[SimFormat, typer.Option(help="Output format.")] = SimFormat.table,
+) -> None:
+    """Run a plan for real (torch.distributed) and in the simulator; print the error."""
+    r = _run(lambda: api.validate(
+        model=model, nproc=nproc, strategy=strategy.value, shard_group=shard_group,
+        profile=profile, seq=seq, micro_batch=micro_batch, grad_accum=grad_accum,
+        ac=ac.value, precision=precision.value, offload=offload.value))
+    if format is SimFormat.json:
+        typer.echo(json_text(r))
+        return
+    typer.echo(f"{r['model']} {r['plan']} on {nproc} processes, profile {r['profile']}")
+    typer.echo(text_table(r["rows"], ("metric", "predicted", "measured", "error_pct",
+                                      "bound_pct")))
