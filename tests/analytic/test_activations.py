@@ -14,6 +14,7 @@ from zsim.analytic.activations import (
     loss_working_bytes,
     root_saved_tensors,
 )
+from zsim.spec.model import ModelSpec
 from zsim.spec.presets import PRESETS
 
 LLAMA3_8B = PRESETS["llama3-8b"]  # d 4096, 32 heads, 8 kv heads (kv width 1024), f 14336
@@ -93,3 +94,60 @@ def test_loss_and_root_by_hand(upcast: bool) -> None:
     forward = b * s * v * (2 + (4 if upcast else 0))
     assert loss_working_bytes(model, micro_batch=b, seq_len=s) == max(
         forward, 2 * b * s * v * logit)
+
+
+# ---------------------------------------------------------------------- autocast (DDP)
+CPU_GQA = ModelSpec(
+    name="cpu-gqa", num_layers=2, d_model=256, num_heads=4, num_kv_heads=2, ffn_hidden=688,
+    vocab_size=2048, max_seq_len=256, norm_kernel="composite")
+"""The backend's CPU validation shape: d 256, 4 heads x 64, 2 kv heads (kv width 128),
+SwiGLU 688, composite RMSNorm (what torch.nn.RMSNorm runs on CPU)."""
+
+
+def test_autocast_block_by_hand() -> None:
+    b, s, d, kv, f, h = 2, 96, 256, 128, 688, 4
+    bs = b * s
+    kw = {"micro_batch": b, "seq_len": s, "recompute": "none"}
+    # Under autocast (fp32 params, bf16 matmuls), tensor by tensor:
+    norms = 2 * (bs * d * 4 + bs * 4 + bs * d * 4)      # fp32 input, rstd, fp32 normalised
+    weight_casts = 2 * (d * d + d * kv + d * kv + d * d + 3 * d * f)  # wq wk wv wo w1 w3 w2
+    input_casts = 5 * bs * d * 2                         # wq, wk, wv, w1, w3: one cast each
+    sdpa = bs * d * 2 + 2 * bs * kv * 2 + bs * d * 2 + b * h * s * 4  # q, k, v, out, lse
+    mlp = 4 * bs * f * 2                                 # w1 out, silu out, w3 out, w2 input
+    by_hand = norms + weight_casts + input_casts + sdpa + mlp
+    assert by_hand == 4_084_224
+    assert block_activation_bytes(CPU_GQA, autocast=True, **kw) == by_hand
+    # Measured on CPU (zsim.calibrate.measure.record_saved_tensors, torch 2.13, bf16
+    # autocast, the block after the first, whose input is not the embedding's output):
+    # 4,084,224 bytes. FSDP2's bf16 program saves one shared q/k/v input and one w1/w3
+    # input and no weight casts: 2,339,328 bytes, unchanged by the autocast knob.
+    fsdp2 = block_activation_bytes(CPU_GQA, **kw)
+    assert fsdp2 == 2_339_328
+    assert by_hand - fsdp2 == weight_casts + (3 - 1) * bs * d * 2 + (2 - 1) * bs * d * 2
+
+
+def test_autocast_recomputation_by_hand() -> None:
+    b, s, d, kv, f, h = 2, 96, 256, 128, 688, 4
+    bs = b * s
+    kw = {"micro_batch": b, "seq_len": s, "autocast": True}
+    # full: the fp32 residual-stream input of the block only (measured: 196,608 bytes)
+    assert block_activation_bytes(CPU_GQA, recompute="full", **kw) == bs * d * 4 == 196_608
+    # selective: fp32 block input, bf16 outputs of wq, wv, w1, w2 (every second matmul),
+    # sdpa output and lse; weight casts are recomputed (measured: 807,936 bytes)
+    selective = bs * d * 4 + bs * (d + kv + f + d) * 2 + bs * d * 2 + b * h * s * 4
+    assert block_activation_bytes(CPU_GQA, recompute="selective", **kw) == selective == 807_936
+
+
+def test_autocast_root_by_hand() -> None:
+    b, s, d, v = 2, 96, 256, 2048
+    bs = b * s
+    saved = sum(t.bytes for t in root_saved_tensors(CPU_GQA, micro_batch=b, seq_len=s,
+                                                     autocast=True))
+    # ids and labels (int64); the RoPE slices keep the model's fp32 cos and sin buffers
+    # (max_seq_len 256 x head_dim 64 each); composite final norm (fp32 input, rstd, fp32
+    # normalised); the output's bf16 weight and input casts; fp32 log-softmax.
+    assert saved == (2 * bs * 8 + 2 * 256 * 64 * 4 + bs * d * 4 + bs * 4 + bs * d * 4
+                     + v * d * 2 + bs * d * 2 + bs * v * 4)
+    # Measured on CPU: 3,116,804 bytes under the root plus the two 65,536-byte tables
+    # (recorded under the first block) plus a 4-byte nll_loss scalar not modelled.
+    assert saved == 3_116_804 + 2 * 65_536 - 4

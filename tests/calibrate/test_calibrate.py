@@ -18,7 +18,8 @@ pytestmark = pytest.mark.slow
 
 QUICK = BenchConfig(sizes_bytes=(4096, 65536, 1 << 20, 4 << 20), iters_small=3, iters_large=2,
                     matmul_shapes=((256, 256, 256), (512, 256, 512)), copy_bytes=8 << 20,
-                    adam_params=1 << 18)
+                    adam_params=1 << 18, attention_shape=(1, 2, 128, 64),
+                    elementwise_numels=(1 << 16,), tiny_ops=50)
 
 
 def test_calibrate_writes_a_loadable_profile_with_provenance(tmp_path: Path) -> None:
@@ -32,6 +33,12 @@ def test_calibrate_writes_a_loadable_profile_with_provenance(tmp_path: Path) -> 
     text = out.read_text()
     assert f"torch {torch.__version__}" in text
     assert "--backend gloo --nproc 2" in text
+    # The compute model's memory-bound and per-kernel terms are measured, not defaulted:
+    # a bf16 elementwise mix below the copy rate, and a per-kernel cost of a CPU dispatch
+    # (microseconds: more than 100 ns, far less than a millisecond).
+    assert 0 < hw.memory_bound_efficiency <= 1
+    assert 1e-7 < hw.kernel_overhead_s < 1e-3
+    assert "kernel_overhead" in text and "log_softmax" in text
 
 
 def test_calibrate_rejects_bad_arguments(tmp_path: Path) -> None:

@@ -105,7 +105,12 @@ def test_zero3_at_large_dp_across_slow_links_becomes_exposed(h100: HardwareProfi
 
     one_node, large = exposed_fraction("fsdp", 8), exposed_fraction("fsdp", 1024)
     assert one_node < 0.02
-    assert large > 0.5
+    # At 1024 GPUs a unit's 650 MB all-gather takes ~14 ms on the slow ring (1/8 of the bus
+    # bytes on each 11.75 GB/s NIC, plus 127 x 30 us + 895 x 3.4 us of latency); a unit
+    # moves three such collectives per step against ~35 ms of compute per block, and in
+    # backward the re-gather and the reduce-scatter share the NIC: a third or more of
+    # the step waits on communication.
+    assert large > 0.3
     # HSDP keeps the per-layer all-gathers inside the node and is the better choice there;
     # its gradient all-reduce across 128 replicas still crosses the slow fabric once per
     # step (2 x 13e9 x 2 B / 8 / 12.5 GB/s ~ 0.5 s), so some exposure remains.
@@ -118,10 +123,18 @@ def test_optimizer_offload_frees_hbm_and_waits_on_the_host(h100: HardwareProfile
     kw = dict(gpus=8, seq_len=4096, recompute="full")
     gpu = simulate(model, h100, Plan.for_strategy("fsdp", **kw))
     off = simulate(model, h100, Plan.for_strategy("fsdp", offload="optimizer", **kw))
-    # fp32 master (4 B) + AdamW moments (8 B) per parameter, sharded over 8 GPUs.
-    moved = model.num_params * 12 / 8
+    # At rest FSDP2 holds the fp32 sharded params (the master, 4 B) + AdamW moments (8 B);
+    # ZeRO-Offload moves both to the host and keeps a bf16 shard (2 B) on the GPU:
+    # 12 - 2 = 10 B per parameter, sharded over 8 GPUs.
+    n, psi = 8, model.num_params
+    moved = psi * 10 / n
     assert gpu.baseline_memory_bytes - off.baseline_memory_bytes == pytest.approx(moved, rel=1e-6)
-    assert gpu.peak_memory_bytes - off.peak_memory_bytes == pytest.approx(moved, rel=1e-6)
+    # The GPU run peaks in its optimizer step: fp32 shard (4) + moments (8) + fp32 gradient
+    # shards (4) + foreach AdamW's exp_avg_sq_sqrt temporary (4) = 20 B/param/N; the
+    # offloaded run never holds those on the GPU.
+    assert gpu.peak_op == "optimizer step"
+    assert gpu.peak_memory_bytes == pytest.approx(psi * 20 / n, rel=1e-6)
+    assert gpu.peak_memory_bytes - off.peak_memory_bytes > moved
     # The CPU AdamW step on 1/8 of the parameters at 7.7e8/8 params/s per GPU is on the
     # critical path: the GPU idles for it.
     host_s = model.num_params / 8 / (7.7e8 / 8)

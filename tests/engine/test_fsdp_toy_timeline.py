@@ -19,17 +19,30 @@ def test_fsdp_step_without_prefetch_is_the_sum_of_its_ops(tiny_model: ModelSpec)
     tokens = 256
     matmul_params = 4 * 256 * 256 + 3 * 256 * 512          # wq wk wv wo, w1 w3 w2
     attention = 2 * 1 * 256 * 256 * 256                    # QK^T + AV, half masked
-    fwd = (2 * tokens * matmul_params + attention) / 1e12  # 369.098752 us
+    # Memory-bound kernels of a block at 1 TB/s (bf16, per token, elements read+written):
+    # 2 norms 2d each, RoPE of q and k 10d each, attention-output copy 2d, 2 residual
+    # adds 3d each, SiLU 2f, gate product 3f = 32d + 5f (kv = d here).
+    block_bytes = tokens * (32 * 256 + 5 * 512) * 2
+    fwd = (2 * tokens * matmul_params + attention) / 1e12 + block_bytes / 1e12
     bwd = 2 * fwd                                          # backward = 2 x forward
-    head = 2 * tokens * 256 * 1000 / 1e12                  # output projection
+    # Root: embedding gather and final norm (2d bf16 each), logits.float() (2 + 4 B per
+    # logit), fp32 log_softmax (4 + 4), nll_loss (4 B per token read, 4 B written).
+    root_bytes = tokens * 256 * 2 * 2 * 2 + tokens * 1000 * (6 + 8) + tokens * 4 + 4
+    head = 2 * tokens * 256 * 1000 / 1e12 + root_bytes / 1e12  # output projection + loss
     block_params = matmul_params + 2 * 256                 # + 2 RMSNorm weights
     root_params = 2 * 1000 * 256 + 256                     # embedding, output, final norm
     # Ring over 2 ranks: each moves half the bf16 tensor at 100 GB/s.
     ag_block = block_params * 2 / 2 / 100e9
     ag_root = root_params * 2 / 2 / 100e9
-    # AdamW on the local half: read+write fp32 master (8) and two fp32 moments (16),
-    # read the bf16 grad (2), write the bf16 param (2) = 28 B/param at 1 TB/s.
-    opt = (2 * block_params + root_params) / 2 * 28 / 1e12
+    # Foreach AdamW on the local half (torch.optim.adam._multi_tensor_adam): fp32 master
+    # read+written by weight decay and addcdiv (16), fp32 m, v and denom accessed 14 times
+    # (56), the bf16 grad read by lerp and addcmul (4), then the bf16 param copy written
+    # from the master (4 + 2) = 82 B/param at 1 TB/s.
+    opt = (2 * block_params + root_params) / 2 * 82 / 1e12
+    # Copy-out: split_with_sizes_copy reads the flat bf16 buffer and writes the unsharded
+    # parameters, 2 x 2 B per parameter at 1 TB/s (the toy has no kernel overhead).
+    copy_block = block_params * 2 * 2 / 1e12
+    copy_root = root_params * 2 * 2 / 1e12
 
     t = [0.0]
 
@@ -38,15 +51,21 @@ def test_fsdp_step_without_prefetch_is_the_sum_of_its_ops(tiny_model: ModelSpec)
         return t[0]
 
     expected = [
+        # Each gathered unit is copied out of the flat buffer right before the unit runs,
+        # once its all-gather has ended.
         (0.0, after(ag_root), "all_gather", "root all-gather forward (mb 0)"),
+        (t[0], after(copy_root), "compute", "root copy-out forward (mb 0)"),
         (t[0], t[0], "compute", "embedding forward (mb 0)"),
         (t[0], after(ag_block), "all_gather", "unit 0 all-gather forward (mb 0)"),
+        (t[0], after(copy_block), "compute", "unit 0 copy-out forward (mb 0)"),
         (t[0], after(fwd), "compute", "unit 0 forward (mb 0)"),
         (t[0], after(ag_block), "all_gather", "unit 1 all-gather forward (mb 0)"),
+        (t[0], after(copy_block), "compute", "unit 1 copy-out forward (mb 0)"),
         (t[0], after(fwd), "compute", "unit 1 forward (mb 0)"),
         (t[0], after(head), "compute", "output+loss forward (mb 0)"),
         (t[0], after(2 * head), "compute", "output+loss backward (mb 0)"),
         (t[0], after(ag_block), "all_gather", "unit 1 all-gather backward (mb 0)"),
+        (t[0], after(copy_block), "compute", "unit 1 copy-out backward (mb 0)"),
         (t[0], after(bwd), "compute", "unit 1 backward (mb 0)"),
     ]
     # Unit 1's reduce-scatter and unit 0's re-gather start together and share NVLink:
@@ -56,6 +75,7 @@ def test_fsdp_step_without_prefetch_is_the_sum_of_its_ops(tiny_model: ModelSpec)
     expected += [
         (t_shared, t[0], "all_gather", "unit 0 all-gather backward (mb 0)"),
         (t_shared, t[0], "reduce_scatter", "unit 1 reduce-scatter"),
+        (t[0], after(copy_block), "compute", "unit 0 copy-out backward (mb 0)"),
         (t[0], after(bwd), "compute", "unit 0 backward (mb 0)"),
         (t[0], t[0], "compute", "embedding backward (mb 0)"),
         (t[0], after(ag_block), "reduce_scatter", "unit 0 reduce-scatter"),

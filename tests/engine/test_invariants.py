@@ -1,6 +1,13 @@
 """Invariants of every simulated step (STYLE.md section 6), over random plans on the toy
 cluster and the tiny model: time bounds, exposed-communication bounds, memory back to the
-baseline, peak above the closed-form model state, and determinism."""
+baseline, peak above the closed-form model state, and determinism.
+
+On the closed-form bound: the ledger models the programs the backend runs, and FSDP2's
+state at rest (fp32 sharded params + AdamW moments, 12 B/param/N) is below the ZeRO
+paper's 16 B/param/N, so between steps the ledger sits under the closed form. The bound
+holds for the peak: at the optimizer step the fp32 gradient shards (4 B/param/N) are live
+too, which makes exactly the closed form's 16/N (test below), and forward/backward hold
+gathered units and activations on top of the 12/N."""
 
 from __future__ import annotations
 
@@ -37,6 +44,13 @@ plans = st.builds(
     offload=st.sampled_from(["none", "none", "optimizer", "params"]))
 
 
+def _closed_form_plan(plan: Plan) -> Plan:
+    """The plan whose closed form bounds the simulated program: zero2 runs FSDP2's
+    fully_shard(reshard_after_forward=False), bounded by fsdp-no-reshard's 16/N, not by
+    DeepSpeed ZeRO-2's 2 + 14/N, which keeps the bf16 parameters replicated at rest."""
+    return plan.with_(strategy="fsdp-no-reshard") if plan.strategy == "zero2" else plan
+
+
 def check_invariants(r: Result, model: ModelSpec, plan: Plan) -> None:
     eps = 1e-9 * r.step_time_s
     comm = r.comm_busy_total_s
@@ -47,12 +61,15 @@ def check_invariants(r: Result, model: ModelSpec, plan: Plan) -> None:
     assert 0 <= r.exposed_host_s <= r.host_busy_s + eps
     assert r.exposed_comm_s == pytest.approx(sum(r.exposed_by_reason_s.values()), abs=eps)
     assert r.end_memory_bytes == r.baseline_memory_bytes
-    assert r.peak_memory_bytes >= estimate_memory(model, plan).steady_state_bytes
+    assert r.peak_memory_bytes >= estimate_memory(model, _closed_form_plan(plan)).steady_state_bytes
     assert r.reserved_memory_bytes >= r.peak_memory_bytes
     assert sum(r.memory_at_peak.values()) == r.peak_memory_bytes
     assert sum(r.phase_time_s.values()) == pytest.approx(r.compute_time_s, rel=1e-12)
     assert max(r.phase_peak_bytes.values()) <= r.peak_memory_bytes
-    assert r.phase_peak_bytes.get("optimizer", 0) <= r.phase_peak_bytes["backward"]
+    # Not an invariant: the optimizer phase staying below the backward peak. Foreach
+    # AdamW's exp_avg_sq_sqrt temporary (4 B/param/N) on top of the state and the gradient
+    # shards makes the optimizer step the peak when activations are small (measured on the
+    # CPU backend: llama3-8b@d256, fsdp with full recomputation, world 2).
 
 
 @given(plan=plans, latency_us=st.sampled_from([0.0, 20.0]),
@@ -76,3 +93,24 @@ def test_invariants_on_13b_128(strategy: str, shard_group: int | None,
     check_invariants(r, model, plan)
     again = simulate(model, hw, plan)
     assert again.to_dict(curve=True) == r.to_dict(curve=True)
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "fsdp-no-reshard", "zero2"])
+def test_fsdp_ledger_at_the_optimizer_step_is_the_closed_form(strategy: str) -> None:
+    model = ModelSpec(name="tiny8", num_layers=4, d_model=256, num_heads=4,
+                           num_kv_heads=4, ffn_hidden=512, vocab_size=1024, max_seq_len=512)
+    n = 8
+    plan = Plan.for_strategy(strategy, gpus=n, seq_len=128)
+    r = simulate(model, make_toy_hw(gpus_per_node=n), plan, trace=True)
+    psi = model.num_params
+    assert psi % n == 0 and model.params_per_block % n == 0 and model.root_params % n == 0
+    closed = estimate_memory(model, _closed_form_plan(plan)).steady_state_bytes
+    # at rest: fp32 shard (4) + moments (8), below the closed form's 16/N
+    assert r.baseline_memory_bytes == psi * 12 / n < closed
+    # when the optimizer step starts: + the fp32 gradient shards (4/N) = the closed form's
+    # 16/N; during it foreach AdamW adds its exp_avg_sq_sqrt temporary (4/N)
+    (opt,) = [sp for sp in r.spans if sp.name == "optimizer step"]
+    levels = [b for t, b in r.memory_curve if t == opt.start_s]
+    assert psi * 16 / n == closed in levels
+    assert r.phase_peak_bytes["optimizer"] == psi * 20 / n
+    check_invariants(r, model, plan)

@@ -29,7 +29,9 @@ def test_step_time_bars_split_compute_and_exposed_comm(
     assert [w for _, w in bars["compute"]] == [r.compute_time_s for r in results]
     # Exposed communication starts where compute ends; together they make the step.
     for (left, width), r in zip(bars["exposed communication"], results, strict=True):
-        assert left == r.compute_time_s and width == r.exposed_comm_s
+        # matplotlib stores a bar as x0 and x1 = x0 + width; get_width() is x1 - x0.
+        assert left == r.compute_time_s
+        assert width == pytest.approx(r.exposed_comm_s, rel=1e-12)
         assert left + width == pytest.approx(r.step_time_s, rel=1e-9)
     assert [t.get_text() for t in ax.get_yticklabels()] == ["fsdp", "hsdp", "ddp-huge (OOM)"]
     assert ax.get_xlabel() == "step time (s)"

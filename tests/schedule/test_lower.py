@@ -23,9 +23,14 @@ def _names(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> dict[str, list[
 def test_fsdp_op_order_per_stream(tiny_model: ModelSpec, h100: HardwareProfile) -> None:
     plan = Plan.for_strategy("fsdp", gpus=8, seq_len=128)
     assert _names(tiny_model, h100, plan) == {
-        "compute": ["embedding forward (mb 0)", "unit 0 forward (mb 0)", "unit 1 forward (mb 0)",
+        # FSDP2 copies a gathered unit out of the flat buffer in the unit's own pre-forward
+        # / pre-backward hook, on the compute stream, right before the unit runs.
+        "compute": ["root copy-out forward (mb 0)", "embedding forward (mb 0)",
+                    "unit 0 copy-out forward (mb 0)", "unit 0 forward (mb 0)",
+                    "unit 1 copy-out forward (mb 0)", "unit 1 forward (mb 0)",
                     "output+loss forward (mb 0)", "output+loss backward (mb 0)",
-                    "unit 1 backward (mb 0)", "unit 0 backward (mb 0)",
+                    "unit 1 copy-out backward (mb 0)", "unit 1 backward (mb 0)",
+                    "unit 0 copy-out backward (mb 0)", "unit 0 backward (mb 0)",
                     "embedding backward (mb 0)", "optimizer step", "end of step"],
         "all_gather": ["root all-gather forward (mb 0)", "unit 0 all-gather forward (mb 0)",
                        "unit 1 all-gather forward (mb 0)", "unit 1 all-gather backward (mb 0)",
@@ -59,7 +64,11 @@ def test_comm_volume_matches_closed_form(tiny_model: ModelSpec, h100: HardwarePr
     plan = Plan.for_strategy(strategy, gpus=32, shard_group=shard_group, seq_len=128,
                              grad_accum=grad_accum, bucket_bytes=100_000)
     ops = lower(tiny_model, h100, plan).ops
-    expected = dict(step_comm(tiny_model, plan, h100).bus_bytes)
+    # zero2 runs FSDP2's fully_shard(reshard_after_forward=False) (zsim.schedule.lower),
+    # which regathers every micro-batch: its closed form is fsdp-no-reshard's, not
+    # DeepSpeed ZeRO-2's single post-step all-gather.
+    program = plan.with_(strategy="fsdp-no-reshard") if strategy == "zero2" else plan
+    expected = dict(step_comm(tiny_model, program, h100).bus_bytes)
     if plan.reshard_after_forward:
         n = plan.dp_shard
         expected["all_gather"] -= grad_accum * tiny_model.root_params * 2 * (n - 1) / n
@@ -138,3 +147,56 @@ def test_parameter_offload_copies_every_shard_in_and_every_gradient_out(
     # DGX H100 host: 7.7e8 AdamW params/s per node shared by 8 GPUs.
     assert [op.compute_s for op in host] == [pytest.approx(
         tiny_model.num_params / n / (7.7e8 / 8))]
+
+
+# ---------------------------------------------------------------------- memory of the programs
+@pytest.mark.parametrize("strategy,expected_per_param", [
+    # FSDP2 (MixedPrecisionPolicy bf16): the fp32 sharded params are the master copy,
+    # plus the two fp32 AdamW moments: (4 + 8) / N. zero2 runs the same program.
+    ("fsdp", {"master_params": 4 / 8, "optimizer_states": 8 / 8}),
+    ("zero2", {"master_params": 4 / 8, "optimizer_states": 8 / 8}),
+    # DDP under autocast: fp32 params, fp32 reducer buckets (alive from construction),
+    # fp32 moments; zero1 (ZeroRedundancyOptimizer) shards only the moments.
+    ("ddp", {"master_params": 4, "grads": 4, "optimizer_states": 8}),
+    ("zero1", {"master_params": 4, "grads": 4, "optimizer_states": 8 / 8}),
+])
+def test_state_at_rest_of_the_programs(tiny_model: ModelSpec, h100: HardwareProfile,
+                                       strategy: str, expected_per_param: dict) -> None:
+    gpus = 1 if strategy == "ddp" else 8
+    plan = Plan.for_strategy(strategy, gpus=gpus, seq_len=128)
+    psi = tiny_model.num_params
+    assert psi % 8 == 0  # shards cover the parameters exactly
+    got = {b.category: b.bytes for b in lower(tiny_model, h100, plan).baseline}
+    assert got == {c: psi * v for c, v in expected_per_param.items()}
+
+
+def test_fsdp_grad_shards_are_fp32_and_live_until_the_optimizer(
+        tiny_model: ModelSpec, h100: HardwareProfile) -> None:
+    n = 8
+    plan = Plan.for_strategy("fsdp", gpus=n, seq_len=128)
+    ops = lower(tiny_model, h100, plan).ops
+    rs = [op for op in ops if op.kind == "reduce_scatter"]
+    # foreach_reduce: bf16 reduce-scatter output cast to the fp32 sharded param's dtype.
+    shards = {b.name: b.bytes for op in rs for b in op.allocs if b.category == "grads"}
+    assert sum(shards.values()) == tiny_model.num_params * 4 / n
+    outputs = [b for op in rs for b in op.allocs if b.name.endswith("reduce_scatter_output")]
+    assert [b.bytes for b in outputs] == [sh // 2 for sh in shards.values()]
+    (opt,) = [op for op in ops if op.kind == "optimizer"]
+    # (the optimizer also frees its own foreach temporary)
+    assert set(opt.frees) - {b.name for b in opt.allocs} == set(shards)
+    # One flat reduce-scatter input (bf16) is held until the next unit's reduce-scatter
+    # starts (FSDP2's reduce_scatter_states), the last one until the end of backward.
+    inputs = [next(b.name for b in op.allocs if b.name.endswith("reduce_scatter_input"))
+              for op in rs]
+    for prev, op in zip(inputs, rs[1:], strict=False):
+        assert prev in op.frees_at_start
+    assert inputs[-1] in rs[-1].frees
+
+
+def test_ddp_gradients_are_never_allocated_in_the_step(tiny_model: ModelSpec,
+                                                       h100: HardwareProfile) -> None:
+    # gradient_as_bucket_view: backward writes into the reducer's buckets, which are
+    # part of the state at rest; zero_grad(set_to_none) drops only the views.
+    for strategy in ("ddp", "zero1"):
+        ops = lower(tiny_model, h100, Plan.for_strategy(strategy, gpus=4, seq_len=128)).ops
+        assert not [b for op in ops for b in op.allocs if b.category == "grads"]

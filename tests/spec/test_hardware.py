@@ -32,6 +32,7 @@ TOY: dict[str, Any] = {
                    "efficiency": 1, "source": "made up"},
     "efficiency": {"matmul": 0.5, "attention": 0.25, "memory_bound": 0.75, "pcie": 0.8,
                    "host_adam_params_per_s": 1000000, "comm_compute_slowdown": 0,
+                   "kernel_overhead_us": 2.5,
                    "source": "made up"},
 }
 
@@ -95,6 +96,7 @@ def test_si_conversion(write_yaml: Callable[..., Path]) -> None:
     assert (hw.matmul_efficiency, hw.attention_efficiency, hw.memory_bound_efficiency,
             hw.pcie_efficiency, hw.comm_compute_slowdown) == (0.5, 0.25, 0.75, 0.8, 0.0)
     assert hw.host_adam_params_per_s == 1e6
+    assert hw.kernel_overhead_s == pytest.approx(2.5e-6, rel=1e-12)  # 2.5 us
 
 
 def test_missing_peak_dtype_names_it(write_yaml: Callable[..., Path]) -> None:
@@ -143,6 +145,7 @@ def test_missing_key_names_it(write_yaml: Callable[..., Path], section: str, key
     ("intra_node", "efficiency", 1.5),
     ("intra_node", "latency_us", -1),
     ("efficiency", "comm_compute_slowdown", 1),
+    ("efficiency", "kernel_overhead_us", -1),
     ("efficiency", "matmul", 0),
     ("gpu", "source", ""),
     ("inter_node", "name", 400),

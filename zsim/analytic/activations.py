@@ -13,6 +13,12 @@ References:
 - Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
   Models", Eq. 2: 34*s*b*h + 5*a*s^2*b bytes per GPT layer without flash attention, a
   cross-check (tests), not the model.
+- Autocast (torch.amp, the program DDP and ZeRO-1 run: fp32 parameters, bf16 matmuls):
+  the op lists of torch/amp/autocast_mode.py and aten/src/ATen/autocast_mode.cpp. A
+  matmul casts its fp32 weight to the compute dtype once per forward (autocast's weight
+  cache) and its input on every call; the mm saves both casts. Ops outside the lists
+  (add, mul, RMSNorm's decomposition) follow type promotion, so the residual stream and
+  the norms stay fp32, and SDPA (lower-precision list) casts q, k, v itself.
 - Selective recomputation follows torchtitan's op-level SAC policy
   (torchtitan/distributed/activation_checkpoint.py, `_op_sac_save_list`): outputs of
   matmuls and attention are saved, except every second matmul; everything else is
@@ -40,11 +46,13 @@ class SavedTensor:
     """Size in bytes for the whole micro-batch."""
 
 
-def _block_all(model: ModelSpec, b: int, s: int, a: int) -> list[SavedTensor]:
+def _block_all(model: ModelSpec, b: int, s: int, a: int, autocast: bool) -> list[SavedTensor]:
     """Every tensor a block saves with no recomputation, in forward order."""
     d, kv, f, h = model.d_model, model.kv_dim, model.ffn_hidden, model.num_heads
     bs = b * s
     kv_saved = d if model.gqa_impl == "repeat_kv" else kv
+    # Under autocast the residual stream (and so each norm's input) is fp32.
+    res = FP32_BYTES if autocast else a
     out: list[SavedTensor] = []
 
     def norm(prefix: str) -> None:
@@ -53,15 +61,28 @@ def _block_all(model: ModelSpec, b: int, s: int, a: int) -> list[SavedTensor]:
             # input), rsqrt(mean(x^2)) and the fp32 normalised x for the weight multiply.
             out.append(SavedTensor(name=f"{prefix}.input_fp32", bytes=bs * d * FP32_BYTES))
         else:
-            out.append(SavedTensor(name=f"{prefix}.input", bytes=bs * d * a))
+            out.append(SavedTensor(name=f"{prefix}.input", bytes=bs * d * res))
         if model.norm == "layernorm":
             out.append(SavedTensor(name=f"{prefix}.mean", bytes=bs * FP32_BYTES))
         out.append(SavedTensor(name=f"{prefix}.rstd", bytes=bs * FP32_BYTES))
         if model.norm_kernel == "composite":
             out.append(SavedTensor(name=f"{prefix}.normalized_fp32", bytes=bs * d * FP32_BYTES))
 
+    def matmul_inputs(shared: str, names: tuple[str, ...]) -> None:
+        """The saved input of matmuls reading one tensor: one shared tensor, or under
+        autocast one compute-dtype cast per matmul (each nn.Linear casts on its own)."""
+        if autocast:
+            out.extend(SavedTensor(name=f"{n}.input_cast", bytes=bs * d * a) for n in names)
+        else:
+            out.append(SavedTensor(name=f"{shared}.input", bytes=bs * d * a))
+
+    if autocast:
+        # The compute-dtype copy of every weight, cached for the forward and saved by its
+        # matmul (the fp32 parameter itself is not an activation).
+        out += [SavedTensor(name=f"{n}.weight_cast", bytes=fan_in * fan_out * a)
+                for n, fan_in, fan_out in model.block_matmuls()]
     norm("attention_norm")
-    out.append(SavedTensor(name="attention.wqkv.input", bytes=bs * d * a))
+    matmul_inputs("attention.wqkv", ("attention.wq", "attention.wk", "attention.wv"))
     if model.attention_kernel == "flash":
         out += [
             SavedTensor(name="attention.sdpa.q", bytes=bs * d * a),
@@ -84,7 +105,8 @@ def _block_all(model: ModelSpec, b: int, s: int, a: int) -> list[SavedTensor]:
             SavedTensor(name="attention.wo.input", bytes=bs * d * a),
         ]
     norm("ffn_norm")
-    out.append(SavedTensor(name="feed_forward.w1.input", bytes=bs * d * a))
+    matmul_inputs("feed_forward.w1", ("feed_forward.w1", "feed_forward.w3")
+                  if model.mlp == "swiglu" else ("feed_forward.w1",))
     out.append(SavedTensor(name="feed_forward.w1.output", bytes=bs * f * a))
     if model.mlp == "swiglu":
         out += [
@@ -95,11 +117,14 @@ def _block_all(model: ModelSpec, b: int, s: int, a: int) -> list[SavedTensor]:
     return out
 
 
-def _block_selective(model: ModelSpec, b: int, s: int, a: int) -> list[SavedTensor]:
-    """torchtitan op-level SAC: the block input (checkpoint input), attention outputs and
-    the odd-numbered matmul outputs (wq, wv, w1, w2 in call order)."""
+def _block_selective(model: ModelSpec, b: int, s: int, a: int, autocast: bool
+                     ) -> list[SavedTensor]:
+    """torchtitan op-level SAC: the block input (checkpoint input; fp32 under autocast),
+    attention outputs and the odd-numbered matmul outputs (wq, wv, w1, w2 in call order).
+    Autocast's weight casts are not on the save list: they are recomputed."""
     bs = b * s
-    out = [SavedTensor(name="block.input", bytes=bs * model.d_model * a)]
+    res = FP32_BYTES if autocast else a
+    out = [SavedTensor(name="block.input", bytes=bs * model.d_model * res)]
     out += [SavedTensor(name=f"{name}.output", bytes=bs * width * a)
             for name, _, width in model.block_matmuls()[::2]]
     if model.attention_kernel == "flash":
@@ -110,7 +135,8 @@ def _block_selective(model: ModelSpec, b: int, s: int, a: int) -> list[SavedTens
 
 
 def block_saved_tensors(model: ModelSpec, *, micro_batch: int, seq_len: int,
-                        recompute: str, act_bytes: int = 2) -> list[SavedTensor]:
+                        recompute: str, act_bytes: int = 2,
+                        autocast: bool = False) -> list[SavedTensor]:
     """Tensors one block keeps from its forward until its backward.
 
     Args:
@@ -119,36 +145,43 @@ def block_saved_tensors(model: ModelSpec, *, micro_batch: int, seq_len: int,
         seq_len: tokens per sequence.
         recompute: "none", "selective" or "full".
         act_bytes: bytes per activation element (2 for bf16 compute, 4 for fp32).
+        autocast: the execution mode. False: parameters are gathered or kept in the
+            compute dtype and every activation is in it (FSDP2's MixedPrecisionPolicy).
+            True: fp32 parameters under torch.autocast to act_bytes (DDP, ZeRO-1): each
+            matmul also saves the compute-dtype cast of its weight and its own cast of
+            its input, and the residual stream is fp32 (see the module docstring).
 
     Returns:
         The saved tensors, in forward order; sizes in bytes.
     """
     b, s, a = micro_batch, seq_len, act_bytes
     if recompute == "full":
-        return [SavedTensor(name="block.input", bytes=b * s * model.d_model * a)]
+        res = FP32_BYTES if autocast else a
+        return [SavedTensor(name="block.input", bytes=b * s * model.d_model * res)]
     if recompute == "selective":
-        return _block_selective(model, b, s, a)
-    return _block_all(model, b, s, a)
+        return _block_selective(model, b, s, a, autocast)
+    return _block_all(model, b, s, a, autocast)
 
 
 def block_activation_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int,
-                           recompute: str, act_bytes: int = 2) -> int:
-    """Bytes one block keeps saved between its forward and backward."""
+                           recompute: str, act_bytes: int = 2, autocast: bool = False) -> int:
+    """Bytes one block keeps saved between its forward and backward (see
+    block_saved_tensors for `autocast`)."""
     return sum(t.bytes for t in block_saved_tensors(
         model, micro_batch=micro_batch, seq_len=seq_len, recompute=recompute,
-        act_bytes=act_bytes))
+        act_bytes=act_bytes, autocast=autocast))
 
 
 def block_recompute_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int,
-                          recompute: str, act_bytes: int = 2) -> int:
+                          recompute: str, act_bytes: int = 2, autocast: bool = False) -> int:
     """Bytes re-materialised while one block's backward runs under recomputation: what
     "none" would have saved minus what the policy kept (0 without recomputation)."""
     if recompute == "none":
         return 0
     full = block_activation_bytes(model, micro_batch=micro_batch, seq_len=seq_len,
-                                  recompute="none", act_bytes=act_bytes)
+                                  recompute="none", act_bytes=act_bytes, autocast=autocast)
     kept = block_activation_bytes(model, micro_batch=micro_batch, seq_len=seq_len,
-                                  recompute=recompute, act_bytes=act_bytes)
+                                  recompute=recompute, act_bytes=act_bytes, autocast=autocast)
     return max(full - kept, 0)
 
 
@@ -163,26 +196,40 @@ def block_backward_working_bytes(model: ModelSpec, *, micro_batch: int, seq_len:
 
 
 def root_saved_tensors(model: ModelSpec, *, micro_batch: int, seq_len: int,
-                       act_bytes: int = 2) -> list[SavedTensor]:
+                       act_bytes: int = 2, autocast: bool = False) -> list[SavedTensor]:
     """Tensors saved outside the blocks: token ids, the RoPE tables, final norm, output
-    projection input, and the log-softmax of the loss (fp32 when logits are upcast)."""
+    projection input, and the log-softmax of the loss (fp32 when logits are upcast, and
+    always under autocast, where cross_entropy is on the fp32 list). Under `autocast`
+    (see block_saved_tensors) the final norm's input is the fp32 residual stream and the
+    output projection also saves its weight's compute-dtype cast."""
     b, s, d, a = micro_batch, seq_len, model.d_model, act_bytes
     bs = b * s
-    logit_bytes = FP32_BYTES if model.logits_upcast else a
+    res = FP32_BYTES if autocast else a
+    logit_bytes = FP32_BYTES if model.logits_upcast or autocast else a
     out = [SavedTensor(name="tok_embeddings.indices", bytes=bs * INDEX_BYTES)]
     if not model.learned_pos_emb:
-        # RoPE cos and sin tables (s x head_dim each, compute dtype): built once per step
-        # and saved by every block's rotation, one storage.
-        out.append(SavedTensor(name="rope.cos_sin", bytes=2 * s * model.head_dim * a))
+        if autocast:
+            # The tables' cast to the fp32 activations is a no-op: every block saves a
+            # slice of the model's fp32 RoPE buffers, whose storage spans max_seq_len.
+            out.append(SavedTensor(name="rope.cos_sin_buffers",
+                                   bytes=2 * model.max_seq_len * model.head_dim * FP32_BYTES))
+        else:
+            # RoPE cos and sin tables (s x head_dim each, compute dtype): built once per
+            # step and saved by every block's rotation, one storage.
+            out.append(SavedTensor(name="rope.cos_sin", bytes=2 * s * model.head_dim * a))
     if model.norm_kernel == "composite":
         out += [SavedTensor(name="norm.input_fp32", bytes=bs * d * FP32_BYTES),
                 SavedTensor(name="norm.rstd", bytes=bs * FP32_BYTES),
                 SavedTensor(name="norm.normalized_fp32", bytes=bs * d * FP32_BYTES)]
     else:
-        out += [SavedTensor(name="norm.input", bytes=bs * d * a),
+        out += [SavedTensor(name="norm.input", bytes=bs * d * res),
                 SavedTensor(name="norm.rstd", bytes=bs * FP32_BYTES)]
-    out += [SavedTensor(name="output.input", bytes=bs * d * a),
-            SavedTensor(name="loss.log_softmax", bytes=bs * model.vocab_size * logit_bytes),
+    if autocast:
+        out += [SavedTensor(name="output.weight_cast", bytes=model.vocab_size * d * a),
+                SavedTensor(name="output.input_cast", bytes=bs * d * a)]
+    else:
+        out.append(SavedTensor(name="output.input", bytes=bs * d * a))
+    out += [SavedTensor(name="loss.log_softmax", bytes=bs * model.vocab_size * logit_bytes),
             SavedTensor(name="loss.labels", bytes=bs * INDEX_BYTES)]
     return out
 

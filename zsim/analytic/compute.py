@@ -1,8 +1,13 @@
-"""Compute: FLOPs of each part of the step and their roofline time on a profile.
+"""Compute: FLOPs, memory traffic and kernel counts of each part of the step, and their
+time on a profile.
 
-Owns per-block and per-root FLOP counts by op (matmul vs attention) and their time at the
-profile's achievable rates. Per-op counts are an independent derivation of
-ModelSpec.flops_per_token (6N + attention); a test checks they agree.
+Owns per-block and per-root counts by kind of work and their time at the profile's
+achievable rates: matmul and attention FLOPs at the compute peak, memory-bound kernels
+(norms, RoPE, activations, residual adds, casts, the loss's softmax, the optimizer) at
+the memory bandwidth, and a fixed cost per kernel launched (dispatch and launch overhead).
+Per-op FLOP counts are an independent derivation of ModelSpec.flops_per_token (6N +
+attention); a test checks they agree. Memory traffic and kernels do not enter model FLOPs
+or MFU.
 
 References:
 - A matmul (m x k) @ (k x n) costs 2mkn FLOPs; backward costs twice forward (grad of
@@ -11,6 +16,17 @@ References:
   (flash attention skips masked tiles); backward counted as 2x forward like every op,
   the model-FLOPs convention of MFU (PaLM App. B). Flash attention's backward really
   runs 2.5x (it recomputes the scores); the profile's attention efficiency absorbs that.
+- Memory-bound kernels of the reference block (zsim.calibrate.model, DESIGN.md "Reference
+  training step"): what each kernel reads and writes is listed in `_block_forward_kernels`
+  and `_root_forward_kernels` (a roofline in the sense of Williams et al. 2009: a kernel
+  with few FLOPs per byte runs at the memory bandwidth). Backward kernels move about twice
+  the forward bytes (each elementwise op's backward reads the saved input and the output
+  gradient and writes the input gradient; the matmul and attention kernels are counted as
+  FLOPs), and launch about twice the forward kernels.
+- AdamW: torch.optim.adam._multi_tensor_adam (foreach, the default on CUDA and used by
+  the backend), per parameter tensor: _foreach_mul_ (weight decay), _foreach_lerp_,
+  _foreach_mul_, _foreach_addcmul_, _foreach_sqrt, _foreach_div_, _foreach_add_,
+  _foreach_addcdiv_; see `optimizer_flops`.
 """
 
 from __future__ import annotations
@@ -20,76 +36,237 @@ from dataclasses import dataclass
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 
+FP32_BYTES = 4
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Flops:
-    """FLOPs of one pass over some ops, split by the rate they run at."""
+    """Work of one pass over some ops, split by the rate it runs at."""
 
     matmul: float
+    """Weight-matmul FLOPs."""
     attention: float
+    """Attention-score and attention-value FLOPs."""
+    memory_bytes: float = 0.0
+    """Bytes read + written by memory-bound kernels (elementwise, norms, softmax, casts,
+    the optimizer); matmul and attention kernels' own traffic is inside their FLOP rate."""
+    kernels: float = 0.0
+    """Kernels launched (each costs the profile's kernel_overhead_s)."""
 
     @property
     def total(self) -> float:
+        """FLOPs (matmul + attention); memory traffic and kernels are not FLOPs."""
         return self.matmul + self.attention
 
     def __add__(self, other: Flops) -> Flops:
-        return Flops(matmul=self.matmul + other.matmul, attention=self.attention + other.attention)
+        return Flops(matmul=self.matmul + other.matmul, attention=self.attention + other.attention,
+                     memory_bytes=self.memory_bytes + other.memory_bytes,
+                     kernels=self.kernels + other.kernels)
 
     def scaled(self, factor: float) -> Flops:
-        return Flops(matmul=self.matmul * factor, attention=self.attention * factor)
+        return Flops(matmul=self.matmul * factor, attention=self.attention * factor,
+                     memory_bytes=self.memory_bytes * factor, kernels=self.kernels * factor)
 
 
-def block_forward_flops(model: ModelSpec, *, micro_batch: int, seq_len: int) -> Flops:
-    """Forward FLOPs of one block for a micro-batch: its weight matmuls plus causal
-    attention scores and values."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Kernel:
+    """One memory-bound kernel of a forward pass."""
+
+    name: str
+    read_bytes: float
+    write_bytes: float
+
+
+BACKWARD_FACTOR = 2.0
+"""Backward FLOPs, memory traffic and kernels per forward (see module docstring)."""
+
+
+def _norm_kernels(model: ModelSpec, name: str, tokens: int, a: int) -> list[Kernel]:
+    """RMSNorm/LayerNorm of a (tokens, d) activation. Fused (CUDA): one kernel reads x and
+    writes y. Composite (torch.nn.RMSNorm's CPU decomposition): x.float(), pow(2),
+    mean(-1), rsqrt(+eps), x * rstd, .type_as(x), * weight."""
+    x = tokens * model.d_model
+    if model.norm_kernel == "fused":
+        return [Kernel(name=name, read_bytes=x * a, write_bytes=x * a)]
+    f = FP32_BYTES
+    return [Kernel(name=f"{name}.float", read_bytes=x * a, write_bytes=x * f),
+            Kernel(name=f"{name}.pow", read_bytes=x * f, write_bytes=x * f),
+            Kernel(name=f"{name}.mean", read_bytes=x * f, write_bytes=tokens * f),
+            Kernel(name=f"{name}.rsqrt", read_bytes=tokens * f, write_bytes=tokens * f),
+            Kernel(name=f"{name}.mul_rstd", read_bytes=x * f, write_bytes=x * f),
+            Kernel(name=f"{name}.type_as", read_bytes=x * f, write_bytes=x * a),
+            Kernel(name=f"{name}.mul_weight", read_bytes=x * a, write_bytes=x * a)]
+
+
+def _rope_kernels(name: str, elems: int, a: int) -> list[Kernel]:
+    """Rotate-half RoPE of one (tokens, width) tensor (zsim.calibrate.model._rope):
+    -x[..., half:] reads and writes half; cat reads and writes all; x * cos and
+    rotated * sin each read and write all (the (s, head_dim) tables are negligible); the
+    sum reads two and writes one."""
+    e = elems * a
+    return [Kernel(name=f"{name}.neg", read_bytes=e / 2, write_bytes=e / 2),
+            Kernel(name=f"{name}.cat", read_bytes=e, write_bytes=e),
+            Kernel(name=f"{name}.mul_cos", read_bytes=e, write_bytes=e),
+            Kernel(name=f"{name}.mul_sin", read_bytes=e, write_bytes=e),
+            Kernel(name=f"{name}.add", read_bytes=2 * e, write_bytes=e)]
+
+
+def _block_forward_kernels(model: ModelSpec, *, micro_batch: int, seq_len: int,
+                           act_bytes: int) -> list[Kernel]:
+    """Memory-bound kernels of one block's forward, in call order, with the bytes each
+    reads and writes (activations in `act_bytes` per element)."""
+    t, a = micro_batch * seq_len, act_bytes
+    d, kv, f = model.d_model, model.kv_dim, model.ffn_hidden
+    out = _norm_kernels(model, "attention_norm", t, a)
+    if not model.learned_pos_emb:
+        out += _rope_kernels("rope.q", t * d, a) + _rope_kernels("rope.k", t * kv, a)
+    if model.gqa_impl == "repeat_kv" and kv < d:
+        # k.repeat_interleave, v.repeat_interleave: read kv width, write full width.
+        out += [Kernel(name=f"repeat_kv.{x}", read_bytes=t * kv * a, write_bytes=t * d * a)
+                for x in ("k", "v")]
+    # out.transpose(1, 2).reshape(b, s, d): a strided copy of the attention output.
+    out.append(Kernel(name="attention.output_copy", read_bytes=t * d * a, write_bytes=t * d * a))
+    out.append(Kernel(name="residual_add.attention", read_bytes=2 * t * d * a,
+                      write_bytes=t * d * a))
+    out += _norm_kernels(model, "ffn_norm", t, a)
+    out.append(Kernel(name="feed_forward.act", read_bytes=t * f * a, write_bytes=t * f * a))
+    if model.mlp == "swiglu":
+        out.append(Kernel(name="feed_forward.gate_mul", read_bytes=2 * t * f * a,
+                          write_bytes=t * f * a))
+    out.append(Kernel(name="residual_add.ffn", read_bytes=2 * t * d * a, write_bytes=t * d * a))
+    return out
+
+
+def _root_forward_kernels(model: ModelSpec, *, micro_batch: int, seq_len: int,
+                          act_bytes: int) -> list[Kernel]:
+    """Memory-bound kernels of the root's forward: embedding gather (reads one row per
+    token, writes the activation), final norm, and the loss: logits.float() (when
+    upcast), log_softmax over the vocabulary (reads and writes the logits), nll_loss
+    (reads one value per token)."""
+    t, a, d, v = micro_batch * seq_len, act_bytes, model.d_model, model.vocab_size
+    out = [Kernel(name="tok_embeddings", read_bytes=t * d * a, write_bytes=t * d * a)]
+    out += _norm_kernels(model, "norm", t, a)
+    logit_bytes = FP32_BYTES if model.logits_upcast else a
+    if model.logits_upcast:
+        out.append(Kernel(name="logits.float", read_bytes=t * v * a,
+                          write_bytes=t * v * FP32_BYTES))
+    out.append(Kernel(name="log_softmax", read_bytes=t * v * logit_bytes,
+                      write_bytes=t * v * logit_bytes))
+    out.append(Kernel(name="nll_loss", read_bytes=t * logit_bytes, write_bytes=FP32_BYTES))
+    return out
+
+
+def _traffic(kernels: list[Kernel]) -> float:
+    return sum(k.read_bytes + k.write_bytes for k in kernels)
+
+
+def block_forward_flops(model: ModelSpec, *, micro_batch: int, seq_len: int,
+                        act_bytes: int) -> Flops:
+    """Forward work of one block for a micro-batch: its weight matmuls, causal attention
+    scores and values, the memory-bound kernels of `_block_forward_kernels`, and one
+    kernel per matmul and one for attention."""
     tokens = micro_batch * seq_len
-    matmul = 2.0 * tokens * sum(k * n for _, k, n in model.block_matmuls())
+    matmuls = model.block_matmuls()
+    matmul = 2.0 * tokens * sum(k * n for _, k, n in matmuls)
     # QK^T and AV: 2 * b * s^2 * d each, half of the scores masked.
     attention = 2 * (2.0 * micro_batch * seq_len * seq_len * model.d_model) / 2
-    return Flops(matmul=matmul, attention=attention)
+    mem = _block_forward_kernels(model, micro_batch=micro_batch, seq_len=seq_len,
+                                 act_bytes=act_bytes)
+    return Flops(matmul=matmul, attention=attention, memory_bytes=_traffic(mem),
+                 kernels=float(len(mem) + len(matmuls) + 1))
 
 
-def block_backward_flops(model: ModelSpec, *, micro_batch: int, seq_len: int) -> Flops:
-    """Backward FLOPs of one block (without recomputation)."""
-    return block_forward_flops(model, micro_batch=micro_batch, seq_len=seq_len).scaled(2.0)
+def block_backward_flops(model: ModelSpec, *, micro_batch: int, seq_len: int,
+                         act_bytes: int) -> Flops:
+    """Backward work of one block (without recomputation): BACKWARD_FACTOR x forward."""
+    return block_forward_flops(model, micro_batch=micro_batch, seq_len=seq_len,
+                               act_bytes=act_bytes).scaled(BACKWARD_FACTOR)
 
 
-def head_forward_flops(model: ModelSpec, *, micro_batch: int, seq_len: int) -> Flops:
-    """Forward FLOPs of the output projection (embedding lookups do no matmul)."""
+def head_forward_flops(model: ModelSpec, *, micro_batch: int, seq_len: int,
+                       act_bytes: int) -> Flops:
+    """Forward work of the root: the output projection (the only matmul; embedding
+    lookups do none) and the memory-bound kernels of `_root_forward_kernels`."""
+    mem = _root_forward_kernels(model, micro_batch=micro_batch, seq_len=seq_len,
+                                act_bytes=act_bytes)
     return Flops(matmul=2.0 * micro_batch * seq_len * model.d_model * model.vocab_size,
-                 attention=0.0)
+                 attention=0.0, memory_bytes=_traffic(mem), kernels=float(len(mem) + 1))
+
+
+def optimizer_flops(local_params: float, *, optimizer: str, tensors: int, master_bytes: int,
+                    state_bytes_per_param: float, grad_bytes: int,
+                    param_copy_bytes: int) -> Flops:
+    """Optimizer step on `local_params` parameters held in `tensors` tensors: memory
+    traffic and kernels (no matmul FLOPs).
+
+    AdamW (foreach), from the ops of torch.optim.adam._multi_tensor_adam, per parameter:
+    weight decay p *= 1 - lr*wd (read + write p); lerp_(m, g) (read m, g, write m);
+    v *= beta2 (read + write v); addcmul_(v, g, g) (read v, g, write v);
+    denom = sqrt(v) (read v, write denom); denom /= bc2 and denom += eps (read + write
+    denom, twice); addcdiv_(p, m, denom) (read p, m, denom, write p). That is 4 accesses of
+    the master weight, 14 of state-dtype tensors (m, v, denom), 2 of the gradient: 80 B per
+    parameter when all are fp32. Kernels: the 8 foreach ops plus the step-count increment,
+    per tensor (CPU dispatches foreach ops tensor by tensor; CUDA's multi_tensor_apply
+    packs several tensors into one launch, so this is an upper bound there).
+    Other optimizers (sgd, adamw8bit): one pass that reads and writes the master weight
+    and the states and reads the gradient, three kernels per tensor.
+    A compute-dtype copy written after the step (`param_copy_bytes` > 0) adds a cast
+    kernel per tensor that reads the master and writes the copy.
+    """
+    if optimizer == "adamw":
+        per_param = 4 * master_bytes + 14 * state_bytes_per_param / 2 + 2 * grad_bytes
+        kernels = 9 * tensors
+    else:
+        per_param = 2 * master_bytes + 2 * state_bytes_per_param + grad_bytes
+        kernels = 3 * tensors
+    if param_copy_bytes:
+        per_param += master_bytes + param_copy_bytes
+        kernels += tensors
+    return Flops(matmul=0.0, attention=0.0, memory_bytes=local_params * per_param,
+                 kernels=float(kernels))
 
 
 def compute_time_s(flops: Flops, hw: HardwareProfile, dtype: str) -> float:
-    """Roofline time of `flops` at the profile's achievable matmul and attention rates."""
+    """Time of `flops` on one device, seconds: matmul and attention FLOPs at the profile's
+    achievable rates, memory-bound bytes at its achievable memory bandwidth, plus the
+    fixed cost of each kernel. The terms add (kernels of one stream run one after
+    another)."""
     peak = hw.peak(dtype)
     return (flops.matmul / (peak * hw.matmul_efficiency)
-            + flops.attention / (peak * hw.attention_efficiency))
+            + flops.attention / (peak * hw.attention_efficiency)
+            + flops.memory_bytes / (hw.hbm_bandwidth_bytes_per_s * hw.memory_bound_efficiency)
+            + flops.kernels * hw.kernel_overhead_s)
 
 
 def step_flops(model: ModelSpec, *, micro_batch: int, seq_len: int, grad_accum: int,
                recompute: str) -> tuple[float, float]:
     """(model FLOPs, hardware FLOPs) per rank per optimizer step. Hardware FLOPs add the
-    recomputed forward (see recompute_forward_flops)."""
-    fwd = block_forward_flops(model, micro_batch=micro_batch, seq_len=seq_len)
-    bwd = block_backward_flops(model, micro_batch=micro_batch, seq_len=seq_len)
-    head = head_forward_flops(model, micro_batch=micro_batch, seq_len=seq_len)
+    recomputed forward (see recompute_forward_flops). FLOPs do not depend on the
+    activation dtype; 2 bytes are passed for the (unused) traffic counts."""
+    kw = dict(micro_batch=micro_batch, seq_len=seq_len, act_bytes=2)
+    fwd = block_forward_flops(model, **kw)
+    bwd = block_backward_flops(model, **kw)
+    head = head_forward_flops(model, **kw)
     model_flops = model.num_layers * (fwd + bwd).total + 3 * head.total
-    extra = recompute_forward_flops(model, micro_batch=micro_batch, seq_len=seq_len,
-                                    recompute=recompute).total
+    extra = recompute_forward_flops(model, recompute=recompute, **kw).total
     hw_flops = model_flops + model.num_layers * extra
     return model_flops * grad_accum, hw_flops * grad_accum
 
 
 def recompute_forward_flops(model: ModelSpec, *, micro_batch: int, seq_len: int,
-                            recompute: str) -> Flops:
-    """FLOPs re-run inside one block's backward: the whole forward for "full"; for
+                            recompute: str, act_bytes: int) -> Flops:
+    """Work re-run inside one block's backward: the whole forward for "full"; for
     "selective" (torchtitan op SAC) the matmuls whose outputs are not saved, every second
-    one in call order (wk, wo, w3 for SwiGLU); attention outputs are saved."""
+    one in call order (wk, wo, w3 for SwiGLU), and every memory-bound kernel (only matmul
+    and attention outputs are on the save list); attention outputs are saved."""
     if recompute == "none":
         return Flops(matmul=0.0, attention=0.0)
-    fwd = block_forward_flops(model, micro_batch=micro_batch, seq_len=seq_len)
+    kw = dict(micro_batch=micro_batch, seq_len=seq_len, act_bytes=act_bytes)
+    fwd = block_forward_flops(model, **kw)
     if recompute == "full":
         return fwd
-    recomputed = sum(k * n for _, k, n in model.block_matmuls()[1::2])
-    return Flops(matmul=2.0 * micro_batch * seq_len * recomputed, attention=0.0)
+    recomputed = model.block_matmuls()[1::2]
+    mem = _block_forward_kernels(model, **kw)
+    return Flops(matmul=2.0 * micro_batch * seq_len * sum(k * n for _, k, n in recomputed),
+                 attention=0.0, memory_bytes=_traffic(mem),
+                 kernels=float(len(mem) + len(recomputed)))

@@ -1,6 +1,7 @@
 """Micro-benchmarks run on every rank at once: collectives over a range of sizes, point-to-
-point bandwidth, matmul and attention throughput, memory copy rates, the AdamW step, and
-how much a collective in flight slows a matmul.
+point bandwidth, matmul and attention throughput, memory copy and elementwise-kernel rates,
+the fixed cost per kernel, the AdamW step, and how much a collective in flight slows a
+matmul.
 
 Owns what is timed and how (medians of timed calls after warm-ups, a barrier before each
 collective so ranks start together); zsim.calibrate.profile turns the figures into a
@@ -42,8 +43,19 @@ class BenchConfig:
     """Timed calls for larger sizes."""
     matmul_shapes: tuple[tuple[int, int, int], ...] = (
         (1024, 1024, 1024), (2048, 512, 512), (2048, 512, 1376), (2048, 1376, 512),
-        (2048, 1024, 1024), (2048, 1024, 2752))
-    """(m, k, n) of the timed matmuls: a square GEMM and block shapes (tokens x width)."""
+        (2048, 1024, 1024), (2048, 1024, 2752), (512, 256, 256), (512, 256, 688),
+        (512, 688, 256))
+    """(m, k, n) of the timed matmuls: a square GEMM and block shapes (tokens x width),
+    including those of the validation grid (512 tokens, d_model 256, ffn 688)."""
+    attention_shape: tuple[int, int, int, int] = (2, 4, 256, 64)
+    """(batch, heads, seq, head_dim) of the timed attention: the validation grid's
+    (zsim.calibrate.validate.grid_plans: micro-batch 2, seq 256, head_dim 64). On CPU the
+    rate grows with seq (about 28 GFLOP/s at 256 to 66 at 2048 on one Zen 4 thread)."""
+    elementwise_numels: tuple[int, ...] = (2**17, 2**19)
+    """Elements per tensor of the timed memory-bound kernels: a (512, 256) activation and
+    a (512, 1024)-sized one, the validation grid's sizes."""
+    tiny_ops: int = 200
+    """Length of the chain of 64-element multiplies timed for the per-kernel cost."""
     copy_bytes: int = 128 * MiB
     adam_params: int = 4 * 2**20
 
@@ -58,11 +70,16 @@ class RankBench:
     matmul_flop_per_s: dict[str, list[float]] = field(default_factory=dict)
     """Per dtype ("fp32", "bf16"), one rate per matmul shape, FLOP/s."""
     attention_flop_per_s: float = 0.0
-    """Causal SDPA forward + backward in bf16, FLOP/s (4·b·h·s²·d·3.5/2 per call)."""
+    """Causal SDPA forward + backward in bf16, FLOP/s counted as zsim.analytic.compute
+    counts them (3 x the forward's 4·b·h·s²·d/2), so the efficiency absorbs flash
+    attention's recomputation in backward."""
     copy_bytes_per_s: float = 0.0
     """copy_ bytes read + written per second."""
-    add_bytes_per_s: float = 0.0
-    """torch.add(x, y, out=z) bytes read + written per second."""
+    elementwise_bytes_per_s: float = 0.0
+    """Bytes read + written per second by a mix of the block's memory-bound kernels in
+    bf16 (the plans' compute dtype), total bytes over total time."""
+    kernel_overhead_s: float = 0.0
+    """Fixed cost per kernel, counted as zsim.analytic.compute counts kernels, seconds."""
     adam_params_per_s: float = 0.0
     comm_compute_slowdown: float = 0.0
     """Fractional matmul slow-down while an all-reduce is in flight."""
@@ -116,20 +133,20 @@ def bench_rank(ctx: RankContext, cfg: BenchConfig) -> RankBench:
             b = torch.randn(k, nn, dtype=dtype, device=ctx.device)
             rates.append(2 * m * k * nn / _median_s(lambda a=a, b=b: a @ b, 3))
         out.matmul_flop_per_s[name] = rates
-    out.attention_flop_per_s = _attention(ctx)
-    out.copy_bytes_per_s, out.add_bytes_per_s = _memory_rates(ctx, cfg.copy_bytes)
+    out.attention_flop_per_s = _attention(ctx, cfg.attention_shape)
+    out.copy_bytes_per_s = _copy_rate(ctx, cfg.copy_bytes)
+    out.elementwise_bytes_per_s = _elementwise(ctx, cfg.elementwise_numels)
+    out.kernel_overhead_s = _kernel_overhead(ctx, cfg.tiny_ops)
     out.adam_params_per_s = _adam(ctx, cfg.adam_params)
     out.comm_compute_slowdown = _slowdown(ctx)
     return out
 
 
-def _memory_rates(ctx: RankContext, nbytes: int) -> tuple[float, float]:
-    """(copy_, add) bytes read + written per second on `nbytes` fp32 tensors."""
+def _copy_rate(ctx: RankContext, nbytes: int) -> float:
+    """copy_ bytes read + written per second on `nbytes` fp32 tensors."""
     x = torch.randn(nbytes // 4, device=ctx.device)
-    y, z = torch.empty_like(x), torch.empty_like(x)
-    copy_s = _median_s(lambda: y.copy_(x), 3)
-    add_s = _median_s(lambda: torch.add(x, y, out=z), 3)
-    return 2 * nbytes / copy_s, 3 * nbytes / add_s
+    y = torch.empty_like(x)
+    return 2 * nbytes / _median_s(lambda: y.copy_(x), 3)
 
 
 def _p2p(ctx: RankContext) -> float:
@@ -148,17 +165,56 @@ def _p2p(ctx: RankContext) -> float:
     return float(rate.item())
 
 
-def _attention(ctx: RankContext) -> float:
-    b, h, s, d = 1, 8, 1024, 64
+def _elementwise(ctx: RankContext, numels: tuple[int, ...]) -> float:
+    """Bytes per second of the block's memory-bound kernels in bf16 at each size: residual
+    add (reads 2, writes 1), SwiGLU product (2, 1), SiLU (1, 1), RoPE's cat (1, 1), an
+    upcast to fp32 and the fp32 log-softmax of the loss; total bytes over total time, so
+    each kernel weighs by its time as in a real step."""
+    total_bytes, total_s = 0.0, 0.0
+    for n in numels:
+        x, y = (torch.randn(n, dtype=torch.bfloat16, device=ctx.device) for _ in range(2))
+        xf = x.float().view(-1, 256)
+        calls: list[tuple[Callable[[], Any], int]] = [
+            (lambda x=x, y=y: x + y, 3 * 2 * n),
+            (lambda x=x, y=y: x * y, 3 * 2 * n),
+            (lambda x=x: F.silu(x), 2 * 2 * n),
+            (lambda x=x, h=n // 2: torch.cat((x[h:], x[:h])), 2 * 2 * n),
+            (lambda x=x: x.float(), (2 + 4) * n),
+            (lambda xf=xf: torch.log_softmax(xf, dim=-1), 2 * 4 * n),
+        ]
+        for fn, nbytes in calls:
+            total_s += _median_s(fn, 5)
+            total_bytes += nbytes
+    return total_bytes / total_s
+
+
+def _kernel_overhead(ctx: RankContext, ops: int) -> float:
+    """Per-kernel cost: forward + backward of a chain of `ops` multiplies on a 64-element
+    tensor that requires grad (dispatch, autograd recording and the backward engine),
+    divided by 3 x ops kernels, as zsim.analytic.compute counts them (backward = 2 x
+    forward)."""
+    x = torch.randn(64, device=ctx.device, requires_grad=True)
+
+    def chain() -> None:
+        y = x
+        for _ in range(ops):
+            y = y * 1.0001
+        y.sum().backward()
+
+    return _median_s(chain, 10, warmup=2) / (3 * ops)
+
+
+def _attention(ctx: RankContext, shape: tuple[int, int, int, int]) -> float:
+    b, h, s, d = shape
     q, k, v = (torch.randn(b, h, s, d, dtype=torch.bfloat16, device=ctx.device,
                            requires_grad=True) for _ in range(3))
 
     def call() -> None:
         F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
 
-    # Forward 2 matmuls of 2bhs²d, backward 5 (with recomputed scores): 3.5x forward;
-    # causal halves it (the same counting as the h200 microbench case).
-    flops = 3.5 * 4 * b * h * s * s * d / 2
+    # Forward 2 matmuls of 2bhs²d, halved by the causal mask; backward counted as twice
+    # forward (zsim.analytic.compute's convention; the kernel really runs 2.5x).
+    flops = 3 * 4 * b * h * s * s * d / 2
     return flops / _median_s(call, 3)
 
 

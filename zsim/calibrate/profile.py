@@ -7,7 +7,9 @@ its "PCIe" is a memcpy, both network levels are gloo over loopback TCP (one host
 Link line rate is the point-to-point send/recv bandwidth; efficiency is the fitted ring
 bandwidth of all-gather + reduce-scatter (FSDP's collectives) over it. Peaks are the best
 matmul rate per dtype measured; efficiencies are medians over the block-shaped matmuls,
-attention and elementwise rates relative to those. Imports torch.
+attention relative to the bf16 peak, and a mix of bf16 memory-bound kernels relative to the
+copy rate; the per-kernel overhead is the measured cost of tiny ops counted as
+zsim.analytic.compute counts kernels. Imports torch.
 """
 
 from __future__ import annotations
@@ -61,11 +63,12 @@ def calibrate(backend: str, nproc: int, out: Path, *, config: BenchConfig | None
         raise ConfigError("nproc", nproc, f"needs {nproc} CUDA devices, "
                                           f"found {torch.cuda.device_count()}")
     started = datetime.now(timezone.utc)
-    ranks: list[RankBench] = run_ranks(bench_rank, config or BenchConfig(), nproc=nproc,
+    cfg = config or BenchConfig()
+    ranks: list[RankBench] = run_ranks(bench_rank, cfg, nproc=nproc,
                                        backend=backend, timeout_s=timeout_s)
     disk = _disk_rates(out.parent)
     data = profile_dict(ranks, name=Path(out).stem, backend=backend, nproc=nproc,
-                        started=started, disk_bytes_per_s=disk)
+                        started=started, disk_bytes_per_s=disk, config=cfg)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(yaml.safe_dump(data, sort_keys=False, width=100))
@@ -74,9 +77,11 @@ def calibrate(backend: str, nproc: int, out: Path, *, config: BenchConfig | None
 
 
 def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
-                 started: datetime, disk_bytes_per_s: tuple[float, float]) -> dict[str, Any]:
+                 started: datetime, disk_bytes_per_s: tuple[float, float],
+                 config: BenchConfig | None = None) -> dict[str, Any]:
     """The profile YAML structure (hardware.py's schema, human units) from the ranks'
     figures."""
+    cfg = config or BenchConfig()
     samples = [s for s in ranks[0].collectives if s.op in ("all_gather", "reduce_scatter")]
     link = fit_alpha_beta(samples)
     ar = [s for s in ranks[0].collectives if s.op == "all_reduce"]
@@ -88,7 +93,8 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
         [rate / peaks[d] for r in ranks for d in peaks for rate in r.matmul_flop_per_s[d]])
     attention = statistics.median(r.attention_flop_per_s for r in ranks)
     copy = statistics.median(r.copy_bytes_per_s for r in ranks)
-    add = statistics.median(r.add_bytes_per_s for r in ranks)
+    elementwise = statistics.median(r.elementwise_bytes_per_s for r in ranks)
+    kernel_s = statistics.median(r.kernel_overhead_s for r in ranks)
     adam = statistics.median(r.adam_params_per_s for r in ranks)
     slowdown = statistics.mean(r.comm_compute_slowdown for r in ranks)
     mem_gib = _host_memory_bytes() / GiB
@@ -143,15 +149,20 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
         "efficiency": {
             "matmul": _r(min(matmul_eff, 1.0)),
             "attention": _r(min(attention / peaks["bf16"], 1.0)),
-            "memory_bound": _r(min(add / copy, 1.0)),
+            "memory_bound": _r(min(elementwise / copy, 1.0)),
             "pcie": 1.0,
             "host_adam_params_per_s": _r(adam * nproc),
             "comm_compute_slowdown": _r(min(slowdown, 0.99)),
+            "kernel_overhead_us": _r(kernel_s * 1e6),
             "source": f"{prov}; matmul = median over block-shaped matmuls of rate / peak; "
-                      f"attention = causal SDPA bf16 fwd+bwd (3.5 x 4bhs^2d/2 FLOPs) / bf16 "
-                      f"peak; memory_bound = add / copy bytes per second; host AdamW(foreach) "
-                      f"on 4 Mi params x ranks; slow-down = 10 1024^3 matmuls with a 64 MiB "
-                      f"all_reduce in flight, mean over ranks",
+                      f"attention = causal SDPA bf16 fwd+bwd at "
+                      f"(b, h, s, d) = {cfg.attention_shape} (3 x 4bhs^2d/2 FLOPs) / bf16 "
+                      f"peak; memory_bound = bf16 add, mul, silu, cat, upcast and fp32 "
+                      f"log_softmax on {cfg.elementwise_numels} elements (total bytes / "
+                      f"total time) / copy bytes per second; kernel_overhead = fwd+bwd of "
+                      f"{cfg.tiny_ops} chained 64-element multiplies / (3 x {cfg.tiny_ops}) "
+                      f"kernels; host AdamW(foreach) on 4 Mi params x ranks; slow-down = 10 "
+                      f"1024^3 matmuls with a 64 MiB all_reduce in flight, mean over ranks",
         },
     }
 

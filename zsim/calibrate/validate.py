@@ -26,6 +26,7 @@ import torch
 
 from zsim.analytic.activations import block_saved_tensors, root_saved_tensors
 from zsim.calibrate.step import PlanMeasurement, measure_plan
+from zsim.schedule.lower import runs_autocast
 from zsim.simulate import simulate
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
@@ -94,11 +95,17 @@ def compare(spec: ModelSpec, plan: Plan, profile: HardwareProfile,
     """Rows of predicted (simulator, activation model) vs measured figures."""
     result = simulate(spec, profile, plan)
     act = dtype_bytes(plan.param_dtype)
+    autocast = runs_autocast(plan)
     block_pred = spec.num_layers * sum(t.bytes for t in block_saved_tensors(
         spec, micro_batch=plan.micro_batch, seq_len=plan.seq_len, recompute=plan.recompute,
-        act_bytes=act))
-    root_pred = sum(t.bytes for t in root_saved_tensors(
-        spec, micro_batch=plan.micro_batch, seq_len=plan.seq_len, act_bytes=act))
+        act_bytes=act, autocast=autocast))
+    root = root_saved_tensors(spec, micro_batch=plan.micro_batch, seq_len=plan.seq_len,
+                              act_bytes=act, autocast=autocast)
+    # The RoPE tables are saved first inside layers.0, so the recorder files them under
+    # the blocks; count them there on both sides.
+    rope = sum(t.bytes for t in root if t.name.startswith("rope."))
+    block_pred += rope
+    root_pred = sum(t.bytes for t in root) - rope
     saved = measured.ranks[0].saved
     block_meas = sum(t.bytes for t in saved if t.scope != "root")
     root_meas = sum(t.bytes for t in saved if t.scope == "root")

@@ -2,16 +2,38 @@
 
 Owns the order of kernels and collectives each strategy issues, their dependencies and
 the memory they allocate and free; durations come from zsim.analytic.compute, collective
-sizes and links from zsim.analytic.comm, saved tensors from zsim.analytic.activations and
-the model state at rest from zsim.analytic.memory. Never simulates and never imports simpy.
+sizes and links from zsim.analytic.comm, saved tensors from zsim.analytic.activations;
+the model state at rest is the program's (state_at_rest_bytes; zsim.analytic.memory keeps
+the published closed form). Never simulates and never imports simpy.
 
-What is modelled (FSDP2 semantics, torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py
-and _fsdp_state.py; DDP's Reducer and DeepSpeed ZeRO-1/2 for the unsharded-parameter
-strategies):
+What is modelled: the programs the torch backend (zsim.calibrate.fsdp2) runs.
+- fsdp, fsdp-no-reshard, hsdp and zero2 run FSDP2's fully_shard (zero2 as
+  reshard_after_forward=False, its closest real equivalent; torch/distributed/fsdp/
+  _fully_shard/_fsdp_param.py, _fsdp_collectives.py, _fsdp_param_group.py). With a
+  MixedPrecisionPolicy the sharded parameter is the fp32 master copy: at rest a rank holds
+  only it and the optimizer states (12 B/param/N for AdamW, not the ZeRO paper's 16/N);
+  the all-gather writes the compute-dtype cast of the shard straight into the flat output
+  buffer (no separate input copy). Sharded gradients take the sharded parameter's dtype:
+  foreach_reduce reduce-scatters in the reduce dtype and, when that differs, casts the
+  output; they live from the unit's reduce-scatter until the optimizer step (gradients set
+  to None). FSDP2 keeps one reduce-scatter input alive until the next unit's
+  post-backward (reduce_scatter_states, cap 1), and clears it at the end of backward.
+- ddp and zero1 run DistributedDataParallel(gradient_as_bucket_view=True) with fp32
+  parameters under torch.autocast (ZeroRedundancyOptimizer for zero1): at rest params
+  4 B + the reducer's gradient buckets 4 B (allocated at construction, the gradients are
+  views into them, alive all the time) + optimizer states (sharded over N for zero1). The
+  activations are autocast's (zsim.analytic.activations, autocast=True).
+- Offloaded plans keep the closed-form state of zsim.analytic.memory (ZeRO-Offload).
+The plan's grad_dtype is therefore not a storage dtype of these programs; the closed-form
+table (zsim.analytic.memory) keeps the ZeRO paper's accounting.
+
+Order of ops (FSDP2 semantics; DDP's Reducer and DeepSpeed ZeRO-1 for the
+unsharded-parameter strategies):
 - FSDP units: the root (embeddings, final norm, output; FSDP2's root is not resharded
   after forward, so it is gathered once per micro-batch) and blocks grouped by
-  `plan.unit_size`. Each unit's all-gather allocates the gathered parameters and a flat
-  all-gather buffer (freed after copy-out).
+  `plan.unit_size`. Each unit's all-gather allocates a flat all-gather buffer; a copy-out
+  op on the compute stream, right before the unit runs, allocates the gathered parameters
+  and frees the flat buffer (FSDP2's wait_for_unshard in the unit's pre-hook).
 - Forward prefetch (implicit in FSDP2): the all-gather of unit k+p is issued when unit k
   starts computing, p = `plan.prefetch` (FSDP2: 1); p = 0 issues it after unit k-1 ends.
   Backward prefetch (explicit): the all-gather of unit k-p is issued when unit k's
@@ -22,11 +44,11 @@ strategies):
   set_requires_gradient_sync(False) and DDP's no_sync accumulate locally before it, as
   zsim.analytic.comm.step_comm counts). FSDP reduce-scatters each unit's gradients in the
   reduce dtype on its own stream from a flat input buffer; HSDP then all-reduces the
-  shard across replicas on a separate stream. DDP/ZeRO-1/ZeRO-2 reduce in buckets of
+  shard across replicas on a separate stream. DDP/ZeRO-1 reduce in buckets of
   `plan.bucket_bytes` as gradients become ready in backward.
 - The optimizer steps on the local shard after every reduction, memory-bound (AdamW
-  reads and writes master weights and states and reads the gradient); ZeRO-1/2 then
-  all-gather the updated parameters. Gradients are set to None after the step, so memory
+  reads and writes master weights and states and reads the gradient); ZeRO-1 then
+  all-gathers the updated parameters. Gradients are set to None after the step, so memory
   returns to the model state at rest.
 - Recomputation: the block's forward is re-run inside its backward (compute), and the
   tensors it re-materialises live during that backward (memory).
@@ -64,6 +86,7 @@ from zsim.analytic.compute import (
     block_forward_flops,
     compute_time_s,
     head_forward_flops,
+    optimizer_flops,
     recompute_forward_flops,
     step_flops,
 )
@@ -97,6 +120,10 @@ class _Builder:
         self.a = dtype_bytes(plan.param_dtype)
         self.shard = shard_group(plan, hw)
         self.repl = replicate_group(plan, hw)
+        self.unsharded_grads: dict[str, list[str]] = {}
+        """FSDP: per unit, the unsharded gradient buffers its reduce-scatter consumes."""
+        self.held_rs_input: str | None = None
+        """FSDP: the reduce-scatter input still held for the previous unit."""
 
     def add(self, **kw: object) -> int:
         index = len(self.ops)
@@ -149,12 +176,14 @@ def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
         raise ConfigError("plan.offload", plan.offload,
                           "parameter offload needs sharded parameters "
                           "(fsdp, fsdp-no-reshard, hsdp)")
+    if plan.strategy == "zero2":
+        # The backend's zero2: fully_shard(reshard_after_forward=False), the same program.
+        plan = plan.with_(strategy="fsdp-no-reshard")
     b = _Builder(model, hw, plan)
     units = _units(model, plan)
     root = _Unit(name="root", index=None, params=model.root_params, blocks=0)
-    state = model_state_bytes(model.num_params, plan)
     baseline = tuple(Buffer(name=f"state/{c}", category=c, bytes=math.ceil(v))
-                     for c, v in state.as_dict().items() if c != "grads" and v > 0)
+                     for c, v in state_at_rest_bytes(model.num_params, plan).items() if v > 0)
     grad_buffers: list[str] = []
     last_reduce: list[int] = []
     if plan.shards_params:
@@ -162,7 +191,7 @@ def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
     else:
         _lower_replicated(b, units, root, grad_buffers, last_reduce)
     opt = _optimizer(b, last_reduce, grad_buffers, state_params=model.num_params)
-    if plan.strategy in ("zero1", "zero2"):
+    if plan.strategy == "zero1":
         _param_all_gather(b, opt)
     last_per_stream: dict[str, int] = {}
     for op in b.ops:
@@ -184,22 +213,74 @@ def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
         notes=("gradients reduced once per step, on the last micro-batch",))
 
 
+# ---------------------------------------------------------------------- program state
+def runs_autocast(plan: Plan) -> bool:
+    """Whether the plan's program computes under torch.autocast: ddp and zero1 keep their
+    parameters in the master dtype (DDP has no compute-dtype parameter mode) and autocast
+    the forward to param_dtype; the FSDP2 strategies cast parameters at the all-gather."""
+    return plan.strategy in ("ddp", "zero1") and plan.has_master_copy
+
+
+def _persistent_grads(plan: Plan) -> bool:
+    """DDP's reducer allocates its gradient buckets at construction and the gradients are
+    views into them (gradient_as_bucket_view): they never come or go during a step."""
+    return plan.strategy in ("ddp", "zero1") and plan.offload == "none"
+
+
+def state_at_rest_bytes(num_params: int, plan: Plan) -> dict[str, float]:
+    """Bytes per category a rank holds between steps in the program the plan runs (see the
+    module docstring), from first principles; offloaded plans keep the closed form of
+    zsim.analytic.memory.model_state_bytes. zero2 is the FSDP2 program of fsdp-no-reshard.
+
+    - FSDP2 strategies: the sharded parameters in the at-rest dtype (fp32 master when the
+      compute dtype is lower: category master_params, else params) and the sharded
+      optimizer states; no gradients (set to None after the step).
+    - ddp / zero1: every parameter and its gradient bucket in the at-rest dtype, and the
+      optimizer states, sharded for zero1.
+
+    Returns:
+        {category: bytes} over zsim.analytic.memory.CATEGORIES' state categories.
+    """
+    if plan.strategy == "zero2":
+        plan = plan.with_(strategy="fsdp-no-reshard")
+    if plan.offload != "none":
+        closed = model_state_bytes(num_params, plan).as_dict()
+        return {c: v for c, v in closed.items() if c != "grads"}
+    shard = float(-(-num_params // plan.dp_shard))
+    w = _at_rest_bytes(plan)
+    params_cat = "master_params" if plan.has_master_copy else "params"
+    opt_elems = shard if plan.shards_optimizer else float(num_params)
+    out = {params_cat: (shard if plan.shards_params else float(num_params)) * w,
+           "optimizer_states": opt_elems * optimizer_bytes_per_param(plan)}
+    if _persistent_grads(plan):
+        out["grads"] = float(num_params) * w
+    return out
+
+
+def _grad_bytes(plan: Plan) -> int:
+    """Bytes per element of the gradients the optimizer reads: the at-rest dtype (FSDP2's
+    sharded grads take the sharded parameter's dtype; DDP's buckets the parameter's),
+    except offloaded plans, which keep the closed form's grad dtype."""
+    return _at_rest_bytes(plan) if plan.offload == "none" else dtype_bytes(plan.grad_dtype)
+
+
 # ---------------------------------------------------------------------- shared pieces
 def _activation_sizes(b: _Builder) -> tuple[int, int, int, int]:
     """(saved bytes per block, backward transient per block, root saved, loss working)."""
     m, p = b.model, b.plan
     kw = dict(micro_batch=p.micro_batch, seq_len=p.seq_len, act_bytes=b.a)
-    saved = block_activation_bytes(m, recompute=p.recompute, **kw)
+    ac = runs_autocast(p)
+    saved = block_activation_bytes(m, recompute=p.recompute, autocast=ac, **kw)
     transient = block_backward_working_bytes(m, **kw) + block_recompute_bytes(
-        m, recompute=p.recompute, **kw)
-    root_saved = sum(t.bytes for t in root_saved_tensors(m, **kw))
+        m, recompute=p.recompute, autocast=ac, **kw)
+    root_saved = sum(t.bytes for t in root_saved_tensors(m, autocast=ac, **kw))
     return saved, transient, root_saved, loss_working_bytes(m, **kw)
 
 
 def _block_flops(b: _Builder) -> tuple[Flops, Flops]:
     """(forward, backward incl. recomputation) FLOPs of one block for one micro-batch."""
     m, p = b.model, b.plan
-    kw = dict(micro_batch=p.micro_batch, seq_len=p.seq_len)
+    kw = dict(micro_batch=p.micro_batch, seq_len=p.seq_len, act_bytes=b.a)
     fwd = block_forward_flops(m, **kw)
     bwd = block_backward_flops(m, **kw) + recompute_forward_flops(m, recompute=p.recompute, **kw)
     return fwd, bwd
@@ -234,12 +315,18 @@ def _forward(b: _Builder, mb: int, units: list[_Unit], *, gather: dict[int, int]
 
 def _all_gather(b: _Builder, u: _Unit, mb: int, gathered: dict[int, str], *, phase: str,
                 **deps: tuple[int, ...]) -> int:
+    """One unit's all-gather and its copy-out, as FSDP2 runs them (_fsdp_collectives.py):
+    foreach_all_gather allocates only the flat output (the input is its own slice, written
+    by the compute-dtype cast of the shard), and the unit's own pre-forward/pre-backward
+    (wait_for_unshard, on the compute stream) allocates the unsharded parameters, copies
+    out and drops the flat buffer; the copy-out costs its memory traffic. Returns the
+    copy-out op, which the unit's compute depends on; `deps` place the all-gather's issue."""
     key = -1 if u.index is None else u.index
     size = u.params * b.a
     name = f"mb{mb}/{u.name}/gathered/{phase}"
     gathered[key] = name
     flat = f"{name}/flat"
-    frees: tuple[str, ...] = (flat,)
+    frees: tuple[str, ...] = ()
     if b.plan.offload == "params":
         # FSDP2 CPUOffloadPolicy: the shard (in its at-rest dtype) is copied to the GPU
         # before the all-gather, on the same issue point, and dropped after it.
@@ -251,12 +338,17 @@ def _all_gather(b: _Builder, u: _Unit, mb: int, gathered: dict[int, str], *, pha
                      **deps)
         deps = {"after": (h2d,)}
         frees += (shard,)
-    return b.collective(
+    ag = b.collective(
         kind="all_gather", size_bytes=size, group=b.shard, gname="shard",
         name=f"{u.name} all-gather {phase} (mb {mb})", unit=u.index, microbatch=mb,
-        allocs=(Buffer(name=name, category="gathered_params", bytes=size),
-                Buffer(name=flat, category="comm_buffers", bytes=size)),
+        allocs=(Buffer(name=flat, category="comm_buffers", bytes=size),),
         frees=frees, **deps)
+    # split_with_sizes_copy: reads the flat buffer, writes the unsharded parameters.
+    copy_out = Flops(matmul=0.0, attention=0.0, memory_bytes=2.0 * size, kernels=1)
+    return b.add(name=f"{u.name} copy-out {phase} (mb {mb})", kind=phase, stream="compute",
+                 unit=u.index, microbatch=mb, after=(ag,), compute_s=b.compute(copy_out),
+                 allocs=(Buffer(name=name, category="gathered_params", bytes=size),),
+                 frees=(flat,))
 
 
 def _at_rest_bytes(plan: Plan) -> int:
@@ -281,7 +373,8 @@ def _head(b: _Builder, mb: int, *, after: tuple[int, ...], grad_alloc: tuple[Buf
           ) -> tuple[int, int]:
     """Output projection + loss forward and backward of micro-batch mb."""
     _, _, root_saved, loss_work = _activation_sizes(b)
-    head = head_forward_flops(b.model, micro_batch=b.plan.micro_batch, seq_len=b.plan.seq_len)
+    head = head_forward_flops(b.model, micro_batch=b.plan.micro_batch, seq_len=b.plan.seq_len,
+                              act_bytes=b.a)
     saved_name = f"mb{mb}/root/saved"
     fwd = b.add(name=f"output+loss forward (mb {mb})", kind="forward", stream="compute",
                 microbatch=mb, after=after, compute_s=b.compute(head), flops=head.total,
@@ -306,7 +399,7 @@ def _lower_fsdp(b: _Builder, units: list[_Unit], root: _Unit, grad_buffers: list
     _, transient, _, _ = _activation_sizes(b)
     _, bwd_flops = _block_flops(b)
     n = p.dp_shard
-    g_bytes = dtype_bytes(p.grad_dtype)
+    g_bytes = _grad_bytes(p)
     r_bytes = dtype_bytes(p.reduce_dtype)
     acc_bytes = b.a if p.grad_accum == 1 else r_bytes  # FSDP2 accumulates in reduce dtype
     prev_last_bwd: int | None = None
@@ -320,13 +413,20 @@ def _lower_fsdp(b: _Builder, units: list[_Unit], root: _Unit, grad_buffers: list
         ag: dict[int, int] = {}
         fwd = _forward(b, mb, units, gather=ag, reshard=reshard, gathered=gathered, first=emb)
 
-        def grad_alloc(u: _Unit, mb: int = mb) -> tuple[Buffer, ...]:
-            if mb > 0:
-                return ()  # accumulating into the buffer of micro-batch 0
-            return (Buffer(name=f"{u.name}/unsharded_grad", category="gathered_grads",
-                           bytes=u.params * acc_bytes),)
+        def grad_alloc(u: _Unit, params: int, part: str = "", mb: int = mb
+                       ) -> tuple[Buffer, ...]:
+            """Autograd allocates each parameter's unsharded gradient when its backward
+            runs: a block unit's in its backward, the root's output projection and final
+            norm in the head's backward, its token embedding at the very end."""
+            if mb > 0 or params == 0:
+                return ()  # accumulating into the buffers of micro-batch 0
+            name = f"{u.name}/unsharded_grad{part}"
+            b.unsharded_grads.setdefault(u.name, []).append(name)
+            return (Buffer(name=name, category="gathered_grads", bytes=params * acc_bytes),)
 
-        _, head_b = _head(b, mb, after=(fwd[-1],), grad_alloc=grad_alloc(root))
+        emb_grad = 0 if b.model.tied_embeddings else b.model.embedding_params
+        _, head_b = _head(b, mb, after=(fwd[-1],),
+                          grad_alloc=grad_alloc(root, root.params - emb_grad))
         bwd: dict[int, int] = {}
         for k in reversed(range(len(units))):
             u = units[k]
@@ -345,32 +445,47 @@ def _lower_fsdp(b: _Builder, units: list[_Unit], root: _Unit, grad_buffers: list
                 unit=u.index, microbatch=mb, after=after, compute_s=b.compute(flops),
                 flops=flops.total,
                 allocs=(Buffer(name=work, category="activations", bytes=transient),
-                        *grad_alloc(u)),
+                        *grad_alloc(u, u.params)),
                 frees=(work, f"mb{mb}/{u.name}/saved", gathered[k]))
             if last_mb:
                 last_reduce.extend(_fsdp_reduce(b, u, bwd[k], n, g_bytes, r_bytes,
-                                                grad_buffers))
+                                                grad_buffers, final=False))
         emb_b = b.add(name=f"embedding backward (mb {mb})", kind="backward", stream="compute",
-                      microbatch=mb, frees=(gathered[-1],))
+                      microbatch=mb, allocs=grad_alloc(root, emb_grad, "/embedding"),
+                      frees=(gathered[-1],))
         if last_mb:
-            last_reduce.extend(_fsdp_reduce(b, root, emb_b, n, g_bytes, r_bytes, grad_buffers))
+            last_reduce.extend(_fsdp_reduce(b, root, emb_b, n, g_bytes, r_bytes, grad_buffers,
+                                            final=True))
         prev_last_bwd = emb_b
 
 
 def _fsdp_reduce(b: _Builder, u: _Unit, after: int, n: int, g_bytes: int, r_bytes: int,
-                 grad_buffers: list[str]) -> list[int]:
-    """Reduce-scatter of one unit's gradients (+ HSDP all-reduce of the shard)."""
+                 grad_buffers: list[str], *, final: bool) -> list[int]:
+    """Reduce-scatter of one unit's gradients (+ HSDP all-reduce of the shard), as
+    FSDP2's foreach_reduce: the unsharded gradients are freed once copied into the flat
+    input (reduce dtype); the output (reduce dtype) is cast to the sharded gradient's
+    dtype when they differ. The input stays alive until the next unit's reduce-scatter
+    (FSDP2's reduce_scatter_states, one buffer) or, for the last unit, the end of
+    backward. `final`: this is the last reduce-scatter of the step (the root)."""
     shard_grad = f"{u.name}/grad_shard"
     grad_buffers.append(shard_grad)
     shard_elems = math.ceil(u.params / n)
     rs_in = f"{u.name}/reduce_scatter_input"
+    allocs = [Buffer(name=rs_in, category="comm_buffers", bytes=u.params * r_bytes)]
+    frees: list[str] = [rs_in] if final else []
+    if r_bytes != g_bytes:
+        rs_out = f"{u.name}/reduce_scatter_output"
+        allocs.append(Buffer(name=rs_out, category="comm_buffers", bytes=shard_elems * r_bytes))
+        frees.append(rs_out)
+    allocs.append(Buffer(name=shard_grad, category="grads", bytes=shard_elems * g_bytes))
+    held = b.held_rs_input
+    b.held_rs_input = None if final else rs_in
     rs = b.collective(
         kind="reduce_scatter", size_bytes=u.params * r_bytes, group=b.shard, gname="shard",
         name=f"{u.name} reduce-scatter", unit=u.index, microbatch=b.plan.grad_accum - 1,
-        after=(after,), frees_at_start=(f"{u.name}/unsharded_grad",),
-        allocs=(Buffer(name=rs_in, category="comm_buffers", bytes=u.params * r_bytes),
-                Buffer(name=shard_grad, category="grads", bytes=shard_elems * g_bytes)),
-        frees=(rs_in,))
+        after=(after,),
+        frees_at_start=tuple(b.unsharded_grads.pop(u.name, ())) + ((held,) if held else ()),
+        allocs=tuple(allocs), frees=tuple(frees))
     last = rs
     if b.plan.dp_replicate > 1:
         last = b.collective(kind="all_reduce", size_bytes=shard_elems * r_bytes, group=b.repl,
@@ -382,25 +497,22 @@ def _fsdp_reduce(b: _Builder, u: _Unit, after: int, n: int, g_bytes: int, r_byte
     return [last]
 
 
-# ---------------------------------------------------------------------- DDP / ZeRO-1/2
+# ---------------------------------------------------------------------- DDP / ZeRO-1
 def _lower_replicated(b: _Builder, units: list[_Unit], root: _Unit, grad_buffers: list[str],
                       last_reduce: list[int]) -> None:
     p = b.plan
     _, transient, _, _ = _activation_sizes(b)
     _, bwd_flops = _block_flops(b)
-    full_grads_are_state = p.strategy in ("ddp", "zero1")
-    category = "grads" if full_grads_are_state else "gathered_grads"
+    persistent = _persistent_grads(p)
     for mb in range(p.grad_accum):
         last_mb = mb == p.grad_accum - 1
 
         def grad_alloc(u: _Unit, mb: int = mb) -> tuple[Buffer, ...]:
-            if mb > 0:
-                return ()
+            if mb > 0 or persistent:
+                return ()  # the reducer's buckets are part of the state at rest
             name = f"{u.name}/full_grad"
-            if full_grads_are_state:
-                grad_buffers.append(name)
-            return (Buffer(name=name, category=category,
-                           bytes=u.params * dtype_bytes(p.grad_dtype)),)
+            grad_buffers.append(name)
+            return (Buffer(name=name, category="grads", bytes=u.params * _grad_bytes(p)),)
 
         emb = b.add(name=f"embedding forward (mb {mb})", kind="forward", stream="compute",
                     microbatch=mb)
@@ -422,40 +534,30 @@ def _lower_replicated(b: _Builder, units: list[_Unit], root: _Unit, grad_buffers
                       microbatch=mb)
         ready.append((root, emb_b))
         if last_mb:
-            last_reduce.extend(_buckets(b, ready, grad_buffers))
+            last_reduce.extend(_buckets(b, ready))
 
 
-def _buckets(b: _Builder, ready: list[tuple[_Unit, int]], grad_buffers: list[str]
-             ) -> list[int]:
+def _buckets(b: _Builder, ready: list[tuple[_Unit, int]]) -> list[int]:
     """Bucketed gradient reduction in readiness order: a bucket is reduced once the
     backward op that completes it has run (DDP Reducer / DeepSpeed reduce buckets)."""
     p = b.plan
-    r_bytes, g_bytes = dtype_bytes(p.reduce_dtype), dtype_bytes(p.grad_dtype)
+    r_bytes, g_bytes = dtype_bytes(p.reduce_dtype), _grad_bytes(p)
     per_bucket = max(1, p.bucket_bytes // r_bytes)
     ddp = p.strategy == "ddp"
     out: list[int] = []
     pending = 0
-    waiting: list[_Unit] = []
     bucket = 0
 
-    def flush(elems: int, after: int, done_units: list[_Unit]) -> None:
+    def flush(elems: int, after: int) -> None:
         nonlocal bucket
-        frees = tuple(f"{u.name}/full_grad" for u in done_units) \
-            if p.strategy == "zero2" else ()
         kw = dict(name=f"bucket {bucket} {'all-reduce' if ddp else 'reduce-scatter'}",
-                  unit=bucket, microbatch=p.grad_accum - 1, after=(after,), frees=frees)
+                  unit=bucket, microbatch=p.grad_accum - 1, after=(after,))
         if ddp:
             out.append(b.collective(kind="all_reduce", size_bytes=elems * r_bytes,
                                     group=b.repl, gname="replicate", **kw))
         else:
-            allocs: tuple[Buffer, ...] = ()
-            if p.strategy == "zero2":
-                name = f"bucket {bucket}/grad_shard"
-                grad_buffers.append(name)
-                allocs = (Buffer(name=name, category="grads",
-                                 bytes=math.ceil(elems / p.dp_shard) * g_bytes),)
             out.append(b.collective(kind="reduce_scatter", size_bytes=elems * r_bytes,
-                                    group=b.shard, gname="shard", allocs=allocs, **kw))
+                                    group=b.shard, gname="shard", **kw))
         if p.offload == "optimizer":
             local = elems if ddp else math.ceil(elems / p.dp_shard)
             out[-1] = b.copy(kind="d2h", nbytes=local * g_bytes, unit=bucket,
@@ -465,17 +567,13 @@ def _buckets(b: _Builder, ready: list[tuple[_Unit, int]], grad_buffers: list[str
 
     for u, op in ready:
         remaining = u.params
-        waiting.append(u)
         while pending + remaining >= per_bucket:
-            take = per_bucket - pending
-            remaining -= take
-            done = waiting if remaining == 0 else waiting[:-1]
-            flush(per_bucket, op, list(done))
-            waiting = [] if remaining == 0 else [u]
+            remaining -= per_bucket - pending
+            flush(per_bucket, op)
             pending = 0
         pending += remaining
-    if pending or waiting:
-        flush(pending, ready[-1][1], waiting)
+    if pending:
+        flush(pending, ready[-1][1])
     return out
 
 
@@ -484,19 +582,35 @@ def _optimizer(b: _Builder, last_reduce: list[int], grad_buffers: list[str], *,
                state_params: int) -> int:
     """AdamW/SGD on the local shard: memory-bound, reads and writes the master weights
     (or the params without a master copy) and the optimizer states, reads the gradient,
-    and writes the compute-dtype params when a master copy exists (PyTorch foreach AdamW
-    touches each tensor once per step)."""
-    p, hw = b.plan, b.hw
+    and writes the compute-dtype params when a master copy exists; traffic and kernels
+    counted by zsim.analytic.compute.optimizer_flops."""
+    p = b.plan
     local = state_params / (p.dp_shard if p.shards_optimizer else 1)
     if p.offload != "none":
         return _host_optimizer(b, last_reduce, grad_buffers, local_params=local)
     master = dtype_bytes(p.master_dtype) if p.has_master_copy else b.a
-    per_param = (2 * master + 2 * optimizer_bytes_per_param(p) + dtype_bytes(p.grad_dtype)
-                 + (b.a if p.has_master_copy else 0))
-    seconds = local * per_param / (hw.hbm_bandwidth_bytes_per_s * hw.memory_bound_efficiency)
+    # ZeroRedundancyOptimizer partitions whole tensors; sharded params split every tensor.
+    tensors = len(b.model.parameter_tensors())
+    if p.shards_optimizer and not p.shards_params:
+        tensors = math.ceil(tensors / p.dp_shard)
+    seconds = b.compute(optimizer_flops(
+        local, optimizer=p.optimizer, tensors=tensors, master_bytes=master,
+        state_bytes_per_param=optimizer_bytes_per_param(p), grad_bytes=dtype_bytes(p.grad_dtype),
+        param_copy_bytes=b.a if p.has_master_copy else 0))
+    temp = _optimizer_temporaries(p, local)
     return b.add(name="optimizer step", kind="optimizer", stream="compute",
                  microbatch=p.grad_accum - 1, after=tuple(last_reduce), compute_s=seconds,
-                 frees=tuple(grad_buffers))
+                 allocs=temp, frees=tuple(grad_buffers) + tuple(t.name for t in temp))
+
+
+def _optimizer_temporaries(plan: Plan, local_params: float) -> tuple[Buffer, ...]:
+    """Working memory of the foreach optimizer step: torch.optim's _multi_tensor_adam
+    builds one new list, exp_avg_sq_sqrt = _foreach_sqrt(exp_avg_sq) (the size of the
+    second moment), and updates everything else in place; foreach SGD works in place."""
+    if plan.optimizer != "adamw":
+        return ()
+    return (Buffer(name="optimizer/exp_avg_sq_sqrt", category="optimizer_states",
+                   bytes=math.ceil(local_params) * dtype_bytes(plan.optimizer_state_dtype)),)
 
 
 def _host_optimizer(b: _Builder, last_reduce: list[int], grad_buffers: list[str], *,

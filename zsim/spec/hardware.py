@@ -25,7 +25,7 @@ _SCHEMA: dict[str, tuple[str, ...]] = {
     "intra_node": ("name", "bandwidth_gb_per_s", "latency_us", "efficiency", "source"),
     "inter_node": ("name", "bandwidth_gb_per_s", "latency_us", "efficiency", "source"),
     "efficiency": ("matmul", "attention", "memory_bound", "pcie", "host_adam_params_per_s",
-                   "comm_compute_slowdown", "source"),
+                   "comm_compute_slowdown", "kernel_overhead_us", "source"),
 }
 """Required keys of each section; no others are accepted."""
 
@@ -84,6 +84,10 @@ class HardwareProfile:
     """CPU AdamW throughput for offloaded optimizer steps, parameters per second per node."""
     comm_compute_slowdown: float
     """Fraction by which compute slows while communication kernels hold SMs (0 = none)."""
+    kernel_overhead_s: float = 0.0
+    """Fixed cost per kernel on the compute stream (dispatch and launch not hidden behind
+    earlier work), seconds; YAML key efficiency.kernel_overhead_us (required there).
+    Profiles built in code may leave it 0."""
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for a compute dtype.
@@ -134,6 +138,7 @@ class HardwareProfile:
             pcie_efficiency=_fraction(eff, "pcie"),
             host_adam_params_per_s=_pos(eff, "efficiency", "host_adam_params_per_s"),
             comm_compute_slowdown=_fraction(eff, "comm_compute_slowdown", allow_zero=True),
+            kernel_overhead_s=_non_negative(eff, "efficiency", "kernel_overhead_us") * US,
         )
 
     @classmethod
@@ -183,6 +188,13 @@ def _pos(d: dict[str, Any], section: str, key: str) -> float:
     v = d[key]
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
         raise ConfigError(f"{section}.{key}", v, "must be a positive number")
+    return float(v)
+
+
+def _non_negative(d: dict[str, Any], section: str, key: str) -> float:
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+        raise ConfigError(f"{section}.{key}", v, "must be a number >= 0")
     return float(v)
 
 
