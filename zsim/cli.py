@@ -63,7 +63,7 @@ def plan(
     hardware: HardwareOpt = DEFAULT_HARDWARE,
     seq: SeqOpt = None,
     micro_batch: MicroBatchOpt = 1,
-    grad_accum: Annotated[int, typer.Option(help="Micro-batches per optimizer step.")] = 1,
+    grad_accum: GradAccumOpt = 1,
     precision: Annotated[str, typer.Option(help="bf16 (mixed, fp32 master) or fp32.")] = "bf16",
     format: FormatOpt = Format.table,
 ) -> None:
@@ -113,6 +113,15 @@ Precision = _choices("Precision", PRECISIONS)
 Offload = _choices("Offload", get_args(OffloadLiteral))
 
 
+PlanModelOpt = Annotated[str, typer.Option(help="Preset name or a config.json path.")]
+StrategyOpt = Annotated[Strategy, typer.Option(help="Data-parallel strategy.")]
+ShardGroupOpt = Annotated[int | None, typer.Option(help="HSDP shard group size.")]
+GradAccumOpt = Annotated[int, typer.Option(help="Micro-batches per optimizer step.")]
+AcOpt = Annotated[Recompute, typer.Option(help="Activation checkpointing.")]
+PrecisionOpt = Annotated[Precision, typer.Option(help="Mixed bf16 or fp32.")]
+OffloadOpt = Annotated[Offload, typer.Option(help="Offload to host memory.")]
+
+
 class SimFormat(str, Enum):
     table = "table"
     json = "json"
@@ -120,17 +129,17 @@ class SimFormat(str, Enum):
 
 @app.command()
 def simulate(
-    model: Annotated[str, typer.Option(help="Preset name or a config.json path.")],
+    model: PlanModelOpt,
     gpus: GpusOpt,
-    strategy: Annotated[Strategy, typer.Option(help="Data-parallel strategy.")],
-    shard_group: Annotated[int | None, typer.Option(help="HSDP shard group size.")] = None,
+    strategy: StrategyOpt,
+    shard_group: ShardGroupOpt = None,
     hardware: HardwareOpt = DEFAULT_HARDWARE,
     seq: SeqOpt = None,
     micro_batch: MicroBatchOpt = 1,
-    grad_accum: Annotated[int, typer.Option(help="Micro-batches per optimizer step.")] = 1,
-    ac: Annotated[Recompute, typer.Option(help="Activation checkpointing.")] = Recompute.none,
-    precision: Annotated[Precision, typer.Option(help="Mixed bf16 or fp32.")] = Precision.bf16,
-    offload: Annotated[Offload, typer.Option(help="Offload to host memory.")] = Offload.none,
+    grad_accum: GradAccumOpt = 1,
+    ac: AcOpt = Recompute.none,
+    precision: PrecisionOpt = Precision.bf16,
+    offload: OffloadOpt = Offload.none,
     trace: Annotated[Path | None, typer.Option(help="Write a Chrome/Perfetto trace here.")] = None,
     format: Annotated[SimFormat, typer.Option(help="Output format.")] = SimFormat.table,
 ) -> None:
@@ -215,16 +224,16 @@ def calibrate(
 
 @app.command()
 def validate(
-    model: Annotated[str, typer.Option(help="Preset name or a config.json path.")],
+    model: PlanModelOpt,
     nproc: Annotated[int, typer.Option(help="Processes to run the plan on.")],
-    strategy: Annotated[Strategy, typer.Option(help="Data-parallel strategy.")],
-    shard_group: Annotated[int | None, typer.Option(help="HSDP shard group size.")] = None,
+    strategy: StrategyOpt,
+    shard_group: ShardGroupOpt = None,
     seq: SeqOpt = None,
     micro_batch: MicroBatchOpt = 1,
-    grad_accum: Annotated[int, typer.Option(help="Micro-batches per optimizer step.")] = 1,
-    ac: Annotated[Recompute, typer.Option(help="Activation checkpointing.")] = Recompute.none,
-    precision: Annotated[Precision, typer.Option(help="Mixed bf16 or fp32.")] = Precision.bf16,
-    offload: Annotated[Offload, typer.Option(help="Offload to host memory.")] = Offload.none,
+    grad_accum: GradAccumOpt = 1,
+    ac: AcOpt = Recompute.none,
+    precision: PrecisionOpt = Precision.bf16,
+    offload: OffloadOpt = Offload.none,
     profile: Annotated[str, typer.Option(help="Calibrated hardware profile.")] = "local-cpu",
     format: Annotated[SimFormat, typer.Option(help="Output format.")] = SimFormat.table,
 ) -> None:
