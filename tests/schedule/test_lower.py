@@ -166,8 +166,12 @@ def test_state_at_rest_of_the_programs(tiny_model: ModelSpec, h100: HardwareProf
     plan = Plan.for_strategy(strategy, gpus=gpus, seq_len=128)
     psi = tiny_model.num_params
     assert psi % 8 == 0  # shards cover the parameters exactly
-    got = {b.category: b.bytes for b in lower(tiny_model, h100, plan).baseline}
-    assert got == {c: psi * v for c, v in expected_per_param.items()}
+    got = {b.name: b.bytes for b in lower(tiny_model, h100, plan).baseline}
+    # Plus the module buffers: fp32 RoPE cos and sin, max_seq_len x head_dim each,
+    # replicated on every rank.
+    buffers = 2 * tiny_model.max_seq_len * tiny_model.head_dim * 4
+    assert got == {**{f"state/{c}": psi * v for c, v in expected_per_param.items()},
+                   "state/buffers": buffers}
 
 
 def test_fsdp_grad_shards_are_fp32_and_live_until_the_optimizer(

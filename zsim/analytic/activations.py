@@ -34,6 +34,9 @@ from zsim.spec.model import ModelSpec
 FP32_BYTES = 4
 INDEX_BYTES = 8
 """int64 token ids and labels."""
+STATE_ALIASES = frozenset({"rope.cos_sin_buffers"})
+"""Saved tensors that are the model's own buffers (ModelSpec.buffer_bytes): autograd
+references them, but they are state, not new allocations."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -65,6 +65,7 @@ import math
 from dataclasses import dataclass
 
 from zsim.analytic.activations import (
+    STATE_ALIASES,
     block_activation_bytes,
     block_backward_working_bytes,
     block_recompute_bytes,
@@ -184,6 +185,9 @@ def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
     root = _Unit(name="root", index=None, params=model.root_params, blocks=0)
     baseline = tuple(Buffer(name=f"state/{c}", category=c, bytes=math.ceil(v))
                      for c, v in state_at_rest_bytes(model.num_params, plan).items() if v > 0)
+    if model.buffer_bytes:
+        # Module buffers (RoPE tables) live with the parameters, replicated on every rank.
+        baseline += (Buffer(name="state/buffers", category="params", bytes=model.buffer_bytes),)
     grad_buffers: list[str] = []
     last_reduce: list[int] = []
     if plan.shards_params:
@@ -273,7 +277,9 @@ def _activation_sizes(b: _Builder) -> tuple[int, int, int, int]:
     saved = block_activation_bytes(m, recompute=p.recompute, autocast=ac, **kw)
     transient = block_backward_working_bytes(m, **kw) + block_recompute_bytes(
         m, recompute=p.recompute, autocast=ac, **kw)
-    root_saved = sum(t.bytes for t in root_saved_tensors(m, autocast=ac, **kw))
+    # Saved tensors that alias the model's buffers take no new memory (they are state).
+    root_saved = sum(t.bytes for t in root_saved_tensors(m, autocast=ac, **kw)
+                     if t.name not in STATE_ALIASES)
     return saved, transient, root_saved, loss_working_bytes(m, **kw)
 
 

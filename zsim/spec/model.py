@@ -199,6 +199,13 @@ class ModelSpec:
         return self.embedding_params + self.head_params + self.extra_params
 
     @property
+    def buffer_bytes(self) -> int:
+        """Non-parameter module state of the reference model (DESIGN.md): the fp32 RoPE
+        cos and sin tables, max_seq_len x head_dim each (zsim.calibrate.model); none
+        with learned position embeddings."""
+        return 0 if self.learned_pos_emb else 2 * self.max_seq_len * self.head_dim * 4
+
+    @property
     def num_params(self) -> int:
         """Total parameter count."""
         return self.num_layers * self.params_per_block + self.root_params
