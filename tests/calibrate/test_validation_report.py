@@ -25,7 +25,7 @@ KNOWN_GAPS = {
     "both ways: measured collectives run ~2-3x longer than the calibrated alpha-beta fit "
     "(comm_busy_s rows), and the simulator slows only compute, not collectives, while they "
     "overlap; FSDP2's per-unit copy-in/cast and the CPU's serial issue of every kernel are "
-    "not modelled either. DDP plans are within 13-23%, the FSDP family 32-45% short",
+    "not modelled either. DDP plans are 13-26% short, the FSDP family 30-48%",
 }
 
 
