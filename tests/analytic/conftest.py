@@ -27,6 +27,7 @@ def two_tier_hw() -> HardwareProfile:
         "intra_node": link("intra", 100, 1), "inter_node": link("inter", 10, 10),
         "efficiency": {"matmul": 0.5, "attention": 0.25, "memory_bound": 1.0, "pcie": 1.0,
                        "host_adam_params_per_s": 1e9, "comm_compute_slowdown": 0.0,
+                       "compute_comm_slowdown": 0.0,
                        "kernel_overhead_us": 0,
                        "source": "test"},
     }, name="two-tier")

@@ -9,11 +9,12 @@ from zsim.schedule.ops import Buffer, Op, Schedule
 NVLINK = (("intra_node", 1.0),)
 
 
-def _schedule(ops: list[Op], *, slowdown: float = 0.0, baseline: tuple[Buffer, ...] = (),
-              hbm_bytes: float = 1e12) -> Schedule:
+def _schedule(ops: list[Op], *, slowdown: float = 0.0, comm_slowdown: float = 0.0,
+              baseline: tuple[Buffer, ...] = (), hbm_bytes: float = 1e12) -> Schedule:
     return Schedule(ops=tuple(ops), baseline=baseline,
                     link_bytes_per_s={"intra_node": 100e9, "inter_node": 10e9},
-                    comm_compute_slowdown=slowdown, hbm_bytes=hbm_bytes, model_flops=1.0,
+                    comm_compute_slowdown=slowdown, compute_comm_slowdown=comm_slowdown,
+                    hbm_bytes=hbm_bytes, model_flops=1.0,
                     hardware_flops=1.0, tokens_per_rank=1, world_size=2,
                     peak_flop_per_s=1e12, dp_shard=2)
 
@@ -94,6 +95,16 @@ def test_compute_slows_while_a_collective_runs() -> None:
     ops = [_ag(0, "ag", 100), _fwd(1, "k", 2.0)]
     assert _timeline(_schedule(ops, slowdown=0.5)) == [
         (0.0, 1.0, "all_gather", "ag"), (0.0, 2.5, "compute", "k")]
+
+
+def test_collectives_and_compute_slow_each_other() -> None:
+    # Both slowdowns 0.5 (a CPU whose cores the collective's threads share): a 1 s
+    # all-gather and a 2 s kernel both run at half rate while together. After 2 s the
+    # all-gather is done (1 s of work at 0.5) and the kernel has done 1 s of its 2 s;
+    # the kernel's last 1 s runs alone: it ends at 3 s.
+    ops = [_ag(0, "ag", 100), _fwd(1, "k", 2.0)]
+    assert _timeline(_schedule(ops, slowdown=0.5, comm_slowdown=0.5)) == [
+        (0.0, 2.0, "all_gather", "ag"), (0.0, 3.0, "compute", "k")]
 
 
 def test_same_time_ties_follow_issue_order() -> None:

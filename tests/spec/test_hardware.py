@@ -32,6 +32,7 @@ TOY: dict[str, Any] = {
                    "efficiency": 1, "source": "made up"},
     "efficiency": {"matmul": 0.5, "attention": 0.25, "memory_bound": 0.75, "pcie": 0.8,
                    "host_adam_params_per_s": 1000000, "comm_compute_slowdown": 0,
+                   "compute_comm_slowdown": 0,
                    "kernel_overhead_us": 2.5,
                    "source": "made up"},
 }
@@ -145,6 +146,7 @@ def test_missing_key_names_it(write_yaml: Callable[..., Path], section: str, key
     ("intra_node", "efficiency", 1.5),
     ("intra_node", "latency_us", -1),
     ("efficiency", "comm_compute_slowdown", 1),
+    ("efficiency", "compute_comm_slowdown", -0.1),
     ("efficiency", "kernel_overhead_us", -1),
     ("efficiency", "matmul", 0),
     ("gpu", "source", ""),

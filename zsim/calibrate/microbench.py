@@ -82,7 +82,9 @@ class RankBench:
     """Fixed cost per kernel, counted as zsim.analytic.compute counts kernels, seconds."""
     adam_params_per_s: float = 0.0
     comm_compute_slowdown: float = 0.0
-    """Fractional matmul slow-down while an all-reduce is in flight."""
+    """Fraction of its rate a matmul loses while an all-reduce is in flight."""
+    compute_comm_slowdown: float = 0.0
+    """Fraction of its rate an all-reduce loses while matmuls run on every rank."""
 
 
 def _median_s(fn: Callable[[], Any], iters: int, warmup: int = 1,
@@ -139,6 +141,7 @@ def bench_rank(ctx: RankContext, cfg: BenchConfig) -> RankBench:
     out.kernel_overhead_s = _kernel_overhead(ctx, cfg.tiny_ops)
     out.adam_params_per_s = _adam(ctx, cfg.adam_params)
     out.comm_compute_slowdown = _slowdown(ctx)
+    out.compute_comm_slowdown = _comm_slowdown(ctx)
     return out
 
 
@@ -243,3 +246,28 @@ def _slowdown(ctx: RankContext) -> float:
         with_comm.append(time.perf_counter() - start)
         work.wait()
     return max(1.0 - alone / statistics.median(with_comm), 0.0)
+
+
+def _comm_slowdown(ctx: RankContext) -> float:
+    """Fraction of its rate a collective loses while compute runs on its ranks, the
+    engine's compute_comm_slowdown: 1 - t_alone / t_with for a 64 MiB all_reduce, alone
+    and with every rank running small matmuls until it completes (each rank issues the
+    same collectives in the same order; only the local polling differs)."""
+    a = torch.randn(256, 256, device=ctx.device)
+    buf = torch.ones(16 * MiB, device=ctx.device)
+    alone, with_compute = [], []
+    for _ in range(5):
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(buf)
+        alone.append(time.perf_counter() - start)
+    for _ in range(5):
+        dist.barrier()
+        start = time.perf_counter()
+        work = dist.all_reduce(buf, async_op=True)
+        assert work is not None
+        while not work.is_completed():
+            a @ a
+        with_compute.append(time.perf_counter() - start)
+        work.wait()
+    return max(1.0 - statistics.median(alone) / statistics.median(with_compute), 0.0)

@@ -3,8 +3,10 @@
 Owns `Fabric`, which runs transfers and compute kernels as fluid tasks whose rates are
 re-evaluated at every start and finish (processor sharing: k transfers on one link each
 get bandwidth / k; a compute kernel runs at 1 - comm_compute_slowdown of its rate while a
-collective is active on its rank), and `MemoryPool`, a counter with peak, per-category
-breakdown at the peak, the memory curve and out-of-memory detection. Imports only simpy.
+collective is active on its rank, and a collective at 1 - compute_comm_slowdown of its
+rate while a compute kernel runs on one of its ranks), and `MemoryPool`, a counter with
+peak, per-category breakdown at the peak, the memory curve and out-of-memory detection.
+Imports only simpy.
 
 Never a blocking `simpy.Container` for memory: it would deadlock silently and end the run
 early with a short, wrong step time (STYLE.md section 5). The pool records the first
@@ -26,11 +28,14 @@ _REL_TOL = 1e-9
 class _Task:
     """One fluid task: a transfer over links, or a compute kernel on a rank's SMs."""
 
-    __slots__ = ("done", "keys", "rank", "rate", "remaining", "tol", "weights")
+    __slots__ = ("done", "keys", "rank", "ranks", "rate", "remaining", "tol", "weights")
 
     def __init__(self, done: simpy.Event, work: float, keys: tuple[Hashable, ...],
-                 weights: tuple[float, ...], rank: Hashable | None) -> None:
+                 weights: tuple[float, ...], rank: Hashable | None,
+                 ranks: tuple[Hashable, ...] = ()) -> None:
         self.done = done
+        self.ranks = ranks
+        """A transfer's ranks whose compute slows it."""
         self.remaining = work
         self.tol = work * _REL_TOL
         self.keys = keys
@@ -49,22 +54,23 @@ class Fabric:
     """
 
     def __init__(self, env: simpy.Environment, link_bytes_per_s: dict[Hashable, float], *,
-                 comm_compute_slowdown: float) -> None:
+                 comm_compute_slowdown: float, compute_comm_slowdown: float = 0.0) -> None:
         self._env = env
         self._capacity = dict(link_bytes_per_s)
         self._slowdown = comm_compute_slowdown
+        self._comm_slowdown = compute_comm_slowdown
         self._tasks: list[_Task] = []
         self._comm_active: dict[Hashable, int] = {}
         self._last_s = 0.0
         self._generation = 0
         self._pending_at: float | None = None
 
-    def transfer(self, loads: tuple[tuple[Hashable, float], ...], work_bytes: float
-                 ) -> simpy.Event:
+    def transfer(self, loads: tuple[tuple[Hashable, float], ...], work_bytes: float, *,
+                 ranks: tuple[Hashable, ...] = ()) -> simpy.Event:
         """Start moving `work_bytes` over the links in `loads` ((key, weight) pairs); the
-        event fires when done."""
+        event fires when done. Compute running on any of `ranks` slows it."""
         return self._add(tuple(k for k, _ in loads), tuple(w for _, w in loads),
-                         work_bytes, None)
+                         work_bytes, None, ranks)
 
     def alone_rate(self, loads: tuple[tuple[Hashable, float], ...]) -> float:
         """Progress rate of a transfer with these loads if it had its links to itself."""
@@ -97,13 +103,13 @@ class Fabric:
 
     # ------------------------------------------------------------------ internals
     def _add(self, keys: tuple[Hashable, ...], weights: tuple[float, ...], work: float,
-             rank: Hashable | None) -> simpy.Event:
+             rank: Hashable | None, ranks: tuple[Hashable, ...] = ()) -> simpy.Event:
         done = self._env.event()
         if work <= 0:
             done.succeed()
             return done
         self._advance()
-        self._tasks.append(_Task(done, work, keys, weights, rank))
+        self._tasks.append(_Task(done, work, keys, weights, rank, ranks))
         self._reschedule()
         return done
 
@@ -126,6 +132,8 @@ class Fabric:
         for t in self._tasks:
             for k in t.keys:
                 counts[k] = counts.get(k, 0) + 1
+        computing = {t.rank for t in self._tasks if t.rank is not None} \
+            if self._comm_slowdown > 0 else set()
         next_s = float("inf")
         for t in self._tasks:
             if t.rank is not None:
@@ -133,6 +141,8 @@ class Fabric:
             else:
                 t.rate = min(self._capacity[k] / (counts[k] * w)
                              for k, w in zip(t.keys, t.weights, strict=True))
+                if any(r in computing for r in t.ranks):
+                    t.rate *= 1.0 - self._comm_slowdown
             next_s = min(next_s, t.remaining / t.rate)
         if not self._tasks:
             return

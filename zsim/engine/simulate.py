@@ -77,7 +77,8 @@ class _Run:
             for r in range(num_ranks):
                 links[(r, name)] = bw
         self.fabric = Fabric(self.env, links,
-                             comm_compute_slowdown=schedule.comm_compute_slowdown)
+                             comm_compute_slowdown=schedule.comm_compute_slowdown,
+                             compute_comm_slowdown=schedule.compute_comm_slowdown)
         self.memory = MemoryPool(schedule.hbm_bytes)
         for b in schedule.baseline:
             self.memory.alloc(b.name, b.category, b.bytes, pool="baseline", time_s=0.0,
@@ -232,7 +233,8 @@ class _Run:
         if op.bus_bytes > 0:
             loads = tuple(((r, name), w) for r in members for name, w in op.link_loads)
             alone_s = op.bus_bytes / fabric.alone_rate(loads)
-            yield fabric.transfer(loads, op.bus_bytes)
+            yield fabric.transfer(loads, op.bus_bytes,
+                                  ranks=tuple(members) if on_sms else ())
             shared = env.now - t0 > alone_s * (1 + 1e-6)
         for r in members if on_sms else ():
             fabric.comm_finished(r)

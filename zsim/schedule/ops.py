@@ -120,6 +120,8 @@ class Schedule:
     """Achievable bandwidth of each link the collectives use, per GPU per direction."""
     comm_compute_slowdown: float
     """Fraction by which compute slows while a collective runs on the rank (0 = none)."""
+    compute_comm_slowdown: float = 0.0
+    """Fraction by which a collective slows while compute runs on the rank (0 = none)."""
     hbm_bytes: float
     """HBM the allocator can hand out, bytes."""
     model_flops: float

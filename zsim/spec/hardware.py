@@ -25,7 +25,8 @@ _SCHEMA: dict[str, tuple[str, ...]] = {
     "intra_node": ("name", "bandwidth_gb_per_s", "latency_us", "efficiency", "source"),
     "inter_node": ("name", "bandwidth_gb_per_s", "latency_us", "efficiency", "source"),
     "efficiency": ("matmul", "attention", "memory_bound", "pcie", "host_adam_params_per_s",
-                   "comm_compute_slowdown", "kernel_overhead_us", "source"),
+                   "comm_compute_slowdown", "compute_comm_slowdown", "kernel_overhead_us",
+                   "source"),
 }
 """Required keys of each section; no others are accepted."""
 
@@ -84,6 +85,9 @@ class HardwareProfile:
     """CPU AdamW throughput for offloaded optimizer steps, parameters per second per node."""
     comm_compute_slowdown: float
     """Fraction by which compute slows while communication kernels hold SMs (0 = none)."""
+    compute_comm_slowdown: float = 0.0
+    """Fraction of its rate a collective loses while compute runs on its rank (0 = none:
+    GPU collectives run on their own SMs; on a CPU, gloo's threads share the cores)."""
     kernel_overhead_s: float = 0.0
     """Fixed cost per kernel on the compute stream (dispatch and launch not hidden behind
     earlier work), seconds; YAML key efficiency.kernel_overhead_us (required there).
@@ -138,6 +142,7 @@ class HardwareProfile:
             pcie_efficiency=_fraction(eff, "pcie"),
             host_adam_params_per_s=_pos(eff, "efficiency", "host_adam_params_per_s"),
             comm_compute_slowdown=_fraction(eff, "comm_compute_slowdown", allow_zero=True),
+            compute_comm_slowdown=_fraction(eff, "compute_comm_slowdown", allow_zero=True),
             kernel_overhead_s=_non_negative(eff, "efficiency", "kernel_overhead_us") * US,
         )
 
