@@ -21,11 +21,11 @@ BOUNDS_PCT = {
 """Issue 4, item 5 (gloo, CPU, world 2 and 4); restated here, independent of the code."""
 
 KNOWN_GAPS = {
-    "step_time_s": "on this 2-core host the ranks' gloo threads and compute share the cores "
-    "both ways: measured collectives run ~2-3x longer than the calibrated alpha-beta fit "
-    "(comm_busy_s rows), and the simulator slows only compute, not collectives, while they "
-    "overlap; FSDP2's per-unit copy-in/cast and the CPU's serial issue of every kernel are "
-    "not modelled either. DDP plans are 13-26% short, the FSDP family 30-48%",
+    "step_time_s": "on this 2-core host the ranks' gloo threads and compute share the cores; "
+    "the profile's symmetric slow-downs (calibrated) close part of it, but measured "
+    "collectives still run up to ~2.6x the predicted busy time (comm_busy_s rows), and "
+    "FSDP2's per-unit copy-in/cast and reduce-scatter copy-in, run serially on the CPU, "
+    "are not modelled: DDP plans are 10-29% short, the FSDP family 26-45%",
 }
 
 
