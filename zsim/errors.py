@@ -17,11 +17,3 @@ class ConfigError(ZsimError):
         self.value = value
         self.reason = reason
         super().__init__(f"{field}={value!r}: {reason}")
-
-
-class InfeasiblePlan(ZsimError):
-    """A plan cannot run on the given cluster (for example its state alone exceeds HBM)."""
-
-
-class OutOfMemory(ZsimError):
-    """The simulated memory ledger exceeded HBM capacity."""

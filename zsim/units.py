@@ -11,7 +11,6 @@ GiB = 2**30
 MiB = 2**20
 US = 1e-6
 """One microsecond, seconds."""
-TFLOP = 1e12
 
 Dtype = Literal["fp32", "bf16", "fp16", "int8"]
 DTYPES: tuple[str, ...] = get_args(Dtype)

@@ -18,14 +18,12 @@ References:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
-from zsim.spec.hardware import HardwareProfile, Link
+from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 from zsim.units import dtype_bytes
 
-CollectiveKind = Literal["all_gather", "reduce_scatter", "all_reduce"]
 COLLECTIVE_KINDS: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce")
 
 
@@ -64,12 +62,6 @@ def latency_steps(kind: str, n: int) -> int:
     if n <= 1:
         return 0
     return (2 if kind == "all_reduce" else 1) * (n - 1)
-
-
-def group_link(group: CommGroup, hw: HardwareProfile) -> Link:
-    """The link of the group's slowest phase: the per-GPU NIC as soon as the ring leaves
-    a node, NVLink otherwise."""
-    return hw.inter_node if group.spans_nodes else hw.intra_node
 
 
 def ring_link_loads(group: CommGroup) -> tuple[tuple[str, float], ...]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,11 +63,6 @@ class LiveMemory(TorchDispatchMode):
     def _bump(self, delta_bytes: int) -> None:
         self.live_bytes += delta_bytes
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
-
-    def track(self, tensors: Iterable[torch.Tensor]) -> None:
-        """Count storages that exist already (parameters, gradients, optimizer state)."""
-        for t in tensors:
-            self._add(_local(t).untyped_storage())
 
     def reset_peak(self) -> None:
         self.peak_bytes = self.live_bytes

@@ -94,11 +94,6 @@ class PlanMeasurement:
         """Saved-activation bytes attributed to one block on rank 0."""
         return sum(t.bytes for t in self.ranks[0].saved if t.scope == block)
 
-    @property
-    def saved_total_bytes(self) -> int:
-        """All saved-activation bytes of one micro-batch on rank 0 (deduplicated)."""
-        return sum(t.bytes for t in self.ranks[0].saved)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Job:

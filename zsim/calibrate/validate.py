@@ -215,15 +215,6 @@ def regenerate_report(profile: HardwareProfile, *, out_dir: Path | None = None,
     return path
 
 
-def plot_csv(path: Path) -> Path:
-    """Redraw `predicted_vs_measured.png` beside a validation CSV without re-running."""
-    with path.open() as f:
-        rows = [{**r, "nproc": int(r["nproc"]), "predicted": float(r["predicted"]),
-                 "measured": float(r["measured"])} for r in csv.DictReader(f)]
-    _plot(rows, path.parent)
-    return path.parent / "predicted_vs_measured.png"
-
-
 def _profiles_per_world(profile: HardwareProfile, world_sizes: list[int], out_dir: Path, *,
                         backend: str) -> dict[int, HardwareProfile]:
     """`profile` for the world size it was measured at (its gpus_per_node); for other

@@ -225,10 +225,6 @@ class MemoryPool:
         self.curve.append((time_s, self.current_bytes))
 
     @property
-    def live_names(self) -> list[str]:
-        return list(self._live)
-
-    @property
     def reserved_bytes(self) -> int:
         """What a caching allocator with one block pool per stream would hold: the sum of
         each stream's own peak (cached blocks freed on one stream are not handed to
