@@ -17,6 +17,7 @@ from zsim.schedule.lower import lower
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
+from zsim.spec.validate import validate
 
 RANK_LEVEL_STEPS = 16
 """Steps sampled in rank-level mode for the p50/p99 step time."""
@@ -43,9 +44,11 @@ def simulate(model: ModelSpec, hw: HardwareProfile, plan: Plan, *, trace: bool =
         ledger exceeds HBM (the step time is still reported).
 
     Raises:
-        ConfigError: a plan the simulator does not model (tp/pp, parameter offload
-            without sharded parameters), or an invalid unit size.
+        ConfigError: a plan that breaks a cross-object rule (zsim.spec.validate: world
+            size, head/layer divisibility, unit size, sequence length), or one the
+            simulator does not model (tp/pp, parameter offload without sharded parameters).
     """
+    validate(model, hw, plan)
     schedule = lower(model, hw, plan)
     if not rank_level:
         out = run(schedule)

@@ -77,3 +77,11 @@ def test_bad_input_is_one_line(args: list[str], named: str) -> None:
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and named in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_simulate_checks_cross_object_rules() -> None:
+    # GPT-3 125M has 2048 learned positions: a 4096-token plan cannot run.
+    proc = run(["simulate", "--model", "125m", "--gpus", "8", "--seq", "4096",
+                "--strategy", "fsdp"])
+    assert proc.returncode == 2
+    assert "seq_len" in proc.stderr and "4096" in proc.stderr
