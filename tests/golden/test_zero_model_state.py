@@ -24,8 +24,6 @@ from zsim.spec.model import synthetic
 from zsim.spec.plan import Plan
 from zsim.units import GB
 
-PUBLISHED = Path(__file__).resolve().parents[2] / ".." / "shared" / "cases" / "published.yaml"
-
 SEED_GB = {"ddp": "112", "zero1": "29.3", "zero2": "15.5", "fsdp": "1.75", "zero3": "1.75"}
 """Seed card, 7.0e9 parameters on 64 GPUs, decimal GB as printed."""
 
@@ -63,12 +61,11 @@ def test_seed_card_communication_7b_on_64(strategy: str, toy_hw: HardwareProfile
                         rel_tol=1e-12)
 
 
-def _zero_case() -> dict:
-    if not PUBLISHED.is_file():
-        pytest.skip(f"published cases not found at {PUBLISHED} (shared/ is outside the repo)")
+def _zero_case(cases_dir: Path) -> dict:
     # BaseLoader keeps every scalar as the printed string, so the table's precision
     # ("35.62", "0.469") is known.
-    cases = yaml.load(PUBLISHED.read_text(), Loader=yaml.BaseLoader)["cases"]
+    cases = yaml.load((cases_dir / "published.yaml").read_text(),
+                      Loader=yaml.BaseLoader)["cases"]
     (case,) = [c for c in cases if c["id"] == "F-ZeRO-Table1-7.5B"]
     return case
 
@@ -78,8 +75,9 @@ ZERO_COLUMNS = {"baseline_dp_gb": "ddp", "pos_gb": "zero1", "pos_g_gb": "zero2",
 """Table 1 columns -> zsim strategy: P_os = ZeRO-1, P_os+g = ZeRO-2, P_os+g+p = ZeRO-3."""
 
 
-def test_zero_paper_table1_every_row(matches_printed: Callable[[float, str], bool]) -> None:
-    case = _zero_case()
+def test_zero_paper_table1_every_row(matches_printed: Callable[[float, str], bool],
+                                     cases_dir: Path) -> None:
+    case = _zero_case(cases_dir)
     psi = 7_500_000_000  # the case's model: "generic 7.5B-parameter model (Psi=7.5e9)"
     rows = case["measured"]["model_state_gb_per_gpu"]
     assert sorted(int(r["Nd"]) for r in rows) == [1, 4, 16, 64, 256, 1024]
