@@ -1,0 +1,49 @@
+"""Simulated throughput against a published measurement, and MFU against its published
+definition (shared/cases/published.yaml)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from zsim.simulate import simulate
+from zsim.spec.plan import Plan
+from zsim.spec.presets import PRESETS
+from zsim.spec.registry import resolve_hardware
+
+
+def _mpt7b_on_8_a100(case: dict[str, Any]) -> tuple[Any, Any, Plan]:
+    """MOS-MPT7B-FSDP-8xA100-80-noAC: GPT-style 7B (the gpt3-6.7b shape with MPT's
+    50368-token vocabulary: 6,658,859,008 parameters), FSDP full shard on 8 A100 80GB,
+    seq 2048, micro-batch 6 x 2 accumulation, bf16 params with fp32 reduce, no recompute."""
+    model = replace(PRESETS["gpt3-6.7b"], vocab_size=case["model"]["vocab"])
+    plan = Plan.for_strategy("fsdp", gpus=case["cluster"]["gpus"],
+                             seq_len=case["model"]["seq"],
+                             micro_batch=case["plan"]["micro_batch"],
+                             grad_accum=case["plan"]["grad_accum"], reduce_dtype="fp32")
+    return model, resolve_hardware("dgx-a100"), plan
+
+
+def test_mpt7b_throughput_matches_the_published_run(
+        published_cases: dict[str, dict[str, Any]]) -> None:
+    case = published_cases["MOS-MPT7B-FSDP-8xA100-80-noAC"]
+    model, hw, plan = _mpt7b_on_8_a100(case)
+    assert model.num_params == 6_658_859_008
+    r = simulate(model, hw, plan)
+    measured = case["measured"]["tokens_per_s_per_gpu"]  # 4641
+    # Issue 4's step-time bound (15%); the simulation gives ~4,810 (+3.7%).
+    assert r.tokens_per_s_per_gpu == pytest.approx(measured, rel=0.15)
+
+
+def test_mfu_follows_the_published_definition(
+        published_cases: dict[str, dict[str, Any]]) -> None:
+    # The cases' definition: MFU = tokens/s/GPU x (6N + attention) / peak. zsim counts
+    # model FLOPs op by op (zsim.analytic.compute); they differ only by the norm and bias
+    # parameters that 6N counts and no matmul touches (< 0.1% here).
+    case = published_cases["MOS-MPT7B-FSDP-8xA100-80-noAC"]
+    model, hw, plan = _mpt7b_on_8_a100(case)
+    r = simulate(model, hw, plan)
+    by_definition = r.tokens_per_s_per_gpu * model.flops_per_token(plan.seq_len) / hw.peak("bf16")
+    assert r.mfu == pytest.approx(by_definition, rel=1e-3)
