@@ -16,7 +16,9 @@ def two_tier_hw() -> HardwareProfile:
 
     def link(name: str, gb_per_s: float, us: float) -> dict[str, object]:
         return {"name": name, "bandwidth_gb_per_s": gb_per_s, "latency_us": us,
-                "efficiency": 1.0, "source": "test"}
+                "efficiency": 1.0, "source": "test",
+                "collective_efficiency": {"all_gather": 1.0, "reduce_scatter": 1.0,
+                                          "all_reduce": 1.0}}
 
     return HardwareProfile.from_dict({
         "name": "two-tier", "description": "toy",
@@ -30,4 +32,6 @@ def two_tier_hw() -> HardwareProfile:
                        "compute_comm_slowdown": 0.0,
                        "kernel_overhead_us": 0,
                        "source": "test"},
+        "host": {"launch": "async", "collective_overhead_us": 0, "rank_skew": 0,
+                 "fsdp_unit_overhead_us": 0, "source": "test"},
     }, name="two-tier")

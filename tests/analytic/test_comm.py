@@ -5,6 +5,7 @@ communication worked by hand on the two-tier toy cluster (4 GPUs per node, 100 G
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -58,6 +59,25 @@ def test_a_ring_leaving_the_node_uses_every_nic(two_tier_hw: HardwareProfile) ->
     replicas = CommGroup(ranks=4, ranks_per_node=1)
     assert math.isclose(collective_time_s("all_gather", 1e9, replicas, two_tier_hw),
                         0.075 + 30e-6)
+
+
+def test_a_kind_with_lower_collective_efficiency_loads_the_link_more(
+        two_tier_hw: HardwareProfile) -> None:
+    # gloo-like reduce-scatter at 0.4 of all-gather's rate on NVLink, 0.5 on the NIC:
+    # inside a node 3/4 GB at 40 GB/s = 18.75 ms; across nodes the NIC's load
+    # 0.25 / 0.5 over 10 GB/s (50 ps per bus byte) beats NVLink's 0.75 / 0.4 over
+    # 100 GB/s (18.75 ps): 7/8 GB * 50 ps = 43.75 ms. Latencies as above.
+    intra = replace(two_tier_hw.intra_node,
+                    kind_efficiency={"all_gather": 1.0, "reduce_scatter": 0.4, "all_reduce": 1.0})
+    inter = replace(two_tier_hw.inter_node,
+                    kind_efficiency={"all_gather": 1.0, "reduce_scatter": 0.5, "all_reduce": 1.0})
+    hw = replace(two_tier_hw, intra_node=intra, inter_node=inter)
+    inside = CommGroup(ranks=4, ranks_per_node=4)
+    across = CommGroup(ranks=8, ranks_per_node=4)
+    assert math.isclose(collective_time_s("reduce_scatter", 1e9, inside, hw), 0.01875 + 3e-6)
+    assert math.isclose(collective_time_s("reduce_scatter", 1e9, across, hw), 0.04375 + 16e-6)
+    # other kinds keep the link's own rate
+    assert math.isclose(collective_time_s("all_gather", 1e9, across, hw), 0.021875 + 16e-6)
 
 
 def test_groups_of_a_hybrid_plan(two_tier_hw: HardwareProfile) -> None:

@@ -19,7 +19,8 @@ pytestmark = pytest.mark.slow
 QUICK = BenchConfig(sizes_bytes=(4096, 65536, 1 << 20, 4 << 20), iters_small=3, iters_large=2,
                     matmul_shapes=((256, 256, 256), (512, 256, 512)), copy_bytes=8 << 20,
                     adam_params=1 << 18, attention_shape=(1, 2, 128, 64),
-                    elementwise_numels=(1 << 16,), tiny_ops=50)
+                    elementwise_numels=(1 << 16,), tiny_ops=50, sync_segments=(1, 4, 8),
+                    fsdp_layers=(1, 3))
 
 
 def test_calibrate_writes_a_loadable_profile_with_provenance(tmp_path: Path) -> None:
@@ -39,6 +40,15 @@ def test_calibrate_writes_a_loadable_profile_with_provenance(tmp_path: Path) -> 
     assert 0 < hw.memory_bound_efficiency <= 1
     assert 1e-7 < hw.kernel_overhead_s < 1e-3
     assert "kernel_overhead" in text and "log_softmax" in text
+    # CPU ranks run their kernels on the calling thread; the host costs are measured:
+    # FSDP2's hooks take host time per unit (tens of microseconds at least, under a
+    # second), and reduce_scatter (an all-reduce of the whole buffer in gloo) has its
+    # own fitted rate.
+    assert hw.launch == "synchronous"
+    assert 1e-5 < hw.fsdp_unit_overhead_s < 1.0
+    assert hw.rank_skew >= 0 and hw.collective_overhead_s >= 0
+    assert set(hw.intra_node.kind_efficiency) == {"all_gather", "reduce_scatter", "all_reduce"}
+    assert hw.intra_node.kind_efficiency["all_gather"] == 1.0
 
 
 def test_calibrate_rejects_bad_arguments(tmp_path: Path) -> None:

@@ -51,3 +51,19 @@ def test_fit_rejects_too_few_or_flat_timings() -> None:
             for s in (4096, 1 << 20)]
     with pytest.raises(ConfigError, match="samples"):
         fit_alpha_beta(flat)
+
+
+def test_fit_gives_each_kind_its_own_bandwidth() -> None:
+    # gloo reduce-scatters by all-reducing the whole buffer: in ring terms its bandwidth is
+    # a fraction of all-gather's. One alpha, one bandwidth per kind, recovered exactly.
+    alpha_s, bw = 300e-6, 2e9
+    rate = {"all_gather": bw, "reduce_scatter": 0.4 * bw, "all_reduce": 1.5 * bw}
+    samples = [CollectiveSample(op=op, size_bytes=size, world_size=n,
+                                time_s=_ring_time_s(op, size, n, alpha_s, rate[op]))
+               for op in rate for size in (4096, 1 << 20, 64 << 20) for n in (2, 4)]
+    fit = fit_alpha_beta(samples)
+    assert fit.latency_s == pytest.approx(alpha_s, rel=1e-6)
+    assert fit.bandwidth_bytes_per_s == pytest.approx(bw, rel=1e-6)
+    assert fit.kind_factor == pytest.approx({"all_gather": 1.0, "reduce_scatter": 0.4,
+                                             "all_reduce": 1.5}, rel=1e-6)
+    assert fit.max_rel_error < 1e-9

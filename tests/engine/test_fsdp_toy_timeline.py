@@ -4,6 +4,8 @@ disabled so nothing overlaps: every op's start and end worked out by hand below.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import pytest
 from toy_cluster import make_toy_hw
 
@@ -14,7 +16,21 @@ from zsim.spec.plan import Plan
 US = 1e-6
 
 
-def test_fsdp_step_without_prefetch_is_the_sum_of_its_ops(tiny_model: ModelSpec) -> None:
+@dataclass(frozen=True)
+class Durations:
+    """Times of the tiny model's ops on the toy cluster, seconds, worked out by hand."""
+
+    fwd: float
+    bwd: float
+    head: float
+    ag_block: float
+    ag_root: float
+    opt: float
+    copy_block: float
+    copy_root: float
+
+
+def hand_durations() -> Durations:
     # tiny: d=256, 4 heads (kv=256), SwiGLU 512, vocab 1000; micro-batch 1 x 256 tokens.
     tokens = 256
     matmul_params = 4 * 256 * 256 + 3 * 256 * 512          # wq wk wv wo, w1 w3 w2
@@ -44,6 +60,14 @@ def test_fsdp_step_without_prefetch_is_the_sum_of_its_ops(tiny_model: ModelSpec)
     copy_block = block_params * 2 * 2 / 1e12
     copy_root = root_params * 2 * 2 / 1e12
 
+    return Durations(fwd=fwd, bwd=bwd, head=head, ag_block=ag_block, ag_root=ag_root,
+                     opt=opt, copy_block=copy_block, copy_root=copy_root)
+
+
+def test_fsdp_step_without_prefetch_is_the_sum_of_its_ops(tiny_model: ModelSpec) -> None:
+    d = hand_durations()
+    fwd, bwd, head, opt = d.fwd, d.bwd, d.head, d.opt
+    ag_block, ag_root, copy_block, copy_root = d.ag_block, d.ag_root, d.copy_block, d.copy_root
     t = [0.0]
 
     def after(d: float) -> float:
@@ -92,3 +116,77 @@ def test_fsdp_step_without_prefetch_is_the_sum_of_its_ops(tiny_model: ModelSpec)
     assert r.step_time_s == pytest.approx(t[0], rel=1e-12)
     # No overlap: step = compute + communication busy time.
     assert r.step_time_s == pytest.approx(r.compute_time_s + r.comm_busy_total_s, rel=1e-12)
+
+
+def test_fsdp_step_on_a_synchronous_host_runs_every_op_alone_in_host_order(
+        tiny_model: ModelSpec) -> None:
+    # A CPU rank runs its kernels on the calling thread and FSDP2 issues its collectives
+    # without async_op, so the step is FSDP2's host program in order, one op at a time:
+    # the implicit forward prefetch (host run-ahead) is gone, and the backward prefetch
+    # issued from each pre-backward hook runs before that unit's backward. Host costs:
+    # every kernel stretched by the rank skew (x1.5), 20 us of FSDP2 hook time on each
+    # unit's forward copy-out, 1 us more start-up per collective.
+    d = hand_durations()
+    skew, hooks, extra = 1.5, 20 * US, 1 * US
+    fwd, bwd, head, opt = skew * d.fwd, skew * d.bwd, skew * d.head, skew * d.opt
+    copy_block, copy_root = skew * d.copy_block, skew * d.copy_root
+    ag_block, ag_root = d.ag_block + extra, d.ag_root + extra
+    order = [
+        ("all_gather", "root all-gather forward (mb 0)", ag_root),
+        ("compute", "root copy-out forward (mb 0)", copy_root + hooks),
+        ("compute", "embedding forward (mb 0)", 0.0),
+        ("all_gather", "unit 0 all-gather forward (mb 0)", ag_block),
+        ("compute", "unit 0 copy-out forward (mb 0)", copy_block + hooks),
+        ("compute", "unit 0 forward (mb 0)", fwd),
+        ("all_gather", "unit 1 all-gather forward (mb 0)", ag_block),
+        ("compute", "unit 1 copy-out forward (mb 0)", copy_block + hooks),
+        ("compute", "unit 1 forward (mb 0)", fwd),
+        ("compute", "output+loss forward (mb 0)", head),
+        ("all_gather", "unit 1 all-gather backward (mb 0)", ag_block),  # root's prefetch
+        ("compute", "output+loss backward (mb 0)", 2 * head),
+        ("compute", "unit 1 copy-out backward (mb 0)", copy_block),
+        ("all_gather", "unit 0 all-gather backward (mb 0)", ag_block),  # unit 1's prefetch
+        ("compute", "unit 1 backward (mb 0)", bwd),
+        ("reduce_scatter", "unit 1 reduce-scatter", ag_block),
+        ("compute", "unit 0 copy-out backward (mb 0)", copy_block),
+        ("compute", "unit 0 backward (mb 0)", bwd),
+        ("reduce_scatter", "unit 0 reduce-scatter", ag_block),
+        ("compute", "embedding backward (mb 0)", 0.0),
+        ("reduce_scatter", "root reduce-scatter", ag_root),
+        ("compute", "optimizer step", opt),
+        ("compute", "end of step", 0.0),
+    ]
+    expected, t = [], 0.0
+    for stream, name, seconds in order:
+        expected.append((t, t + seconds, stream, name))
+        t += seconds
+    hw = replace(make_toy_hw(), launch="synchronous", rank_skew=skew - 1,
+                 fsdp_unit_overhead_s=hooks, collective_overhead_s=extra)
+    plan = Plan.for_strategy("fsdp", gpus=2, seq_len=256)
+    r = simulate(tiny_model, hw, plan, trace=True)
+    got = sorted((sp.start_s, sp.end_s, sp.stream, sp.name) for sp in r.spans)
+    assert [(round(a / US, 6), round(b / US, 6), s, n) for a, b, s, n in got] == [
+        (round(a / US, 6), round(b / US, 6), s, n) for a, b, s, n in sorted(expected)]
+    assert r.step_time_s == pytest.approx(t, rel=1e-12)
+    # Every wait of the compute stream is a blocking call.
+    assert set(r.exposed_by_reason_s) == {"blocking_call"}
+    # The same plan on an async host overlaps the backward all-gathers: faster.
+    async_r = simulate(tiny_model, replace(hw, launch="async"), plan)
+    assert async_r.step_time_s < r.step_time_s
+
+
+def test_ddp_buckets_overlap_backward_even_on_a_synchronous_host(
+        tiny_model: ModelSpec) -> None:
+    # DDP's reducer issues its bucket all-reduces with async_op=True: the host thread gets
+    # a Work and runs the next backward while gloo's threads reduce the bucket; only the
+    # compute ops (and FSDP2-style blocking calls, none here) form the host's chain.
+    hw = replace(make_toy_hw(intra_gb_per_s=1.0), launch="synchronous")
+    plan = Plan.for_strategy("ddp", gpus=2, seq_len=256, bucket_bytes=1 << 20)
+    r = simulate(tiny_model, hw, plan, trace=True)
+    compute = [sp for sp in r.spans if sp.stream == "compute" and sp.end_s > sp.start_s]
+    buckets = [sp for sp in r.spans if sp.kind == "all_reduce"]
+    assert len(buckets) > 1
+    assert any(b.start_s < c.end_s and c.start_s < b.end_s for b in buckets for c in compute
+               if c.kind == "backward")
+    # ... so the step is shorter than running everything one after another.
+    assert r.step_time_s < r.compute_time_s + sum(b.end_s - b.start_s for b in buckets)

@@ -19,7 +19,9 @@ def toy_profile_dict(*, bandwidth_gb_per_s: float = 100.0, latency_us: float = 0
 
     def link(name: str) -> dict[str, Any]:
         return {"name": name, "bandwidth_gb_per_s": bandwidth_gb_per_s,
-                "latency_us": latency_us, "efficiency": 1.0, "source": "test"}
+                "latency_us": latency_us, "efficiency": 1.0, "source": "test",
+                "collective_efficiency": {"all_gather": 1.0, "reduce_scatter": 1.0,
+                                          "all_reduce": 1.0}}
 
     return {
         "name": "toy",
@@ -35,6 +37,8 @@ def toy_profile_dict(*, bandwidth_gb_per_s: float = 100.0, latency_us: float = 0
                        "compute_comm_slowdown": 0.0,
                        "kernel_overhead_us": 0,
                        "source": "test"},
+        "host": {"launch": "async", "collective_overhead_us": 0, "rank_skew": 0,
+                 "fsdp_unit_overhead_us": 0, "source": "test"},
     }
 
 

@@ -27,14 +27,20 @@ TOY: dict[str, Any] = {
     "node": {"gpus_per_node": 8, "host_memory_gib": 1024, "pcie_gb_per_s": 32,
              "nvme_read_gb_per_s": 10, "nvme_write_gb_per_s": 5, "source": "made up"},
     "intra_node": {"name": "fast", "bandwidth_gb_per_s": 100, "latency_us": 5,
-                   "efficiency": 0.5, "source": "made up"},
+                   "efficiency": 0.5, "source": "made up",
+                   "collective_efficiency": {"all_gather": 1, "reduce_scatter": 0.5,
+                                             "all_reduce": 2}},
     "inter_node": {"name": "slow", "bandwidth_gb_per_s": 25, "latency_us": 0,
-                   "efficiency": 1, "source": "made up"},
+                   "efficiency": 1, "source": "made up",
+                   "collective_efficiency": {"all_gather": 1, "reduce_scatter": 1,
+                                             "all_reduce": 1}},
     "efficiency": {"matmul": 0.5, "attention": 0.25, "memory_bound": 0.75, "pcie": 0.8,
                    "host_adam_params_per_s": 1000000, "comm_compute_slowdown": 0,
                    "compute_comm_slowdown": 0,
                    "kernel_overhead_us": 2.5,
                    "source": "made up"},
+    "host": {"launch": "synchronous", "collective_overhead_us": 40, "rank_skew": 0.1,
+             "fsdp_unit_overhead_us": 300, "source": "made up"},
 }
 
 
@@ -75,9 +81,9 @@ def test_every_section_cites_a_source(name: str) -> None:
 @pytest.mark.parametrize("name", hardware_names())
 def test_numbers_are_numbers(name: str) -> None:
     # PyYAML reads 7.7e8 as a string; every numeric field must load as int or float.
-    numeric = {"name", "description", "source"}
+    text = {"name", "description", "source", "launch"}
     for path, value in _leaves(_raw(name)):
-        if path.rsplit(".", 1)[-1] not in numeric:
+        if path.rsplit(".", 1)[-1] not in text:
             assert isinstance(value, (int, float)) and not isinstance(value, bool), (path, value)
 
 
@@ -98,6 +104,9 @@ def test_si_conversion(write_yaml: Callable[..., Path]) -> None:
             hw.pcie_efficiency, hw.comm_compute_slowdown) == (0.5, 0.25, 0.75, 0.8, 0.0)
     assert hw.host_adam_params_per_s == 1e6
     assert hw.kernel_overhead_s == pytest.approx(2.5e-6, rel=1e-12)  # 2.5 us
+    assert hw.launch == "synchronous" and hw.rank_skew == 0.1
+    assert hw.collective_overhead_s == pytest.approx(40e-6, rel=1e-12)
+    assert hw.fsdp_unit_overhead_s == pytest.approx(300e-6, rel=1e-12)
 
 
 def test_missing_peak_dtype_names_it(write_yaml: Callable[..., Path]) -> None:
@@ -128,7 +137,8 @@ def test_unknown_key_names_it(write_yaml: Callable[..., Path], change: Callable,
 
 @pytest.mark.parametrize(("section", "key"), [("gpu", "hbm_gib"), ("node", "source"),
                                               ("intra_node", "latency_us"),
-                                              ("efficiency", "matmul"), ("", "inter_node")])
+                                              ("efficiency", "matmul"), ("", "inter_node"),
+                                              ("host", "launch")])
 def test_missing_key_names_it(write_yaml: Callable[..., Path], section: str, key: str) -> None:
     data = _mutated(lambda d: (d[section] if section else d).pop(key))
     with pytest.raises(ConfigError) as e:
@@ -148,6 +158,9 @@ def test_missing_key_names_it(write_yaml: Callable[..., Path], section: str, key
     ("efficiency", "comm_compute_slowdown", 1),
     ("efficiency", "compute_comm_slowdown", -0.1),
     ("efficiency", "kernel_overhead_us", -1),
+    ("host", "launch", "eager"),
+    ("host", "rank_skew", -0.1),
+    ("host", "fsdp_unit_overhead_us", "1 ms"),
     ("efficiency", "matmul", 0),
     ("gpu", "source", ""),
     ("inter_node", "name", 400),
@@ -158,6 +171,22 @@ def test_wrong_type_or_range_names_field(write_yaml: Callable[..., Path], sectio
     with pytest.raises(ConfigError) as e:
         HardwareProfile.from_yaml(write_yaml(data))
     assert (e.value.field, e.value.value) == (f"{section}.{key}", value)
+
+
+def test_collective_efficiency_names_the_kind_at_fault(write_yaml: Callable[..., Path]) -> None:
+    data = _mutated(lambda d: d["intra_node"]["collective_efficiency"].pop("all_reduce"))
+    with pytest.raises(ConfigError) as e:
+        HardwareProfile.from_yaml(write_yaml(data))
+    assert e.value.field == "intra_node.collective_efficiency"
+    # 0.5 efficiency x 3 would pass the line rate
+    data = _mutated(lambda d: d["intra_node"]["collective_efficiency"].update(all_gather=3))
+    with pytest.raises(ConfigError) as e:
+        HardwareProfile.from_yaml(write_yaml(data))
+    assert (e.value.field, e.value.value) == ("intra_node.collective_efficiency.all_gather", 3)
+    assert "line rate" in e.value.reason
+    hw = HardwareProfile.from_yaml(write_yaml(TOY))
+    assert hw.intra_node.kind_efficiency == {"all_gather": 1.0, "reduce_scatter": 0.5,
+                                             "all_reduce": 2.0}
 
 
 def test_peak_tflops_must_be_a_mapping(write_yaml: Callable[..., Path]) -> None:

@@ -84,6 +84,15 @@ def ring_link_loads(group: CommGroup) -> tuple[tuple[str, float], ...]:
     return (("intra_node", (r - 1) / r), ("inter_node", 1.0 / r))
 
 
+def link_loads(kind: str, group: CommGroup, hw: HardwareProfile
+               ) -> tuple[tuple[str, float], ...]:
+    """ring_link_loads of a `kind` collective, each load divided by that link's
+    collective_efficiency for the kind: a backend that moves more bytes for it (or moves
+    them slower) loads the link more per bus byte."""
+    return tuple((link, load / getattr(hw, link).kind_efficiency[kind])
+                 for link, load in ring_link_loads(group))
+
+
 def collective_latency_s(kind: str, group: CommGroup, hw: HardwareProfile) -> float:
     """Start-up term of a ring collective (NCCL tuning model): the steps that cross nodes
     (nodes - 1 per pass) pay the network's per-step latency, the rest NVLink's."""
@@ -103,7 +112,8 @@ def collective_time_s(kind: str, size_bytes: float, group: CommGroup,
     """Alpha-beta time of a ring collective running alone: latency plus bus bytes over
     the ring's bottleneck (the link whose load / bandwidth is largest)."""
     bandwidth = link_bandwidths(hw)
-    seconds_per_bus_byte = max(load / bandwidth[link] for link, load in ring_link_loads(group))
+    seconds_per_bus_byte = max(load / bandwidth[link]
+                               for link, load in link_loads(kind, group, hw))
     return (collective_latency_s(kind, group, hw)
             + bus_bytes(kind, size_bytes, group.ranks) * seconds_per_bus_byte)
 

@@ -12,7 +12,7 @@ so busbw of a bandwidth-bound ring equals B.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -48,38 +48,46 @@ class AlphaBeta:
     latency_s: float
     """Per ring step (alpha), seconds."""
     bandwidth_bytes_per_s: float
-    """Achievable per-rank bandwidth (1/beta), bytes/s."""
+    """Achievable per-rank bandwidth (1/beta) of the reference kind (all_gather when
+    measured, else the first kind), bytes/s."""
     max_rel_error: float
     """Largest |predicted - measured| / measured over the fitted samples."""
+    kind_factor: dict[str, float] = field(default_factory=dict)
+    """Each measured kind's bandwidth relative to the reference kind's (1 for it)."""
 
     def predict_s(self, op: str, size_bytes: int, world_size: int) -> float:
         """Ring time of one collective, seconds."""
         n, k = world_size, RING_PHASES[op]
-        return k * (n - 1) * self.latency_s + k * (n - 1) / n * size_bytes / \
-            self.bandwidth_bytes_per_s
+        bandwidth = self.bandwidth_bytes_per_s * self.kind_factor.get(op, 1.0)
+        return k * (n - 1) * self.latency_s + k * (n - 1) / n * size_bytes / bandwidth
 
 
 def fit_alpha_beta(samples: Sequence[CollectiveSample]) -> AlphaBeta:
     """Least squares on relative error (weights 1/t), so small and large messages count
-    alike: t ≈ k(n-1)·alpha + k(n-1)/n·S·beta.
+    alike: t ≈ k(n-1)·alpha + k(n-1)/n·S·beta_kind, one alpha for the link and one beta
+    per collective kind measured (a backend may run one kind with more traffic than the
+    ring needs: gloo reduce-scatters by all-reducing the whole buffer).
 
     Raises:
-        ConfigError: fewer than two samples, or a fit with non-positive alpha or beta
+        ConfigError: fewer than two samples, or a fit with a non-positive beta
             (timings that do not grow with size).
     """
     if len(samples) < 2:
         raise ConfigError("samples", len(samples), "need at least two collective timings")
+    kinds = sorted({s.op for s in samples}, key=lambda k: (k != "all_gather", k))
     rows, target = [], []
     for s in samples:
         n, k = s.world_size, RING_PHASES[s.op]
-        rows.append([k * (n - 1) / s.time_s, k * (n - 1) / n * s.size_bytes / s.time_s])
+        row = [k * (n - 1) / s.time_s] + [0.0] * len(kinds)
+        row[1 + kinds.index(s.op)] = k * (n - 1) / n * s.size_bytes / s.time_s
+        rows.append(row)
         target.append(1.0)
-    (alpha, beta), *_ = np.linalg.lstsq(np.array(rows), np.array(target), rcond=None)
-    if beta <= 0:
+    (alpha, *betas), *_ = np.linalg.lstsq(np.array(rows), np.array(target), rcond=None)
+    if min(betas) <= 0:
         raise ConfigError("samples", "timings", "time does not grow with size: no bandwidth")
-    fit = AlphaBeta(latency_s=max(float(alpha), 0.0), bandwidth_bytes_per_s=1.0 / float(beta),
-                    max_rel_error=0.0)
+    fit = AlphaBeta(latency_s=max(float(alpha), 0.0), bandwidth_bytes_per_s=1.0 / float(betas[0]),
+                    max_rel_error=0.0,
+                    kind_factor={k: float(betas[0] / b) for k, b in zip(kinds, betas, strict=True)})
     worst = max(abs(fit.predict_s(s.op, s.size_bytes, s.world_size) - s.time_s) / s.time_s
                 for s in samples)
-    return AlphaBeta(latency_s=fit.latency_s, bandwidth_bytes_per_s=fit.bandwidth_bytes_per_s,
-                     max_rel_error=worst)
+    return replace(fit, max_rel_error=worst)

@@ -1,7 +1,8 @@
 """Micro-benchmarks run on every rank at once: collectives over a range of sizes, point-to-
 point bandwidth, matmul and attention throughput, memory copy and elementwise-kernel rates,
-the fixed cost per kernel, the AdamW step, and how much a collective in flight slows a
-matmul.
+the fixed cost per kernel, the AdamW step, how much a collective in flight slows a
+matmul, what a collective costs right after a compute segment (hand-off and rank skew),
+and FSDP2's host time per unit.
 
 Owns what is timed and how (medians of timed calls after warm-ups, a barrier before each
 collective so ranks start together); zsim.calibrate.profile turns the figures into a
@@ -23,7 +24,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from zsim.calibrate.fit import CollectiveSample
+from zsim.calibrate.model import Transformer
 from zsim.calibrate.runner import RankContext
+from zsim.spec.model import ModelSpec
 from zsim.units import MiB
 
 SIZES_BYTES: tuple[int, ...] = tuple(4096 * 4**i for i in range(9))
@@ -58,6 +61,11 @@ class BenchConfig:
     """Length of the chain of 64-element multiplies timed for the per-kernel cost."""
     copy_bytes: int = 128 * MiB
     adam_params: int = 4 * 2**20
+    sync_segments: tuple[int, ...] = (2, 8, 24, 48)
+    """Lengths, in 256^3 matmuls, of the compute segments each followed by a tiny
+    all-gather (collective_overhead_s and rank_skew: the line fitted through them)."""
+    fsdp_layers: tuple[int, int] = (2, 10)
+    """Block counts of the two nano models whose FSDP2 and plain steps are timed."""
 
 
 @dataclass(slots=True)
@@ -85,6 +93,13 @@ class RankBench:
     """Fraction of its rate a matmul loses while an all-reduce is in flight."""
     compute_comm_slowdown: float = 0.0
     """Fraction of its rate an all-reduce loses while matmuls run on every rank."""
+    collective_overhead_s: float = 0.0
+    """Extra time of a tiny all-gather issued right after compute, beyond the same
+    all-gather back to back, with no compute before it (intercept of the line)."""
+    rank_skew: float = 0.0
+    """Extra time of that all-gather per second of compute before it (slope)."""
+    fsdp_unit_overhead_s: float = 0.0
+    """FSDP2's extra host time per unit per step on a 1-rank mesh, seconds."""
 
 
 def _median_s(fn: Callable[[], Any], iters: int, warmup: int = 1,
@@ -142,6 +157,10 @@ def bench_rank(ctx: RankContext, cfg: BenchConfig) -> RankBench:
     out.adam_params_per_s = _adam(ctx, cfg.adam_params)
     out.comm_compute_slowdown = _slowdown(ctx)
     out.compute_comm_slowdown = _comm_slowdown(ctx)
+    # The shared host is noisy: the median of three fits.
+    fits = sorted((_sync_cost(ctx, cfg.sync_segments) for _ in range(3)), key=lambda f: f[1])
+    out.collective_overhead_s, out.rank_skew = fits[1]
+    out.fsdp_unit_overhead_s = _fsdp_unit_overhead(ctx, cfg.fsdp_layers)
     return out
 
 
@@ -271,3 +290,89 @@ def _comm_slowdown(ctx: RankContext) -> float:
         with_compute.append(time.perf_counter() - start)
         work.wait()
     return max(1.0 - statistics.median(alone) / statistics.median(with_compute), 0.0)
+
+
+def _sync_cost(ctx: RankContext, segments: tuple[int, ...]) -> tuple[float, float]:
+    """(collective_overhead_s, rank_skew) of the engine: every rank repeats [a compute
+    segment; a tiny blocking all-gather], as FSDP on a synchronous host does. The
+    all-gather costs more there than back to back: its threads must wake up, and it waits
+    for the slowest rank, which falls further behind the longer the segment. The extra
+    time per segment (median of rounds that alternate with and without the all-gather)
+    is fitted by least squares to a line in the segment's compute time: rank_skew is the
+    slope, collective_overhead the intercept less the back-to-back all-gather."""
+    a = torch.randn(256, 256, device=ctx.device)
+    shard = torch.zeros(512, device=ctx.device)
+    full = torch.zeros(512 * ctx.world_size, device=ctx.device)
+
+    def gather() -> None:
+        dist.all_gather_into_tensor(full, shard)
+
+    def loop(matmuls: int, collective: bool, iters: int = 8) -> float:
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(iters):
+            for _ in range(matmuls):
+                a @ a
+            if collective:
+                gather()
+        _sync_device(ctx.device)
+        return (time.perf_counter() - start) / iters
+
+    tight = _median_s(gather, 20, warmup=3, before=dist.barrier)
+    xs, ys = [], []
+    for matmuls in segments:
+        rounds = [(loop(matmuls, False), loop(matmuls, True)) for _ in range(5)]
+        xs.append(statistics.median(alone for alone, _ in rounds))
+        ys.append(statistics.median(with_ - alone for alone, with_ in rounds))
+    slope, intercept = statistics.linear_regression(xs, ys)
+    return max(intercept - tight, 0.0), max(slope, 0.0)
+
+
+def _fsdp_unit_overhead(ctx: RankContext, layers: tuple[int, int]) -> float:
+    """FSDP2's host time per unit per step: the step time of a nano Llama (width 16,
+    8 tokens: kernels cost almost nothing) under fully_shard per block on a 1-rank mesh
+    (no collectives; every hook, copy and DTensor optimizer call still runs), less the
+    same model unsharded in bf16, per extra block between the two depths. Every rank
+    runs it at once, so the ranks share the cores as in a real job."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    group, _ = dist.new_subgroups(group_size=1)
+    mesh = DeviceMesh.from_group(group, ctx.device.split(":")[0],
+                                 mesh_dim_names=("dp_shard",))
+    tokens = torch.randint(0, 64, (1, 8), device=ctx.device)
+    labels = torch.randint(0, 64, (1, 8), device=ctx.device)
+
+    def step_s(num_layers: int, shard: bool) -> float:
+        spec = ModelSpec(name="nano", num_layers=num_layers, d_model=16, num_heads=2,
+                         num_kv_heads=2, ffn_hidden=32, vocab_size=64, max_seq_len=8)
+        torch.manual_seed(0)
+        with torch.device(ctx.device):
+            model = Transformer(spec)
+        model.init_weights()
+        if shard:
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            for block in model.layers:
+                fully_shard(block, mesh=mesh, mp_policy=mp)
+            fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+        else:
+            model = model.to(torch.bfloat16)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+
+        def step() -> None:
+            model(tokens, labels).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            _sync_device(ctx.device)
+
+        return _median_s(step, 25, warmup=5)
+
+    lo, hi = layers
+    fsdp = step_s(hi, True) - step_s(lo, True)
+    plain = step_s(hi, False) - step_s(lo, False)
+    return max((fsdp - plain) / (hi - lo), 0.0)
+
+
+def _sync_device(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()

@@ -14,6 +14,7 @@ zsim.analytic.compute counts kernels. Imports torch.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import platform
@@ -82,7 +83,7 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
     """The profile YAML structure (hardware.py's schema, human units) from the ranks'
     figures."""
     cfg = config or BenchConfig()
-    samples = [s for s in ranks[0].collectives if s.op in ("all_gather", "reduce_scatter")]
+    samples = ranks[0].collectives
     link = fit_alpha_beta(samples)
     ar = [s for s in ranks[0].collectives if s.op == "all_reduce"]
     ar_busbw = max(s.bus_bytes_per_s for s in ar)
@@ -98,6 +99,11 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
     adam = statistics.median(r.adam_params_per_s for r in ranks)
     slowdown = statistics.mean(r.comm_compute_slowdown for r in ranks)
     comm_slowdown = statistics.mean(r.compute_comm_slowdown for r in ranks)
+    coll_overhead = statistics.mean(r.collective_overhead_s for r in ranks)
+    skew = statistics.mean(r.rank_skew for r in ranks)
+    fsdp_unit = statistics.median(r.fsdp_unit_overhead_s for r in ranks)
+    launch_how = ("CUDA streams" if backend == "nccl"
+                  else "CPU ranks run their kernels on the calling thread")
     mem_gib = _host_memory_bytes() / GiB
     when = started.strftime("%Y-%m-%d %H:%M UTC")
     prov = (f"zsim calibrate --backend {backend} --nproc {nproc}, {when}, "
@@ -106,10 +112,16 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
     device = (torch.cuda.get_device_name(0) if backend == "nccl"
               else f"{_cpu_name()}, one torch.distributed rank")
     link_name = "NCCL" if backend == "nccl" else "gloo over loopback TCP"
-    link_source = (f"{prov}; alpha-beta fit of all_gather_into_tensor + reduce_scatter_tensor "
-                   f"{_sizes(samples)}, max fit error {link.max_rel_error:.0%}; line rate = "
+    link_source = (f"{prov}; alpha-beta fit of all_gather_into_tensor, reduce_scatter_tensor "
+                   f"and all_reduce {_sizes(samples)} (one alpha, one bandwidth per kind: "
+                   f"efficiency is all_gather's, collective_efficiency each kind's relative "
+                   f"to it), max fit error {link.max_rel_error:.0%}; line rate = "
                    f"send/recv 64 MiB; all_reduce best bus bandwidth "
                    f"{ar_busbw / GB:.3g} GB/s")
+    efficiency = _r(min(link.bandwidth_bytes_per_s / line_rate, 1.0))
+    # A kind's rate may not pass the line rate (rounded down to stay within it).
+    kinds = {k: min(_r(link.kind_factor.get(k, 1.0)), math.floor(1e3 / efficiency) / 1e3)
+             for k in ("all_gather", "reduce_scatter", "all_reduce")}
     hbm_gib = (torch.cuda.get_device_properties(0).total_memory / GiB if backend == "nccl"
                else mem_gib)
     return {
@@ -137,14 +149,16 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
             "name": link_name,
             "bandwidth_gb_per_s": _r(line_rate / GB),
             "latency_us": _r(link.latency_s * 1e6),
-            "efficiency": _r(min(link.bandwidth_bytes_per_s / line_rate, 1.0)),
+            "efficiency": efficiency,
+            "collective_efficiency": kinds,
             "source": link_source,
         },
         "inter_node": {
             "name": f"{link_name} (single host: stands in for a second node)",
             "bandwidth_gb_per_s": _r(line_rate / GB),
             "latency_us": _r(link.latency_s * 1e6),
-            "efficiency": _r(min(link.bandwidth_bytes_per_s / line_rate, 1.0)),
+            "efficiency": efficiency,
+            "collective_efficiency": dict(kinds),
             "source": f"copies intra_node (one host); {link_source}",
         },
         "efficiency": {
@@ -168,6 +182,22 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
                       f"vs alone; "
                       f"compute_comm_slowdown = a 64 MiB all_reduce while 256^3 matmuls run "
                       f"vs alone; both means over ranks",
+        },
+        "host": {
+            "launch": "async" if backend == "nccl" else "synchronous",
+            "collective_overhead_us": _r(coll_overhead * 1e6),
+            "rank_skew": _r(skew),
+            "fsdp_unit_overhead_us": _r(fsdp_unit * 1e6),
+            "source": f"{prov}; launch: {launch_how}; "
+                      f"every rank repeats [{'/'.join(map(str, cfg.sync_segments))} "
+                      f"256^3 matmuls; a 2 KiB-per-rank all_gather_into_tensor]: the "
+                      f"all-gather's extra time over the compute alone (median of 5 rounds) "
+                      f"is fitted to a line in the compute time, rank_skew its slope, "
+                      f"collective_overhead its intercept less the back-to-back all-gather "
+                      f"(means over ranks); fsdp_unit_overhead = (FSDP2 - plain bf16) step "
+                      f"time of a width-16 Llama per extra block, {cfg.fsdp_layers[0]} vs "
+                      f"{cfg.fsdp_layers[1]} blocks, fully_shard per block on a 1-rank mesh "
+                      f"(median over ranks)",
         },
     }
 

@@ -266,6 +266,8 @@ class _Run:
         span = self.span_of[(rank, blocking.index)]
         reason = {"issue": "prefetch_too_shallow", "stream": "queued",
                   "straggler": "straggler"}.get(span.gate, "critical_path")
+        if self.s.launch == "synchronous" and blocking.is_collective and not blocking.async_op:
+            reason = "blocking_call"
         self._append_wait(rank, op, t_free + host_s, now, blocking.name, blocking.kind,
                           reason, shared=span.link_shared)
 

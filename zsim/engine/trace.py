@@ -64,7 +64,8 @@ class Wait:
     """prefetch_too_shallow (the collective could not be issued earlier), queued (it waited
     behind another collective on its stream), critical_path (it needs the compute that just
     ran, e.g. gradients or the optimizer step), straggler (rank-level: another rank was
-    late) or host_optimizer (the offloaded CPU step; not communication)."""
+    late), blocking_call (a synchronous host issued it without async_op and waited for
+    it) or host_optimizer (the offloaded CPU step; not communication)."""
     link_shared: bool
     """The collective shared its link, which made it slower than alone."""
 

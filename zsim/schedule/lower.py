@@ -62,7 +62,7 @@ unsharded-parameter strategies):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from zsim.analytic.activations import (
     STATE_ALIASES,
@@ -77,8 +77,8 @@ from zsim.analytic.comm import (
     bus_bytes,
     collective_latency_s,
     link_bandwidths,
+    link_loads,
     replicate_group,
-    ring_link_loads,
     shard_group,
 )
 from zsim.analytic.compute import (
@@ -132,7 +132,15 @@ class _Builder:
         return index
 
     def compute(self, flops: Flops) -> float:
-        return compute_time_s(flops, self.hw, self.dtype)
+        """Kernel time of `flops`, stretched by the profile's rank skew: every rank waits
+        for the slowest at the next collective."""
+        return compute_time_s(flops, self.hw, self.dtype) * (1.0 + self.hw.rank_skew)
+
+    def host(self, seconds: float) -> float:
+        """Host-thread time that lands on the step's timeline: all of it when the host
+        runs the kernels itself (synchronous launch), none when it queues them on
+        device streams and runs ahead (async launch; a host-bound step is not modelled)."""
+        return seconds if self.hw.launch == "synchronous" else 0.0
 
     def copy(self, *, kind: str, nbytes: float, **kw: object) -> int:
         """A pinned host<->device copy over this GPU's PCIe link (one direction)."""
@@ -143,9 +151,11 @@ class _Builder:
                    **kw: object) -> int:
         return self.add(kind=kind, stream=kind, size_bytes=size_bytes,
                         bus_bytes=bus_bytes(kind, size_bytes, group.ranks),
-                        latency_s=collective_latency_s(kind, group, self.hw),
+                        latency_s=collective_latency_s(kind, group, self.hw)
+                        + self.hw.collective_overhead_s,
                         link="inter_node" if group.spans_nodes else "intra_node",
-                        link_loads=ring_link_loads(group), group_ranks=group.ranks,
+                        link_loads=link_loads(kind, group, self.hw),
+                        group_ranks=group.ranks,
                         group=gname, **kw)
 
 
@@ -204,8 +214,9 @@ def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
           after=tuple(i for s, i in last_per_stream.items() if s != "compute"))
     model_flops, _ = step_flops(model, micro_batch=plan.micro_batch, seq_len=plan.seq_len,
                                 grad_accum=plan.grad_accum, recompute=plan.recompute)
+    ops = tuple(b.ops) if hw.launch == "async" else _on_synchronous_host(b.ops)
     return Schedule(
-        ops=tuple(b.ops), baseline=baseline,
+        ops=ops, baseline=baseline, launch=hw.launch,
         link_bytes_per_s={**link_bandwidths(hw),
                           "pcie_h2d": hw.pcie_bytes_per_s * hw.pcie_efficiency,
                           "pcie_d2h": hw.pcie_bytes_per_s * hw.pcie_efficiency},
@@ -216,6 +227,21 @@ def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
         world_size=plan.world_size, peak_flop_per_s=hw.peak(plan.param_dtype),
         dp_shard=plan.dp_shard,
         notes=("gradients reduced once per step, on the last micro-batch",))
+
+
+def _on_synchronous_host(ops: list[Op]) -> tuple[Op, ...]:
+    """The ops as a host that runs its kernels itself issues them: in issue order, each
+    op only once the host has finished every earlier op it ran or waited for (kernels,
+    copies, the host optimizer step, collectives issued without async_op); an async
+    collective (DDP's buckets) returns a Work at once and overlaps what follows. The
+    issue points of an async host (after_start: run-ahead) do not exist here."""
+    out: list[Op] = []
+    last: int | None = None
+    for op in ops:
+        out.append(replace(op, after_start=(), issue_after=() if last is None else (last,)))
+        if not op.async_op:
+            last = op.index
+    return tuple(out)
 
 
 # ---------------------------------------------------------------------- program state
@@ -293,46 +319,53 @@ def _block_flops(b: _Builder) -> tuple[Flops, Flops]:
     return fwd, bwd
 
 
-def _forward(b: _Builder, mb: int, units: list[_Unit], *, gather: dict[int, int] | None,
-             reshard: bool, gathered: dict[int, str], first: int) -> list[int]:
-    """Block forwards of micro-batch mb; FSDP all-gathers when `gather` is given.
-    Returns the forward op index of each unit."""
+def _forward(b: _Builder, mb: int, units: list[_Unit], *, gather: bool, reshard: bool,
+             gathered: dict[int, str], first: int) -> list[int]:
+    """Block forwards of micro-batch mb, in the host's order; with `gather`, each unit's
+    pre-forward as FSDP2 runs it: all-gather (unless prefetched), copy-out, explicit
+    prefetch of the next units. Returns the forward op index of each unit."""
     p = b.plan
     saved, _, _, _ = _activation_sizes(b)
     fwd_flops, _ = _block_flops(b)
     fwd: list[int] = []
+    issued: dict[int, int] = {}
     for k, u in enumerate(units):
         after: tuple[int, ...] = ()
-        if gather is not None:
-            if p.prefetch >= 1:
-                issue = dict(after_start=(fwd[k - p.prefetch] if k >= p.prefetch else first,))
-            else:
-                issue = dict(issue_after=(fwd[k - 1] if k else first,))
-            gather[k] = _all_gather(b, u, mb, gathered, phase="forward", **issue)
-            after = (gather[k],)
+        if gather:
+            if k not in issued:
+                # Implicit prefetch: an async host reaches unit k's pre-forward while
+                # unit k-1 (the embedding for k = 0) is still running on the device.
+                prev = fwd[k - 1] if k else first
+                issue = (dict(after_start=(prev,)) if p.prefetch >= 1
+                         else dict(issue_after=(prev,)))
+                issued[k] = _all_gather(b, u, mb, gathered, phase="forward", **issue)
+            copy = _copy_out(b, u, mb, gathered, phase="forward", gather=issued[k],
+                             hooks=True)
+            if p.prefetch >= 2:  # explicit: set_modules_to_forward_prefetch
+                for j in range(k + 1, min(k + p.prefetch, len(units) - 1) + 1):
+                    if j not in issued:
+                        issued[j] = _all_gather(b, units[j], mb, gathered, phase="forward",
+                                                issue_after=(copy,))
+            after = (copy,)
         flops = fwd_flops.scaled(u.blocks)
         fwd.append(b.add(
             name=f"{u.name} forward (mb {mb})", kind="forward", stream="compute", unit=u.index,
             microbatch=mb, after=after, compute_s=b.compute(flops), flops=flops.total,
             allocs=(Buffer(name=f"mb{mb}/{u.name}/saved", category="activations",
                            bytes=saved * u.blocks),),
-            frees=(gathered[k],) if gather is not None and reshard else ()))
+            frees=(gathered[k],) if gather and reshard else ()))
     return fwd
 
 
 def _all_gather(b: _Builder, u: _Unit, mb: int, gathered: dict[int, str], *, phase: str,
                 **deps: tuple[int, ...]) -> int:
-    """One unit's all-gather and its copy-out, as FSDP2 runs them (_fsdp_collectives.py):
-    foreach_all_gather allocates only the flat output (the input is its own slice, written
-    by the compute-dtype cast of the shard), and the unit's own pre-forward/pre-backward
-    (wait_for_unshard, on the compute stream) allocates the unsharded parameters, copies
-    out and drops the flat buffer; the copy-out costs its memory traffic. Returns the
-    copy-out op, which the unit's compute depends on; `deps` place the all-gather's issue."""
+    """One unit's all-gather as FSDP2 runs it (_fsdp_collectives.py foreach_all_gather):
+    it allocates only the flat output (the input is its own slice, written by the
+    compute-dtype cast of the shard). Returns the all-gather op; `deps` place its issue."""
     key = -1 if u.index is None else u.index
     size = u.params * b.a
     name = f"mb{mb}/{u.name}/gathered/{phase}"
     gathered[key] = name
-    flat = f"{name}/flat"
     frees: tuple[str, ...] = ()
     if b.plan.offload == "params":
         # FSDP2 CPUOffloadPolicy: the shard (in its at-rest dtype) is copied to the GPU
@@ -345,17 +378,29 @@ def _all_gather(b: _Builder, u: _Unit, mb: int, gathered: dict[int, str], *, pha
                      **deps)
         deps = {"after": (h2d,)}
         frees += (shard,)
-    ag = b.collective(
+    return b.collective(
         kind="all_gather", size_bytes=size, group=b.shard, gname="shard",
         name=f"{u.name} all-gather {phase} (mb {mb})", unit=u.index, microbatch=mb,
-        allocs=(Buffer(name=flat, category="comm_buffers", bytes=size),),
+        allocs=(Buffer(name=f"{name}/flat", category="comm_buffers", bytes=size),),
         frees=frees, **deps)
-    # split_with_sizes_copy: reads the flat buffer, writes the unsharded parameters.
-    copy_out = Flops(matmul=0.0, attention=0.0, memory_bytes=2.0 * size, kernels=1)
+
+
+def _copy_out(b: _Builder, u: _Unit, mb: int, gathered: dict[int, str], *, phase: str,
+              gather: int, hooks: bool = False) -> int:
+    """The unit's wait_for_unshard in its pre-forward/pre-backward, on the compute
+    stream: allocates the unsharded parameters, copies them out of the flat all-gather
+    output (split_with_sizes_copy: its memory traffic) and drops the flat buffer. With
+    `hooks`, it also carries FSDP2's host time for the unit in this micro-batch (the
+    profile's fsdp_unit_overhead_s, on the timeline only on a synchronous host)."""
+    name = gathered[-1 if u.index is None else u.index]
+    size = u.params * b.a
+    copy = Flops(matmul=0.0, attention=0.0, memory_bytes=2.0 * size, kernels=1)
+    host_s = b.host(b.hw.fsdp_unit_overhead_s) if hooks else 0.0
     return b.add(name=f"{u.name} copy-out {phase} (mb {mb})", kind=phase, stream="compute",
-                 unit=u.index, microbatch=mb, after=(ag,), compute_s=b.compute(copy_out),
+                 unit=u.index, microbatch=mb, after=(gather,),
+                 compute_s=b.compute(copy) + host_s,
                  allocs=(Buffer(name=name, category="gathered_params", bytes=size),),
-                 frees=(flat,))
+                 frees=(f"{name}/flat",))
 
 
 def _at_rest_bytes(plan: Plan) -> int:
@@ -376,26 +421,33 @@ def _grads_to_host(b: _Builder, after: int, grad: str, nbytes: int, grad_buffers
                   after=(after,), frees=() if keep else (grad,))
 
 
-def _head(b: _Builder, mb: int, *, after: tuple[int, ...], grad_alloc: tuple[Buffer, ...]
-          ) -> tuple[int, int]:
-    """Output projection + loss forward and backward of micro-batch mb."""
+def _head_forward(b: _Builder, mb: int, *, after: tuple[int, ...]) -> int:
+    """Output projection + loss forward of micro-batch mb."""
     _, _, root_saved, loss_work = _activation_sizes(b)
-    head = head_forward_flops(b.model, micro_batch=b.plan.micro_batch, seq_len=b.plan.seq_len,
+    head = _head_flops(b)
+    return b.add(name=f"output+loss forward (mb {mb})", kind="forward", stream="compute",
+                 microbatch=mb, after=after, compute_s=b.compute(head), flops=head.total,
+                 allocs=(Buffer(name=f"mb{mb}/root/saved", category="activations",
+                                bytes=root_saved),
+                         Buffer(name=f"mb{mb}/loss/fwd", category="activations",
+                                bytes=loss_work)),
+                 frees=(f"mb{mb}/loss/fwd",))
+
+
+def _head_backward(b: _Builder, mb: int, *, grad_alloc: tuple[Buffer, ...]) -> int:
+    """Output projection + loss backward of micro-batch mb (twice the forward's work)."""
+    _, _, _, loss_work = _activation_sizes(b)
+    bwd_flops = _head_flops(b).scaled(2.0)
+    return b.add(name=f"output+loss backward (mb {mb})", kind="backward", stream="compute",
+                 microbatch=mb, compute_s=b.compute(bwd_flops), flops=bwd_flops.total,
+                 allocs=(Buffer(name=f"mb{mb}/loss/bwd", category="activations",
+                                bytes=loss_work), *grad_alloc),
+                 frees=(f"mb{mb}/loss/bwd", f"mb{mb}/root/saved"))
+
+
+def _head_flops(b: _Builder) -> Flops:
+    return head_forward_flops(b.model, micro_batch=b.plan.micro_batch, seq_len=b.plan.seq_len,
                               act_bytes=b.a)
-    saved_name = f"mb{mb}/root/saved"
-    fwd = b.add(name=f"output+loss forward (mb {mb})", kind="forward", stream="compute",
-                microbatch=mb, after=after, compute_s=b.compute(head), flops=head.total,
-                allocs=(Buffer(name=saved_name, category="activations", bytes=root_saved),
-                        Buffer(name=f"mb{mb}/loss/fwd", category="activations",
-                               bytes=loss_work)),
-                frees=(f"mb{mb}/loss/fwd",))
-    bwd_flops = head.scaled(2.0)
-    bwd = b.add(name=f"output+loss backward (mb {mb})", kind="backward", stream="compute",
-                microbatch=mb, compute_s=b.compute(bwd_flops), flops=bwd_flops.total,
-                allocs=(Buffer(name=f"mb{mb}/loss/bwd", category="activations",
-                               bytes=loss_work), *grad_alloc),
-                frees=(f"mb{mb}/loss/bwd", saved_name))
-    return fwd, bwd
 
 
 # ---------------------------------------------------------------------- FSDP / HSDP
@@ -415,10 +467,11 @@ def _lower_fsdp(b: _Builder, units: list[_Unit], root: _Unit, grad_buffers: list
         gathered: dict[int, str] = {}
         root_ag = _all_gather(b, root, mb, gathered, phase="forward",
                               after_start=() if prev_last_bwd is None else (prev_last_bwd,))
+        root_copy = _copy_out(b, root, mb, gathered, phase="forward", gather=root_ag,
+                              hooks=True)
         emb = b.add(name=f"embedding forward (mb {mb})", kind="forward", stream="compute",
-                    microbatch=mb, after=(root_ag,))
-        ag: dict[int, int] = {}
-        fwd = _forward(b, mb, units, gather=ag, reshard=reshard, gathered=gathered, first=emb)
+                    microbatch=mb, after=(root_copy,))
+        fwd = _forward(b, mb, units, gather=True, reshard=reshard, gathered=gathered, first=emb)
 
         def grad_alloc(u: _Unit, params: int, part: str = "", mb: int = mb
                        ) -> tuple[Buffer, ...]:
@@ -432,19 +485,23 @@ def _lower_fsdp(b: _Builder, units: list[_Unit], root: _Unit, grad_buffers: list
             return (Buffer(name=name, category="gathered_grads", bytes=params * acc_bytes),)
 
         emb_grad = 0 if b.model.tied_embeddings else b.model.embedding_params
-        _, head_b = _head(b, mb, after=(fwd[-1],),
-                          grad_alloc=grad_alloc(root, root.params - emb_grad))
+        head_f = _head_forward(b, mb, after=(fwd[-1],))
+        issued: dict[int, int] = {}
+        if reshard:
+            _backward_prefetch(b, units, mb, gathered, issued, below=len(units), after=head_f)
+        head_b = _head_backward(b, mb, grad_alloc=grad_alloc(root, root.params - emb_grad))
         bwd: dict[int, int] = {}
         for k in reversed(range(len(units))):
             u = units[k]
             after: tuple[int, ...] = ()
             if reshard:
-                if p.prefetch >= 1:
-                    hi = k + p.prefetch
-                    issue = dict(after_start=(bwd[hi] if hi < len(units) else head_b,))
-                else:
-                    issue = dict(issue_after=(bwd[k + 1] if k + 1 < len(units) else head_b,))
-                after = (_all_gather(b, u, mb, gathered, phase="backward", **issue),)
+                if k not in issued:  # no prefetch: gathered at the unit's own pre-backward
+                    issued[k] = _all_gather(
+                        b, u, mb, gathered, phase="backward",
+                        issue_after=(bwd[k + 1] if k + 1 < len(units) else head_b,))
+                copy = _copy_out(b, u, mb, gathered, phase="backward", gather=issued[k])
+                _backward_prefetch(b, units, mb, gathered, issued, below=k, after=copy)
+                after = (copy,)
             flops = bwd_flops.scaled(u.blocks)
             work = f"mb{mb}/{u.name}/backward_working"
             bwd[k] = b.add(
@@ -464,6 +521,18 @@ def _lower_fsdp(b: _Builder, units: list[_Unit], root: _Unit, grad_buffers: list
             last_reduce.extend(_fsdp_reduce(b, root, emb_b, n, g_bytes, r_bytes, grad_buffers,
                                             final=True))
         prev_last_bwd = emb_b
+
+
+def _backward_prefetch(b: _Builder, units: list[_Unit], mb: int, gathered: dict[int, str],
+                       issued: dict[int, int], *, below: int, after: int) -> None:
+    """Backward prefetch from the pre-backward hook that just ran (the root's, before the
+    head's backward, when `below` is the unit count; else unit `below`'s, after its
+    copy-out `after`): the all-gathers of the next `plan.prefetch` units in backward
+    order not issued yet, recorded in `issued`."""
+    for j in range(below - 1, max(below - 1 - b.plan.prefetch, -1), -1):
+        if j not in issued:
+            issued[j] = _all_gather(b, units[j], mb, gathered, phase="backward",
+                                    issue_after=(after,))
 
 
 def _fsdp_reduce(b: _Builder, u: _Unit, after: int, n: int, g_bytes: int, r_bytes: int,
@@ -523,9 +592,10 @@ def _lower_replicated(b: _Builder, units: list[_Unit], root: _Unit, grad_buffers
 
         emb = b.add(name=f"embedding forward (mb {mb})", kind="forward", stream="compute",
                     microbatch=mb)
-        fwd = _forward(b, mb, units, gather=None, reshard=False, gathered={}, first=emb)
-        _head(b, mb, after=(fwd[-1],), grad_alloc=grad_alloc(root))
-        ready: list[tuple[_Unit, int]] = []
+        fwd = _forward(b, mb, units, gather=False, reshard=False, gathered={}, first=emb)
+        _head_forward(b, mb, after=(fwd[-1],))
+        _head_backward(b, mb, grad_alloc=grad_alloc(root))
+        buckets = _Buckets(b) if last_mb else None
         for k in reversed(range(len(units))):
             u = units[k]
             flops = bwd_flops.scaled(u.blocks)
@@ -536,52 +606,62 @@ def _lower_replicated(b: _Builder, units: list[_Unit], root: _Unit, grad_buffers
                        allocs=(Buffer(name=work, category="activations", bytes=transient),
                                *grad_alloc(u)),
                        frees=(work, f"mb{mb}/{u.name}/saved"))
-            ready.append((u, op))
+            if buckets is not None:
+                buckets.ready(u, op)
         emb_b = b.add(name=f"embedding backward (mb {mb})", kind="backward", stream="compute",
                       microbatch=mb)
-        ready.append((root, emb_b))
-        if last_mb:
-            last_reduce.extend(_buckets(b, ready))
+        if buckets is not None:
+            buckets.ready(root, emb_b)
+            last_reduce.extend(buckets.finish(emb_b))
 
 
-def _buckets(b: _Builder, ready: list[tuple[_Unit, int]]) -> list[int]:
-    """Bucketed gradient reduction in readiness order: a bucket is reduced once the
-    backward op that completes it has run (DDP Reducer / DeepSpeed reduce buckets)."""
-    p = b.plan
-    r_bytes, g_bytes = dtype_bytes(p.reduce_dtype), _grad_bytes(p)
-    per_bucket = max(1, p.bucket_bytes // r_bytes)
-    ddp = p.strategy == "ddp"
-    out: list[int] = []
-    pending = 0
-    bucket = 0
+class _Buckets:
+    """Bucketed gradient reduction in readiness order (DDP Reducer / DeepSpeed reduce
+    buckets): a bucket's collective is issued, with async_op, by the backward op that
+    completes it, right after that op in the host's order."""
 
-    def flush(elems: int, after: int) -> None:
-        nonlocal bucket
+    def __init__(self, b: _Builder) -> None:
+        p = b.plan
+        self.b = b
+        self.per_bucket = max(1, p.bucket_bytes // dtype_bytes(p.reduce_dtype))
+        self.pending = 0
+        self.issued: list[int] = []
+
+    def ready(self, u: _Unit, op: int) -> None:
+        """The gradients of `u` are complete once `op` has run."""
+        remaining = u.params
+        while self.pending + remaining >= self.per_bucket:
+            remaining -= self.per_bucket - self.pending
+            self._flush(self.per_bucket, op)
+            self.pending = 0
+        self.pending += remaining
+
+    def finish(self, last: int) -> list[int]:
+        """Flush the partial last bucket (after `last`); returns each bucket's final op."""
+        if self.pending:
+            self._flush(self.pending, last)
+            self.pending = 0
+        return self.issued
+
+    def _flush(self, elems: int, after: int) -> None:
+        b, p = self.b, self.b.plan
+        r_bytes = dtype_bytes(p.reduce_dtype)
+        bucket = len(self.issued)
+        ddp = p.strategy == "ddp"
         kw = dict(name=f"bucket {bucket} {'all-reduce' if ddp else 'reduce-scatter'}",
-                  unit=bucket, microbatch=p.grad_accum - 1, after=(after,))
+                  unit=bucket, microbatch=p.grad_accum - 1, after=(after,), async_op=True)
         if ddp:
-            out.append(b.collective(kind="all_reduce", size_bytes=elems * r_bytes,
-                                    group=b.repl, gname="replicate", **kw))
+            op = b.collective(kind="all_reduce", size_bytes=elems * r_bytes,
+                              group=b.repl, gname="replicate", **kw)
         else:
-            out.append(b.collective(kind="reduce_scatter", size_bytes=elems * r_bytes,
-                                    group=b.shard, gname="shard", **kw))
+            op = b.collective(kind="reduce_scatter", size_bytes=elems * r_bytes,
+                              group=b.shard, gname="shard", **kw)
         if p.offload == "optimizer":
             local = elems if ddp else math.ceil(elems / p.dp_shard)
-            out[-1] = b.copy(kind="d2h", nbytes=local * g_bytes, unit=bucket,
-                             name=f"bucket {bucket} grads to host",
-                             microbatch=p.grad_accum - 1, after=(out[-1],))
-        bucket += 1
-
-    for u, op in ready:
-        remaining = u.params
-        while pending + remaining >= per_bucket:
-            remaining -= per_bucket - pending
-            flush(per_bucket, op)
-            pending = 0
-        pending += remaining
-    if pending:
-        flush(pending, ready[-1][1])
-    return out
+            op = b.copy(kind="d2h", nbytes=local * _grad_bytes(p), unit=bucket,
+                        name=f"bucket {bucket} grads to host",
+                        microbatch=p.grad_accum - 1, after=(op,))
+        self.issued.append(op)
 
 
 # ---------------------------------------------------------------------- optimizer

@@ -87,6 +87,10 @@ class Op:
     group: str = ""
     """Which process group: "shard" (ranks sharing one sharded copy, consecutive) or
     "replicate" (ranks holding the same shard, one per shard group)."""
+    async_op: bool = False
+    """Issued with async_op=True (DDP's reducer, DeepSpeed's reduce buckets): the host
+    gets a Work back and goes on. FSDP2 issues its collectives without it, which on a
+    synchronous host (Schedule.launch) blocks the thread until they complete."""
     allocs: tuple[Buffer, ...] = ()
     """Buffers allocated when the op starts."""
     frees_at_start: tuple[str, ...] = ()
@@ -136,6 +140,10 @@ class Schedule:
     """Dense peak of the compute dtype, for MFU."""
     dp_shard: int
     """Ranks per shard group (rank-level mode builds the groups from it)."""
+    launch: str = "async"
+    """How the host drives the device (zsim.spec.hardware.HardwareProfile.launch); with
+    "synchronous" the lowering has already chained the ops the host thread runs or waits
+    for in issue order, and compute waits on a blocking collective are "blocking_call"."""
     notes: tuple[str, ...] = field(default=())
     """Modelling choices the lowering made for this plan (shown in reports)."""
 

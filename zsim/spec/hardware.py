@@ -9,7 +9,7 @@ only in hardware_profiles/*.yaml; no code branches on device names.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,17 +18,28 @@ from zsim.spec.yaml_file import read_yaml
 from zsim.units import GB, US, GiB
 
 _SCHEMA: dict[str, tuple[str, ...]] = {
-    "": ("name", "description", "gpu", "node", "intra_node", "inter_node", "efficiency"),
+    "": ("name", "description", "gpu", "node", "intra_node", "inter_node", "efficiency",
+         "host"),
     "gpu": ("name", "hbm_gib", "hbm_bandwidth_gb_per_s", "peak_tflops", "source"),
     "node": ("gpus_per_node", "host_memory_gib", "pcie_gb_per_s", "nvme_read_gb_per_s",
              "nvme_write_gb_per_s", "source"),
-    "intra_node": ("name", "bandwidth_gb_per_s", "latency_us", "efficiency", "source"),
-    "inter_node": ("name", "bandwidth_gb_per_s", "latency_us", "efficiency", "source"),
+    "intra_node": ("name", "bandwidth_gb_per_s", "latency_us", "efficiency",
+                   "collective_efficiency", "source"),
+    "inter_node": ("name", "bandwidth_gb_per_s", "latency_us", "efficiency",
+                   "collective_efficiency", "source"),
     "efficiency": ("matmul", "attention", "memory_bound", "pcie", "host_adam_params_per_s",
                    "comm_compute_slowdown", "compute_comm_slowdown", "kernel_overhead_us",
                    "source"),
+    "host": ("launch", "collective_overhead_us", "rank_skew", "fsdp_unit_overhead_us",
+             "source"),
 }
 """Required keys of each section; no others are accepted."""
+
+COLLECTIVES: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce")
+"""Keys of a link's collective_efficiency."""
+
+LAUNCH_MODES: tuple[str, ...] = ("async", "synchronous")
+"""Values of host.launch (see HardwareProfile.launch)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,6 +55,12 @@ class Link:
     efficiency: float
     """Achievable fraction of line rate for large collectives (nccl-tests bus bandwidth /
     line rate)."""
+    kind_efficiency: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(COLLECTIVES, 1.0))
+    """Bus bandwidth of each collective kind relative to `efficiency` (YAML
+    collective_efficiency): 1 where the backend's rings move the same bytes for every
+    kind (NCCL); below 1 for a kind its backend runs with more traffic (gloo's
+    reduce_scatter_tensor is an all-reduce of the whole buffer)."""
 
     @property
     def achievable_bytes_per_s(self) -> float:
@@ -92,6 +109,23 @@ class HardwareProfile:
     """Fixed cost per kernel on the compute stream (dispatch and launch not hidden behind
     earlier work), seconds; YAML key efficiency.kernel_overhead_us (required there).
     Profiles built in code may leave it 0."""
+    launch: str = "async"
+    """How the host thread drives the device (YAML host.launch): "async" (CUDA streams:
+    kernels and collectives queue on device streams while the host runs ahead) or
+    "synchronous" (the device is the host CPU: every kernel runs on the issuing thread
+    and a collective issued without async_op blocks it until it completes)."""
+    collective_overhead_s: float = 0.0
+    """Extra start-up time of a collective issued between compute segments, beyond the
+    link's latency (thread hand-off and wake-up), seconds; YAML host.collective_overhead_us."""
+    rank_skew: float = 0.0
+    """How far the slowest rank falls behind per second of compute between
+    synchronisations (a fraction): every rank waits for it at the next collective, so
+    compute is stretched by 1 + rank_skew. 0 = ranks run in lock step."""
+    fsdp_unit_overhead_s: float = 0.0
+    """Host time FSDP2 spends per unit per micro-batch in its hooks (unshard bookkeeping,
+    views, post-backward) and the DTensor optimizer step, outside kernels and
+    collectives, seconds; on the step's timeline only when launch is "synchronous"
+    (an async host does it while the device runs earlier kernels)."""
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for a compute dtype.
@@ -112,13 +146,16 @@ class HardwareProfile:
             ConfigError: a section or key is unknown, missing or of the wrong type.
         """
         _check_keys(data, "")
-        for section in ("gpu", "node", "intra_node", "inter_node", "efficiency"):
+        for section in ("gpu", "node", "intra_node", "inter_node", "efficiency", "host"):
             _check_keys(data[section], section)
             _text(data[section], section, "source")
         for section, key in (("", "name"), ("", "description"), ("gpu", "name"),
                              ("intra_node", "name"), ("inter_node", "name")):
             _text(data[section] if section else data, section, key)
-        gpu, node, eff = data["gpu"], data["node"], data["efficiency"]
+        gpu, node, eff, host = data["gpu"], data["node"], data["efficiency"], data["host"]
+        if host["launch"] not in LAUNCH_MODES:
+            raise ConfigError("host.launch", host["launch"],
+                              f"must be one of {', '.join(LAUNCH_MODES)}")
         peaks = gpu["peak_tflops"]
         if not isinstance(peaks, dict) or not peaks:
             raise ConfigError("gpu.peak_tflops", peaks, "must map dtype names to TFLOP/s")
@@ -144,6 +181,10 @@ class HardwareProfile:
             comm_compute_slowdown=_fraction(eff, "comm_compute_slowdown", allow_zero=True),
             compute_comm_slowdown=_fraction(eff, "compute_comm_slowdown", allow_zero=True),
             kernel_overhead_s=_non_negative(eff, "efficiency", "kernel_overhead_us") * US,
+            launch=str(host["launch"]),
+            collective_overhead_s=_non_negative(host, "host", "collective_overhead_us") * US,
+            rank_skew=_non_negative(host, "host", "rank_skew"),
+            fsdp_unit_overhead_s=_non_negative(host, "host", "fsdp_unit_overhead_us") * US,
         )
 
     @classmethod
@@ -220,6 +261,16 @@ def _link(d: dict[str, Any], section: str) -> Link:
     latency = d["latency_us"]
     if isinstance(latency, bool) or not isinstance(latency, (int, float)) or latency < 0:
         raise ConfigError(f"{section}.latency_us", latency, "must be a number >= 0")
+    kinds = d["collective_efficiency"]
+    if not isinstance(kinds, dict) or sorted(kinds) != sorted(COLLECTIVES):
+        raise ConfigError(f"{section}.collective_efficiency", kinds,
+                          f"must map exactly {', '.join(COLLECTIVES)} to numbers")
+    for kind in COLLECTIVES:
+        v = _pos(kinds, f"{section}.collective_efficiency", kind)
+        if v * eff > 1.0:
+            raise ConfigError(f"{section}.collective_efficiency.{kind}", v,
+                              f"times efficiency {eff} exceeds the line rate")
     return Link(name=str(d["name"]),
                 bandwidth_bytes_per_s=_pos(d, section, "bandwidth_gb_per_s") * GB,
-                latency_s=float(latency) * US, efficiency=float(eff))
+                latency_s=float(latency) * US, efficiency=float(eff),
+                kind_efficiency={k: float(kinds[k]) for k in COLLECTIVES})
