@@ -19,8 +19,8 @@ pytestmark = pytest.mark.slow
 QUICK = BenchConfig(sizes_bytes=(4096, 65536, 1 << 20, 4 << 20), iters_small=3, iters_large=2,
                     matmul_shapes=((256, 256, 256), (512, 256, 512)), copy_bytes=8 << 20,
                     adam_params=1 << 18, attention_shape=(1, 2, 128, 64),
-                    elementwise_numels=(1 << 16,), tiny_ops=50, sync_segments=(1, 4, 8),
-                    fsdp_layers=(1, 3))
+                    elementwise_numels=(1 << 16,), sync_segments=(1, 4, 8),
+                    host_layers=(1, 3))
 
 
 def test_calibrate_writes_a_loadable_profile_with_provenance(tmp_path: Path) -> None:

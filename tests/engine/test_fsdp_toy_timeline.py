@@ -125,12 +125,13 @@ def test_fsdp_step_on_a_synchronous_host_runs_every_op_alone_in_host_order(
     # the implicit forward prefetch (host run-ahead) is gone, and the backward prefetch
     # issued from each pre-backward hook runs before that unit's backward. Host costs:
     # every kernel stretched by the rank skew (x1.5), 20 us of FSDP2 hook time on each
-    # unit's forward copy-out, 1 us more start-up per collective.
+    # unit's forward copy-out, and each collective call 1 us more.
     d = hand_durations()
-    skew, hooks, extra = 1.5, 20 * US, 1 * US
+    skew, hooks, call = 1.5, 20 * US, 1 * US
     fwd, bwd, head, opt = skew * d.fwd, skew * d.bwd, skew * d.head, skew * d.opt
     copy_block, copy_root = skew * d.copy_block, skew * d.copy_root
-    ag_block, ag_root = d.ag_block + extra, d.ag_root + extra
+    ag_block, ag_root = d.ag_block + call, d.ag_root + call
+    rs_block, rs_root = ag_block, ag_root  # reduced in bf16: the same bytes
     order = [
         ("all_gather", "root all-gather forward (mb 0)", ag_root),
         ("compute", "root copy-out forward (mb 0)", copy_root + hooks),
@@ -147,12 +148,12 @@ def test_fsdp_step_on_a_synchronous_host_runs_every_op_alone_in_host_order(
         ("compute", "unit 1 copy-out backward (mb 0)", copy_block),
         ("all_gather", "unit 0 all-gather backward (mb 0)", ag_block),  # unit 1's prefetch
         ("compute", "unit 1 backward (mb 0)", bwd),
-        ("reduce_scatter", "unit 1 reduce-scatter", ag_block),
+        ("reduce_scatter", "unit 1 reduce-scatter", rs_block),
         ("compute", "unit 0 copy-out backward (mb 0)", copy_block),
         ("compute", "unit 0 backward (mb 0)", bwd),
-        ("reduce_scatter", "unit 0 reduce-scatter", ag_block),
+        ("reduce_scatter", "unit 0 reduce-scatter", rs_block),
         ("compute", "embedding backward (mb 0)", 0.0),
-        ("reduce_scatter", "root reduce-scatter", ag_root),
+        ("reduce_scatter", "root reduce-scatter", rs_root),
         ("compute", "optimizer step", opt),
         ("compute", "end of step", 0.0),
     ]
@@ -161,7 +162,7 @@ def test_fsdp_step_on_a_synchronous_host_runs_every_op_alone_in_host_order(
         expected.append((t, t + seconds, stream, name))
         t += seconds
     hw = replace(make_toy_hw(), launch="synchronous", rank_skew=skew - 1,
-                 fsdp_unit_overhead_s=hooks, collective_overhead_s=extra)
+                 fsdp_unit_overhead_s=hooks, collective_overhead_s=call)
     plan = Plan.for_strategy("fsdp", gpus=2, seq_len=256)
     r = simulate(tiny_model, hw, plan, trace=True)
     got = sorted((sp.start_s, sp.end_s, sp.stream, sp.name) for sp in r.spans)

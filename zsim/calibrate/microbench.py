@@ -1,8 +1,8 @@
 """Micro-benchmarks run on every rank at once: collectives over a range of sizes, point-to-
 point bandwidth, matmul and attention throughput, memory copy and elementwise-kernel rates,
 the fixed cost per kernel, the AdamW step, how much a collective in flight slows a
-matmul, what a collective costs right after a compute segment (hand-off and rank skew),
-and FSDP2's host time per unit.
+matmul, how far ranks drift apart between collectives, and the host time of the
+reference model's blocks unsharded, under FSDP2 alone and with its collectives.
 
 Owns what is timed and how (medians of timed calls after warm-ups, a barrier before each
 collective so ranks start together); zsim.calibrate.profile turns the figures into a
@@ -57,15 +57,13 @@ class BenchConfig:
     elementwise_numels: tuple[int, ...] = (2**17, 2**19)
     """Elements per tensor of the timed memory-bound kernels: a (512, 256) activation and
     a (512, 1024)-sized one, the validation grid's sizes."""
-    tiny_ops: int = 200
-    """Length of the chain of 64-element multiplies timed for the per-kernel cost."""
     copy_bytes: int = 128 * MiB
     adam_params: int = 4 * 2**20
     sync_segments: tuple[int, ...] = (2, 8, 24, 48)
     """Lengths, in 256^3 matmuls, of the compute segments each followed by a tiny
-    all-gather (collective_overhead_s and rank_skew: the line fitted through them)."""
-    fsdp_layers: tuple[int, int] = (2, 10)
-    """Block counts of the two nano models whose FSDP2 and plain steps are timed."""
+    all-gather (rank_skew: the slope of the line fitted through them)."""
+    host_layers: tuple[int, int] = (2, 10)
+    """Block counts of the two nano models whose plain and FSDP2 steps are timed."""
 
 
 @dataclass(slots=True)
@@ -86,20 +84,19 @@ class RankBench:
     elementwise_bytes_per_s: float = 0.0
     """Bytes read + written per second by a mix of the block's memory-bound kernels in
     bf16 (the plans' compute dtype), total bytes over total time."""
-    kernel_overhead_s: float = 0.0
-    """Fixed cost per kernel, counted as zsim.analytic.compute counts kernels, seconds."""
     adam_params_per_s: float = 0.0
     comm_compute_slowdown: float = 0.0
     """Fraction of its rate a matmul loses while an all-reduce is in flight."""
     compute_comm_slowdown: float = 0.0
     """Fraction of its rate an all-reduce loses while matmuls run on every rank."""
-    collective_overhead_s: float = 0.0
-    """Extra time of a tiny all-gather issued right after compute, beyond the same
-    all-gather back to back, with no compute before it (intercept of the line)."""
     rank_skew: float = 0.0
-    """Extra time of that all-gather per second of compute before it (slope)."""
-    fsdp_unit_overhead_s: float = 0.0
-    """FSDP2's extra host time per unit per step on a 1-rank mesh, seconds."""
+    """Extra time of a tiny all-gather per second of compute before it (see _rank_skew)."""
+    block_step_s: dict[str, float] = field(default_factory=dict)
+    """Step time per extra block of the nano model (nano_model: its kernels cost almost
+    nothing, so this is host time), seconds: "plain" (unsharded, bf16), "fsdp_local"
+    (fully_shard per block on a 1-rank mesh: hooks, copies, DTensor optimizer, no
+    collectives), "fsdp" (on all ranks: the same plus 2 all-gathers and a reduce-scatter
+    per block), "fsdp_no_reshard" (on all ranks, reshard_after_forward=False: 1 + 1)."""
 
 
 def _median_s(fn: Callable[[], Any], iters: int, warmup: int = 1,
@@ -153,14 +150,12 @@ def bench_rank(ctx: RankContext, cfg: BenchConfig) -> RankBench:
     out.attention_flop_per_s = _attention(ctx, cfg.attention_shape)
     out.copy_bytes_per_s = _copy_rate(ctx, cfg.copy_bytes)
     out.elementwise_bytes_per_s = _elementwise(ctx, cfg.elementwise_numels)
-    out.kernel_overhead_s = _kernel_overhead(ctx, cfg.tiny_ops)
     out.adam_params_per_s = _adam(ctx, cfg.adam_params)
     out.comm_compute_slowdown = _slowdown(ctx)
     out.compute_comm_slowdown = _comm_slowdown(ctx)
     # The shared host is noisy: the median of three fits.
-    fits = sorted((_sync_cost(ctx, cfg.sync_segments) for _ in range(3)), key=lambda f: f[1])
-    out.collective_overhead_s, out.rank_skew = fits[1]
-    out.fsdp_unit_overhead_s = _fsdp_unit_overhead(ctx, cfg.fsdp_layers)
+    out.rank_skew = statistics.median(_rank_skew(ctx, cfg.sync_segments) for _ in range(3))
+    out.block_step_s = _block_step_s(ctx, cfg.host_layers)
     return out
 
 
@@ -208,22 +203,6 @@ def _elementwise(ctx: RankContext, numels: tuple[int, ...]) -> float:
             total_s += _median_s(fn, 5)
             total_bytes += nbytes
     return total_bytes / total_s
-
-
-def _kernel_overhead(ctx: RankContext, ops: int) -> float:
-    """Per-kernel cost: forward + backward of a chain of `ops` multiplies on a 64-element
-    tensor that requires grad (dispatch, autograd recording and the backward engine),
-    divided by 3 x ops kernels, as zsim.analytic.compute counts them (backward = 2 x
-    forward)."""
-    x = torch.randn(64, device=ctx.device, requires_grad=True)
-
-    def chain() -> None:
-        y = x
-        for _ in range(ops):
-            y = y * 1.0001
-        y.sum().backward()
-
-    return _median_s(chain, 10, warmup=2) / (3 * ops)
 
 
 def _attention(ctx: RankContext, shape: tuple[int, int, int, int]) -> float:
@@ -292,14 +271,12 @@ def _comm_slowdown(ctx: RankContext) -> float:
     return max(1.0 - statistics.median(alone) / statistics.median(with_compute), 0.0)
 
 
-def _sync_cost(ctx: RankContext, segments: tuple[int, ...]) -> tuple[float, float]:
-    """(collective_overhead_s, rank_skew) of the engine: every rank repeats [a compute
-    segment; a tiny blocking all-gather], as FSDP on a synchronous host does. The
-    all-gather costs more there than back to back: its threads must wake up, and it waits
-    for the slowest rank, which falls further behind the longer the segment. The extra
-    time per segment (median of rounds that alternate with and without the all-gather)
-    is fitted by least squares to a line in the segment's compute time: rank_skew is the
-    slope, collective_overhead the intercept less the back-to-back all-gather."""
+def _rank_skew(ctx: RankContext, segments: tuple[int, ...]) -> float:
+    """The engine's rank_skew: every rank repeats [a compute segment; a tiny blocking
+    all-gather], as FSDP on a synchronous host does. The all-gather waits for the slowest
+    rank, which falls further behind the longer the segment: its extra time over the
+    compute alone (median of rounds that alternate with and without it) grows with the
+    segment's compute time; the least-squares slope of that line."""
     a = torch.randn(256, 256, device=ctx.device)
     shard = torch.zeros(512, device=ctx.device)
     full = torch.zeros(512 * ctx.world_size, device=ctx.device)
@@ -318,45 +295,60 @@ def _sync_cost(ctx: RankContext, segments: tuple[int, ...]) -> tuple[float, floa
         _sync_device(ctx.device)
         return (time.perf_counter() - start) / iters
 
-    tight = _median_s(gather, 20, warmup=3, before=dist.barrier)
     xs, ys = [], []
     for matmuls in segments:
         rounds = [(loop(matmuls, False), loop(matmuls, True)) for _ in range(5)]
         xs.append(statistics.median(alone for alone, _ in rounds))
         ys.append(statistics.median(with_ - alone for alone, with_ in rounds))
-    slope, intercept = statistics.linear_regression(xs, ys)
-    return max(intercept - tight, 0.0), max(slope, 0.0)
+    slope, _ = statistics.linear_regression(xs, ys)
+    return max(slope, 0.0)
 
 
-def _fsdp_unit_overhead(ctx: RankContext, layers: tuple[int, int]) -> float:
-    """FSDP2's host time per unit per step: the step time of a nano Llama (width 16,
-    8 tokens: kernels cost almost nothing) under fully_shard per block on a 1-rank mesh
-    (no collectives; every hook, copy and DTensor optimizer call still runs), less the
-    same model unsharded in bf16, per extra block between the two depths. Every rank
-    runs it at once, so the ranks share the cores as in a real job."""
+NANO_TOKENS: tuple[int, int] = (1, 8)
+"""(micro-batch, sequence) of the nano model's steps."""
+
+
+def nano_model(num_layers: int) -> ModelSpec:
+    """The reference Llama at width 16 (8 tokens): its kernels cost almost nothing, so
+    its step time is the host's (dispatch, autograd, hooks, collective calls)."""
+    return ModelSpec(name="nano", num_layers=num_layers, d_model=16, num_heads=2,
+                     num_kv_heads=2, ffn_hidden=32, vocab_size=64, max_seq_len=NANO_TOKENS[1])
+
+
+def _block_step_s(ctx: RankContext, layers: tuple[int, int]) -> dict[str, float]:
+    """Step time per extra block of the nano model (median of 25 steps at each of two
+    depths; see RankBench.block_step_s), every rank at once so they share the cores as
+    in a real job. The FSDP2 runs use the plans' default MixedPrecisionPolicy."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    group, _ = dist.new_subgroups(group_size=1)
-    mesh = DeviceMesh.from_group(group, ctx.device.split(":")[0],
-                                 mesh_dim_names=("dp_shard",))
-    tokens = torch.randint(0, 64, (1, 8), device=ctx.device)
-    labels = torch.randint(0, 64, (1, 8), device=ctx.device)
+    from zsim.calibrate.fsdp2 import TORCH_DTYPES
+    from zsim.spec.plan import Plan
 
-    def step_s(num_layers: int, shard: bool) -> float:
-        spec = ModelSpec(name="nano", num_layers=num_layers, d_model=16, num_heads=2,
-                         num_kv_heads=2, ffn_hidden=32, vocab_size=64, max_seq_len=8)
+    device_type = ctx.device.split(":")[0]
+    local, _ = dist.new_subgroups(group_size=1)
+    meshes = {"fsdp_local": DeviceMesh.from_group(local, device_type),
+              "fsdp": DeviceMesh.from_group(dist.group.WORLD, device_type)}
+    plan = Plan.for_strategy("fsdp", gpus=ctx.world_size, seq_len=NANO_TOKENS[1])
+    mp = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[plan.param_dtype],
+                              reduce_dtype=TORCH_DTYPES[plan.reduce_dtype])
+    g = torch.Generator().manual_seed(ctx.rank)
+    tokens, labels = (torch.randint(0, 64, NANO_TOKENS, generator=g).to(ctx.device)
+                      for _ in range(2))
+
+    def step_s(num_layers: int, how: str) -> float:
         torch.manual_seed(0)
         with torch.device(ctx.device):
-            model = Transformer(spec)
+            model = Transformer(nano_model(num_layers))
         model.init_weights()
-        if shard:
-            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            for block in model.layers:
-                fully_shard(block, mesh=mesh, mp_policy=mp)
-            fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+        if how == "plain":
+            model = model.to(TORCH_DTYPES[plan.param_dtype])
         else:
-            model = model.to(torch.bfloat16)
+            mesh = meshes["fsdp_local" if how == "fsdp_local" else "fsdp"]
+            for block in model.layers:
+                fully_shard(block, mesh=mesh, mp_policy=mp,
+                            reshard_after_forward=how != "fsdp_no_reshard")
+            fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
 
         def step() -> None:
@@ -365,12 +357,12 @@ def _fsdp_unit_overhead(ctx: RankContext, layers: tuple[int, int]) -> float:
             opt.zero_grad(set_to_none=True)
             _sync_device(ctx.device)
 
+        dist.barrier()
         return _median_s(step, 25, warmup=5)
 
     lo, hi = layers
-    fsdp = step_s(hi, True) - step_s(lo, True)
-    plain = step_s(hi, False) - step_s(lo, False)
-    return max((fsdp - plain) / (hi - lo), 0.0)
+    return {how: (step_s(hi, how) - step_s(lo, how)) / (hi - lo)
+            for how in ("plain", "fsdp_local", "fsdp", "fsdp_no_reshard")}
 
 
 def _sync_device(device: str) -> None:

@@ -21,6 +21,7 @@ import platform
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -28,12 +29,14 @@ from typing import Any
 import torch
 import yaml
 
-from zsim.calibrate.fit import CollectiveSample, fit_alpha_beta
-from zsim.calibrate.microbench import BenchConfig, RankBench, bench_rank
+from zsim.analytic.compute import BACKWARD_FACTOR, block_forward_flops, optimizer_flops
+from zsim.calibrate.fit import AlphaBeta, CollectiveSample, fit_alpha_beta
+from zsim.calibrate.microbench import NANO_TOKENS, BenchConfig, RankBench, bench_rank, nano_model
 from zsim.calibrate.runner import run_ranks
 from zsim.errors import ConfigError
 from zsim.spec.hardware import HardwareProfile
-from zsim.units import GB, GiB, MiB
+from zsim.spec.plan import Plan
+from zsim.units import GB, GiB, MiB, dtype_bytes
 
 DISK_TEST_BYTES = 256 * MiB
 
@@ -95,13 +98,11 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
     attention = statistics.median(r.attention_flop_per_s for r in ranks)
     copy = statistics.median(r.copy_bytes_per_s for r in ranks)
     elementwise = statistics.median(r.elementwise_bytes_per_s for r in ranks)
-    kernel_s = statistics.median(r.kernel_overhead_s for r in ranks)
+    host = _host_costs(ranks, link, nproc)
     adam = statistics.median(r.adam_params_per_s for r in ranks)
     slowdown = statistics.mean(r.comm_compute_slowdown for r in ranks)
     comm_slowdown = statistics.mean(r.compute_comm_slowdown for r in ranks)
-    coll_overhead = statistics.mean(r.collective_overhead_s for r in ranks)
     skew = statistics.mean(r.rank_skew for r in ranks)
-    fsdp_unit = statistics.median(r.fsdp_unit_overhead_s for r in ranks)
     launch_how = ("CUDA streams" if backend == "nccl"
                   else "CPU ranks run their kernels on the calling thread")
     mem_gib = _host_memory_bytes() / GiB
@@ -169,15 +170,18 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
             "host_adam_params_per_s": _r(adam * nproc),
             "comm_compute_slowdown": _r(min(slowdown, 0.99)),
             "compute_comm_slowdown": _r(min(comm_slowdown, 0.99)),
-            "kernel_overhead_us": _r(kernel_s * 1e6),
+            "kernel_overhead_us": _r(host.kernel_s * 1e6),
             "source": f"{prov}; matmul = median over block-shaped matmuls of rate / peak; "
                       f"attention = causal SDPA bf16 fwd+bwd at "
                       f"(b, h, s, d) = {cfg.attention_shape} (3 x 4bhs^2d/2 FLOPs) / bf16 "
                       f"peak; memory_bound = bf16 add, mul, silu, cat, upcast and fp32 "
                       f"log_softmax on {cfg.elementwise_numels} elements (total bytes / "
-                      f"total time) / copy bytes per second; kernel_overhead = fwd+bwd of "
-                      f"{cfg.tiny_ops} chained 64-element multiplies / (3 x {cfg.tiny_ops}) "
-                      f"kernels; host AdamW(foreach) on 4 Mi params x ranks; "
+                      f"total time) / copy bytes per second; kernel_overhead = step time "
+                      f"per block of the width-16 reference Llama (bf16, "
+                      f"unsharded, "
+                      f"{cfg.host_layers[0]} vs {cfg.host_layers[1]} blocks) / its "
+                      f"{host.kernels_per_block:g} kernels (fwd, bwd, AdamW); host "
+                      f"AdamW(foreach) on 4 Mi params x ranks; "
                       f"comm_compute_slowdown = a 1024^3 matmul inside a 64 MiB all_reduce "
                       f"vs alone; "
                       f"compute_comm_slowdown = a 64 MiB all_reduce while 256^3 matmuls run "
@@ -185,21 +189,59 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
         },
         "host": {
             "launch": "async" if backend == "nccl" else "synchronous",
-            "collective_overhead_us": _r(coll_overhead * 1e6),
+            "collective_overhead_us": _r(host.collective_s * 1e6),
             "rank_skew": _r(skew),
-            "fsdp_unit_overhead_us": _r(fsdp_unit * 1e6),
+            "fsdp_unit_overhead_us": _r(host.fsdp_unit_s * 1e6),
             "source": f"{prov}; launch: {launch_how}; "
-                      f"every rank repeats [{'/'.join(map(str, cfg.sync_segments))} "
-                      f"256^3 matmuls; a 2 KiB-per-rank all_gather_into_tensor]: the "
-                      f"all-gather's extra time over the compute alone (median of 5 rounds) "
-                      f"is fitted to a line in the compute time, rank_skew its slope, "
-                      f"collective_overhead its intercept less the back-to-back all-gather "
-                      f"(means over ranks); fsdp_unit_overhead = (FSDP2 - plain bf16) step "
-                      f"time of a width-16 Llama per extra block, {cfg.fsdp_layers[0]} vs "
-                      f"{cfg.fsdp_layers[1]} blocks, fully_shard per block on a 1-rank mesh "
-                      f"(median over ranks)",
+                      f"rank_skew: every rank repeats [{'/'.join(map(str, cfg.sync_segments))} "
+                      f"256^3 matmuls; a 2 KiB-per-rank all_gather_into_tensor], slope of the "
+                      f"all-gather's extra time over the compute time (median of 3 fits, "
+                      f"mean over ranks); per block of the width-16 reference Llama "
+                      f"({cfg.host_layers[0]} vs {cfg.host_layers[1]} blocks, median over "
+                      f"ranks): fsdp_unit_overhead = step time under fully_shard on a 1-rank "
+                      f"mesh - unsharded bf16; collective_overhead = (step time on all "
+                      f"{nproc} ranks - on the 1-rank mesh - the fitted link time of its "
+                      f"collectives) / collectives, mean of resharding after forward or not",
         },
     }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _HostCosts:
+    kernel_s: float
+    kernels_per_block: float
+    fsdp_unit_s: float
+    collective_s: float
+
+
+def _host_costs(ranks: list[RankBench], link: AlphaBeta, nproc: int) -> _HostCosts:
+    """Host costs from the nano model's per-block step times (RankBench.block_step_s,
+    medians over ranks): the unsharded block's time over the kernels
+    zsim.analytic.compute counts for it (forward, backward and its share of the AdamW
+    step); FSDP2's extra time on a 1-rank mesh; and on all ranks, what each collective
+    call costs beyond the fitted link model (hand-off, waiting for the other ranks,
+    FSDP2's Python and copies around it), the mean over resharding after forward
+    (2 all-gathers and a reduce-scatter per block) and not (1 + 1)."""
+    per = {k: statistics.median(r.block_step_s[k] for r in ranks)
+           for k in ("plain", "fsdp_local", "fsdp", "fsdp_no_reshard")}
+    spec = nano_model(1)
+    micro_batch, seq_len = NANO_TOKENS
+    fwd = block_forward_flops(spec, micro_batch=micro_batch, seq_len=seq_len, act_bytes=2)
+    opt = optimizer_flops(spec.params_per_block, optimizer="adamw",
+                          tensors=len(spec.block_tensors()), master_bytes=2,
+                          state_bytes_per_param=4, grad_bytes=2, param_copy_bytes=0)
+    kernels = fwd.kernels * (1 + BACKWARD_FACTOR) + opt.kernels
+    plan = Plan.for_strategy("fsdp", gpus=nproc, seq_len=seq_len)
+    params = spec.params_per_block
+    ag_wire = link.predict_s("all_gather", params * dtype_bytes(plan.param_dtype), nproc)
+    rs_wire = link.predict_s("reduce_scatter", params * dtype_bytes(plan.reduce_dtype), nproc)
+    # Per block: 2 all-gathers and a reduce-scatter (reshard after forward), or 1 + 1.
+    calls = {"fsdp": (2, 1), "fsdp_no_reshard": (1, 1)}
+    extra = [(per[k] - per["fsdp_local"] - ag * ag_wire - rs * rs_wire) / (ag + rs)
+             for k, (ag, rs) in calls.items()]
+    return _HostCosts(kernel_s=per["plain"] / kernels, kernels_per_block=kernels,
+                      fsdp_unit_s=max(per["fsdp_local"] - per["plain"], 0.0),
+                      collective_s=max(statistics.mean(extra), 0.0))
 
 
 def _r(x: float) -> float:

@@ -149,10 +149,13 @@ class _Builder:
 
     def collective(self, *, kind: str, size_bytes: float, group: CommGroup, gname: str,
                    **kw: object) -> int:
+        """A collective on its own stream; one issued without async_op that blocks a
+        synchronous host starts later by the host's cost of the call."""
+        hw = self.hw
+        call_s = 0.0 if kw.get("async_op") else self.host(hw.collective_overhead_s)
         return self.add(kind=kind, stream=kind, size_bytes=size_bytes,
                         bus_bytes=bus_bytes(kind, size_bytes, group.ranks),
-                        latency_s=collective_latency_s(kind, group, self.hw)
-                        + self.hw.collective_overhead_s,
+                        latency_s=collective_latency_s(kind, group, hw) + call_s,
                         link="inter_node" if group.spans_nodes else "intra_node",
                         link_loads=link_loads(kind, group, self.hw),
                         group_ranks=group.ranks,

@@ -115,8 +115,10 @@ class HardwareProfile:
     "synchronous" (the device is the host CPU: every kernel runs on the issuing thread
     and a collective issued without async_op blocks it until it completes)."""
     collective_overhead_s: float = 0.0
-    """Extra start-up time of a collective issued between compute segments, beyond the
-    link's latency (thread hand-off and wake-up), seconds; YAML host.collective_overhead_us."""
+    """Host time of a blocking collective call beyond the link model (thread hand-off,
+    waiting for the other ranks, the framework's Python and copies around it), seconds
+    per call; YAML host.collective_overhead_us. Applies to collectives issued without
+    async_op on a synchronous host."""
     rank_skew: float = 0.0
     """How far the slowest rank falls behind per second of compute between
     synchronisations (a fraction): every rank waits for it at the next collective, so
