@@ -49,7 +49,8 @@ class Result:
     """Every compute-stream wait on a collective, a copy or the host, in time order."""
     comm_busy_s: dict[str, float]
     """Busy time per collective kind and per copy direction (h2d, d2h: PCIe, offload),
-    union of that stream's intervals, seconds."""
+    union of that stream's intervals (the kernels FSDP2 runs there around its
+    collectives included), seconds."""
     comm_busy_total_s: float
     """Time at least one collective or copy was running, seconds."""
     comm_bus_bytes: dict[str, float]
@@ -185,13 +186,16 @@ def summarize(schedule: Schedule, trace: Trace, memory: MemoryPool, *, model: st
     compute = sum(sp.duration_s for sp in spans0 if sp.stream == "compute")
     busy: dict[str, float] = {}
     bus: dict[str, float] = {}
+    # Each collective kind and copy direction has its own stream (named after it); its
+    # busy time includes the kernels that prepare or finish its transfers there (FSDP2's
+    # all-gather copy-in, the reduce-scatter output cast).
     transfers = COLLECTIVE_KINDS + COPY_KINDS
     for kind in transfers:
-        iv = [(sp.start_s, sp.end_s) for sp in spans0 if sp.kind == kind]
+        iv = [(sp.start_s, sp.end_s) for sp in spans0 if sp.stream == kind]
         if iv:
             busy[kind] = _union_s(iv)
             bus[kind] = sum(sp.bus_bytes for sp in spans0 if sp.kind == kind)
-    comm_total = _union_s([(sp.start_s, sp.end_s) for sp in spans0 if sp.kind in transfers])
+    comm_total = _union_s([(sp.start_s, sp.end_s) for sp in spans0 if sp.stream in transfers])
     waits0 = [w for w in trace.waits if w.rank == 0]
     host_waits = [w for w in waits0 if w.collective == "host"]
     comm_waits = [w for w in waits0 if w.collective != "host"]

@@ -24,19 +24,29 @@ def test_fsdp_op_order_per_stream(tiny_model: ModelSpec, h100: HardwareProfile) 
     plan = Plan.for_strategy("fsdp", gpus=8, seq_len=128)
     assert _names(tiny_model, h100, plan) == {
         # FSDP2 copies a gathered unit out of the flat buffer in the unit's own pre-forward
-        # / pre-backward hook, on the compute stream, right before the unit runs.
+        # / pre-backward hook, on the compute stream, right before the unit runs; each
+        # unit's gradients are copied into the flat reduce-scatter input right after its
+        # backward (foreach_reduce runs the copy-in on the current stream).
         "compute": ["root copy-out forward (mb 0)", "embedding forward (mb 0)",
                     "unit 0 copy-out forward (mb 0)", "unit 0 forward (mb 0)",
                     "unit 1 copy-out forward (mb 0)", "unit 1 forward (mb 0)",
                     "output+loss forward (mb 0)", "output+loss backward (mb 0)",
                     "unit 1 copy-out backward (mb 0)", "unit 1 backward (mb 0)",
+                    "unit 1 reduce-scatter copy-in",
                     "unit 0 copy-out backward (mb 0)", "unit 0 backward (mb 0)",
-                    "embedding backward (mb 0)", "optimizer step", "end of step"],
-        "all_gather": ["root all-gather forward (mb 0)", "unit 0 all-gather forward (mb 0)",
-                       "unit 1 all-gather forward (mb 0)", "unit 1 all-gather backward (mb 0)",
-                       "unit 0 all-gather backward (mb 0)"],
-        "reduce_scatter": ["unit 1 reduce-scatter", "unit 0 reduce-scatter",
-                           "root reduce-scatter"],
+                    "unit 0 reduce-scatter copy-in", "embedding backward (mb 0)",
+                    "root reduce-scatter copy-in", "optimizer step", "end of step"],
+        # The all-gather copy-in (cast + copy into the flat buffer) precedes each
+        # all-gather on its stream; the bf16 output is cast to the fp32 shard's dtype
+        # after each reduce-scatter on its stream.
+        "all_gather": ["root copy-in forward (mb 0)", "root all-gather forward (mb 0)",
+                       "unit 0 copy-in forward (mb 0)", "unit 0 all-gather forward (mb 0)",
+                       "unit 1 copy-in forward (mb 0)", "unit 1 all-gather forward (mb 0)",
+                       "unit 1 copy-in backward (mb 0)", "unit 1 all-gather backward (mb 0)",
+                       "unit 0 copy-in backward (mb 0)", "unit 0 all-gather backward (mb 0)"],
+        "reduce_scatter": ["unit 1 reduce-scatter", "unit 1 grad cast",
+                           "unit 0 reduce-scatter", "unit 0 grad cast",
+                           "root reduce-scatter", "root grad cast"],
     }
 
 
@@ -188,11 +198,15 @@ def test_fsdp_grad_shards_are_fp32_and_live_until_the_optimizer(
     (opt,) = [op for op in ops if op.kind == "optimizer"]
     # (the optimizer also frees its own foreach temporary)
     assert set(opt.frees) - {b.name for b in opt.allocs} == set(shards)
-    # One flat reduce-scatter input (bf16) is held until the next unit's reduce-scatter
+    # The flat reduce-scatter input (bf16) is allocated by its copy-in, which frees the
+    # unsharded gradients it read; one input is held until the next unit's copy-in
     # starts (FSDP2's reduce_scatter_states), the last one until the end of backward.
+    copy_ins = [op for op in ops if op.name.endswith("reduce-scatter copy-in")]
     inputs = [next(b.name for b in op.allocs if b.name.endswith("reduce_scatter_input"))
-              for op in rs]
-    for prev, op in zip(inputs, rs[1:], strict=False):
+              for op in copy_ins]
+    assert all(op.frees and all(f.endswith("unsharded_grad") or "unsharded_grad/" in f
+                                for f in op.frees) for op in copy_ins)
+    for prev, op in zip(inputs, copy_ins[1:], strict=False):
         assert prev in op.frees_at_start
     assert inputs[-1] in rs[-1].frees
 

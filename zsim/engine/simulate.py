@@ -150,6 +150,12 @@ class _Run:
                     last_t, last_dep, last_kind = start_s[d], d, "issue"
             if last_dep is not None and last_t >= t_free:
                 gate, gated_by = last_kind, ops_all[last_dep].name
+                feeder = ops_all[last_dep]
+                if last_kind == "data" and feeder.stream == op.stream and not feeder.is_transfer:
+                    # Held by its own stream's preparation (an all-gather's copy-in):
+                    # what held that back held this one.
+                    span = self.span_of[(rank, last_dep)]
+                    gate, gated_by = span.gate, span.gated_by
             elif prev is not None:
                 gate, gated_by = "stream", prev.name
             if op.stream == "compute" and env.now > t_free and last_dep is not None:
@@ -258,6 +264,14 @@ class _Run:
             now -= host_s
             self._append_wait(rank, op, now, now + host_s, "host", "host", "host_optimizer")
             host_s = 0.0
+        while not blocking.is_transfer and blocking.stream not in ("compute", "host"):
+            # A kernel on a collective's stream (the reduce-scatter's output cast): the
+            # wait is on the transfer it finishes.
+            ends = self.end_s[rank]
+            dep = max(blocking.after, key=lambda d: ends[d], default=None)
+            if dep is None:
+                return
+            blocking = self.s.ops[dep]
         if not blocking.is_transfer:
             return
         if host_s > 0:

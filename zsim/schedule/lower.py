@@ -363,29 +363,39 @@ def _forward(b: _Builder, mb: int, units: list[_Unit], *, gather: bool, reshard:
 def _all_gather(b: _Builder, u: _Unit, mb: int, gathered: dict[int, str], *, phase: str,
                 **deps: tuple[int, ...]) -> int:
     """One unit's all-gather as FSDP2 runs it (_fsdp_collectives.py foreach_all_gather):
-    it allocates only the flat output (the input is its own slice, written by the
-    compute-dtype cast of the shard). Returns the all-gather op; `deps` place its issue."""
+    a copy-in on the all-gather's side (FSDP2's all_gather_copy_in stream) allocates the
+    flat output, casts each shard to the compute dtype (fsdp_param.all_gather_inputs,
+    when the shard is the master copy) and copies it into its slice (_foreach_copy_),
+    then the collective. Returns the all-gather op; `deps` place the copy-in's issue."""
+    p = b.plan
     key = -1 if u.index is None else u.index
     size = u.params * b.a
     name = f"mb{mb}/{u.name}/gathered/{phase}"
     gathered[key] = name
     frees: tuple[str, ...] = ()
-    if b.plan.offload == "params":
+    if p.offload == "params":
         # FSDP2 CPUOffloadPolicy: the shard (in its at-rest dtype) is copied to the GPU
         # before the all-gather, on the same issue point, and dropped after it.
         shard = f"{name}/shard_from_host"
-        nbytes = math.ceil(u.params / b.plan.dp_shard) * _at_rest_bytes(b.plan)
+        nbytes = math.ceil(u.params / p.dp_shard) * _at_rest_bytes(p)
         h2d = b.copy(kind="h2d", nbytes=nbytes, name=f"{u.name} shard to GPU {phase} (mb {mb})",
                      unit=u.index, microbatch=mb,
                      allocs=(Buffer(name=shard, category="comm_buffers", bytes=nbytes),),
                      **deps)
         deps = {"after": (h2d,)}
         frees += (shard,)
+    shard_elems = math.ceil(u.params / p.dp_shard)
+    cast = _at_rest_bytes(p) + b.a if p.has_master_copy else 0
+    copy_in = Flops(matmul=0.0, attention=0.0, memory_bytes=shard_elems * (cast + 2 * b.a),
+                    kernels=2 if cast else 1)
+    first = b.add(name=f"{u.name} copy-in {phase} (mb {mb})", kind=phase, stream="all_gather",
+                  unit=u.index, microbatch=mb, compute_s=b.compute(copy_in),
+                  allocs=(Buffer(name=f"{name}/flat", category="comm_buffers", bytes=size),),
+                  **deps)
     return b.collective(
         kind="all_gather", size_bytes=size, group=b.shard, gname="shard",
         name=f"{u.name} all-gather {phase} (mb {mb})", unit=u.index, microbatch=mb,
-        allocs=(Buffer(name=f"{name}/flat", category="comm_buffers", bytes=size),),
-        frees=frees, **deps)
+        after=(first,), frees=frees)
 
 
 def _copy_out(b: _Builder, u: _Unit, mb: int, gathered: dict[int, str], *, phase: str,
@@ -541,36 +551,50 @@ def _backward_prefetch(b: _Builder, units: list[_Unit], mb: int, gathered: dict[
 def _fsdp_reduce(b: _Builder, u: _Unit, after: int, n: int, g_bytes: int, r_bytes: int,
                  grad_buffers: list[str], *, final: bool) -> list[int]:
     """Reduce-scatter of one unit's gradients (+ HSDP all-reduce of the shard), as
-    FSDP2's foreach_reduce: the unsharded gradients are freed once copied into the flat
-    input (reduce dtype); the output (reduce dtype) is cast to the sharded gradient's
-    dtype when they differ. The input stays alive until the next unit's reduce-scatter
-    (FSDP2's reduce_scatter_states, one buffer) or, for the last unit, the end of
+    FSDP2's foreach_reduce: on the compute stream, the copy-in (chunk_cat) reads the
+    unsharded gradients into the flat input (reduce dtype), which frees them; then the
+    collective on its stream; then, on the same stream, the output (reduce dtype) is cast
+    to the sharded gradient's dtype when they differ. The input stays alive until the
+    next unit's reduce-scatter (FSDP2's reduce_scatter_states, one buffer: released in
+    the next post-backward, before its copy-in) or, for the last unit, the end of
     backward. `final`: this is the last reduce-scatter of the step (the root)."""
+    p = b.plan
+    last_mb = p.grad_accum - 1
     shard_grad = f"{u.name}/grad_shard"
     grad_buffers.append(shard_grad)
     shard_elems = math.ceil(u.params / n)
     rs_in = f"{u.name}/reduce_scatter_input"
-    allocs = [Buffer(name=rs_in, category="comm_buffers", bytes=u.params * r_bytes)]
-    frees: list[str] = [rs_in] if final else []
-    if r_bytes != g_bytes:
-        rs_out = f"{u.name}/reduce_scatter_output"
-        allocs.append(Buffer(name=rs_out, category="comm_buffers", bytes=shard_elems * r_bytes))
-        frees.append(rs_out)
-    allocs.append(Buffer(name=shard_grad, category="grads", bytes=shard_elems * g_bytes))
     held = b.held_rs_input
     b.held_rs_input = None if final else rs_in
-    rs = b.collective(
+    unsharded_bytes = b.a if p.grad_accum == 1 else r_bytes  # as _lower_fsdp allocates
+    copy_in = Flops(matmul=0.0, attention=0.0, memory_bytes=u.params * (unsharded_bytes + r_bytes),
+                    kernels=1)
+    first = b.add(name=f"{u.name} reduce-scatter copy-in", kind="backward", stream="compute",
+                  unit=u.index, microbatch=last_mb, after=(after,),
+                  compute_s=b.compute(copy_in), frees_at_start=(held,) if held else (),
+                  allocs=(Buffer(name=rs_in, category="comm_buffers",
+                                 bytes=u.params * r_bytes),),
+                  frees=tuple(b.unsharded_grads.pop(u.name, ())))
+    allocs = []
+    rs_out = f"{u.name}/reduce_scatter_output"
+    if r_bytes != g_bytes:
+        allocs.append(Buffer(name=rs_out, category="comm_buffers", bytes=shard_elems * r_bytes))
+    allocs.append(Buffer(name=shard_grad, category="grads", bytes=shard_elems * g_bytes))
+    last = b.collective(
         kind="reduce_scatter", size_bytes=u.params * r_bytes, group=b.shard, gname="shard",
-        name=f"{u.name} reduce-scatter", unit=u.index, microbatch=b.plan.grad_accum - 1,
-        after=(after,),
-        frees_at_start=tuple(b.unsharded_grads.pop(u.name, ())) + ((held,) if held else ()),
-        allocs=tuple(allocs), frees=tuple(frees))
-    last = rs
-    if b.plan.dp_replicate > 1:
+        name=f"{u.name} reduce-scatter", unit=u.index, microbatch=last_mb, after=(first,),
+        allocs=tuple(allocs), frees=(rs_in,) if final else ())
+    if r_bytes != g_bytes:
+        cast = Flops(matmul=0.0, attention=0.0, memory_bytes=shard_elems * (r_bytes + g_bytes),
+                     kernels=1)
+        last = b.add(name=f"{u.name} grad cast", kind="backward", stream="reduce_scatter",
+                     unit=u.index, microbatch=last_mb, after=(last,),
+                     compute_s=b.compute(cast), frees=(rs_out,))
+    if p.dp_replicate > 1:
         last = b.collective(kind="all_reduce", size_bytes=shard_elems * r_bytes, group=b.repl,
                             gname="replicate", name=f"{u.name} all-reduce (replicas)",
-                            unit=u.index, microbatch=b.plan.grad_accum - 1, after=(rs,))
-    if b.plan.offload != "none":
+                            unit=u.index, microbatch=last_mb, after=(last,))
+    if p.offload != "none":
         last = _grads_to_host(b, last, shard_grad, shard_elems * g_bytes, grad_buffers,
                               name=f"{u.name} grad shard to host")
     return [last]
