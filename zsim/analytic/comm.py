@@ -19,12 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zsim.spec.hardware import HardwareProfile
+from zsim.spec.hardware import COLLECTIVES, HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 from zsim.units import dtype_bytes
-
-COLLECTIVE_KINDS: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -167,9 +165,9 @@ def step_comm(model: ModelSpec, plan: Plan, hw: HardwareProfile) -> StepComm:
     n_params = model.num_params
     s_param = n_params * dtype_bytes(plan.param_dtype)
     s_reduce = n_params * dtype_bytes(plan.reduce_dtype)
-    sizes: dict[str, float] = {k: 0.0 for k in COLLECTIVE_KINDS}
-    bus: dict[str, float] = {k: 0.0 for k in COLLECTIVE_KINDS}
-    time: dict[str, float] = {k: 0.0 for k in COLLECTIVE_KINDS}
+    sizes: dict[str, float] = dict.fromkeys(COLLECTIVES, 0.0)
+    bus: dict[str, float] = dict.fromkeys(COLLECTIVES, 0.0)
+    time: dict[str, float] = dict.fromkeys(COLLECTIVES, 0.0)
 
     def add(kind: str, size: float, group: CommGroup, times: int = 1) -> None:
         if group.ranks <= 1:

@@ -75,6 +75,10 @@ class RankBench:
     """Point-to-point send/recv bandwidth of a 64 MiB message (rank 0 -> 1)."""
     matmul_flop_per_s: dict[str, list[float]] = field(default_factory=dict)
     """Per dtype ("fp32", "bf16"), one rate per matmul shape, FLOP/s."""
+    linear_flop_per_s: dict[str, list[float]] = field(default_factory=dict)
+    """The same shapes as a linear layer's forward and backward (its three GEMMs: the
+    output, the input gradient, the weight gradient, 6mkn FLOPs), as a block's matmuls
+    run in a training step, FLOP/s."""
     attention_flop_per_s: float = 0.0
     """Causal SDPA forward + backward in bf16, FLOP/s counted as zsim.analytic.compute
     counts them (3 x the forward's 4·b·h·s²·d/2), so the efficiency absorbs flash
@@ -141,22 +145,37 @@ def bench_rank(ctx: RankContext, cfg: BenchConfig) -> RankBench:
             del full, shard
     out.p2p_bytes_per_s = _p2p(ctx)
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        rates = []
+        rates, linear = [], []
         for m, k, nn in cfg.matmul_shapes:
             a = torch.randn(m, k, dtype=dtype, device=ctx.device)
             b = torch.randn(k, nn, dtype=dtype, device=ctx.device)
-            rates.append(2 * m * k * nn / _median_s(lambda a=a, b=b: a @ b, 3))
+            rates.append(2 * m * k * nn / _median_s(lambda a=a, b=b: a @ b, 7))
+            linear.append(6 * m * k * nn / _linear_s(a, b.t().contiguous()))
         out.matmul_flop_per_s[name] = rates
+        out.linear_flop_per_s[name] = linear
     out.attention_flop_per_s = _attention(ctx, cfg.attention_shape)
     out.copy_bytes_per_s = _copy_rate(ctx, cfg.copy_bytes)
     out.elementwise_bytes_per_s = _elementwise(ctx, cfg.elementwise_numels)
     out.adam_params_per_s = _adam(ctx, cfg.adam_params)
     out.comm_compute_slowdown = _slowdown(ctx)
     out.compute_comm_slowdown = _comm_slowdown(ctx)
-    # The shared host is noisy: the median of three fits.
-    out.rank_skew = statistics.median(_rank_skew(ctx, cfg.sync_segments) for _ in range(3))
+    # The shared host is noisy: the median of five fits.
+    out.rank_skew = statistics.median(_rank_skew(ctx, cfg.sync_segments) for _ in range(5))
     out.block_step_s = _block_step_s(ctx, cfg.host_layers)
     return out
+
+
+def _linear_s(x: torch.Tensor, weight: torch.Tensor) -> float:
+    """Seconds of F.linear(x, weight) forward and backward (gradients of both)."""
+    x = x.detach().requires_grad_()
+    weight = weight.detach().requires_grad_()
+
+    def step() -> None:
+        y = F.linear(x, weight)
+        y.backward(torch.ones_like(y))
+        x.grad = weight.grad = None
+
+    return _median_s(step, 7)
 
 
 def _copy_rate(ctx: RankContext, nbytes: int) -> float:
@@ -216,7 +235,7 @@ def _attention(ctx: RankContext, shape: tuple[int, int, int, int]) -> float:
     # Forward 2 matmuls of 2bhs²d, halved by the causal mask; backward counted as twice
     # forward (zsim.analytic.compute's convention; the kernel really runs 2.5x).
     flops = 3 * 4 * b * h * s * s * d / 2
-    return flops / _median_s(call, 3)
+    return flops / _median_s(call, 7)
 
 
 def _adam(ctx: RankContext, numel: int) -> float:

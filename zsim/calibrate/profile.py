@@ -94,7 +94,7 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
     peaks = {d: statistics.median([max(r.matmul_flop_per_s[d]) for r in ranks])
              for d in ("fp32", "bf16")}
     matmul_eff = statistics.median(
-        [rate / peaks[d] for r in ranks for d in peaks for rate in r.matmul_flop_per_s[d]])
+        [rate / peaks[d] for r in ranks for d in peaks for rate in r.linear_flop_per_s[d]])
     attention = statistics.median(r.attention_flop_per_s for r in ranks)
     copy = statistics.median(r.copy_bytes_per_s for r in ranks)
     elementwise = statistics.median(r.elementwise_bytes_per_s for r in ranks)
@@ -171,7 +171,8 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
             "comm_compute_slowdown": _r(min(slowdown, 0.99)),
             "compute_comm_slowdown": _r(min(comm_slowdown, 0.99)),
             "kernel_overhead_us": _r(host.kernel_s * 1e6),
-            "source": f"{prov}; matmul = median over block-shaped matmuls of rate / peak; "
+            "source": f"{prov}; matmul = median over block-shaped linear layers, forward "
+                      f"+ backward (3 GEMMs), of rate / peak; "
                       f"attention = causal SDPA bf16 fwd+bwd at "
                       f"(b, h, s, d) = {cfg.attention_shape} (3 x 4bhs^2d/2 FLOPs) / bf16 "
                       f"peak; memory_bound = bf16 add, mul, silu, cat, upcast and fp32 "
@@ -195,7 +196,7 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
             "source": f"{prov}; launch: {launch_how}; "
                       f"rank_skew: every rank repeats [{'/'.join(map(str, cfg.sync_segments))} "
                       f"256^3 matmuls; a 2 KiB-per-rank all_gather_into_tensor], slope of the "
-                      f"all-gather's extra time over the compute time (median of 3 fits, "
+                      f"all-gather's extra time over the compute time (median of 5 fits, "
                       f"mean over ranks); per block of the width-16 reference Llama "
                       f"({cfg.host_layers[0]} vs {cfg.host_layers[1]} blocks, median over "
                       f"ranks): fsdp_unit_overhead = step time under fully_shard on a 1-rank "

@@ -174,7 +174,7 @@ def grid_plans(world_sizes: tuple[int, ...] = (2, 4)) -> list[Plan]:
 
 
 def regenerate_report(profile: HardwareProfile, *, out_dir: Path | None = None,
-                      steps: int = 5) -> Path:
+                      steps: int = 8) -> Path:
     """Run every (model, plan) of the grid for real and in the simulator; write
     `validation.csv`, one predicted-vs-measured plot per metric and `provenance.yaml`.
     Plans at a world size other than `profile`'s gpus_per_node are predicted with a

@@ -28,24 +28,30 @@ The plan's grad_dtype is therefore not a storage dtype of these programs; the cl
 table (zsim.analytic.memory) keeps the ZeRO paper's accounting.
 
 Order of ops (FSDP2 semantics; DDP's Reducer and DeepSpeed ZeRO-1 for the
-unsharded-parameter strategies):
+unsharded-parameter strategies). Ops are emitted in the host thread's order (FSDP2's
+hooks, the autograd engine, DDP's reducer hooks); streams and dependencies say what may
+overlap on an async device.
 - FSDP units: the root (embeddings, final norm, output; FSDP2's root is not resharded
   after forward, so it is gathered once per micro-batch) and blocks grouped by
-  `plan.unit_size`. Each unit's all-gather allocates a flat all-gather buffer; a copy-out
-  op on the compute stream, right before the unit runs, allocates the gathered parameters
-  and frees the flat buffer (FSDP2's wait_for_unshard in the unit's pre-hook).
-- Forward prefetch (implicit in FSDP2): the all-gather of unit k+p is issued when unit k
-  starts computing, p = `plan.prefetch` (FSDP2: 1); p = 0 issues it after unit k-1 ends.
-  Backward prefetch (explicit): the all-gather of unit k-p is issued when unit k's
-  backward starts. This also bounds the gathered units in flight (FSDP's rate limit).
+  `plan.unit_size`. Each unit's all-gather is preceded on its stream by a copy-in that
+  allocates the flat buffer, casts the shard to the compute dtype and copies it in; a
+  copy-out op on the compute stream, right before the unit runs, allocates the gathered
+  parameters and frees the flat buffer (FSDP2's wait_for_unshard in the unit's pre-hook).
+- Forward prefetch: implicit in FSDP2 (p = `plan.prefetch` >= 1): an async host reaches
+  unit k's pre-forward, and issues its all-gather, when unit k-1 starts computing;
+  p >= 2 adds set_modules_to_forward_prefetch of the next units from each pre-forward;
+  p = 0 issues a unit's all-gather after unit k-1 ends. Backward prefetch (explicit):
+  each pre-backward (the root's before the head's backward) issues the all-gathers of
+  the next p units in backward order. This also bounds the gathered units in flight.
 - reshard_after_forward frees the gathered parameters after a unit's forward (fsdp, hsdp)
   or keeps them until after its backward (fsdp-no-reshard).
 - Gradients are reduced once per optimizer step, on the last micro-batch (FSDP2 with
   set_requires_gradient_sync(False) and DDP's no_sync accumulate locally before it, as
-  zsim.analytic.comm.step_comm counts). FSDP reduce-scatters each unit's gradients in the
-  reduce dtype on its own stream from a flat input buffer; HSDP then all-reduces the
+  zsim.analytic.comm.step_comm counts). FSDP copies each unit's gradients into a flat
+  input on the compute stream, reduce-scatters it in the reduce dtype on its own stream
+  and casts the output to the gradient shard's dtype there; HSDP then all-reduces the
   shard across replicas on a separate stream. DDP/ZeRO-1 reduce in buckets of
-  `plan.bucket_bytes` as gradients become ready in backward.
+  `plan.bucket_bytes` as gradients become ready in backward (async_op: the host goes on).
 - The optimizer steps on the local shard after every reduction, memory-bound (AdamW
   reads and writes master weights and states and reads the gradient); ZeRO-1 then
   all-gathers the updated parameters. Gradients are set to None after the step, so memory
@@ -57,6 +63,11 @@ unsharded-parameter strategies):
   host AdamW rate shared by the node's GPUs; with "optimizer" the updated compute-dtype
   shard is copied back (h2d), with "params" each all-gather is preceded by an h2d copy of
   the unit's shard. Copies run on copy engines: they share PCIe, not SMs.
+- A synchronous host (profile host.launch, a CPU rank) runs every kernel itself and
+  blocks in each collective issued without async_op: the ops it runs or waits for form
+  one chain in host order (_on_synchronous_host), the host's own costs (FSDP2's hooks per
+  unit, each blocking collective call) land on the timeline. On any host, kernels are
+  stretched by the profile's rank skew (0 in the GPU profiles).
 """
 
 from __future__ import annotations

@@ -36,7 +36,8 @@ _SCHEMA: dict[str, tuple[str, ...]] = {
 """Required keys of each section; no others are accepted."""
 
 COLLECTIVES: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce")
-"""Keys of a link's collective_efficiency."""
+"""The collective kinds (keys of a link's collective_efficiency); zsim.schedule.ops keeps
+its own copy, as it imports only the standard library."""
 
 LAUNCH_MODES: tuple[str, ...] = ("async", "synchronous")
 """Values of host.launch (see HardwareProfile.launch)."""
