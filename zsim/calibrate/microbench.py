@@ -1,8 +1,9 @@
 """Micro-benchmarks run on every rank at once: collectives over a range of sizes, point-to-
-point bandwidth, matmul and attention throughput, memory copy and elementwise-kernel rates,
-the fixed cost per kernel, the AdamW step, how much a collective in flight slows a
-matmul, how far ranks drift apart between collectives, and the host time of the
-reference model's blocks unsharded, under FSDP2 alone and with its collectives.
+point bandwidth, matmul (alone and as linear layers forward + backward) and attention
+throughput, memory copy and elementwise-kernel rates, the AdamW step, how much a
+collective in flight slows a matmul, how far ranks drift apart between collectives, and
+the host time of the reference model's blocks unsharded, under FSDP2 alone and with its
+collectives (the fixed cost per kernel is derived from the first).
 
 Owns what is timed and how (medians of timed calls after warm-ups, a barrier before each
 collective so ranks start together); zsim.calibrate.profile turns the figures into a

@@ -5,11 +5,15 @@ Owns the mapping from measured figures to profile keys (each key's comment in th
 says how it was obtained). On CPU, each rank plays one "GPU": its memory is host DRAM,
 its "PCIe" is a memcpy, both network levels are gloo over loopback TCP (one host only).
 Link line rate is the point-to-point send/recv bandwidth; efficiency is the fitted ring
-bandwidth of all-gather + reduce-scatter (FSDP's collectives) over it. Peaks are the best
-matmul rate per dtype measured; efficiencies are medians over the block-shaped matmuls,
-attention relative to the bf16 peak, and a mix of bf16 memory-bound kernels relative to the
-copy rate; the per-kernel overhead is the measured cost of tiny ops counted as
-zsim.analytic.compute counts kernels. Imports torch.
+bandwidth of all-gather over it, collective_efficiency each kind's fitted bandwidth
+relative to all-gather's. Peaks are the best matmul rate per dtype measured; efficiencies
+are medians over the block-shaped linear layers (forward + backward), attention relative to
+the bf16 peak, and a mix of bf16 memory-bound kernels relative to the copy rate. The host
+section comes from the width-16 reference model (kernels cost almost nothing there): the
+per-kernel overhead is its block's step time over the kernels zsim.analytic.compute counts,
+FSDP2's hook time and the cost of its collective calls are differences between its
+unsharded, 1-rank-mesh and all-rank runs; rank skew from collectives after compute.
+Imports torch.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from zsim.calibrate.fit import AlphaBeta, CollectiveSample, fit_alpha_beta
 from zsim.calibrate.microbench import NANO_TOKENS, BenchConfig, RankBench, bench_rank, nano_model
 from zsim.calibrate.runner import run_ranks
 from zsim.errors import ConfigError
-from zsim.spec.hardware import HardwareProfile
+from zsim.spec.hardware import COLLECTIVES, HardwareProfile
 from zsim.spec.plan import Plan
 from zsim.units import GB, GiB, MiB, dtype_bytes
 
@@ -122,7 +126,7 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
     efficiency = _r(min(link.bandwidth_bytes_per_s / line_rate, 1.0))
     # A kind's rate may not pass the line rate (rounded down to stay within it).
     kinds = {k: min(_r(link.kind_factor.get(k, 1.0)), math.floor(1e3 / efficiency) / 1e3)
-             for k in ("all_gather", "reduce_scatter", "all_reduce")}
+             for k in COLLECTIVES}
     hbm_gib = (torch.cuda.get_device_properties(0).total_memory / GiB if backend == "nccl"
                else mem_gib)
     return {
@@ -178,8 +182,7 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
                       f"peak; memory_bound = bf16 add, mul, silu, cat, upcast and fp32 "
                       f"log_softmax on {cfg.elementwise_numels} elements (total bytes / "
                       f"total time) / copy bytes per second; kernel_overhead = step time "
-                      f"per block of the width-16 reference Llama (bf16, "
-                      f"unsharded, "
+                      f"per block of the width-16 reference Llama (bf16, unsharded, "
                       f"{cfg.host_layers[0]} vs {cfg.host_layers[1]} blocks) / its "
                       f"{host.kernels_per_block:g} kernels (fwd, bwd, AdamW); host "
                       f"AdamW(foreach) on 4 Mi params x ranks; "
