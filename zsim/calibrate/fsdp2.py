@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
     FSDPModule,
@@ -210,6 +210,13 @@ def _shard(inner: Transformer, plan: Plan, device: str) -> None:
                                 mesh_dim_names=("dp_replicate", "dp_shard"))
     else:
         mesh = init_device_mesh(device_type, (plan.dp_shard,), mesh_dim_names=("dp_shard",))
+    shard(inner, plan, mesh)
+
+
+def shard(inner: Transformer, plan: Plan, mesh: DeviceMesh) -> None:
+    """fully_shard `inner` over `mesh` as `plan` says (units, reshard after forward,
+    mixed precision, offload, prefetch); the root is a last unit, not resharded."""
+    device_type = mesh.device_type
     mp_policy = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[plan.param_dtype],
                                      reduce_dtype=TORCH_DTYPES[plan.reduce_dtype])
     offload: OffloadPolicy = (CPUOffloadPolicy(pin_memory=device_type == "cuda")

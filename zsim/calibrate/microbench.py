@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from zsim.calibrate.fit import CollectiveSample
 from zsim.calibrate.model import Transformer
-from zsim.calibrate.runner import RankContext
+from zsim.calibrate.runner import RankContext, sync_device
 from zsim.spec.model import ModelSpec
 from zsim.units import MiB
 
@@ -312,7 +312,7 @@ def _rank_skew(ctx: RankContext, segments: tuple[int, ...]) -> float:
                 a @ a
             if collective:
                 gather()
-        _sync_device(ctx.device)
+        sync_device(ctx.device)
         return (time.perf_counter() - start) / iters
 
     xs, ys = [], []
@@ -338,20 +338,19 @@ def nano_model(num_layers: int) -> ModelSpec:
 def _block_step_s(ctx: RankContext, layers: tuple[int, int]) -> dict[str, float]:
     """Step time per extra block of the nano model (median of 25 steps at each of two
     depths; see RankBench.block_step_s), every rank at once so they share the cores as
-    in a real job. The FSDP2 runs use the plans' default MixedPrecisionPolicy."""
+    in a real job. The FSDP2 runs apply fsdp and fsdp-no-reshard plans (their default
+    mixed precision) with the backend's own mapping, zsim.calibrate.fsdp2.shard."""
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from zsim.calibrate.fsdp2 import TORCH_DTYPES
+    from zsim.calibrate.fsdp2 import TORCH_DTYPES, shard
     from zsim.spec.plan import Plan
 
     device_type = ctx.device.split(":")[0]
     local, _ = dist.new_subgroups(group_size=1)
     meshes = {"fsdp_local": DeviceMesh.from_group(local, device_type),
               "fsdp": DeviceMesh.from_group(dist.group.WORLD, device_type)}
-    plan = Plan.for_strategy("fsdp", gpus=ctx.world_size, seq_len=NANO_TOKENS[1])
-    mp = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[plan.param_dtype],
-                              reduce_dtype=TORCH_DTYPES[plan.reduce_dtype])
+    plans = {s: Plan.for_strategy(s, gpus=ctx.world_size, seq_len=NANO_TOKENS[1])
+             for s in ("fsdp", "fsdp-no-reshard")}
     g = torch.Generator().manual_seed(ctx.rank)
     tokens, labels = (torch.randint(0, 64, NANO_TOKENS, generator=g).to(ctx.device)
                       for _ in range(2))
@@ -362,20 +361,17 @@ def _block_step_s(ctx: RankContext, layers: tuple[int, int]) -> dict[str, float]
             model = Transformer(nano_model(num_layers))
         model.init_weights()
         if how == "plain":
-            model = model.to(TORCH_DTYPES[plan.param_dtype])
+            model = model.to(TORCH_DTYPES[plans["fsdp"].param_dtype])
         else:
-            mesh = meshes["fsdp_local" if how == "fsdp_local" else "fsdp"]
-            for block in model.layers:
-                fully_shard(block, mesh=mesh, mp_policy=mp,
-                            reshard_after_forward=how != "fsdp_no_reshard")
-            fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+            shard(model, plans["fsdp-no-reshard" if how == "fsdp_no_reshard" else "fsdp"],
+                  meshes["fsdp_local" if how == "fsdp_local" else "fsdp"])
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
 
         def step() -> None:
             model(tokens, labels).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            _sync_device(ctx.device)
+            sync_device(ctx.device)
 
         dist.barrier()
         return _median_s(step, 25, warmup=5)
@@ -384,7 +380,3 @@ def _block_step_s(ctx: RankContext, layers: tuple[int, int]) -> dict[str, float]
     return {how: (step_s(hi, how) - step_s(lo, how)) / (hi - lo)
             for how in ("plain", "fsdp_local", "fsdp", "fsdp_no_reshard")}
 
-
-def _sync_device(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()

@@ -58,6 +58,13 @@ class RankContext:
 RankFn = Callable[[RankContext, Any], Any]
 
 
+def sync_device(device: str) -> None:
+    """Wait for the device's queued kernels (CUDA); a no-op on CPU, where they ran
+    on the calling thread."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 def run_ranks(fn: RankFn, payload: Any, *, nproc: int, backend: str = "gloo",
               timeout_s: float = 300.0) -> list[Any]:
     """Run `fn(ctx, payload)` on ranks 0..nproc-1, each in its own process.

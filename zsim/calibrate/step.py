@@ -23,7 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from zsim.calibrate import fsdp2
 from zsim.calibrate.measure import LiveMemory, SavedTensor, record_saved_tensors, time_units
-from zsim.calibrate.runner import RankContext, run_fake_rank, run_ranks
+from zsim.calibrate.runner import RankContext, run_fake_rank, run_ranks, sync_device
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 
@@ -194,12 +194,12 @@ def _measure_rank(ctx: RankContext, job: _Job) -> RankMeasurement:
     for step in range(job.warmup_steps + job.steps):
         micro = fsdp2.batches(job.spec, job.plan, device=ctx.device, rank=ctx.rank,
                               step=2 + step)
-        _sync_device(ctx.device)
+        sync_device(ctx.device)
         fsdp2.barrier()
         with time_units(prep.units) as unit_times:
             start = time.perf_counter()
             loss = fsdp2.train_step(prep, micro)
-            _sync_device(ctx.device)
+            sync_device(ctx.device)
             elapsed_s = time.perf_counter() - start
         if step >= job.warmup_steps:
             step_times.append(elapsed_s)
@@ -228,7 +228,7 @@ def _profile_collectives(prep: fsdp2.Prepared, job: _Job, ctx: RankContext) -> d
     fsdp2.barrier()
     with profile(activities=activities) as prof:
         fsdp2.train_step(prep, micro)
-        _sync_device(ctx.device)
+        sync_device(ctx.device)
     busy: dict[str, float] = {}
     for event in prof.events():
         name = event.name.lower()
@@ -286,7 +286,3 @@ class _NoTracking:
     def __exit__(self, *args: Any) -> None:
         return None
 
-
-def _sync_device(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()

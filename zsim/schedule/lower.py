@@ -484,7 +484,7 @@ def _lower_fsdp(b: _Builder, units: list[_Unit], root: _Unit, grad_buffers: list
     n = p.dp_shard
     g_bytes = _grad_bytes(p)
     r_bytes = dtype_bytes(p.reduce_dtype)
-    acc_bytes = b.a if p.grad_accum == 1 else r_bytes  # FSDP2 accumulates in reduce dtype
+    acc_bytes = _unsharded_grad_bytes(p)
     prev_last_bwd: int | None = None
     for mb in range(p.grad_accum):
         last_mb = mb == p.grad_accum - 1
@@ -547,6 +547,12 @@ def _lower_fsdp(b: _Builder, units: list[_Unit], root: _Unit, grad_buffers: list
         prev_last_bwd = emb_b
 
 
+def _unsharded_grad_bytes(plan: Plan) -> int:
+    """Bytes per element of a unit's unsharded gradient in FSDP2: the compute dtype, or
+    the reduce dtype when micro-batches accumulate into it."""
+    return dtype_bytes(plan.param_dtype if plan.grad_accum == 1 else plan.reduce_dtype)
+
+
 def _backward_prefetch(b: _Builder, units: list[_Unit], mb: int, gathered: dict[int, str],
                        issued: dict[int, int], *, below: int, after: int) -> None:
     """Backward prefetch from the pre-backward hook that just ran (the root's, before the
@@ -577,8 +583,8 @@ def _fsdp_reduce(b: _Builder, u: _Unit, after: int, n: int, g_bytes: int, r_byte
     rs_in = f"{u.name}/reduce_scatter_input"
     held = b.held_rs_input
     b.held_rs_input = None if final else rs_in
-    unsharded_bytes = b.a if p.grad_accum == 1 else r_bytes  # as _lower_fsdp allocates
-    copy_in = Flops(matmul=0.0, attention=0.0, memory_bytes=u.params * (unsharded_bytes + r_bytes),
+    copy_in = Flops(matmul=0.0, attention=0.0,
+                    memory_bytes=u.params * (_unsharded_grad_bytes(p) + r_bytes),
                     kernels=1)
     first = b.add(name=f"{u.name} reduce-scatter copy-in", kind="backward", stream="compute",
                   unit=u.index, microbatch=last_mb, after=(after,),
