@@ -31,3 +31,20 @@ def raise_on_rank_one(ctx: RankContext, payload: Any) -> None:
 def hang(ctx: RankContext, payload: Any) -> None:
     """Never returns on its own."""
     time.sleep(3600)
+
+
+def refill_faults(ctx: RankContext, numel: int) -> int:
+    """Page faults taken by five allocate-fill-free rounds of one large block, after ten
+    rounds that let the heap settle (a freed block is too small for the next one's
+    alignment slack until two freed neighbours coalesce, so the heap grows a few times)."""
+    import resource
+
+    def round_trip() -> None:
+        torch.empty(numel).fill_(1.0)
+
+    for _ in range(10):
+        round_trip()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(5):
+        round_trip()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
