@@ -63,7 +63,13 @@ def test_fsdp_two_ranks_memory_and_saved_activations() -> None:
 
 def test_ddp_keeps_full_parameters_gradient_buckets_and_adam_state() -> None:
     plan = Plan.for_strategy("ddp", gpus=2, seq_len=S, micro_batch=B, recompute="full")
-    m = measure_plan(TINY, plan, nproc=2, steps=1)
+    m = measure_plan(TINY, plan, nproc=2, steps=1, min_timed_s=0.5)
+    # More steps than asked, to fill half a second at the warm-up's pace (all ranks
+    # time the same count).
+    assert len({len(r.step_times_s) for r in m.ranks}) == 1
+    assert len(m.ranks[0].step_times_s) > 1
+    assert sum(max(r.step_times_s[i] for r in m.ranks)
+               for i in range(len(m.ranks[0].step_times_s))) > 0.25
     full_bytes = TINY.num_params * 4
     assert set(m.ranks[0].collective_busy_s) == {"all_reduce"}
     n_tensors = len(TINY.parameter_tensors())

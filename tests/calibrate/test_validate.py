@@ -1,4 +1,5 @@
-"""validate(): one real 2-rank run against the simulator, rows and CSV."""
+"""validate(): one real 2-rank run against the simulator, rows and CSV; runs of a plan
+pool their timed steps."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from zsim.calibrate.step import PhaseMemory, PlanMeasurement, RankMeasurement
 from zsim.calibrate.validate import validate
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
@@ -24,7 +26,7 @@ TINY = ModelSpec(name="tiny", num_layers=2, d_model=128, num_heads=4, num_kv_hea
 def test_validate_rows_and_csv(tmp_path: Path) -> None:
     plan = Plan.for_strategy("fsdp", gpus=2, seq_len=48, micro_batch=2)
     rows = validate(TINY, plan, nproc=2, profile=resolve_hardware("local-cpu"), steps=1,
-                    out_dir=tmp_path)
+                    min_timed_s=0.0, out_dir=tmp_path)
     metrics = {r["metric"] for r in rows}
     assert {"step_time_s", "peak_memory_bytes", "activation_bytes_blocks",
             "activation_bytes_root", "comm_busy_s"} <= metrics
@@ -36,3 +38,26 @@ def test_validate_rows_and_csv(tmp_path: Path) -> None:
     with (tmp_path / "tiny-fsdp-n2.csv").open() as f:
         written = list(csv.DictReader(f))
     assert [w["metric"] for w in written] == [r["metric"] for r in rows]
+
+
+def _run(spec: ModelSpec, plan: Plan, per_rank_steps: list[list[float]],
+         loss: float) -> PlanMeasurement:
+    memory = PhaseMemory(after_init_bytes=1, after_first_step_bytes=2, peak_forward_bytes=3,
+                         peak_backward_bytes=4, peak_optimizer_bytes=3, after_forward_bytes=3,
+                         peak_bytes=4, reserved_bytes=4)
+    ranks = [RankMeasurement(rank=i, step_times_s=steps, forward_s={}, backward_s={},
+                             memory=memory, collective_busy_s={}, saved=[], loss=loss)
+             for i, steps in enumerate(per_rank_steps)]
+    return PlanMeasurement(spec=spec, plan=plan, backend="gloo", ranks=ranks)
+
+
+def test_runs_pool_their_steps_rank_by_rank() -> None:
+    plan = Plan.for_strategy("fsdp", gpus=2, seq_len=48, micro_batch=2)
+    first = _run(TINY, plan, [[1.0, 3.0], [2.0, 2.0]], loss=7.0)
+    second = _run(TINY, plan, [[5.0], [4.0]], loss=8.0)
+    pooled = first.pooled(second)
+    # Slowest rank per step: 2, 3 (first run), 5 (second run); median 3.
+    assert [r.step_times_s for r in pooled.ranks] == [[1.0, 3.0, 5.0], [2.0, 2.0, 4.0]]
+    assert pooled.step_time_s == 3.0
+    assert first.step_time_s == 2.5 and second.step_time_s == 5.0
+    assert {r.loss for r in pooled.ranks} == {7.0}  # the rest is the first run's

@@ -6,16 +6,20 @@ plan (zsim.calibrate.fsdp2); (2) runs two steps with memory instruments on (CPU:
 tensor tracker of zsim.calibrate.measure; CUDA: the caching allocator's counters): the
 first step allocates lazy state (optimizer moments, FSDP buffers), the second is the
 steady-state step whose phases are reported, and its first micro-batch's saved tensors
-are recorded; (3) runs `warmup_steps` then `steps` timed steps with the instruments off.
-The step time of a step is the slowest rank's (ranks start aligned by a barrier); the
-reported figure is the median over steps. Imports torch.
+are recorded; (3) runs `warmup_steps`, then timed steps with the instruments off: `steps`
+of them, or more if that many would not fill `min_timed_s` at the warm-up's pace (a host
+shared with other machines has slow and fast spells of seconds, so a run of short steps
+must last long enough to sample both). The step time of a step is the slowest rank's
+(ranks start aligned by a barrier); the reported figure is the median over steps.
+Imports torch.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -90,6 +94,15 @@ class PlanMeasurement:
         """Highest peak over ranks, bytes."""
         return max(r.memory.peak_bytes for r in self.ranks)
 
+    def pooled(self, *others: PlanMeasurement) -> PlanMeasurement:
+        """This run with the timed steps of other runs of the same plan appended, rank by
+        rank (so step_time_s is the median over every run's steps); everything else is
+        this run's."""
+        ranks = [replace(r, step_times_s=r.step_times_s + [t for o in others
+                                                           for t in o.ranks[i].step_times_s])
+                 for i, r in enumerate(self.ranks)]
+        return replace(self, ranks=ranks)
+
     def saved_block_bytes(self, block: str = "layers.0") -> int:
         """Saved-activation bytes attributed to one block on rank 0."""
         return sum(t.bytes for t in self.ranks[0].saved if t.scope == block)
@@ -101,10 +114,11 @@ class _Job:
     plan: Plan
     steps: int
     warmup_steps: int
+    min_timed_s: float = 0.0
 
 
 def measure_plan(spec: ModelSpec, plan: Plan, *, nproc: int, steps: int = 3,
-                 warmup_steps: int = 1, backend: str | None = None,
+                 warmup_steps: int = 1, min_timed_s: float = 0.0, backend: str | None = None,
                  timeout_s: float = 600.0) -> PlanMeasurement:
     """Run `plan` on `nproc` processes and measure it.
 
@@ -112,8 +126,10 @@ def measure_plan(spec: ModelSpec, plan: Plan, *, nproc: int, steps: int = 3,
         spec: the model (already scaled to fit this machine if needed).
         plan: the plan; its world size must equal nproc.
         nproc: number of processes.
-        steps: timed steps.
+        steps: timed steps, at least.
         warmup_steps: untimed steps before them (after the two memory steps).
+        min_timed_s: run more timed steps if `steps` of them would take less than this
+            at the pace of the last warm-up step (the slowest rank's), seconds.
         backend: "gloo" or "nccl"; default nccl when CUDA is available, else gloo.
         timeout_s: deadline for the whole run, seconds.
 
@@ -123,7 +139,8 @@ def measure_plan(spec: ModelSpec, plan: Plan, *, nproc: int, steps: int = 3,
     """
     fsdp2.check_plan(plan, nproc, spec)
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    job = _Job(spec=spec, plan=plan, steps=steps, warmup_steps=warmup_steps)
+    job = _Job(spec=spec, plan=plan, steps=steps, warmup_steps=warmup_steps,
+               min_timed_s=min_timed_s)
     ranks = run_ranks(_measure_rank, job, nproc=nproc, backend=backend, timeout_s=timeout_s)
     return PlanMeasurement(spec=spec, plan=plan, backend=backend, ranks=ranks)
 
@@ -188,10 +205,11 @@ def _measure_rank(ctx: RankContext, job: _Job) -> RankMeasurement:
         memory, saved, loss = _memory_step(prep, job, ctx, meter)
     memory = PhaseMemory(after_init_bytes=after_init, after_first_step_bytes=after_first,
                          **memory)
-    step_times: list[float] = []
     forward_s: dict[str, float] = {}
     backward_s: dict[str, float] = {}
-    for step in range(job.warmup_steps + job.steps):
+
+    def timed_step(step: int) -> float:
+        nonlocal forward_s, backward_s, loss
         micro = fsdp2.batches(job.spec, job.plan, device=ctx.device, rank=ctx.rank,
                               step=2 + step)
         sync_device(ctx.device)
@@ -201,10 +219,14 @@ def _measure_rank(ctx: RankContext, job: _Job) -> RankMeasurement:
             loss = fsdp2.train_step(prep, micro)
             sync_device(ctx.device)
             elapsed_s = time.perf_counter() - start
-        if step >= job.warmup_steps:
-            step_times.append(elapsed_s)
-            forward_s, backward_s = unit_times.forward_s, unit_times.backward_s
-    collectives = _profile_collectives(prep, job, ctx) if job.steps else {}
+        forward_s, backward_s = unit_times.forward_s, unit_times.backward_s
+        return elapsed_s
+
+    warm_s = [timed_step(step) for step in range(job.warmup_steps)]
+    steps = _timed_steps(job, warm_s[-1] if warm_s else 0.0, ctx.device)
+    step_times = [timed_step(job.warmup_steps + i) for i in range(steps)]
+    collectives = (_profile_collectives(prep, job, ctx, 2 + job.warmup_steps + steps)
+                   if steps else {})
     return RankMeasurement(rank=ctx.rank, step_times_s=step_times, forward_s=forward_s,
                            backward_s=backward_s, memory=memory,
                            collective_busy_s=collectives, saved=saved, loss=loss)
@@ -217,14 +239,25 @@ _KINDS = (("all_gather", "all_gather"), ("allgather", "all_gather"),
 (ncclDevKernel_AllGather_RING_LL), lower-cased, and the collective kind they mean."""
 
 
-def _profile_collectives(prep: fsdp2.Prepared, job: _Job, ctx: RankContext) -> dict[str, float]:
+def _timed_steps(job: _Job, warm_step_s: float, device: str) -> int:
+    """How many steps to time: job.steps, or as many as fill job.min_timed_s at the pace
+    of the slowest rank's last warm-up step (every rank gets the same count)."""
+    if job.min_timed_s <= 0 or warm_step_s <= 0:
+        return job.steps
+    pace = torch.tensor([warm_step_s], device=device)
+    torch.distributed.all_reduce(pace, op=torch.distributed.ReduceOp.MAX)
+    return max(job.steps, math.ceil(job.min_timed_s / float(pace.item())))
+
+
+def _profile_collectives(prep: fsdp2.Prepared, job: _Job, ctx: RankContext,
+                         batch_step: int) -> dict[str, float]:
     """One more step under torch.profiler; the backend's own spans (gloo's worker-thread
     spans, or NCCL kernels on the GPU) give how long each collective really ran."""
     activities = [ProfilerActivity.CPU]
     if ctx.device.startswith("cuda"):
         activities.append(ProfilerActivity.CUDA)
     micro = fsdp2.batches(job.spec, job.plan, device=ctx.device, rank=ctx.rank,
-                          step=2 + job.warmup_steps + job.steps)
+                          step=batch_step)
     fsdp2.barrier()
     with profile(activities=activities) as prof:
         fsdp2.train_step(prep, micro)

@@ -44,6 +44,15 @@ BOUNDS_PCT: dict[str, float] = {
 }
 """Largest accepted |error| per metric on gloo/CPU, percent (issue 4, item 5)."""
 
+MIN_TIMED_S = 6.0
+"""Timed steps of one run fill at least this many seconds (see zsim.calibrate.step): the
+shared host has slow and fast spells, and eight 0.2 s steps would sample only one."""
+
+REPORT_RUNS = 3
+"""Runs of each plan in the report, in separate passes over the grid (minutes apart): the
+shared host has slow spells lasting minutes, in which one run of a plan measured up to 20%
+slower than another; the report's step time is the median over every run's steps."""
+
 FIELDS = ("model", "plan", "nproc", "backend", "metric", "predicted", "measured", "error_pct")
 
 
@@ -60,7 +69,8 @@ def backend_knobs(device_type: str) -> dict[str, Any]:
 
 
 def validate(model: ModelSpec, plan: Plan, *, nproc: int, profile: HardwareProfile,
-             steps: int = 3, out_dir: Path | None = None) -> list[dict[str, Any]]:
+             steps: int = 3, min_timed_s: float = MIN_TIMED_S,
+             out_dir: Path | None = None) -> list[dict[str, Any]]:
     """Run `plan` for real on `nproc` ranks and in the simulator; compare.
 
     Args:
@@ -69,7 +79,8 @@ def validate(model: ModelSpec, plan: Plan, *, nproc: int, profile: HardwareProfi
         plan: the plan; world size must equal nproc.
         nproc: processes.
         profile: the hardware profile the simulator uses (a calibrated one).
-        steps: timed steps of the real run.
+        steps: timed steps of the real run, at least.
+        min_timed_s: time more steps if `steps` would take less than this, seconds.
         out_dir: folder for the CSV (default reports/validation/); None-equivalent
             default writes `<model>-<strategy>-n<nproc>.csv` there.
 
@@ -82,7 +93,7 @@ def validate(model: ModelSpec, plan: Plan, *, nproc: int, profile: HardwareProfi
     """
     device = "cuda" if torch.cuda.is_available() else "cpu"
     spec = replace(model, **backend_knobs(device))
-    measured = measure_plan(spec, plan, nproc=nproc, steps=steps)
+    measured = measure_plan(spec, plan, nproc=nproc, steps=steps, min_timed_s=min_timed_s)
     rows = compare(spec, plan, profile, measured)
     out_dir = REPORT_DIR if out_dir is None else out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -174,11 +185,14 @@ def grid_plans(world_sizes: tuple[int, ...] = (2, 4)) -> list[Plan]:
 
 
 def regenerate_report(profile: HardwareProfile, *, out_dir: Path | None = None,
-                      steps: int = 8) -> Path:
-    """Run every (model, plan) of the grid for real and in the simulator; write
-    `validation.csv`, one predicted-vs-measured plot per metric and `provenance.yaml`.
-    Plans at a world size other than `profile`'s gpus_per_node are predicted with a
-    profile calibrated at that world size (see _profiles_per_world).
+                      steps: int = 8, runs: int = REPORT_RUNS) -> Path:
+    """Run every (model, plan) of the grid for real `runs` times (one pass over the grid
+    per run) and in the simulator; write `validation.csv` (step time: the median over all
+    runs' timed steps; the other measurements from the first run), `step_time_runs.csv`
+    (each run's median step time, the host's run-to-run spread), one
+    predicted-vs-measured plot per metric and `provenance.yaml`. Plans at a world size
+    other than `profile`'s gpus_per_node are predicted with a profile calibrated at that
+    world size (see _profiles_per_world).
 
     Returns:
         The CSV path.
@@ -194,14 +208,20 @@ def regenerate_report(profile: HardwareProfile, *, out_dir: Path | None = None,
     plans = grid_plans()
     profiles = _profiles_per_world(profile, sorted({p.world_size for p in plans}), out_dir,
                                    backend="nccl" if device == "cuda" else "gloo")
+    grid = [(replace(model, **backend_knobs(device)), plan)
+            for model in grid_models() for plan in plans]
+    measured: list[list[PlanMeasurement]] = [[] for _ in grid]
+    for run in range(runs):
+        for (spec, plan), done in zip(grid, measured, strict=True):
+            done.append(measure_plan(spec, plan, nproc=plan.world_size, steps=steps,
+                                     min_timed_s=MIN_TIMED_S))
+            print(f"run {run + 1}/{runs}: measured {spec.name} {plan.label} "
+                  f"n={plan.world_size}", flush=True)
     rows: list[dict[str, Any]] = []
-    for model in grid_models():
-        spec = replace(model, **backend_knobs(device))
-        for plan in plans:
-            measured = measure_plan(spec, plan, nproc=plan.world_size, steps=steps)
-            rows += compare(spec, plan, profiles[plan.world_size], measured)
-            print(f"validated {spec.name} {plan.label} n={plan.world_size}", flush=True)
+    for (spec, plan), done in zip(grid, measured, strict=True):
+        rows += compare(spec, plan, profiles[plan.world_size], done[0].pooled(*done[1:]))
     path = write_csv(rows, out_dir / "validation.csv")
+    _write_runs(grid, measured, out_dir / "step_time_runs.csv")
     _plot(rows, out_dir)
     (out_dir / "provenance.yaml").write_text(yaml.safe_dump({
         "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -210,9 +230,26 @@ def regenerate_report(profile: HardwareProfile, *, out_dir: Path | None = None,
         "machine": f"{platform.node()} {platform.machine()}",
         "profiles": {n: p.name for n, p in profiles.items()},
         "kernel_knobs": backend_knobs(device),
+        "runs_per_plan": runs,
+        "min_timed_s_per_run": MIN_TIMED_S,
         "bounds_pct": BOUNDS_PCT,
     }, sort_keys=False))
     return path
+
+
+def _write_runs(grid: list[tuple[ModelSpec, Plan]], measured: list[list[PlanMeasurement]],
+                path: Path) -> None:
+    """Each run's median step time per plan, and its deviation from the median run."""
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["model", "plan", "nproc", "run", "steps", "step_time_s",
+                    "vs_median_run_pct"])
+        for (spec, plan), done in zip(grid, measured, strict=True):
+            mid = statistics.median(m.step_time_s for m in done)
+            for run, m in enumerate(done, start=1):
+                w.writerow([spec.name, plan.label, plan.world_size, run,
+                            len(m.ranks[0].step_times_s), f"{m.step_time_s:.6g}",
+                            f"{100 * (m.step_time_s - mid) / mid:+.1f}"])
 
 
 def _profiles_per_world(profile: HardwareProfile, world_sizes: list[int], out_dir: Path, *,
