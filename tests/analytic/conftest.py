@@ -33,5 +33,8 @@ def two_tier_hw() -> HardwareProfile:
                        "kernel_overhead_us": 0,
                        "source": "test"},
         "host": {"launch": "async", "collective_overhead_us": 0, "rank_skew": 0,
-                 "fsdp_unit_overhead_us": 0, "source": "test"},
+                 "fsdp_unit_overhead_us": 0,
+                 "checkpoint_overhead_us": {m: {"forward": 0, "backward": 0}
+                                            for m in ("full", "selective")},
+                 "source": "test"},
     }, name="two-tier")

@@ -1,5 +1,6 @@
 """`calibrate()` end to end on 2 gloo ranks with a short benchmark: the profile loads with
-the strict schema of zsim.spec.hardware and carries its provenance."""
+the strict schema of zsim.spec.hardware and carries its provenance; rounds of the
+benchmark merge figure by figure."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from zsim.calibrate.microbench import BenchConfig  # noqa: E402
+from zsim.calibrate.fit import CollectiveSample  # noqa: E402
+from zsim.calibrate.microbench import BenchConfig, RankBench, median_of_rounds  # noqa: E402
 from zsim.calibrate.profile import calibrate  # noqa: E402
 from zsim.errors import ConfigError  # noqa: E402
 from zsim.spec.hardware import HardwareProfile  # noqa: E402
@@ -20,7 +22,7 @@ QUICK = BenchConfig(sizes_bytes=(4096, 65536, 1 << 20, 4 << 20), iters_small=3, 
                     matmul_shapes=((256, 256, 256), (512, 256, 512)), copy_bytes=8 << 20,
                     adam_params=1 << 18, attention_shape=(1, 2, 128, 64),
                     elementwise_numels=(1 << 16,), sync_segments=(1, 4, 8),
-                    host_layers=(1, 3))
+                    host_layers=(1, 3), rounds=1)
 
 
 def test_calibrate_writes_a_loadable_profile_with_provenance(tmp_path: Path) -> None:
@@ -49,6 +51,10 @@ def test_calibrate_writes_a_loadable_profile_with_provenance(tmp_path: Path) -> 
     assert hw.rank_skew >= 0 and hw.collective_overhead_s >= 0
     assert set(hw.intra_node.kind_efficiency) == {"all_gather", "reduce_scatter", "all_reduce"}
     assert hw.intra_node.kind_efficiency["all_gather"] == 1.0
+    # Selective recomputation runs every op of a block through SAC's Python dispatch
+    # mode in forward: microseconds per kernel, far above nothing, far below a millisecond.
+    assert 1e-6 < hw.checkpoint_overhead_s["selective"]["forward"] < 1e-3
+    assert all(v >= 0 for phases in hw.checkpoint_overhead_s.values() for v in phases.values())
 
 
 def test_calibrate_rejects_bad_arguments(tmp_path: Path) -> None:
@@ -56,3 +62,23 @@ def test_calibrate_rejects_bad_arguments(tmp_path: Path) -> None:
         calibrate("gloo", 1, tmp_path / "x.yaml")
     with pytest.raises(ConfigError, match="backend"):
         calibrate("mpi", 2, tmp_path / "x.yaml")
+
+
+def _round(scale: float) -> RankBench:
+    return RankBench(
+        collectives=[CollectiveSample(op="all_gather", size_bytes=4096, world_size=2,
+                                      time_s=1e-4 * scale),
+                     CollectiveSample(op="all_reduce", size_bytes=4096, world_size=2,
+                                      time_s=2e-4 / scale)],
+        matmul_flop_per_s={"bf16": [1e9 * scale, 2e9 / scale]},
+        attention_flop_per_s=5e8 * scale,
+        rank_skew=0.1 / scale,
+        block_step_s={"plain": 1e-3 * scale, "fsdp": 2e-3},
+    )
+
+
+def test_rounds_merge_to_the_median_of_each_figure() -> None:
+    # Scales 1, 3, 2: the median of each figure is its value at scale 2, whether the
+    # figure grows or shrinks with the scale, so figures are merged independently.
+    merged = median_of_rounds([_round(1.0), _round(3.0), _round(2.0)])
+    assert merged == _round(2.0)

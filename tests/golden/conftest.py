@@ -38,7 +38,10 @@ def toy_profile_dict(*, bandwidth_gb_per_s: float = 100.0, latency_us: float = 0
                        "kernel_overhead_us": 0,
                        "source": "test"},
         "host": {"launch": "async", "collective_overhead_us": 0, "rank_skew": 0,
-                 "fsdp_unit_overhead_us": 0, "source": "test"},
+                 "fsdp_unit_overhead_us": 0,
+                 "checkpoint_overhead_us": {m: {"forward": 0, "backward": 0}
+                                            for m in ("full", "selective")},
+                 "source": "test"},
     }
 
 

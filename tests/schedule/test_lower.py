@@ -4,11 +4,12 @@ of zsim.analytic (independent derivations), and rejected plans."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from zsim.analytic.comm import CommGroup, collective_time_s, ring_link_loads, step_comm
-from zsim.analytic.compute import step_flops
+from zsim.analytic.compute import block_forward_flops, step_flops
 from zsim.errors import ConfigError
 from zsim.schedule.lower import lower
 from zsim.spec.hardware import HardwareProfile
@@ -218,3 +219,31 @@ def test_ddp_gradients_are_never_allocated_in_the_step(tiny_model: ModelSpec,
     for strategy in ("ddp", "zero1"):
         ops = lower(tiny_model, h100, Plan.for_strategy(strategy, gpus=4, seq_len=128)).ops
         assert not [b for op in ops for b in op.allocs if b.category == "grads"]
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
+@pytest.mark.parametrize("recompute", ["selective", "full"])
+def test_checkpoint_host_time_lands_on_each_checkpointed_block(
+        tiny_model: ModelSpec, h100: HardwareProfile, strategy: str, recompute: str) -> None:
+    # Per forward kernel of a block: 3 us in forward, 7 us in backward for the mode
+    # planned, something else for the other mode (must not be used).
+    overhead = {m: {"forward": 3e-6, "backward": 7e-6} if m == recompute
+                else {"forward": 1.0, "backward": 1.0} for m in ("full", "selective")}
+    plan = Plan.for_strategy(strategy, gpus=8, seq_len=128, micro_batch=2,  # type: ignore[arg-type]
+                             recompute=recompute, unit_size=2)
+    kernels = block_forward_flops(tiny_model, micro_batch=2, seq_len=128, act_bytes=2).kernels
+
+    def block_ops(hw: HardwareProfile) -> dict[str, float]:
+        return {op.name: op.compute_s for op in lower(tiny_model, hw, plan).ops
+                if op.name in ("unit 0 forward (mb 0)", "unit 0 backward (mb 0)")}
+
+    sync = replace(h100, launch="synchronous")
+    base = block_ops(sync)
+    with_hooks = block_ops(replace(sync, checkpoint_overhead_s=overhead))
+    assert base.keys() == with_hooks.keys() and len(base) == 2
+    for name, seconds in with_hooks.items():
+        per_kernel_s = 3e-6 if " forward " in name else 7e-6
+        # One unit of 2 blocks: each op pays for both blocks.
+        assert seconds - base[name] == pytest.approx(2 * kernels * per_kernel_s, rel=1e-9)
+    # An async host runs the hooks while the GPU works: nothing lands on the timeline.
+    assert block_ops(replace(h100, checkpoint_overhead_s=overhead)) == block_ops(h100)

@@ -40,7 +40,10 @@ TOY: dict[str, Any] = {
                    "kernel_overhead_us": 2.5,
                    "source": "made up"},
     "host": {"launch": "synchronous", "collective_overhead_us": 40, "rank_skew": 0.1,
-             "fsdp_unit_overhead_us": 300, "source": "made up"},
+             "fsdp_unit_overhead_us": 300,
+             "checkpoint_overhead_us": {"full": {"forward": 10, "backward": 30},
+                                        "selective": {"forward": 50, "backward": 80}},
+             "source": "made up"},
 }
 
 
@@ -187,6 +190,26 @@ def test_collective_efficiency_names_the_kind_at_fault(write_yaml: Callable[...,
     hw = HardwareProfile.from_yaml(write_yaml(TOY))
     assert hw.intra_node.kind_efficiency == {"all_gather": 1.0, "reduce_scatter": 0.5,
                                              "all_reduce": 2.0}
+
+
+def test_checkpoint_overhead_names_the_mode_and_phase_at_fault(
+        write_yaml: Callable[..., Path]) -> None:
+    hw = HardwareProfile.from_yaml(write_yaml(TOY))
+    assert hw.checkpoint_overhead_s == {
+        "full": {"forward": pytest.approx(10e-6), "backward": pytest.approx(30e-6)},
+        "selective": {"forward": pytest.approx(50e-6), "backward": pytest.approx(80e-6)}}
+    data = _mutated(lambda d: d["host"]["checkpoint_overhead_us"].pop("full"))
+    with pytest.raises(ConfigError) as e:
+        HardwareProfile.from_yaml(write_yaml(data))
+    assert e.value.field == "host.checkpoint_overhead_us"
+    data = _mutated(lambda d: d["host"]["checkpoint_overhead_us"]["selective"].pop("backward"))
+    with pytest.raises(ConfigError) as e:
+        HardwareProfile.from_yaml(write_yaml(data))
+    assert e.value.field == "host.checkpoint_overhead_us.selective"
+    data = _mutated(lambda d: d["host"]["checkpoint_overhead_us"]["full"].update(forward=-1))
+    with pytest.raises(ConfigError) as e:
+        HardwareProfile.from_yaml(write_yaml(data))
+    assert (e.value.field, e.value.value) == ("host.checkpoint_overhead_us.full.forward", -1)
 
 
 def test_peak_tflops_must_be_a_mapping(write_yaml: Callable[..., Path]) -> None:

@@ -123,7 +123,7 @@ def prepare(spec: ModelSpec, plan: Plan, *, device: str, world_size: int) -> Pre
         with torch.device(device):
             inner = Transformer(spec)
         inner.init_weights()
-        _apply_recompute(inner, plan)
+        apply_recompute(inner, plan)
         # Gradients as views into the buckets: one fp32 gradient copy, not two.
         model: nn.Module = DistributedDataParallel(
             inner, bucket_cap_mb=plan.bucket_bytes / MiB, gradient_as_bucket_view=True)
@@ -139,7 +139,7 @@ def prepare(spec: ModelSpec, plan: Plan, *, device: str, world_size: int) -> Pre
                         dtype == torch.float32 else dtype)
     with torch.device("meta"):
         inner = Transformer(spec)
-    _apply_recompute(inner, plan)
+    apply_recompute(inner, plan)
     _shard(inner, plan, device)
     inner.to_empty(device=device)
     with warnings.catch_warnings():
@@ -157,7 +157,9 @@ def _units(inner: Transformer) -> dict[str, nn.Module]:
     return units
 
 
-def _apply_recompute(inner: Transformer, plan: Plan) -> None:
+def apply_recompute(inner: Transformer, plan: Plan) -> None:
+    """Wrap each block for the plan's recomputation: torch.utils.checkpoint of the whole
+    block ("full") or with the op-level SAC policy ("selective"); nothing for "none"."""
     if plan.recompute == "none":
         return
     for i, block in enumerate(inner.layers):

@@ -6,8 +6,9 @@ the host time of the reference model's blocks unsharded, under FSDP2 alone and w
 collectives (the fixed cost per kernel is derived from the first).
 
 Owns what is timed and how (medians of timed calls after warm-ups, a barrier before each
-collective so ranks start together); zsim.calibrate.profile turns the figures into a
-hardware profile. The collective sizes follow nccl-tests (-b 4K -e 256M -f 4). Imports
+collective so ranks start together, and every figure the median over rounds of the whole
+set, spread over the run); zsim.calibrate.profile turns the figures into a hardware
+profile. The collective sizes follow nccl-tests (-b 4K -e 256M -f 4). Imports
 torch.
 """
 
@@ -17,7 +18,7 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -34,6 +35,17 @@ SIZES_BYTES: tuple[int, ...] = tuple(4096 * 4**i for i in range(9))
 """4 KiB to 256 MiB, x4 steps."""
 
 OPS: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce")
+
+BLOCK_STEPS: tuple[str, ...] = ("plain", "plain_forward", "full", "full_forward",
+                                "selective", "selective_forward", "fsdp_local", "fsdp",
+                                "fsdp_no_reshard")
+"""What RankBench.block_step_s times per block of the nano model (nano_model: its kernels
+cost almost nothing, so this is host time): "plain", a training step of the unsharded
+bf16 model (forward, backward, AdamW); "full" and "selective", the same with each block
+checkpointed (torch.utils.checkpoint, op-level SAC); "<x>_forward", the forward alone;
+"fsdp_local", fully_shard per block on a 1-rank mesh (hooks, copies, DTensor optimizer, no
+collectives); "fsdp", on all ranks (the same plus 2 all-gathers and a reduce-scatter per
+block); "fsdp_no_reshard", on all ranks with reshard_after_forward=False (1 + 1)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,6 +77,11 @@ class BenchConfig:
     all-gather (rank_skew: the slope of the line fitted through them)."""
     host_layers: tuple[int, int] = (2, 10)
     """Block counts of the two nano models whose plain and FSDP2 steps are timed."""
+    rounds: int = 3
+    """Times the whole set runs; each figure is its median over the rounds. This host has
+    slow spells lasting seconds (a compute-only loop varies by +-8% from one second to
+    the next, a training step by +-15%), so a figure timed within one spell can be off;
+    rounds spread each figure's samples over about a minute per round."""
 
 
 @dataclass(slots=True)
@@ -97,11 +114,7 @@ class RankBench:
     rank_skew: float = 0.0
     """Extra time of a tiny all-gather per second of compute before it (see _rank_skew)."""
     block_step_s: dict[str, float] = field(default_factory=dict)
-    """Step time per extra block of the nano model (nano_model: its kernels cost almost
-    nothing, so this is host time), seconds: "plain" (unsharded, bf16), "fsdp_local"
-    (fully_shard per block on a 1-rank mesh: hooks, copies, DTensor optimizer, no
-    collectives), "fsdp" (on all ranks: the same plus 2 all-gathers and a reduce-scatter
-    per block), "fsdp_no_reshard" (on all ranks, reshard_after_forward=False: 1 + 1)."""
+    """Time per extra block of the nano model, by BLOCK_STEPS entry, seconds."""
 
 
 def _median_s(fn: Callable[[], Any], iters: int, warmup: int = 1,
@@ -119,7 +132,30 @@ def _median_s(fn: Callable[[], Any], iters: int, warmup: int = 1,
 
 
 def bench_rank(ctx: RankContext, cfg: BenchConfig) -> RankBench:
-    """Run every benchmark on this rank (all ranks run it at once)."""
+    """Run every benchmark `cfg.rounds` times on this rank (all ranks run them at once);
+    each figure is the median over the rounds."""
+    return median_of_rounds([_bench_round(ctx, cfg) for _ in range(cfg.rounds)])
+
+
+def median_of_rounds(rounds: list[RankBench]) -> RankBench:
+    """A RankBench whose every figure is the median of that figure over `rounds` (rates
+    per shape, collective times per size, block step times per kind)."""
+    return RankBench(**{f.name: _median_of([getattr(r, f.name) for r in rounds])
+                        for f in fields(RankBench)})
+
+
+def _median_of(values: list[Any]) -> Any:
+    first = values[0]
+    if isinstance(first, CollectiveSample):
+        return replace(first, time_s=statistics.median(v.time_s for v in values))
+    if isinstance(first, dict):
+        return {k: _median_of([v[k] for v in values]) for k in first}
+    if isinstance(first, list):
+        return [_median_of([v[i] for v in values]) for i in range(len(first))]
+    return statistics.median(values)
+
+
+def _bench_round(ctx: RankContext, cfg: BenchConfig) -> RankBench:
     # torch 2.13 deprecates the *_tensor spellings that FSDP2 itself still calls.
     warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
     out = RankBench()
@@ -336,13 +372,15 @@ def nano_model(num_layers: int) -> ModelSpec:
 
 
 def _block_step_s(ctx: RankContext, layers: tuple[int, int]) -> dict[str, float]:
-    """Step time per extra block of the nano model (median of 25 steps at each of two
-    depths; see RankBench.block_step_s), every rank at once so they share the cores as
-    in a real job. The FSDP2 runs apply fsdp and fsdp-no-reshard plans (their default
-    mixed precision) with the backend's own mapping, zsim.calibrate.fsdp2.shard."""
+    """Time per extra block of the nano model (median of 25 steps at each of two depths;
+    see RankBench.block_step_s), every rank at once so they share the cores as in a real
+    job. The FSDP2 runs apply fsdp and fsdp-no-reshard plans (their default mixed
+    precision) with the backend's own mapping, zsim.calibrate.fsdp2.shard; the
+    checkpointed runs wrap each block as the backend does
+    (zsim.calibrate.fsdp2.apply_recompute)."""
     from torch.distributed.device_mesh import DeviceMesh
 
-    from zsim.calibrate.fsdp2 import TORCH_DTYPES, shard
+    from zsim.calibrate.fsdp2 import TORCH_DTYPES, apply_recompute, shard
     from zsim.spec.plan import Plan
 
     device_type = ctx.device.split(":")[0]
@@ -360,15 +398,21 @@ def _block_step_s(ctx: RankContext, layers: tuple[int, int]) -> dict[str, float]
         with torch.device(ctx.device):
             model = Transformer(nano_model(num_layers))
         model.init_weights()
-        if how == "plain":
+        kind = how.removesuffix("_forward")
+        if kind in ("plain", "full", "selective"):
             model = model.to(TORCH_DTYPES[plans["fsdp"].param_dtype])
+            if kind != "plain":
+                apply_recompute(model, replace(plans["fsdp"], recompute=kind))
         else:
-            shard(model, plans["fsdp-no-reshard" if how == "fsdp_no_reshard" else "fsdp"],
-                  meshes["fsdp_local" if how == "fsdp_local" else "fsdp"])
+            shard(model, plans["fsdp-no-reshard" if kind == "fsdp_no_reshard" else "fsdp"],
+                  meshes["fsdp_local" if kind == "fsdp_local" else "fsdp"])
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
 
         def step() -> None:
-            model(tokens, labels).backward()
+            loss = model(tokens, labels)
+            if how.endswith("_forward"):
+                return
+            loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
             sync_device(ctx.device)
@@ -377,6 +421,4 @@ def _block_step_s(ctx: RankContext, layers: tuple[int, int]) -> dict[str, float]
         return _median_s(step, 25, warmup=5)
 
     lo, hi = layers
-    return {how: (step_s(hi, how) - step_s(lo, how)) / (hi - lo)
-            for how in ("plain", "fsdp_local", "fsdp", "fsdp_no_reshard")}
-
+    return {how: (step_s(hi, how) - step_s(lo, how)) / (hi - lo) for how in BLOCK_STEPS}

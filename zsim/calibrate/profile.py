@@ -12,7 +12,8 @@ the bf16 peak, and a mix of bf16 memory-bound kernels relative to the copy rate.
 section comes from the width-16 reference model (kernels cost almost nothing there): the
 per-kernel overhead is its block's step time over the kernels zsim.analytic.compute counts,
 FSDP2's hook time and the cost of its collective calls are differences between its
-unsharded, 1-rank-mesh and all-rank runs; rank skew from collectives after compute.
+unsharded, 1-rank-mesh and all-rank runs, checkpointing's host time the difference
+between its checkpointed and plain runs; rank skew from collectives after compute.
 Imports torch.
 """
 
@@ -33,12 +34,24 @@ from typing import Any
 import torch
 import yaml
 
-from zsim.analytic.compute import BACKWARD_FACTOR, block_forward_flops, optimizer_flops
+from zsim.analytic.compute import (
+    BACKWARD_FACTOR,
+    block_forward_flops,
+    optimizer_flops,
+    recompute_forward_flops,
+)
 from zsim.calibrate.fit import AlphaBeta, CollectiveSample, fit_alpha_beta
-from zsim.calibrate.microbench import NANO_TOKENS, BenchConfig, RankBench, bench_rank, nano_model
+from zsim.calibrate.microbench import (
+    BLOCK_STEPS,
+    NANO_TOKENS,
+    BenchConfig,
+    RankBench,
+    bench_rank,
+    nano_model,
+)
 from zsim.calibrate.runner import run_ranks
 from zsim.errors import ConfigError
-from zsim.spec.hardware import COLLECTIVES, HardwareProfile
+from zsim.spec.hardware import CHECKPOINT_MODES, COLLECTIVES, HardwareProfile
 from zsim.spec.plan import Plan
 from zsim.units import GB, GiB, MiB, dtype_bytes
 
@@ -113,7 +126,8 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
     when = started.strftime("%Y-%m-%d %H:%M UTC")
     prov = (f"zsim calibrate --backend {backend} --nproc {nproc}, {when}, "
             f"torch {torch.__version__}, {_machine()}, "
-            f"{max(1, (os.cpu_count() or 1) // nproc)} torch threads per rank")
+            f"{max(1, (os.cpu_count() or 1) // nproc)} torch threads per rank, "
+            f"each figure the median of {cfg.rounds} rounds")
     device = (torch.cuda.get_device_name(0) if backend == "nccl"
               else f"{_cpu_name()}, one torch.distributed rank")
     link_name = "NCCL" if backend == "nccl" else "gloo over loopback TCP"
@@ -196,6 +210,8 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
             "collective_overhead_us": _r(host.collective_s * 1e6),
             "rank_skew": _r(skew),
             "fsdp_unit_overhead_us": _r(host.fsdp_unit_s * 1e6),
+            "checkpoint_overhead_us": {mode: {ph: _r(v * 1e6) for ph, v in phases.items()}
+                                       for mode, phases in host.checkpoint_s.items()},
             "source": f"{prov}; launch: {launch_how}; "
                       f"rank_skew: every rank repeats [{'/'.join(map(str, cfg.sync_segments))} "
                       f"256^3 matmuls; a 2 KiB-per-rank all_gather_into_tensor], slope of the "
@@ -205,7 +221,12 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
                       f"ranks): fsdp_unit_overhead = step time under fully_shard on a 1-rank "
                       f"mesh - unsharded bf16; collective_overhead = (step time on all "
                       f"{nproc} ranks - on the 1-rank mesh - the fitted link time of its "
-                      f"collectives) / collectives, mean of resharding after forward or not",
+                      f"collectives) / collectives, mean of resharding after forward or "
+                      f"not; checkpoint_overhead per forward kernel ({host.fwd_kernels:g} "
+                      f"per block) = forward alone with each block checkpointed (full: "
+                      f"torch.utils.checkpoint, selective: op-level SAC) - unsharded; "
+                      f"backward: the same for (step - forward), less its re-run kernels "
+                      f"at kernel_overhead",
         },
     }
 
@@ -216,6 +237,10 @@ class _HostCosts:
     kernels_per_block: float
     fsdp_unit_s: float
     collective_s: float
+    fwd_kernels: float
+    """Kernels of one block's forward, as zsim.analytic.compute counts them."""
+    checkpoint_s: dict[str, dict[str, float]]
+    """Per recompute mode and phase, seconds per forward kernel of a block."""
 
 
 def _host_costs(ranks: list[RankBench], link: AlphaBeta, nproc: int) -> _HostCosts:
@@ -225,9 +250,10 @@ def _host_costs(ranks: list[RankBench], link: AlphaBeta, nproc: int) -> _HostCos
     step); FSDP2's extra time on a 1-rank mesh; and on all ranks, what each collective
     call costs beyond the fitted link model (hand-off, waiting for the other ranks,
     FSDP2's Python and copies around it), the mean over resharding after forward
-    (2 all-gathers and a reduce-scatter per block) and not (1 + 1)."""
-    per = {k: statistics.median(r.block_step_s[k] for r in ranks)
-           for k in ("plain", "fsdp_local", "fsdp", "fsdp_no_reshard")}
+    (2 all-gathers and a reduce-scatter per block) and not (1 + 1); what checkpointing
+    a block adds in forward and in backward beyond the kernels it re-runs, per forward
+    kernel of the block."""
+    per = {k: statistics.median(r.block_step_s[k] for r in ranks) for k in BLOCK_STEPS}
     spec = nano_model(1)
     micro_batch, seq_len = NANO_TOKENS
     fwd = block_forward_flops(spec, micro_batch=micro_batch, seq_len=seq_len, act_bytes=2)
@@ -243,9 +269,20 @@ def _host_costs(ranks: list[RankBench], link: AlphaBeta, nproc: int) -> _HostCos
     calls = {"fsdp": (2, 1), "fsdp_no_reshard": (1, 1)}
     extra = [(per[k] - per["fsdp_local"] - ag * ag_wire - rs * rs_wire) / (ag + rs)
              for k, (ag, rs) in calls.items()]
-    return _HostCosts(kernel_s=per["plain"] / kernels, kernels_per_block=kernels,
+    kernel_s = per["plain"] / kernels
+    plain_backward = per["plain"] - per["plain_forward"]
+    checkpoint: dict[str, dict[str, float]] = {}
+    for mode in CHECKPOINT_MODES:
+        rerun = recompute_forward_flops(spec, recompute=mode, micro_batch=micro_batch,
+                                        seq_len=seq_len, act_bytes=2).kernels * kernel_s
+        forward = per[f"{mode}_forward"] - per["plain_forward"]
+        backward = per[mode] - per[f"{mode}_forward"] - plain_backward - rerun
+        checkpoint[mode] = {"forward": max(forward, 0.0) / fwd.kernels,
+                            "backward": max(backward, 0.0) / fwd.kernels}
+    return _HostCosts(kernel_s=kernel_s, kernels_per_block=kernels,
                       fsdp_unit_s=max(per["fsdp_local"] - per["plain"], 0.0),
-                      collective_s=max(statistics.mean(extra), 0.0))
+                      collective_s=max(statistics.mean(extra), 0.0),
+                      fwd_kernels=fwd.kernels, checkpoint_s=checkpoint)
 
 
 def _r(x: float) -> float:

@@ -66,7 +66,8 @@ overlap on an async device.
 - A synchronous host (profile host.launch, a CPU rank) runs every kernel itself and
   blocks in each collective issued without async_op: the ops it runs or waits for form
   one chain in host order (_on_synchronous_host), the host's own costs (FSDP2's hooks per
-  unit, each blocking collective call) land on the timeline. On any host, kernels are
+  unit, each blocking collective call, activation checkpointing's hooks and dispatch
+  modes per block) land on the timeline. On any host, kernels are
   stretched by the profile's rank skew (0 in the GPU profiles).
 """
 
@@ -333,6 +334,17 @@ def _block_flops(b: _Builder) -> tuple[Flops, Flops]:
     return fwd, bwd
 
 
+def _checkpoint_host_s(b: _Builder, phase: str, blocks: int) -> float:
+    """Host time of activation checkpointing for `blocks` blocks in one phase ("forward"
+    or "backward"), beyond the kernels it re-runs: the profile's checkpoint_overhead_s
+    per forward kernel of a block; 0 without recomputation, and on an async host."""
+    if b.plan.recompute == "none":
+        return 0.0
+    per_kernel_s = b.hw.checkpoint_overhead_s[b.plan.recompute][phase]
+    fwd, _ = _block_flops(b)
+    return b.host(per_kernel_s * fwd.kernels * blocks)
+
+
 def _forward(b: _Builder, mb: int, units: list[_Unit], *, gather: bool, reshard: bool,
              gathered: dict[int, str], first: int) -> list[int]:
     """Block forwards of micro-batch mb, in the host's order; with `gather`, each unit's
@@ -364,7 +376,8 @@ def _forward(b: _Builder, mb: int, units: list[_Unit], *, gather: bool, reshard:
         flops = fwd_flops.scaled(u.blocks)
         fwd.append(b.add(
             name=f"{u.name} forward (mb {mb})", kind="forward", stream="compute", unit=u.index,
-            microbatch=mb, after=after, compute_s=b.compute(flops), flops=flops.total,
+            microbatch=mb, after=after, flops=flops.total,
+            compute_s=b.compute(flops) + _checkpoint_host_s(b, "forward", u.blocks),
             allocs=(Buffer(name=f"mb{mb}/{u.name}/saved", category="activations",
                            bytes=saved * u.blocks),),
             frees=(gathered[k],) if gather and reshard else ()))
@@ -530,7 +543,8 @@ def _lower_fsdp(b: _Builder, units: list[_Unit], root: _Unit, grad_buffers: list
             work = f"mb{mb}/{u.name}/backward_working"
             bwd[k] = b.add(
                 name=f"{u.name} backward (mb {mb})", kind="backward", stream="compute",
-                unit=u.index, microbatch=mb, after=after, compute_s=b.compute(flops),
+                unit=u.index, microbatch=mb, after=after,
+                compute_s=b.compute(flops) + _checkpoint_host_s(b, "backward", u.blocks),
                 flops=flops.total,
                 allocs=(Buffer(name=work, category="activations", bytes=transient),
                         *grad_alloc(u, u.params)),
@@ -645,7 +659,8 @@ def _lower_replicated(b: _Builder, units: list[_Unit], root: _Unit, grad_buffers
             flops = bwd_flops.scaled(u.blocks)
             work = f"mb{mb}/{u.name}/backward_working"
             op = b.add(name=f"{u.name} backward (mb {mb})", kind="backward", stream="compute",
-                       unit=u.index, microbatch=mb, compute_s=b.compute(flops),
+                       unit=u.index, microbatch=mb,
+                       compute_s=b.compute(flops) + _checkpoint_host_s(b, "backward", u.blocks),
                        flops=flops.total,
                        allocs=(Buffer(name=work, category="activations", bytes=transient),
                                *grad_alloc(u)),

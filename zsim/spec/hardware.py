@@ -31,7 +31,7 @@ _SCHEMA: dict[str, tuple[str, ...]] = {
                    "comm_compute_slowdown", "compute_comm_slowdown", "kernel_overhead_us",
                    "source"),
     "host": ("launch", "collective_overhead_us", "rank_skew", "fsdp_unit_overhead_us",
-             "source"),
+             "checkpoint_overhead_us", "source"),
 }
 """Required keys of each section; no others are accepted."""
 
@@ -41,6 +41,12 @@ its own copy, as it imports only the standard library."""
 
 LAUNCH_MODES: tuple[str, ...] = ("async", "synchronous")
 """Values of host.launch (see HardwareProfile.launch)."""
+
+CHECKPOINT_MODES: tuple[str, ...] = ("full", "selective")
+"""Keys of host.checkpoint_overhead_us: the recompute modes that checkpoint a block."""
+
+PHASES: tuple[str, ...] = ("forward", "backward")
+"""Keys of each host.checkpoint_overhead_us entry."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,6 +135,15 @@ class HardwareProfile:
     views, post-backward) and the DTensor optimizer step, outside kernels and
     collectives, seconds; on the step's timeline only when launch is "synchronous"
     (an async host does it while the device runs earlier kernels)."""
+    checkpoint_overhead_s: dict[str, dict[str, float]] = field(
+        default_factory=lambda: {m: dict.fromkeys(PHASES, 0.0) for m in CHECKPOINT_MODES})
+    """Host time of activation checkpointing beyond the kernels it re-runs, per forward
+    kernel of a checkpointed block, by recompute mode (CHECKPOINT_MODES) and phase
+    (PHASES), seconds; YAML host.checkpoint_overhead_us. It is torch.utils.checkpoint's
+    saved-tensor hooks and recomputation set-up, and for selective recomputation
+    (op-level SAC) the Python dispatch modes every op of the block passes through, in
+    forward and again when it is recomputed. On the step's timeline only when launch is
+    "synchronous"."""
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for a compute dtype.
@@ -188,6 +203,7 @@ class HardwareProfile:
             collective_overhead_s=_non_negative(host, "host", "collective_overhead_us") * US,
             rank_skew=_non_negative(host, "host", "rank_skew"),
             fsdp_unit_overhead_s=_non_negative(host, "host", "fsdp_unit_overhead_us") * US,
+            checkpoint_overhead_s=_checkpoint_overhead(host["checkpoint_overhead_us"]),
         )
 
     @classmethod
@@ -255,6 +271,22 @@ def _fraction(d: dict[str, Any], key: str, *, allow_zero: bool = False) -> float
         raise ConfigError(f"efficiency.{key}", v, "must be a fraction in (0, 1]" if not
                           allow_zero else "must be a fraction in [0, 1)")
     return float(v)
+
+
+def _checkpoint_overhead(d: Any) -> dict[str, dict[str, float]]:
+    """host.checkpoint_overhead_us: {full, selective} x {forward, backward}, us >= 0."""
+    where = "host.checkpoint_overhead_us"
+    if not isinstance(d, dict) or sorted(d) != sorted(CHECKPOINT_MODES):
+        raise ConfigError(where, d, f"must map exactly {', '.join(CHECKPOINT_MODES)} to "
+                                    f"{{{', '.join(PHASES)}}}")
+    out: dict[str, dict[str, float]] = {}
+    for mode in CHECKPOINT_MODES:
+        phases = d[mode]
+        if not isinstance(phases, dict) or sorted(phases) != sorted(PHASES):
+            raise ConfigError(f"{where}.{mode}", phases,
+                              f"must map exactly {', '.join(PHASES)} to numbers")
+        out[mode] = {ph: _non_negative(phases, f"{where}.{mode}", ph) * US for ph in PHASES}
+    return out
 
 
 def _link(d: dict[str, Any], section: str) -> Link:
