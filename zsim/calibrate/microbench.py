@@ -78,10 +78,10 @@ class BenchConfig:
     host_layers: tuple[int, int] = (2, 10)
     """Block counts of the two nano models whose plain and FSDP2 steps are timed."""
     rounds: int = 3
-    """Times the whole set runs; each figure is its median over the rounds. This host has
-    slow spells lasting seconds (a compute-only loop varies by +-8% from one second to
-    the next, a training step by +-15%), so a figure timed within one spell can be off;
-    rounds spread each figure's samples over about a minute per round."""
+    """Times the whole set runs; each figure is its median over the rounds. A shared host
+    has slow spells of seconds to minutes (here a compute-only loop varied by +-8% from
+    one second to the next, and one calibration in five came out 15% slow), so a figure
+    timed within one spell can be off; rounds are about 45 s apart at 2 ranks here."""
 
 
 @dataclass(slots=True)

@@ -274,6 +274,7 @@ def _plot(rows: list[dict[str, Any]], out_dir: Path) -> None:
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
+    from matplotlib.ticker import NullFormatter
 
     metrics = sorted({r["metric"] for r in rows})
     cols = 4
@@ -291,11 +292,19 @@ def _plot(rows: list[dict[str, Any]], out_dir: Path) -> None:
         lo = min(min(r["measured"], r["predicted"]) for r in sel)
         hi = max(max(r["measured"], r["predicted"]) for r in sel)
         ax.plot([lo, hi], [lo, hi], color="grey", linewidth=0.8, label="predicted = measured")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        bound = BOUNDS_PCT.get(metric)
+        if bound:
+            for sign in (1, -1):
+                f = 1 + sign * bound / 100
+                ax.plot([lo, hi], [lo * f, hi * f], color="grey", linewidth=0.8,
+                        linestyle="--", label=f"+-{bound:g}%" if sign > 0 else None)
+        if hi > 10 * lo:  # log axes across decades, labelled at decades only
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            for axis in (ax.xaxis, ax.yaxis):
+                axis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(f"measured {metric}")
         ax.set_ylabel(f"predicted {metric}")
-        bound = BOUNDS_PCT.get(metric)
         ax.set_title(metric + (f" (bound {bound:g}%)" if bound else ""))
         ax.legend(fontsize=7)
     fig.tight_layout()
