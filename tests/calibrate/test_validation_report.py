@@ -18,6 +18,7 @@ BOUNDS_PCT = {
 }
 """Issue 4, item 5 (gloo, CPU, world 2 and 4); restated here, independent of the code."""
 
+
 def _rows() -> list[dict[str, str]]:
     if not REPORT.is_file():
         pytest.skip(f"{REPORT} not generated yet")
