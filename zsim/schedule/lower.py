@@ -340,9 +340,11 @@ def _checkpoint_host_s(b: _Builder, phase: str, blocks: int) -> float:
     per forward kernel of a block; 0 without recomputation, and on an async host."""
     if b.plan.recompute == "none":
         return 0.0
-    per_kernel_s = b.hw.checkpoint_overhead_s[b.plan.recompute][phase]
+    per_kernel_s = b.host(b.hw.checkpoint_overhead_s[b.plan.recompute][phase])
+    if not per_kernel_s:  # GPU profiles: no block work to count
+        return 0.0
     fwd, _ = _block_flops(b)
-    return b.host(per_kernel_s * fwd.kernels * blocks)
+    return per_kernel_s * fwd.kernels * blocks
 
 
 def _forward(b: _Builder, mb: int, units: list[_Unit], *, gather: bool, reshard: bool,
