@@ -140,13 +140,14 @@ def compare(spec: ModelSpec, plan: Plan, profile: HardwareProfile,
             for m, p, v in pairs]
 
 
-def write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
-    """Write rows with the FIELDS columns, in order."""
+def write_csv(rows: list[dict[str, Any]], path: Path,
+              fields: tuple[str, ...] = FIELDS) -> Path:
+    """Write rows with the `fields` columns, in order."""
     with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
         for row in rows:
-            writer.writerow({k: row[k] for k in FIELDS})
+            writer.writerow({k: row[k] for k in fields})
     return path
 
 
@@ -237,19 +238,22 @@ def regenerate_report(profile: HardwareProfile, *, out_dir: Path | None = None,
     return path
 
 
+RUN_FIELDS = ("model", "plan", "nproc", "run", "steps", "step_time_s", "vs_median_run_pct")
+"""Columns of step_time_runs.csv."""
+
+
 def _write_runs(grid: list[tuple[ModelSpec, Plan]], measured: list[list[PlanMeasurement]],
                 path: Path) -> None:
     """Each run's median step time per plan, and its deviation from the median run."""
-    with path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["model", "plan", "nproc", "run", "steps", "step_time_s",
-                    "vs_median_run_pct"])
-        for (spec, plan), done in zip(grid, measured, strict=True):
-            mid = statistics.median(m.step_time_s for m in done)
-            for run, m in enumerate(done, start=1):
-                w.writerow([spec.name, plan.label, plan.world_size, run,
-                            len(m.ranks[0].step_times_s), f"{m.step_time_s:.6g}",
-                            f"{100 * (m.step_time_s - mid) / mid:+.1f}"])
+    rows = []
+    for (spec, plan), done in zip(grid, measured, strict=True):
+        mid = statistics.median(m.step_time_s for m in done)
+        rows += [{"model": spec.name, "plan": plan.label, "nproc": plan.world_size,
+                  "run": run, "steps": len(m.ranks[0].step_times_s),
+                  "step_time_s": f"{m.step_time_s:.6g}",
+                  "vs_median_run_pct": f"{100 * (m.step_time_s - mid) / mid:+.1f}"}
+                 for run, m in enumerate(done, start=1)]
+    write_csv(rows, path, RUN_FIELDS)
 
 
 def _profiles_per_world(profile: HardwareProfile, world_sizes: list[int], out_dir: Path, *,

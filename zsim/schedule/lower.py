@@ -137,6 +137,9 @@ class _Builder:
         """FSDP: per unit, the unsharded gradient buffers its reduce-scatter consumes."""
         self.held_rs_input: str | None = None
         """FSDP: the reduce-scatter input still held for the previous unit."""
+        self.block_fwd, self.block_bwd = _block_flops(self)
+        """Work of one block for one micro-batch: forward, and backward including
+        recomputation."""
 
     def add(self, **kw: object) -> int:
         index = len(self.ops)
@@ -343,8 +346,7 @@ def _checkpoint_host_s(b: _Builder, phase: str, blocks: int) -> float:
     per_kernel_s = b.host(b.hw.checkpoint_overhead_s[b.plan.recompute][phase])
     if not per_kernel_s:  # GPU profiles: no block work to count
         return 0.0
-    fwd, _ = _block_flops(b)
-    return per_kernel_s * fwd.kernels * blocks
+    return per_kernel_s * b.block_fwd.kernels * blocks
 
 
 def _forward(b: _Builder, mb: int, units: list[_Unit], *, gather: bool, reshard: bool,
@@ -354,7 +356,7 @@ def _forward(b: _Builder, mb: int, units: list[_Unit], *, gather: bool, reshard:
     prefetch of the next units. Returns the forward op index of each unit."""
     p = b.plan
     saved, _, _, _ = _activation_sizes(b)
-    fwd_flops, _ = _block_flops(b)
+    fwd_flops = b.block_fwd
     fwd: list[int] = []
     issued: dict[int, int] = {}
     for k, u in enumerate(units):
@@ -495,7 +497,7 @@ def _lower_fsdp(b: _Builder, units: list[_Unit], root: _Unit, grad_buffers: list
     p = b.plan
     reshard = p.reshard_after_forward
     _, transient, _, _ = _activation_sizes(b)
-    _, bwd_flops = _block_flops(b)
+    bwd_flops = b.block_bwd
     n = p.dp_shard
     g_bytes = _grad_bytes(p)
     r_bytes = dtype_bytes(p.reduce_dtype)
@@ -638,7 +640,7 @@ def _lower_replicated(b: _Builder, units: list[_Unit], root: _Unit, grad_buffers
                       last_reduce: list[int]) -> None:
     p = b.plan
     _, transient, _, _ = _activation_sizes(b)
-    _, bwd_flops = _block_flops(b)
+    bwd_flops = b.block_bwd
     persistent = _persistent_grads(p)
     for mb in range(p.grad_accum):
         last_mb = mb == p.grad_accum - 1
