@@ -21,27 +21,28 @@ from dataclasses import dataclass
 
 import simpy
 
-_REL_TOL = 1e-9
-"""A task is done once its remaining work is below this fraction of its total work."""
-
 
 class _Task:
     """One fluid task: a transfer over links, or a compute kernel on a rank's SMs."""
 
-    __slots__ = ("done", "keys", "rank", "ranks", "rate", "remaining", "tol", "weights")
+    __slots__ = ("done", "finish_s", "keys", "label", "rank", "ranks", "rate", "remaining",
+                 "weights")
 
     def __init__(self, done: simpy.Event, work: float, keys: tuple[Hashable, ...],
                  weights: tuple[float, ...], rank: Hashable | None,
-                 ranks: tuple[Hashable, ...] = ()) -> None:
+                 ranks: tuple[Hashable, ...], label: str) -> None:
         self.done = done
         self.ranks = ranks
         """A transfer's ranks whose compute slows it."""
         self.remaining = work
-        self.tol = work * _REL_TOL
         self.keys = keys
         self.weights = weights
         self.rank = rank
+        self.label = label
+        """The op the task belongs to (named when the engine stalls)."""
         self.rate = 0.0
+        self.finish_s = float("inf")
+        """When the task ends at its current rate: the clock value of its timer."""
 
 
 class Fabric:
@@ -51,6 +52,14 @@ class Fabric:
     each of its links with `weight` link bytes per unit of work; on a link shared by k
     transfers each gets capacity / k, and a transfer progresses at the smallest
     share / weight over its links. Compute work is measured in seconds at full rate.
+
+    Completion is decided by the clock, not by the work left: whenever rates change each
+    task gets the clock value at which it ends (`now + remaining / rate`, the float SimPy
+    computes for the timer), and a task ends when the clock reaches that value. A task
+    whose remaining time is below the clock's resolution (at t = 1e7 s a step is 2e-9 s)
+    thus ends at the next timer, at `now`, instead of being re-timed forever with
+    `remaining` left over; every timer that is not superseded ends at least one task, so
+    the events per task are bounded whatever the clock value and the task size.
     """
 
     def __init__(self, env: simpy.Environment, link_bytes_per_s: dict[Hashable, float], *,
@@ -66,19 +75,19 @@ class Fabric:
         self._pending_at: float | None = None
 
     def transfer(self, loads: tuple[tuple[Hashable, float], ...], work_bytes: float, *,
-                 ranks: tuple[Hashable, ...] = ()) -> simpy.Event:
+                 ranks: tuple[Hashable, ...] = (), label: str = "") -> simpy.Event:
         """Start moving `work_bytes` over the links in `loads` ((key, weight) pairs); the
         event fires when done. Compute running on any of `ranks` slows it."""
         return self._add(tuple(k for k, _ in loads), tuple(w for _, w in loads),
-                         work_bytes, None, ranks)
+                         work_bytes, None, ranks, label)
 
     def alone_rate(self, loads: tuple[tuple[Hashable, float], ...]) -> float:
         """Progress rate of a transfer with these loads if it had its links to itself."""
         return min(self._capacity[k] / w for k, w in loads)
 
-    def compute(self, rank: Hashable, work_s: float) -> simpy.Event:
+    def compute(self, rank: Hashable, work_s: float, *, label: str = "") -> simpy.Event:
         """Start a compute kernel of `work_s` seconds at full rate on `rank`."""
-        return self._add((), (), work_s, rank)
+        return self._add((), (), work_s, rank, (), label)
 
     def comm_started(self, rank: Hashable) -> None:
         """A collective became active on `rank` (its compute slows down)."""
@@ -101,40 +110,48 @@ class Fabric:
         """Transfers currently on link `key`."""
         return sum(1 for t in self._tasks if key in t.keys)
 
+    def in_flight(self) -> list[str]:
+        """Labels of the running tasks, the next to end first."""
+        return [t.label for t in sorted(self._tasks, key=lambda t: t.finish_s)]
+
     # ------------------------------------------------------------------ internals
     def _add(self, keys: tuple[Hashable, ...], weights: tuple[float, ...], work: float,
-             rank: Hashable | None, ranks: tuple[Hashable, ...] = ()) -> simpy.Event:
+             rank: Hashable | None, ranks: tuple[Hashable, ...], label: str) -> simpy.Event:
         done = self._env.event()
         if work <= 0:
             done.succeed()
             return done
         self._advance()
-        self._tasks.append(_Task(done, work, keys, weights, rank, ranks))
+        self._tasks.append(_Task(done, work, keys, weights, rank, ranks, label))
         self._reschedule()
         return done
 
     def _advance(self) -> None:
-        """Progress every task to now at its current rate and finish the ones done."""
+        """Progress every task to now at its current rate and finish the ones whose end
+        the clock has reached."""
         now = self._env.now
         dt = now - self._last_s
         self._last_s = now
         if dt > 0:
             for t in self._tasks:
                 t.remaining -= t.rate * dt
-        if any(t.remaining <= t.tol for t in self._tasks):
-            finished = [t for t in self._tasks if t.remaining <= t.tol]
-            self._tasks = [t for t in self._tasks if t.remaining > t.tol]
+        if any(t.finish_s <= now for t in self._tasks):
+            finished = [t for t in self._tasks if t.finish_s <= now]
+            self._tasks = [t for t in self._tasks if t.finish_s > now]
             for t in finished:
                 t.done.succeed()
 
     def _reschedule(self) -> None:
+        if not self._tasks:
+            return
         counts: dict[Hashable, int] = {}
         for t in self._tasks:
             for k in t.keys:
                 counts[k] = counts.get(k, 0) + 1
         computing = {t.rank for t in self._tasks if t.rank is not None} \
             if self._comm_slowdown > 0 else set()
-        next_s = float("inf")
+        now = self._env.now
+        at, delay = float("inf"), 0.0
         for t in self._tasks:
             if t.rank is not None:
                 t.rate = 1.0 - self._slowdown if self._comm_active.get(t.rank, 0) else 1.0
@@ -143,17 +160,18 @@ class Fabric:
                              for k, w in zip(t.keys, t.weights, strict=True))
                 if any(r in computing for r in t.ranks):
                     t.rate *= 1.0 - self._comm_slowdown
-            next_s = min(next_s, t.remaining / t.rate)
-        if not self._tasks:
-            return
-        now = self._env.now
-        at = now + max(next_s, 0.0)
+            t_delay = max(t.remaining, 0.0) / t.rate
+            # The float SimPy computes for a timeout of this delay, so the timer fires
+            # exactly at the task's end.
+            t.finish_s = now + t_delay
+            if t.finish_s < at:
+                at, delay = t.finish_s, t_delay
         if self._pending_at is not None and now <= self._pending_at <= at:
             return  # the pending timer fires first and re-evaluates then
         self._generation += 1
         self._pending_at = at
         gen = self._generation
-        self._env.timeout(at - now).callbacks.append(lambda _ev: self._on_timer(gen))
+        self._env.timeout(delay).callbacks.append(lambda _ev: self._on_timer(gen))
 
     def _on_timer(self, generation: int) -> None:
         if generation != self._generation:

@@ -26,6 +26,23 @@ from zsim.engine.resources import Fabric, MemoryPool
 from zsim.engine.trace import OpSpan, Trace, Wait
 from zsim.schedule.ops import Op, Schedule
 
+EVENTS_PER_OP = 64
+"""Bound on the SimPy events one op of one rank may take. An op takes a handful (its
+dependencies, latency, its task on the Fabric, the Fabric's timers as rates change: about
+4 per op in practice); a run over the bound is an engine bug, never a slow plan."""
+
+
+class EngineStalled(RuntimeError):
+    """The engine went past its event budget without finishing the step: a livelock in
+    the engine (no user input may cause one), named by the ops in flight."""
+
+    def __init__(self, time_s: float, events: int, in_flight: list[str]) -> None:
+        names = ", ".join(repr(n) for n in in_flight[:3]) or "none"
+        super().__init__(f"engine stalled at t={time_s!r} s after {events} events "
+                         f"(budget {EVENTS_PER_OP} per op); next to end: {names}")
+        self.time_s = time_s
+        self.in_flight = in_flight
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Jitter:
@@ -184,7 +201,7 @@ class _Run:
             elif op.compute_s > 0:
                 work = op.compute_s if self.scale is None else \
                     op.compute_s * self.scale[rank][op.index]
-                yield self.fabric.compute(rank, work)
+                yield self.fabric.compute(rank, work, label=op.name)
             t1 = env.now
             end_s[op.index] = t1
             if rank == 0:
@@ -240,7 +257,7 @@ class _Run:
             loads = tuple(((r, name), w) for r in members for name, w in op.link_loads)
             alone_s = op.bus_bytes / fabric.alone_rate(loads)
             yield fabric.transfer(loads, op.bus_bytes,
-                                  ranks=tuple(members) if on_sms else ())
+                                  ranks=tuple(members) if on_sms else (), label=op.name)
             shared = env.now - t0 > alone_s * (1 + 1e-6)
         for r in members if on_sms else ():
             fabric.comm_finished(r)
@@ -313,6 +330,7 @@ def run(schedule: Schedule, *, num_ranks: int = 1, seed: int | None = None,
     for rank in range(num_ranks):
         for ops in schedule.by_stream().values():
             env.process(state.stream(rank, ops))
+    budget = EVENTS_PER_OP * max(1, len(schedule.ops)) * num_ranks
     events = 0
     while True:
         try:
@@ -320,6 +338,8 @@ def run(schedule: Schedule, *, num_ranks: int = 1, seed: int | None = None,
         except simpy.core.EmptySchedule:
             break
         events += 1
+        if events > budget:
+            raise EngineStalled(env.now, events, state.fabric.in_flight())
     unfinished = [op.name for op in schedule.ops if not state.end_ev[0][op.index].processed]
     assert not unfinished, f"deadlocked schedule, never ran: {unfinished[:3]}"
     step = max(max(row) for row in state.end_s) if schedule.ops else 0.0
