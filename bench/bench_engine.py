@@ -3,7 +3,8 @@ of a 70B model on 1,024 GPUs in symmetric mode, and the simulation of 13B/128 ca
 
 Run: python bench/bench_engine.py
 Targets (issue 3): >= 200k events/s; 70B/1024 < 1 s; `zsim plan --model 13b --gpus 128`
-< 1 s wall including start-up.
+< 1 s wall including start-up. Issue 9: the four absurd plans that used to hang answer in
+under 2 s each, start-up included.
 """
 
 from __future__ import annotations
@@ -76,6 +77,16 @@ def main() -> None:
     wall, _ = _timed(lambda: subprocess.run(cmd, check=True, capture_output=True))
     print(f"zsim plan --model 13b --gpus 128 (fresh process, closed forms + simulated "
           f"survivors): {wall:.3f} s")
+
+    # Issue 9: absurd plans answer (each hung before), fresh process, target < 2 s.
+    for args in (("--gpus", "128", "--micro-batch", "4096"),
+                 ("--gpus", "128", "--micro-batch", "100000"),
+                 ("--gpus", "1048576"), ("--gpus", "10000000")):
+        cmd = [sys.executable, "-m", "zsim", "simulate", "--model", "13b", "--strategy",
+               "fsdp", *args]
+        wall, _ = _timed(lambda c=cmd: subprocess.run(c, check=True, capture_output=True))
+        print(f"zsim simulate --model 13b --strategy fsdp {' '.join(args)} "
+              f"(fresh process): {wall:.3f} s")
 
 
 if __name__ == "__main__":

@@ -86,9 +86,11 @@ def build_plan(spec: ModelSpec, *, gpus: int, strategy: str, shard_group: int | 
 def simulate(*, model: str, gpus: int, strategy: str, shard_group: int | None = None,
              hardware: str, seq: int | None = None, micro_batch: int = 1,
              grad_accum: int = 1, ac: str = "none", precision: str = "bf16",
-             offload: str = "none", trace: Path | None = None) -> dict[str, Any]:
+             offload: str = "none", trace: Path | None = None,
+             fit_only: bool = False) -> dict[str, Any]:
     """Simulate one plan; optionally write its Chrome trace (Perfetto) to `trace`. HSDP
-    shards within a node unless `shard_group` says otherwise.
+    shards within a node unless `shard_group` says otherwise. With `fit_only` the engine
+    stops at the first allocation over HBM (zsim.simulate.simulate).
 
     Returns:
         Result.to_dict() plus "model", "hardware" and "plan" (the Plan's fields).
@@ -106,7 +108,10 @@ def simulate(*, model: str, gpus: int, strategy: str, shard_group: int | None = 
     plan = build_plan(spec, gpus=gpus, strategy=strategy, shard_group=shard_group, seq=seq,
                       micro_batch=micro_batch, grad_accum=grad_accum, ac=ac,
                       precision=precision, offload=offload)
-    result = run(spec, hw, plan, trace=trace is not None)
+    result = run(spec, hw, plan, trace=trace is not None, fit_only=fit_only)
+    if trace is not None and not result.spans:
+        raise ConfigError("trace", str(trace), "the plan was not simulated (its memory floor "
+                          "exceeds HBM): there is no timeline to write")
     if trace is not None:
         write_files(trace.parent, {trace.name: json.dumps(chrome_trace(result)).encode()})
     return {"model": spec.name, "hardware": hw.name, "plan": plan.to_dict(),
@@ -169,15 +174,16 @@ def calibrate(*, backend: str, nproc: int, out: Path) -> Path:
 def validate(*, model: str, nproc: int, strategy: str, shard_group: int | None = None,
              profile: str = "local-cpu", seq: int | None = None, micro_batch: int = 1,
              grad_accum: int = 1, ac: str = "none", precision: str = "bf16",
-             offload: str = "none") -> dict[str, Any]:
+             offload: str = "none", out: Path | None = None) -> dict[str, Any]:
     """Run one plan for real on `nproc` processes and in the simulator with a calibrated
-    profile; compare. On a machine without CUDA, models above CPU_VALIDATION_MAX_PARAMS
-    are scaled to d_model CPU_VALIDATION_D_MODEL (same layers and units) and the default
-    sequence is 256 tokens.
+    profile; compare; with `out`, also write the rows there as a CSV. On a machine
+    without CUDA, models above CPU_VALIDATION_MAX_PARAMS are scaled to d_model
+    CPU_VALIDATION_D_MODEL (same layers and units) and the default sequence is 256
+    tokens.
 
     Returns:
         {"model", "profile", "plan", "rows": [{metric, predicted, measured, error_pct,
-        bound_pct}]}; the rows are also written as a CSV under reports/validation/.
+        bound_pct}], "written": the CSV path or None}.
 
     Raises:
         ConfigError: invalid names, sizes or combinations.
@@ -187,7 +193,7 @@ def validate(*, model: str, nproc: int, strategy: str, shard_group: int | None =
 
     from zsim.calibrate import validate as run
     from zsim.calibrate.model import scale_model
-    from zsim.calibrate.validate import BOUNDS_PCT
+    from zsim.calibrate.validate import BOUNDS_PCT, csv_name
 
     spec = resolve_model(model)
     hw = resolve_hardware(profile)
@@ -201,8 +207,9 @@ def validate(*, model: str, nproc: int, strategy: str, shard_group: int | None =
     plan = build_plan(spec, gpus=nproc, strategy=strategy, shard_group=shard_group, seq=seq,
                       micro_batch=micro_batch, grad_accum=grad_accum, ac=ac,
                       precision=precision, offload=offload)
-    rows = run(spec, plan, nproc=nproc, profile=hw)
-    return {"model": spec.name, "profile": hw.name, "plan": plan.label,
+    rows = run(spec, plan, nproc=nproc, profile=hw, out_dir=out)
+    written = None if out is None else str(Path(out) / csv_name(spec, plan))
+    return {"model": spec.name, "profile": hw.name, "plan": plan.label, "written": written,
             "rows": [{"metric": r["metric"], "predicted": r["predicted"],
                       "measured": r["measured"], "error_pct": r["error_pct"],
                       "bound_pct": BOUNDS_PCT.get(r["metric"])} for r in rows]}

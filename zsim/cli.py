@@ -141,25 +141,34 @@ def simulate(
     precision: PrecisionOpt = Precision.bf16,
     offload: OffloadOpt = Offload.none,
     trace: Annotated[Path | None, typer.Option(help="Write a Chrome/Perfetto trace here.")] = None,
+    fit_only: Annotated[bool, typer.Option(
+        help="Stop at the first allocation over HBM: whether it fits, and where not.")] = False,
     format: Annotated[SimFormat, typer.Option(help="Output format.")] = SimFormat.table,
 ) -> None:
     """Simulate one plan: step time, exposed communication, memory peak and breakdown."""
     r = _run(lambda: api.simulate(
         model=model, gpus=gpus, strategy=strategy.value, shard_group=shard_group,
         hardware=hardware, seq=seq, micro_batch=micro_batch, grad_accum=grad_accum,
-        ac=ac.value, precision=precision.value, offload=offload.value, trace=trace))
+        ac=ac.value, precision=precision.value, offload=offload.value, trace=trace,
+        fit_only=fit_only))
     if format is SimFormat.json:
         typer.echo(json_text(r))
         return
     gib = 2**30
     typer.echo(f"{r['model']} on {gpus} x {r['hardware']}: {strategy.value}, ac={ac.value}, "
                f"micro-batch {micro_batch} x {grad_accum}")
-    typer.echo(f"step time       {r['step_time_s']:.4f} s   compute {r['compute_time_s']:.4f} s"
-               f"   exposed comm {r['exposed_comm_s']:.4f} s")
-    typer.echo(f"throughput      {r['tokens_per_s']:,.0f} tokens/s   MFU {r['mfu']:.1%}")
-    typer.echo(f"peak memory     {r['peak_memory_bytes'] / gib:.2f} GiB allocated, "
-               f"{r['reserved_memory_bytes'] / gib:.2f} GiB reserved -> "
-               f"{'fits' if r['fits'] else 'DOES NOT FIT'}")
+    if r["step_time_s"] is None:
+        typer.echo(f"step time       not simulated ({r['evaluated']})")
+    else:
+        typer.echo(f"step time       {r['step_time_s']:.4f} s   compute "
+                   f"{r['compute_time_s']:.4f} s   exposed comm {r['exposed_comm_s']:.4f} s")
+        typer.echo(f"throughput      {r['tokens_per_s']:,.0f} tokens/s   MFU {r['mfu']:.1%}")
+    verdict = "fits" if r["fits"] else "DOES NOT FIT"
+    if r["evaluated"] == "closed form":
+        typer.echo(f"peak memory     at least {r['peak_memory_bytes'] / gib:.2f} GiB -> {verdict}")
+    else:
+        typer.echo(f"peak memory     {r['peak_memory_bytes'] / gib:.2f} GiB allocated, "
+                   f"{r['reserved_memory_bytes'] / gib:.2f} GiB reserved -> {verdict}")
     if r["oom"]:
         typer.echo(f"out of memory   {r['oom']}")
     rows = [{"category": k, "gib_at_peak": v / gib} for k, v in r["memory_at_peak"].items()]
@@ -178,7 +187,9 @@ def main() -> None:
     try:
         code = command.main(args=args, prog_name="zsim", standalone_mode=False)
     except _UsageError as e:
-        typer.echo(f"error: {e.format_message()}", err=True)  # type: ignore[attr-defined]
+        # One line: click lays out some messages (choices of a missing option) on several.
+        message = " ".join(e.format_message().split())  # type: ignore[attr-defined]
+        typer.echo(f"error: {message}", err=True)
         sys.exit(2)
     except (typer.Exit, typer.Abort) as e:
         sys.exit(getattr(e, "exit_code", 130))
@@ -235,13 +246,17 @@ def validate(
     precision: PrecisionOpt = Precision.bf16,
     offload: OffloadOpt = Offload.none,
     profile: Annotated[str, typer.Option(help="Calibrated hardware profile.")] = "local-cpu",
+    out: Annotated[Path | None, typer.Option(
+        help="Folder to write the rows to as a CSV (nothing is written without it).")] = None,
     format: Annotated[SimFormat, typer.Option(help="Output format.")] = SimFormat.table,
 ) -> None:
     """Run a plan for real (torch.distributed) and in the simulator; print the error."""
     r = _run(lambda: api.validate(
         model=model, nproc=nproc, strategy=strategy.value, shard_group=shard_group,
         profile=profile, seq=seq, micro_batch=micro_batch, grad_accum=grad_accum,
-        ac=ac.value, precision=precision.value, offload=offload.value))
+        ac=ac.value, precision=precision.value, offload=offload.value, out=out))
+    if r["written"]:
+        typer.echo(f"wrote {r['written']}", err=True)
     if format is SimFormat.json:
         typer.echo(json_text(r))
         return

@@ -107,12 +107,11 @@ def plan_candidates(model: ModelSpec, hw: HardwareProfile, *, gpus: int,
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Choice:
-    """A candidate after both planner stages: its closed-form estimate and, unless the
-    closed form rules it out (model state alone exceeds HBM), its simulated step."""
+    """A candidate after both planner stages: its closed-form estimate and its Result
+    (simulated, or from the closed form when the program's memory floor exceeds HBM)."""
 
     estimate: Candidate
-    result: Result | None
-    """None when pruned by the closed form."""
+    result: Result
 
     @property
     def plan(self) -> Plan:
@@ -120,34 +119,30 @@ class Choice:
 
     @property
     def fits(self) -> bool:
-        return self.result is not None and self.result.fits
+        return self.result.fits
 
     @property
     def peak_bytes(self) -> float:
-        if self.result is None:
-            return self.estimate.memory.peak_bytes
         return float(self.result.peak_memory_bytes)
 
     @property
     def memory_at_peak(self) -> dict[str, float]:
-        if self.result is None:
-            return dict(self.estimate.memory.by_category)
         return {c: float(self.result.memory_at_peak.get(c, 0)) for c in CATEGORIES}
 
 
 def choose(model: ModelSpec, hw: HardwareProfile, *, gpus: int,
            **knobs: object) -> list[Choice]:
-    """Closed forms for every candidate, the simulator for those whose model state fits
-    in HBM; ranked: fitting plans by simulated throughput, then the others by peak."""
-    choices = []
-    for c in plan_candidates(model, hw, gpus=gpus, **knobs):
-        prune = c.memory.steady_state_bytes > c.hbm_bytes
-        choices.append(Choice(estimate=c, result=None if prune else simulate(model, hw, c.plan)))
+    """Closed forms for every candidate, then zsim.simulate.simulate, which simulates
+    those whose memory floor fits in HBM; ranked: fitting plans by simulated throughput,
+    then the simulated ones that do not fit by peak, then the closed-form ones by floor."""
+    choices = [Choice(estimate=c, result=simulate(model, hw, c.plan))
+               for c in plan_candidates(model, hw, gpus=gpus, **knobs)]
 
     def key(ch: Choice) -> tuple[bool, bool, float]:
-        if ch.result is not None and ch.fits:
-            return (False, False, -ch.result.tokens_per_s_per_gpu)
-        return (True, ch.result is None, ch.peak_bytes)
+        r = ch.result
+        if r.fits and r.tokens_per_s_per_gpu is not None:
+            return (False, False, -r.tokens_per_s_per_gpu)
+        return (True, not r.simulated, ch.peak_bytes)
 
     return sorted(choices, key=key)
 
@@ -158,22 +153,22 @@ def explain(choice: Choice, best: Choice) -> str:
         return "recommended"
     hbm = choice.estimate.hbm_bytes / GiB
     r, b = choice.result, best.result
-    if r is None:
-        return (f"does not fit: model state alone needs "
-                f"{choice.estimate.memory.steady_state_bytes / GiB:.1f} GiB > {hbm:.1f} GiB "
-                f"HBM (closed form, not simulated)")
+    if not r.simulated:
+        return r.oom or ""
     if not r.fits:
         where = (r.oom or "").split(":")[0]
         return (f"does not fit: peak {r.peak_memory_bytes / GiB:.1f} GiB > {hbm:.1f} GiB HBM "
                 f"({where})")
-    assert b is not None  # a fitting choice exists, so the best one was simulated
+    # A fitting choice exists, so the best one was simulated to its end.
+    assert b.step_time_s is not None and b.tokens_per_s_per_gpu is not None
+    assert r.tokens_per_s_per_gpu is not None
     slower = b.tokens_per_s_per_gpu / r.tokens_per_s_per_gpu - 1
-    more_exposed = r.exposed_comm_s + r.exposed_host_s - b.exposed_comm_s - b.exposed_host_s
-    more_compute = r.compute_time_s - b.compute_time_s
+    more_exposed = _exposed_s(r) - _exposed_s(b)
+    more_compute = (r.compute_time_s or 0.0) - (b.compute_time_s or 0.0)
     if max(more_exposed, more_compute) <= 0.001 * b.step_time_s:
         cause = "same speed, ranked by enumeration order"
     elif more_exposed >= more_compute:
-        waits = {**r.exposed_by_kind_s, "host optimizer step": r.exposed_host_s}
+        waits = {**r.exposed_by_kind_s, "host optimizer step": r.exposed_host_s or 0.0}
         kind = max(waits, key=lambda k: waits[k])
         cause = f"{more_exposed:.3f} s more exposed communication (mostly {kind})"
     elif choice.plan.recompute != best.plan.recompute:
@@ -183,10 +178,19 @@ def explain(choice: Choice, best: Choice) -> str:
     return f"slower by {slower:.1%}: {cause}"
 
 
+def _exposed_s(r: Result) -> float:
+    """Time the compute stream waited, on collectives and on the host."""
+    return (r.exposed_comm_s or 0.0) + (r.exposed_host_s or 0.0)
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
 def to_record(choice: Choice, best: Choice) -> dict[str, object]:
     """One flat row with units in every key (GiB for memory, GB for traffic). Simulated
-    figures where the plan was simulated, closed-form ones where it was pruned; the
-    closed-form estimates are also kept as estimate_* columns."""
+    figures where the plan was simulated, the memory floor where the closed form rules it
+    out; the closed-form estimates are also kept as estimate_* columns."""
     est, r = choice.estimate, choice.result
     return {
         "plan": choice.plan.label,
@@ -195,7 +199,7 @@ def to_record(choice: Choice, best: Choice) -> dict[str, object]:
         "dp_replicate": choice.plan.dp_replicate,
         "recompute": choice.plan.recompute,
         "micro_batch": choice.plan.micro_batch,
-        "evaluated": "simulated" if r is not None else "closed form",
+        "evaluated": r.evaluated,
         "fits": choice.fits,
         "peak_gib": round(choice.peak_bytes / GiB, 3),
         "hbm_gib": round(est.hbm_bytes / GiB, 3),
@@ -203,13 +207,13 @@ def to_record(choice: Choice, best: Choice) -> dict[str, object]:
         **{f"{cat}_gib": round(v / GiB, 3) for cat, v in choice.memory_at_peak.items()},
         "comm_volume_model_sizes": round(est.comm_volume_model_sizes, 4),
         "comm_gb_per_step": round(est.comm_bus_bytes / GB, 3),
-        # Time figures only where simulated: a pruned plan never runs.
-        "step_time_s": round(r.step_time_s, 4) if r else None,
-        "compute_time_s": round(r.compute_time_s, 4) if r else None,
-        "exposed_comm_s": round(r.exposed_comm_s, 4) if r else None,
-        "tokens_per_s_per_gpu": round(r.tokens_per_s_per_gpu, 1) if r else None,
-        "tokens_per_s": round(r.tokens_per_s, 1) if r else None,
-        "mfu": round(r.mfu, 4) if r else None,
+        # Time figures only where simulated to the end of the step.
+        "step_time_s": _rounded(r.step_time_s, 4),
+        "compute_time_s": _rounded(r.compute_time_s, 4),
+        "exposed_comm_s": _rounded(r.exposed_comm_s, 4),
+        "tokens_per_s_per_gpu": _rounded(r.tokens_per_s_per_gpu, 1),
+        "tokens_per_s": _rounded(r.tokens_per_s, 1),
+        "mfu": _rounded(r.mfu, 4),
         "estimate_peak_gib": round(est.memory.peak_bytes / GiB, 3),
         "estimate_step_time_s": round(est.step_time_s, 4),
         "why": explain(choice, best),

@@ -14,6 +14,7 @@ as in shared/cases/published.yaml.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,27 +24,38 @@ from zsim.engine.trace import OpSpan, Trace, Wait
 from zsim.schedule.ops import COLLECTIVE_KINDS, COPY_KINDS, Schedule
 from zsim.units import GiB
 
+EVALUATED: tuple[str, ...] = ("simulated", "simulated until OOM", "closed form")
+"""How a Result was obtained: the whole step simulated; the step simulated up to the
+first allocation over HBM (asked for fit only), so no time figures; or not simulated
+because the program's memory floor (zsim.schedule.lower.memory_floor_bytes) already
+exceeds HBM, so no time figures and memory from the closed form."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Result:
-    """One simulated optimizer step of one plan (per GPU unless the name says otherwise)."""
+    """One simulated optimizer step of one plan (per GPU unless the name says otherwise).
+
+    Time and throughput figures are None unless `evaluated` is "simulated": a step that
+    did not run to its end has none."""
 
     model: str
     hardware: str
     plan_label: str
-    step_time_s: float
+    evaluated: str = "simulated"
+    """One of EVALUATED."""
+    step_time_s: float | None
     """Wall time of one optimizer step (all micro-batches), seconds."""
-    compute_time_s: float
+    compute_time_s: float | None
     """Time the compute stream was busy (slowdown by concurrent collectives included)."""
-    exposed_comm_s: float
+    exposed_comm_s: float | None
     """Time the compute stream waited on collectives (and offload copies)."""
     exposed_by_reason_s: dict[str, float]
     """exposed_comm_s split by reason (see zsim.engine.trace.Wait.reason)."""
     exposed_by_kind_s: dict[str, float]
     """exposed_comm_s split by the collective kind waited for."""
-    exposed_host_s: float
+    exposed_host_s: float | None
     """Time the compute stream waited on the offloaded CPU optimizer step."""
-    host_busy_s: float
+    host_busy_s: float | None
     """Host CPU optimizer time (offload), seconds."""
     waits: tuple[Wait, ...]
     """Every compute-stream wait on a collective, a copy or the host, in time order."""
@@ -51,19 +63,20 @@ class Result:
     """Busy time per collective kind and per copy direction (h2d, d2h: PCIe, offload),
     union of that stream's intervals (the kernels FSDP2 runs there around its
     collectives included), seconds."""
-    comm_busy_total_s: float
+    comm_busy_total_s: float | None
     """Time at least one collective or copy was running, seconds."""
     comm_bus_bytes: dict[str, float]
     """Bytes each rank put on the wire (or PCIe) per collective kind / copy direction."""
     peak_memory_bytes: int
-    """Peak allocated HBM (what torch.cuda.max_memory_allocated reports)."""
+    """Peak allocated HBM (what torch.cuda.max_memory_allocated reports); until OOM, the
+    level the first allocation over HBM reached; from the closed form, the floor."""
     reserved_memory_bytes: int
     """Estimated peak reserved by a caching allocator with per-stream pools."""
     memory_at_peak: dict[str, int]
     """Bytes live at the peak, by category."""
-    peak_time_s: float
+    peak_time_s: float | None
     peak_op: str
-    """The op whose allocation made the peak."""
+    """The op whose allocation made the peak ("" from the closed form)."""
     baseline_memory_bytes: int
     """Model state at rest (before and after the step)."""
     end_memory_bytes: int
@@ -80,13 +93,13 @@ class Result:
     """(time_s, allocated bytes) after every allocation and free."""
     oom: str | None
     """None, or where the ledger first exceeded HBM and why."""
-    tokens_per_s: float
+    tokens_per_s: float | None
     """Job-wide training tokens per second."""
-    tokens_per_s_per_gpu: float
-    tflops_per_gpu: float
+    tokens_per_s_per_gpu: float | None
+    tflops_per_gpu: float | None
     """Model TFLOP/s per GPU (MFU numerator)."""
-    mfu: float
-    hfu: float
+    mfu: float | None
+    hfu: float | None
     world_size: int
     events: int
     """SimPy events processed (the benchmark's unit of work)."""
@@ -103,15 +116,22 @@ class Result:
         return self.oom is None
 
     @property
+    def simulated(self) -> bool:
+        """The whole step ran in the engine: every figure is filled in."""
+        return self.evaluated == "simulated"
+
+    @property
     def trace(self) -> Trace:
-        return Trace(spans=self.spans, waits=self.waits, step_time_s=self.step_time_s,
+        end_s = self.step_time_s if self.step_time_s is not None else max(
+            (sp.end_s for sp in self.spans), default=0.0)
+        return Trace(spans=self.spans, waits=self.waits, step_time_s=end_s,
                      memory_curve=self.memory_curve, events=self.events)
 
     def to_dict(self, *, curve: bool = False) -> dict[str, Any]:
         """JSON-ready summary: the keys `zsim simulate --format json` prints."""
         out: dict[str, Any] = {
             "model": self.model, "hardware": self.hardware, "plan_label": self.plan_label,
-            "fits": self.fits, "oom": self.oom,
+            "evaluated": self.evaluated, "fits": self.fits, "oom": self.oom,
             "step_time_s": self.step_time_s, "compute_time_s": self.compute_time_s,
             "exposed_comm_s": self.exposed_comm_s,
             "exposed_comm_by_reason_s": dict(self.exposed_by_reason_s),
@@ -180,9 +200,23 @@ def _oom_message(memory: MemoryPool) -> str | None:
 
 def summarize(schedule: Schedule, trace: Trace, memory: MemoryPool, *, model: str,
               hardware: str, plan_label: str, step_samples_s: list[float] | None = None,
-              keep_spans: bool = True) -> Result:
-    """Reduce an engine run to a Result (rank 0's view; memory of rank 0)."""
+              keep_spans: bool = True, stopped_at_oom: bool = False) -> Result:
+    """Reduce an engine run to a Result (rank 0's view; memory of rank 0). A run
+    `stopped_at_oom` keeps its memory figures and has no time figures."""
     spans0 = [sp for sp in trace.spans if sp.rank == 0]
+    memory_fields = dict(
+        model=model, hardware=hardware, plan_label=plan_label,
+        peak_memory_bytes=memory.peak_bytes, reserved_memory_bytes=memory.reserved_bytes,
+        memory_at_peak=dict(memory.peak_by_category), peak_time_s=memory.peak_time_s,
+        peak_op=memory.peak_where,
+        baseline_memory_bytes=sum(b.bytes for b in schedule.baseline),
+        end_memory_bytes=memory.current_bytes, hbm_bytes=schedule.hbm_bytes,
+        memory_curve=trace.memory_curve, oom=_oom_message(memory),
+        world_size=schedule.world_size, events=trace.events, num_ops=len(schedule.ops),
+        spans=trace.spans if keep_spans else (), notes=schedule.notes)
+    if stopped_at_oom:
+        return Result(evaluated="simulated until OOM", **_no_time_figures(),  # type: ignore[arg-type]
+                      **memory_fields)
     compute = sum(sp.duration_s for sp in spans0 if sp.stream == "compute")
     busy: dict[str, float] = {}
     bus: dict[str, float] = {}
@@ -214,28 +248,56 @@ def summarize(schedule: Schedule, trace: Trace, memory: MemoryPool, *, model: st
         p50 = _quantile(ordered, 0.5)
         p99 = _quantile(ordered, 0.99)
     return Result(
-        model=model, hardware=hardware, plan_label=plan_label, step_time_s=step,
+        step_time_s=step,
         compute_time_s=compute, exposed_comm_s=sum(w.wait_s for w in comm_waits),
         exposed_by_reason_s=by_reason, exposed_by_kind_s=by_kind,
         exposed_host_s=sum(w.wait_s for w in host_waits),
         host_busy_s=sum(sp.duration_s for sp in spans0 if sp.stream == "host"),
         waits=tuple(waits0),
         comm_busy_s=busy, comm_busy_total_s=comm_total, comm_bus_bytes=bus,
-        peak_memory_bytes=memory.peak_bytes, reserved_memory_bytes=memory.reserved_bytes,
-        memory_at_peak=dict(memory.peak_by_category), peak_time_s=memory.peak_time_s,
-        peak_op=memory.peak_where,
-        baseline_memory_bytes=sum(b.bytes for b in schedule.baseline),
-        end_memory_bytes=memory.current_bytes, hbm_bytes=schedule.hbm_bytes,
         phase_time_s=phase_time, phase_peak_bytes=phase_peak,
-        memory_curve=trace.memory_curve, oom=_oom_message(memory),
         tokens_per_s=tokens_job / step if step > 0 else 0.0,
         tokens_per_s_per_gpu=schedule.tokens_per_rank / step if step > 0 else 0.0,
         tflops_per_gpu=model_tflops,
         mfu=model_tflops * 1e12 / schedule.peak_flop_per_s,
         hfu=schedule.hardware_flops / step / schedule.peak_flop_per_s if step > 0 else 0.0,
-        world_size=schedule.world_size, events=trace.events, num_ops=len(schedule.ops),
-        step_time_p50_s=p50, step_time_p99_s=p99,
-        spans=trace.spans if keep_spans else (), notes=schedule.notes)
+        step_time_p50_s=p50, step_time_p99_s=p99, **memory_fields)  # type: ignore[arg-type]
+
+
+def _no_time_figures() -> dict[str, object]:
+    """The time and throughput fields of a Result whose step did not run to its end."""
+    return dict(step_time_s=None, compute_time_s=None, exposed_comm_s=None,
+                exposed_by_reason_s={}, exposed_by_kind_s={}, exposed_host_s=None,
+                host_busy_s=None, waits=(), comm_busy_s={}, comm_busy_total_s=None,
+                comm_bus_bytes={}, phase_time_s={}, phase_peak_bytes={}, tokens_per_s=None,
+                tokens_per_s_per_gpu=None, tflops_per_gpu=None, mfu=None, hfu=None)
+
+
+def closed_form_result(*, model: str, hardware: str, plan_label: str,
+                       floor_bytes: dict[str, float], hbm_bytes: float, world_size: int,
+                       notes: tuple[str, ...] = ()) -> Result:
+    """The Result of a plan whose memory floor (the program's model state and the
+    activations of one micro-batch, zsim.schedule.lower.memory_floor_bytes) exceeds HBM:
+    it cannot fit, so it is not simulated."""
+    by_cat = {c: math.ceil(v) for c, v in floor_bytes.items() if v > 0}
+    total = sum(by_cat.values())
+    acts = by_cat.get("activations", 0)
+    gathered = by_cat.get("gathered_params", 0)
+    state = total - acts - gathered
+    parts = [f"model state {state / GiB:.2f} GiB"]
+    if gathered:
+        parts.append(f"gathered parameters {gathered / GiB:.2f} GiB")
+    parts.append(f"activations of one micro-batch {acts / GiB:.2f} GiB")
+    oom = (f"does not fit (closed form, not simulated): the program holds at least "
+           f"{total / GiB:.2f} GiB at once ({' + '.join(parts)}) > {hbm_bytes / GiB:.2f} GiB "
+           f"HBM")
+    return Result(
+        evaluated="closed form", model=model, hardware=hardware, plan_label=plan_label,
+        peak_memory_bytes=total, reserved_memory_bytes=total, memory_at_peak=by_cat,
+        peak_time_s=None, peak_op="", baseline_memory_bytes=state,
+        end_memory_bytes=state, hbm_bytes=hbm_bytes, memory_curve=(), oom=oom,
+        world_size=world_size, events=0, num_ops=0, notes=notes,
+        **_no_time_figures())  # type: ignore[arg-type]
 
 
 def _quantile(ordered: list[float], q: float) -> float:

@@ -12,8 +12,8 @@ from typing import Any
 from zsim.engine.simulate import Jitter, run
 from zsim.engine.trace import chrome_trace_events
 from zsim.errors import ConfigError
-from zsim.result import Result, summarize
-from zsim.schedule.lower import lower
+from zsim.result import Result, closed_form_result, summarize
+from zsim.schedule.lower import lower, memory_floor_bytes
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
@@ -25,7 +25,7 @@ RANK_LEVEL_STEPS = 16
 
 def simulate(model: ModelSpec, hw: HardwareProfile, plan: Plan, *, trace: bool = False,
              rank_level: bool = False, seed: int = 0, jitter: Jitter | None = None,
-             rank_level_steps: int = RANK_LEVEL_STEPS) -> Result:
+             rank_level_steps: int = RANK_LEVEL_STEPS, fit_only: bool = False) -> Result:
     """Simulate one optimizer step of `plan` for `model` on `hw`.
 
     Args:
@@ -38,10 +38,15 @@ def simulate(model: ModelSpec, hw: HardwareProfile, plan: Plan, *, trace: bool =
         seed: seeds the jitter draws (rank-level mode).
         jitter: jitter distribution for rank-level mode (default `Jitter()`).
         rank_level_steps: steps sampled in rank-level mode.
+        fit_only: stop at the first allocation over HBM (a plan that fits still runs to
+            the end of its step); the Result then says where, with no time figures.
 
     Returns:
         The Result; `result.fits` is False and `result.oom` says where when the memory
-        ledger exceeds HBM (the step time is still reported).
+        ledger exceeds HBM (the step time is still reported unless `fit_only`). A plan
+        whose memory floor (its model state and the activations of one micro-batch,
+        zsim.schedule.lower.memory_floor_bytes) exceeds HBM is not simulated: its Result
+        comes from the closed form (`evaluated == "closed form"`, no time figures).
 
     Raises:
         ConfigError: a plan that breaks a cross-object rule (zsim.spec.validate: world
@@ -49,19 +54,26 @@ def simulate(model: ModelSpec, hw: HardwareProfile, plan: Plan, *, trace: bool =
             simulator does not model (tp/pp, parameter offload without sharded parameters).
     """
     validate(model, hw, plan)
+    floor = memory_floor_bytes(model, plan)
+    if sum(floor.values()) > hw.hbm_bytes:
+        return closed_form_result(model=model.name, hardware=hw.name, plan_label=plan.label,
+                                  floor_bytes=floor, hbm_bytes=hw.hbm_bytes,
+                                  world_size=plan.world_size)
     schedule = lower(model, hw, plan)
     if not rank_level:
-        out = run(schedule)
+        out = run(schedule, stop_at_oom=fit_only)
         return summarize(schedule, out.trace, out.memory, model=model.name,
-                         hardware=hw.name, plan_label=plan.label, keep_spans=trace)
+                         hardware=hw.name, plan_label=plan.label, keep_spans=trace,
+                         stopped_at_oom=out.stopped_at_oom)
     if rank_level_steps < 1:
         raise ConfigError("rank_level_steps", rank_level_steps, "must be >= 1")
     runs = [run(schedule, num_ranks=plan.world_size, seed=seed * 1_000_003 + i,
-                jitter=jitter) for i in range(rank_level_steps)]
+                jitter=jitter, stop_at_oom=fit_only) for i in range(rank_level_steps)]
     first = runs[0]
     return summarize(schedule, first.trace, first.memory, model=model.name,
                      hardware=hw.name, plan_label=plan.label, keep_spans=trace,
-                     step_samples_s=[r.trace.step_time_s for r in runs])
+                     step_samples_s=[r.trace.step_time_s for r in runs],
+                     stopped_at_oom=first.stopped_at_oom)
 
 
 def chrome_trace(result: Result) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("torch")
 
 from zsim.calibrate.step import measure_fake_rank
+from zsim.schedule.lower import state_at_rest_bytes
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 
@@ -38,3 +39,7 @@ def test_rank0_state_at_world_size(world_size: int) -> None:
     assert mem.after_first_step_bytes - mem.after_init_bytes == \
         2 * shard + 4 * len(TINY.parameter_tensors())
     assert mem.peak_bytes > mem.after_first_step_bytes
+    # The simulator's state at rest (fp32 shard and moments, padded per parameter) is the
+    # measured state, up to the bookkeeping scalars and AdamW's step counters.
+    modelled = sum(state_at_rest_bytes(TINY, plan).values()) + rope
+    assert 0 <= mem.after_first_step_bytes - modelled < 1024 + 4 * len(TINY.parameter_tensors())

@@ -18,7 +18,7 @@ from zsim.cli import app
 def test_validate_passes_flags_and_renders_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, Any] = {}
     canned = {"model": "m@d256", "profile": "local-cpu", "plan": "fsdp ac=full mb=2",
-              "rows": [{"metric": "step_time_s", "predicted": 1.0, "measured": 1.1,
+              "written": None, "rows": [{"metric": "step_time_s", "predicted": 1.0, "measured": 1.1,
                         "error_pct": -9.09, "bound_pct": 15.0}]}
 
     def fake(**kwargs: Any) -> dict[str, Any]:
@@ -33,9 +33,11 @@ def test_validate_passes_flags_and_renders_rows(monkeypatch: pytest.MonkeyPatch)
     assert "step_time_s" in table.stdout and "-9.09" in table.stdout
     assert seen == {"model": "8b", "nproc": 2, "strategy": "fsdp", "shard_group": None,
                     "profile": "p", "seq": 128, "micro_batch": 2, "grad_accum": 1,
-                    "ac": "full", "precision": "bf16", "offload": "none"}
+                    "ac": "full", "precision": "bf16", "offload": "none", "out": None}
     out = CliRunner().invoke(app, [*args, "--format", "json"])
     assert json.loads(out.stdout)["rows"] == canned["rows"]
+    CliRunner().invoke(app, [*args, "--out", "somewhere"])
+    assert seen["out"] == Path("somewhere")
 
 
 def test_calibrate_passes_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

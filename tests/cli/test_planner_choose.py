@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from zsim.planner import choose, to_record
+from zsim.schedule.lower import memory_floor_bytes
 from zsim.simulate import simulate
 from zsim.spec.presets import PRESETS
 from zsim.spec.registry import resolve_hardware
@@ -11,20 +14,22 @@ H100 = resolve_hardware("dgx-h100")
 MODEL = PRESETS["llama2-13b"]
 
 
-def test_only_plans_whose_state_cannot_fit_are_pruned() -> None:
+def test_only_plans_whose_memory_floor_cannot_fit_skip_the_engine() -> None:
     choices = choose(MODEL, H100, gpus=128, seq_len=8192)
     for ch in choices:
-        state_fits = ch.estimate.memory.steady_state_bytes <= H100.hbm_bytes
-        assert (ch.result is not None) == state_fits, ch.plan.label
+        floor = sum(memory_floor_bytes(MODEL, ch.plan).values())
+        assert (ch.result.evaluated == "closed form") == (floor > H100.hbm_bytes), ch.plan.label
+        assert ch.result.peak_memory_bytes >= floor * (1 - 1e-12)
     # DDP keeps 16 bytes per parameter: 208 GB > 80 GB before any activation.
-    assert all(ch.result is None for ch in choices if ch.plan.strategy == "ddp")
+    assert all(ch.result.evaluated == "closed form" for ch in choices
+               if ch.plan.strategy == "ddp")
 
 
 def test_ranking_follows_the_simulation() -> None:
     choices = choose(MODEL, H100, gpus=128, seq_len=8192)
     fitting = [ch for ch in choices if ch.fits]
     assert fitting and choices[: len(fitting)] == fitting
-    speeds = [ch.result.tokens_per_s_per_gpu for ch in fitting if ch.result]
+    speeds = [ch.result.tokens_per_s_per_gpu for ch in fitting]
     assert speeds == sorted(speeds, reverse=True)
     # The table's figures are the simulator's, not the closed form's.
     best = choices[0]
@@ -36,9 +41,12 @@ def test_ranking_follows_the_simulation() -> None:
 
 
 def test_a_simulated_plan_that_runs_out_of_memory_says_where() -> None:
-    choices = choose(MODEL, H100, gpus=128, seq_len=8192)
-    oom = [ch for ch in choices if ch.result is not None and not ch.fits]
-    assert oom, "at 8k without recomputation ZeRO-1 runs out of memory"
+    # HBM between fsdp ac=selective's floor (29.0 GiB) and its simulated peak (29.8 GiB):
+    # the floor lets it through, the simulation finds where it runs out.
+    small = replace(H100, hbm_bytes=29.4 * 2**30)
+    choices = choose(MODEL, small, gpus=128, seq_len=8192)
+    oom = [ch for ch in choices if ch.result.simulated and not ch.fits]
+    assert "fsdp ac=selective mb=1" in [ch.plan.label for ch in oom]
     for ch in oom:
         why = to_record(ch, choices[0])["why"]
         assert why.startswith("does not fit: peak") and "OOM at" in why

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from zsim.cli import app
 
+REPO = Path(__file__).resolve().parents[2]
 SMALL = ["simulate", "--model", "125m", "--gpus", "16", "--seq", "1024"]
 JSON_KEYS = {"fits", "step_time_s", "exposed_comm_s", "compute_time_s", "peak_memory_bytes",
              "reserved_memory_bytes", "memory_at_peak", "tokens_per_s", "mfu", "oom"}
@@ -59,10 +60,34 @@ def test_oom_is_reported_not_raised() -> None:
                                       "--format", "json"])
     assert result.exit_code == 0
     out = json.loads(result.stdout)
-    assert out["fits"] is False and out["oom"].startswith("OOM at")
+    # Its model state and one micro-batch's activations already exceed HBM: the closed
+    # form says so without simulating the step.
+    assert out["fits"] is False and out["oom"].startswith("does not fit (closed form")
+    assert out["evaluated"] == "closed form" and out["step_time_s"] is None
+
+
+def test_fit_only_stops_at_the_first_allocation_over_hbm(tmp_path: Path) -> None:
+    # 13B fsdp at 8k with selective recomputation on 128 GPUs whose HBM (29.4 GiB) lies
+    # between the plan's floor (29.0 GiB) and its simulated peak (29.8 GiB).
+    profile = tmp_path / "h100-29gib.yaml"
+    profile.write_text((REPO / "hardware_profiles" / "dgx-h100.yaml").read_text()
+                       .replace("hbm_gib: 79.1", "hbm_gib: 29.4"))
+    args = ["simulate", "--model", "13b", "--gpus", "128", "--seq", "8192", "--strategy",
+            "fsdp", "--ac", "selective", "--hardware", str(profile)]
+    full = json.loads(CliRunner().invoke(app, [*args, "--format", "json"]).stdout)
+    stopped = json.loads(CliRunner().invoke(app, [*args, "--fit-only", "--format",
+                                                  "json"]).stdout)
+    assert full["evaluated"] == "simulated" and full["step_time_s"] > 0
+    assert stopped["evaluated"] == "simulated until OOM" and stopped["step_time_s"] is None
+    assert full["oom"] == stopped["oom"] and stopped["oom"].startswith("OOM at")
+    # Stopped at the first allocation over HBM, below or at the full step's peak.
+    assert stopped["hbm_bytes"] < stopped["peak_memory_bytes"] <= full["peak_memory_bytes"]
+    table = CliRunner().invoke(app, [*args, "--fit-only"])
+    assert "not simulated (simulated until OOM)" in table.stdout
 
 
 @pytest.mark.parametrize(("args", "named"), [
+    ([], "--strategy"),  # fuzz: click listed the choices on several lines
     (["--strategy", "zero4"], "--strategy"),
     (["--strategy", "hsdp", "--shard-group", "3"], "shard_group"),
     (["--strategy", "fsdp", "--micro-batch", "0"], "micro_batch"),

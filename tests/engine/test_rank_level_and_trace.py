@@ -10,7 +10,7 @@ from toy_cluster import make_toy_hw
 
 from zsim.engine.simulate import Jitter, run
 from zsim.errors import ConfigError
-from zsim.schedule.lower import lower
+from zsim.schedule.lower import lower, memory_floor_bytes
 from zsim.simulate import chrome_trace, simulate
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
@@ -87,7 +87,10 @@ def test_chrome_trace_needs_a_traced_run(tiny_model: ModelSpec) -> None:
 
 def test_to_dict_is_json_with_the_keys_the_cli_prints(tiny_model: ModelSpec) -> None:
     # Issue 3, item 4: `zsim simulate --format json` prints at least these keys.
-    r = simulate(tiny_model, make_toy_hw(hbm_bytes=1e6), PLANS[0])
+    # HBM between the plan's floor and its simulated peak: simulated, and out of memory.
+    floor = sum(memory_floor_bytes(tiny_model, PLANS[0]).values())
+    peak = simulate(tiny_model, make_toy_hw(), PLANS[0]).peak_memory_bytes
+    r = simulate(tiny_model, make_toy_hw(hbm_bytes=(floor + peak) / 2), PLANS[0])
     d = json.loads(json.dumps(r.to_dict(curve=True)))
     assert {"fits", "step_time_s", "exposed_comm_s", "compute_time_s", "peak_memory_bytes",
             "reserved_memory_bytes", "memory_at_peak", "tokens_per_s", "mfu",

@@ -42,7 +42,7 @@ def test_json_stdout_parses_despite_progress(toy_path: Path) -> None:
     rows = json.loads(stdout)
     assert [(r["run"], r["fits"]) for r in rows] == [
         ("fsdp", True), ("hsdp", True), ("ddp-huge", False)]
-    assert rows[2]["oom"].startswith("OOM at")
+    assert rows[2]["oom"].startswith("does not fit (closed form")
 
 
 def test_table_lists_every_run_and_writes_nothing_without_out(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import re
 from pathlib import Path
 
@@ -17,19 +18,24 @@ from zsim.scenario import Run, load_scenario, simulate_runs
 UNIT_SUFFIXES = ("_s", "_gib", "_mib", "_per_s", "_per_gpu")
 SETTINGS = {"run", "plan", "strategy", "gpus", "dp_shard", "dp_replicate", "seq_len",
             "micro_batch", "grad_accum", "recompute", "unit_size", "prefetch", "param_dtype",
-            "fits", "oom", "peak_op", "mfu"}
+            "fits", "evaluated", "oom", "peak_op", "mfu"}
 
 
 def test_one_row_per_run_with_the_results_values(
         toy_pairs: list[tuple[Run, Result]]) -> None:
     frame = sweep_frame(toy_pairs)
     assert list(frame["run"]) == ["fsdp", "hsdp", "ddp-huge"]
+    assert list(frame["evaluated"]) == ["simulated", "simulated", "closed form"]
     for (run, r), row in zip(toy_pairs, frame.to_dict(orient="records"), strict=True):
-        assert row["step_time_s"] == r.step_time_s
-        assert row["exposed_comm_s"] == r.exposed_comm_s
         assert row["peak_memory_gib"] * 2**30 == pytest.approx(r.peak_memory_bytes)
         assert row["fits"] is r.fits
         assert row["oom"] == (r.oom or "")
+        if r.step_time_s is None:  # not simulated: no time figures, empty in the CSV
+            assert all(math.isnan(row[c]) for c in ("step_time_s", "exposed_comm_s",
+                                                     "all_gather_busy_s", "tokens_per_s"))
+            continue
+        assert row["step_time_s"] == r.step_time_s
+        assert row["exposed_comm_s"] == r.exposed_comm_s
         # Job tokens/s by hand: sequences x tokens x data-parallel ranks / step time.
         p = run.plan
         tokens = p.micro_batch * p.grad_accum * p.seq_len * p.dp_shard * p.dp_replicate

@@ -3,6 +3,7 @@ of zsim.analytic (independent derivations), and rejected plans."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 
@@ -15,6 +16,7 @@ from zsim.schedule.lower import lower
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
+from zsim.units import dtype_bytes
 
 
 def _names(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> dict[str, list[str]]:
@@ -80,9 +82,16 @@ def test_comm_volume_matches_closed_form(tiny_model: ModelSpec, h100: HardwarePr
     # DeepSpeed ZeRO-2's single post-step all-gather.
     program = plan.with_(strategy="fsdp-no-reshard") if strategy == "zero2" else plan
     expected = dict(step_comm(tiny_model, program, h100).bus_bytes)
+    n = plan.dp_shard
     if plan.reshard_after_forward:
-        n = plan.dp_shard
         expected["all_gather"] -= grad_accum * tiny_model.root_params * 2 * (n - 1) / n
+    if program.shards_params:
+        # FSDP2 pads each parameter's dim 0 to a multiple of n: on 32 ranks the two
+        # 1000 x 256 vocabulary matrices gain 24 rows each (every other dim divides by 32).
+        # The root is gathered once per micro-batch and reduced once.
+        pad = 2 * (-tiny_model.vocab_size % n) * tiny_model.d_model
+        expected["all_gather"] += grad_accum * pad * 2 * (n - 1) / n
+        expected["reduce_scatter"] += pad * dtype_bytes(plan.reduce_dtype) * (n - 1) / n
     for kind in ("all_gather", "reduce_scatter", "all_reduce"):
         got = sum(op.bus_bytes for op in ops if op.kind == kind)
         assert got == pytest.approx(expected[kind], rel=1e-3), kind
@@ -125,7 +134,27 @@ def test_ddp_buckets_cover_every_gradient_once(tiny_model: ModelSpec,
     plan = Plan.for_strategy("ddp", gpus=16, seq_len=128, bucket_bytes=100_000)
     buckets = [op for op in lower(tiny_model, h100, plan).ops if op.kind == "all_reduce"]
     assert sum(op.size_bytes for op in buckets) == tiny_model.num_params * 2
-    assert len(buckets) == math.ceil(tiny_model.num_params * 2 / 100_000)
+    # DDP fills buckets with whole tensors in reverse module order (blocks last to first,
+    # the root's tensors when the embedding's backward ends) and closes one at the cap:
+    # every bucket but the last holds at least 100,000 B, and every bucket boundary falls
+    # between two tensors.
+    assert all(op.size_bytes >= 100_000 for op in buckets[:-1])
+    order = [math.prod(s) * 2 for _, s in reversed(tiny_model.block_tensors())] * 2
+    order += [math.prod(s) * 2 for _, s in reversed(tiny_model.root_tensors())]
+    tensor_ends = set(itertools.accumulate(order))
+    assert set(itertools.accumulate(op.size_bytes for op in buckets)) <= tensor_ends
+
+
+def test_a_one_byte_bucket_holds_one_tensor(tiny_model: ModelSpec,
+                                            h100: HardwareProfile) -> None:
+    # The smallest cap gives one bucket per parameter tensor, never a bucket per element.
+    for strategy, kind in (("ddp", "all_reduce"), ("zero1", "reduce_scatter")):
+        plan = Plan.for_strategy(strategy, gpus=16, seq_len=128, bucket_bytes=1)
+        ops = lower(tiny_model, h100, plan).ops
+        assert len([op for op in ops if op.kind == kind]) == \
+            len(tiny_model.parameter_tensors())
+    gathers = [op for op in ops if op.kind == "all_gather"]  # zero1's post-step gather
+    assert len(gathers) == len(tiny_model.parameter_tensors())
 
 
 @pytest.mark.parametrize("strategy,change,field", [

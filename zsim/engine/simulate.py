@@ -65,6 +65,8 @@ class EngineRun:
 
     trace: Trace
     memory: MemoryPool
+    stopped_at_oom: bool = False
+    """The run was asked to stop at the first allocation over HBM, and did."""
 
 
 class _Collective:
@@ -263,6 +265,12 @@ class _Run:
             fabric.comm_finished(r)
         return shared
 
+    def trace(self, step_time_s: float, events: int) -> Trace:
+        """What the run recorded, spans in time order."""
+        spans = tuple(sorted(self.spans, key=lambda sp: (sp.start_s, sp.rank, sp.index)))
+        return Trace(spans=spans, waits=tuple(self.waits), step_time_s=step_time_s,
+                     memory_curve=tuple(self.memory.curve), events=events)
+
     def _record_wait(self, rank: int, op: Op, t_free: float, dep: int) -> None:
         """Attribute an idle interval of the compute stream: the part during which the
         host ran the offloaded optimizer step to the host, the rest to the transfer the
@@ -310,7 +318,7 @@ class _Run:
 
 
 def run(schedule: Schedule, *, num_ranks: int = 1, seed: int | None = None,
-        jitter: Jitter | None = None) -> EngineRun:
+        jitter: Jitter | None = None, stop_at_oom: bool = False) -> EngineRun:
     """Simulate one optimizer step.
 
     Args:
@@ -319,6 +327,8 @@ def run(schedule: Schedule, *, num_ranks: int = 1, seed: int | None = None,
             that many ranks, each collective waiting for all members of its group.
         seed: rank-level mode only: seeds the per-rank compute jitter (None: no jitter).
         jitter: distribution of the jitter (default `Jitter()`).
+        stop_at_oom: end the run at the first allocation that takes rank 0's ledger over
+            HBM (enough to say whether the plan fits, and where it does not).
 
     Returns:
         The trace (spans of every rank, compute waits, memory curve of rank 0) and rank 0's
@@ -340,10 +350,10 @@ def run(schedule: Schedule, *, num_ranks: int = 1, seed: int | None = None,
         events += 1
         if events > budget:
             raise EngineStalled(env.now, events, state.fabric.in_flight())
+        if stop_at_oom and state.memory.oom is not None:
+            return EngineRun(trace=state.trace(env.now, events), memory=state.memory,
+                             stopped_at_oom=True)
     unfinished = [op.name for op in schedule.ops if not state.end_ev[0][op.index].processed]
     assert not unfinished, f"deadlocked schedule, never ran: {unfinished[:3]}"
     step = max(max(row) for row in state.end_s) if schedule.ops else 0.0
-    spans = tuple(sorted(state.spans, key=lambda sp: (sp.start_s, sp.rank, sp.index)))
-    trace = Trace(spans=spans, waits=tuple(state.waits), step_time_s=step,
-                  memory_curve=tuple(state.memory.curve), events=events)
-    return EngineRun(trace=trace, memory=state.memory)
+    return EngineRun(trace=state.trace(step, events), memory=state.memory)

@@ -20,9 +20,9 @@ from zsim.scenario import Run, Scenario
 from zsim.units import GiB
 
 TABLE_COLUMNS: tuple[str, ...] = (
-    "run", "fits", "step_time_s", "compute_time_s", "exposed_comm_s", "all_gather_busy_s",
-    "reduce_scatter_busy_s", "all_reduce_busy_s", "peak_memory_gib", "reserved_memory_gib",
-    "peak_op", "tokens_per_s_per_gpu", "mfu",
+    "run", "fits", "evaluated", "step_time_s", "compute_time_s", "exposed_comm_s",
+    "all_gather_busy_s", "reduce_scatter_busy_s", "all_reduce_busy_s", "peak_memory_gib",
+    "reserved_memory_gib", "peak_op", "tokens_per_s_per_gpu", "mfu",
 )
 """Columns of the markdown table (the CSV has every column of sweep_frame)."""
 

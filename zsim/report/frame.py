@@ -23,8 +23,9 @@ def sweep_frame(pairs: Sequence[tuple[Run, Result]]) -> pd.DataFrame:
 
     Columns: the run's settings (run, plan, strategy, gpus, dp_shard, dp_replicate,
     seq_len, micro_batch, grad_accum, recompute, unit_size, prefetch, bucket_mib,
-    param_dtype), fits and oom ("" when it fits), times in seconds (step, compute,
-    exposed communication, busy time per collective kind), memory in GiB (peak allocated,
+    param_dtype), fits, evaluated (zsim.result.EVALUATED) and oom ("" when it fits), times
+    in seconds (step, compute, exposed communication, busy time per collective kind; empty
+    for a run not simulated to the end of its step), memory in GiB (peak allocated,
     estimated reserved, model state at rest, the closed-form model state of
     zsim.analytic.memory.model_state_bytes (gradients included), HBM, and what is live at
     the peak per category of zsim.analytic.memory.CATEGORIES), the op that made the peak, and
@@ -39,12 +40,12 @@ def sweep_frame(pairs: Sequence[tuple[Run, Result]]) -> pd.DataFrame:
             "micro_batch": p.micro_batch, "grad_accum": p.grad_accum,
             "recompute": p.recompute, "unit_size": p.unit_size, "prefetch": p.prefetch,
             "bucket_mib": p.bucket_bytes / MiB, "param_dtype": p.param_dtype,
-            "fits": r.fits, "oom": r.oom or "",
+            "fits": r.fits, "evaluated": r.evaluated, "oom": r.oom or "",
             "step_time_s": r.step_time_s, "compute_time_s": r.compute_time_s,
             "exposed_comm_s": r.exposed_comm_s, "comm_busy_s": r.comm_busy_total_s,
         }
         for kind in COLLECTIVE_KINDS:
-            row[f"{kind}_busy_s"] = r.comm_busy_s.get(kind, 0.0)
+            row[f"{kind}_busy_s"] = r.comm_busy_s.get(kind, 0.0) if r.simulated else None
         row |= {
             "peak_memory_gib": r.peak_memory_bytes / GiB,
             "reserved_memory_gib": r.reserved_memory_bytes / GiB,

@@ -31,10 +31,15 @@ _COLORS = {
 }
 
 
-def _run_axis(ax: Axes, runs: list[str], fits: list[bool]) -> None:
-    """Runs top to bottom on the y axis; a run that does not fit is labelled (OOM)."""
-    ax.set_yticks(range(len(runs)))
-    ax.set_yticklabels([r if ok else f"{r} (OOM)" for r, ok in zip(runs, fits, strict=True)])
+def _run_axis(ax: Axes, frame: pd.DataFrame) -> None:
+    """Runs top to bottom on the y axis; a run that does not fit is labelled (OOM), and
+    (OOM, closed form) when it was not simulated."""
+    labels = [run if fits else f"{run} (OOM, closed form)" if how == "closed form"
+              else f"{run} (OOM)"
+              for run, fits, how in zip(frame["run"], frame["fits"], frame["evaluated"],
+                                        strict=True)]
+    ax.set_yticks(range(len(labels)))
+    ax.set_yticklabels(labels)
     ax.invert_yaxis()
 
 
@@ -42,16 +47,19 @@ def step_time_figure(frame: pd.DataFrame) -> Figure:
     """Horizontal stacked bars per run: compute time, exposed communication, and any other
     idle time of the compute stream (host waits), summing to the step time.
 
+    A run not simulated to the end of its step has no bar.
+
     Args:
-        frame: zsim.report.frame.sweep_frame output (run, fits, step_time_s,
+        frame: zsim.report.frame.sweep_frame output (run, fits, evaluated, step_time_s,
             compute_time_s, exposed_comm_s).
     """
-    runs, fits = list(frame["run"]), [bool(f) for f in frame["fits"]]
-    compute = list(frame["compute_time_s"])
-    exposed = list(frame["exposed_comm_s"])
+    runs = list(frame["run"])
+    compute = list(frame["compute_time_s"].fillna(0.0))
+    exposed = list(frame["exposed_comm_s"].fillna(0.0))
     # Float residue of step - compute - exposed is not idle time.
     other = [x if x > IDLE_FLOOR_S else 0.0 for x in
-             (s - c - e for s, c, e in zip(frame["step_time_s"], compute, exposed, strict=True))]
+             (s - c - e for s, c, e in zip(frame["step_time_s"].fillna(0.0), compute, exposed,
+                                           strict=True))]
     fig = Figure(figsize=(8, 1.8 + 0.45 * len(runs)), layout="constrained")
     ax = fig.add_subplot()
     y = list(range(len(runs)))
@@ -63,7 +71,7 @@ def step_time_figure(frame: pd.DataFrame) -> Figure:
             continue
         ax.barh(y, width, left=left, color=_COLORS[key], label=label)
         left = [a + b for a, b in zip(left, width, strict=True)]
-    _run_axis(ax, runs, fits)
+    _run_axis(ax, frame)
     ax.set_xlabel("step time (s)")
     ax.set_title("Step time: compute vs exposed communication")
     fig.legend(loc="outside lower center", ncols=3)
@@ -75,9 +83,9 @@ def memory_figure(frame: pd.DataFrame) -> Figure:
     with a vertical line at each distinct HBM capacity.
 
     Args:
-        frame: sweep_frame output (run, fits, hbm_gib, at_peak_<category>_gib).
+        frame: sweep_frame output (run, fits, evaluated, hbm_gib, at_peak_<category>_gib).
     """
-    runs, fits = list(frame["run"]), [bool(f) for f in frame["fits"]]
+    runs = list(frame["run"])
     fig = Figure(figsize=(8, 1.8 + 0.45 * len(runs)), layout="constrained")
     ax = fig.add_subplot()
     y = list(range(len(runs)))
@@ -91,7 +99,7 @@ def memory_figure(frame: pd.DataFrame) -> Figure:
     for hbm in sorted(set(frame["hbm_gib"])):
         ax.axvline(hbm, color="black", linestyle="--", linewidth=1,
                    label=f"HBM {hbm:.1f} GiB")
-    _run_axis(ax, runs, fits)
+    _run_axis(ax, frame)
     ax.set_xlabel("allocated at the peak (GiB)")
     ax.set_title("Peak memory by category")
     fig.legend(loc="outside lower center", ncols=4, fontsize="small")

@@ -74,6 +74,7 @@ overlap on an async device.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from zsim.analytic.activations import (
@@ -121,6 +122,17 @@ class _Unit:
     """Block-unit index, None for the root."""
     params: int
     blocks: int
+    tensors: tuple[int, ...]
+    """Elements of each parameter tensor of the unit, in module order."""
+    shard: int
+    """Elements of one rank's shard of the unit (FSDP2: padded per parameter,
+    fsdp2_shard_elems); the unit's all-gather output and its gathered parameters hold
+    dp_shard times as many."""
+
+    def gathered_elems(self, plan: Plan) -> int:
+        """Elements of the unit's all-gather output, and of its unsharded parameters
+        (views into per-parameter all-gather outputs in FSDP2): dp_shard padded shards."""
+        return self.shard * plan.dp_shard
 
 
 class _Builder:
@@ -137,6 +149,7 @@ class _Builder:
         """FSDP: per unit, the unsharded gradient buffers its reduce-scatter consumes."""
         self.held_rs_input: str | None = None
         """FSDP: the reduce-scatter input still held for the previous unit."""
+        self.acts = activation_sizes(model, plan)
         self.block_fwd, self.block_bwd = _block_flops(self)
         """Work of one block for one micro-batch: forward, and backward including
         recomputation."""
@@ -177,17 +190,40 @@ class _Builder:
                         group=gname, **kw)
 
 
-def _units(model: ModelSpec, plan: Plan) -> list[_Unit]:
-    """Block units in forward order (the root is separate)."""
+def fsdp2_shard_elems(shapes: Iterable[tuple[int, ...]], n: int) -> int:
+    """Elements of one rank's shard of these parameters in FSDP2 on `n` ranks: each
+    parameter is chunked on dim 0 (torch.chunk: ceil(dim0 / n) rows in the first chunk)
+    and every rank's shard is padded to the first chunk's size
+    (_fully_shard/_fsdp_param.py, _init_sharded_param). At most n - 1 rows of padding per
+    parameter; once n exceeds a parameter's rows, every rank holds a whole row of it."""
+    return sum(-(-shape[0] // n) * math.prod(shape[1:]) for shape in shapes)
+
+
+def fsdp2_state_shard_elems(model: ModelSpec, n: int) -> int:
+    """Elements of one rank's shard of the whole model in FSDP2 on `n` ranks."""
+    return (fsdp2_shard_elems((s for _, s in model.root_tensors()), n)
+            + model.num_layers * fsdp2_shard_elems((s for _, s in model.block_tensors()), n))
+
+
+def _units(model: ModelSpec, plan: Plan) -> tuple[_Unit, list[_Unit]]:
+    """The root unit and the block units in forward order."""
     if plan.unit_size > model.num_layers:
         raise ConfigError("plan.unit_size", plan.unit_size,
                           f"must be <= num_layers={model.num_layers}")
+    n = plan.dp_shard
+    block = [s for _, s in model.block_tensors()]
+    block_shard = fsdp2_shard_elems(block, n)
+    root_shapes = [s for _, s in model.root_tensors()]
+    root = _Unit(name="root", index=None, params=model.root_params, blocks=0,
+                 tensors=tuple(math.prod(s) for s in root_shapes),
+                 shard=fsdp2_shard_elems(root_shapes, n))
     out = []
     for i, first in enumerate(range(0, model.num_layers, plan.unit_size)):
         blocks = min(plan.unit_size, model.num_layers - first)
         out.append(_Unit(name=f"unit {i}", index=i, params=blocks * model.params_per_block,
-                         blocks=blocks))
-    return out
+                         blocks=blocks, tensors=tuple(math.prod(s) for s in block) * blocks,
+                         shard=blocks * block_shard))
+    return root, out
 
 
 def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
@@ -209,10 +245,9 @@ def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
         # The backend's zero2: fully_shard(reshard_after_forward=False), the same program.
         plan = plan.with_(strategy="fsdp-no-reshard")
     b = _Builder(model, hw, plan)
-    units = _units(model, plan)
-    root = _Unit(name="root", index=None, params=model.root_params, blocks=0)
+    root, units = _units(model, plan)
     baseline = tuple(Buffer(name=f"state/{c}", category=c, bytes=math.ceil(v))
-                     for c, v in state_at_rest_bytes(model.num_params, plan).items() if v > 0)
+                     for c, v in state_at_rest_bytes(model, plan).items() if v > 0)
     if model.buffer_bytes:
         # Module buffers (RoPE tables) live with the parameters, replicated on every rank.
         baseline += (Buffer(name="state/buffers", category="params", bytes=model.buffer_bytes),)
@@ -222,7 +257,7 @@ def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
         _lower_fsdp(b, units, root, grad_buffers, last_reduce)
     else:
         _lower_replicated(b, units, root, grad_buffers, last_reduce)
-    opt = _optimizer(b, last_reduce, grad_buffers, state_params=model.num_params)
+    opt = _optimizer(b, last_reduce, grad_buffers)
     if plan.strategy == "zero1":
         _param_all_gather(b, opt)
     last_per_stream: dict[str, int] = {}
@@ -276,14 +311,15 @@ def _persistent_grads(plan: Plan) -> bool:
     return plan.strategy in ("ddp", "zero1") and plan.offload == "none"
 
 
-def state_at_rest_bytes(num_params: int, plan: Plan) -> dict[str, float]:
+def state_at_rest_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
     """Bytes per category a rank holds between steps in the program the plan runs (see the
     module docstring), from first principles; offloaded plans keep the closed form of
     zsim.analytic.memory.model_state_bytes. zero2 is the FSDP2 program of fsdp-no-reshard.
 
     - FSDP2 strategies: the sharded parameters in the at-rest dtype (fp32 master when the
       compute dtype is lower: category master_params, else params) and the sharded
-      optimizer states; no gradients (set to None after the step).
+      optimizer states, both padded per parameter (fsdp2_state_shard_elems); no gradients
+      (set to None after the step).
     - ddp / zero1: every parameter and its gradient bucket in the at-rest dtype, and the
       optimizer states, sharded for zero1.
 
@@ -292,10 +328,11 @@ def state_at_rest_bytes(num_params: int, plan: Plan) -> dict[str, float]:
     """
     if plan.strategy == "zero2":
         plan = plan.with_(strategy="fsdp-no-reshard")
+    num_params = model.num_params
     if plan.offload != "none":
         closed = model_state_bytes(num_params, plan).as_dict()
         return {c: v for c, v in closed.items() if c != "grads"}
-    shard = float(-(-num_params // plan.dp_shard))
+    shard = float(_local_state_elems(model, plan))
     w = _at_rest_bytes(plan)
     params_cat = "master_params" if plan.has_master_copy else "params"
     opt_elems = shard if plan.shards_optimizer else float(num_params)
@@ -306,6 +343,17 @@ def state_at_rest_bytes(num_params: int, plan: Plan) -> dict[str, float]:
     return out
 
 
+def _local_state_elems(model: ModelSpec, plan: Plan) -> int:
+    """Elements of the state a rank's optimizer steps on: FSDP2's padded shard; DDP's
+    whole model; ZeroRedundancyOptimizer's 1/N (it partitions whole tensors, so this is
+    the mean partition)."""
+    if plan.shards_params:
+        return fsdp2_state_shard_elems(model, plan.dp_shard)
+    if plan.shards_optimizer:
+        return -(-model.num_params // plan.dp_shard)
+    return model.num_params
+
+
 def _grad_bytes(plan: Plan) -> int:
     """Bytes per element of the gradients the optimizer reads: the at-rest dtype (FSDP2's
     sharded grads take the sharded parameter's dtype; DDP's buckets the parameter's),
@@ -314,18 +362,57 @@ def _grad_bytes(plan: Plan) -> int:
 
 
 # ---------------------------------------------------------------------- shared pieces
-def _activation_sizes(b: _Builder) -> tuple[int, int, int, int]:
-    """(saved bytes per block, backward transient per block, root saved, loss working)."""
-    m, p = b.model, b.plan
-    kw = dict(micro_batch=p.micro_batch, seq_len=p.seq_len, act_bytes=b.a)
-    ac = runs_autocast(p)
-    saved = block_activation_bytes(m, recompute=p.recompute, autocast=ac, **kw)
-    transient = block_backward_working_bytes(m, **kw) + block_recompute_bytes(
-        m, recompute=p.recompute, autocast=ac, **kw)
-    # Saved tensors that alias the model's buffers take no new memory (they are state).
-    root_saved = sum(t.bytes for t in root_saved_tensors(m, autocast=ac, **kw)
-                     if t.name not in STATE_ALIASES)
-    return saved, transient, root_saved, loss_working_bytes(m, **kw)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActivationSizes:
+    """Activation bytes of the plan's program for one micro-batch."""
+
+    saved_per_block: int
+    """Tensors one block saves for backward."""
+    block_transient: int
+    """A block's backward working set, with what recomputation re-materialises."""
+    root_saved: int
+    """Tensors the root (embedding, final norm, output) saves, those that alias the
+    model's buffers excluded (they are state)."""
+    loss_working: int
+    """Working memory of the output projection and loss."""
+
+
+def activation_sizes(model: ModelSpec, plan: Plan) -> ActivationSizes:
+    """The program's activation bytes (zsim.analytic.activations, autocast's for ddp and
+    zero1) for one micro-batch of `plan`."""
+    kw = dict(micro_batch=plan.micro_batch, seq_len=plan.seq_len,
+              act_bytes=dtype_bytes(plan.param_dtype))
+    ac = runs_autocast(plan)
+    return ActivationSizes(
+        saved_per_block=block_activation_bytes(model, recompute=plan.recompute, autocast=ac,
+                                               **kw),
+        block_transient=block_backward_working_bytes(model, **kw) + block_recompute_bytes(
+            model, recompute=plan.recompute, autocast=ac, **kw),
+        root_saved=sum(t.bytes for t in root_saved_tensors(model, autocast=ac, **kw)
+                       if t.name not in STATE_ALIASES),
+        loss_working=loss_working_bytes(model, **kw))
+
+
+def memory_floor_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
+    """Bytes the plan's program holds at once at the least, by category: what is live
+    when the loss's forward of the first micro-batch starts. That is its model state at
+    rest (module buffers included), the tensors every block and the root saved, the
+    loss's working memory and, for the FSDP2 strategies, the gathered root (FSDP2 does
+    not reshard it until the end of backward) and, without resharding after forward,
+    every gathered unit. The simulated peak is never below their sum (tested), so a plan
+    whose floor exceeds HBM cannot fit, whatever the schedule around it."""
+    floor = dict(state_at_rest_bytes(model, plan))
+    floor["params"] = floor.get("params", 0.0) + model.buffer_bytes
+    program = plan.with_(strategy="fsdp-no-reshard") if plan.strategy == "zero2" else plan
+    if program.shards_params:
+        root, units = _units(model, program)
+        gathered = [root] if program.reshard_after_forward else [root, *units]
+        floor["gathered_params"] = float(sum(u.gathered_elems(program) for u in gathered)
+                                         * dtype_bytes(plan.param_dtype))
+    acts = activation_sizes(model, plan)
+    floor["activations"] = float(model.num_layers * acts.saved_per_block + acts.root_saved
+                                 + acts.loss_working)
+    return floor
 
 
 def _block_flops(b: _Builder) -> tuple[Flops, Flops]:
@@ -355,7 +442,7 @@ def _forward(b: _Builder, mb: int, units: list[_Unit], *, gather: bool, reshard:
     pre-forward as FSDP2 runs it: all-gather (unless prefetched), copy-out, explicit
     prefetch of the next units. Returns the forward op index of each unit."""
     p = b.plan
-    saved, _, _, _ = _activation_sizes(b)
+    saved = b.acts.saved_per_block
     fwd_flops = b.block_fwd
     fwd: list[int] = []
     issued: dict[int, int] = {}
@@ -397,7 +484,7 @@ def _all_gather(b: _Builder, u: _Unit, mb: int, gathered: dict[int, str], *, pha
     then the collective. Returns the all-gather op; `deps` place the copy-in's issue."""
     p = b.plan
     key = -1 if u.index is None else u.index
-    size = u.params * b.a
+    size = u.gathered_elems(p) * b.a
     name = f"mb{mb}/{u.name}/gathered/{phase}"
     gathered[key] = name
     frees: tuple[str, ...] = ()
@@ -405,14 +492,14 @@ def _all_gather(b: _Builder, u: _Unit, mb: int, gathered: dict[int, str], *, pha
         # FSDP2 CPUOffloadPolicy: the shard (in its at-rest dtype) is copied to the GPU
         # before the all-gather, on the same issue point, and dropped after it.
         shard = f"{name}/shard_from_host"
-        nbytes = math.ceil(u.params / p.dp_shard) * _at_rest_bytes(p)
+        nbytes = u.shard * _at_rest_bytes(p)
         h2d = b.copy(kind="h2d", nbytes=nbytes, name=f"{u.name} shard to GPU {phase} (mb {mb})",
                      unit=u.index, microbatch=mb,
                      allocs=(Buffer(name=shard, category="comm_buffers", bytes=nbytes),),
                      **deps)
         deps = {"after": (h2d,)}
         frees += (shard,)
-    shard_elems = math.ceil(u.params / p.dp_shard)
+    shard_elems = u.shard
     cast = _at_rest_bytes(p) + b.a if p.has_master_copy else 0
     copy_in = Flops(matmul=0.0, attention=0.0, memory_bytes=shard_elems * (cast + 2 * b.a),
                     kernels=2 if cast else 1)
@@ -434,7 +521,7 @@ def _copy_out(b: _Builder, u: _Unit, mb: int, gathered: dict[int, str], *, phase
     `hooks`, it also carries FSDP2's host time for the unit in this micro-batch (the
     profile's fsdp_unit_overhead_s, on the timeline only on a synchronous host)."""
     name = gathered[-1 if u.index is None else u.index]
-    size = u.params * b.a
+    size = u.gathered_elems(b.plan) * b.a
     copy = Flops(matmul=0.0, attention=0.0, memory_bytes=2.0 * size, kernels=1)
     host_s = b.host(b.hw.fsdp_unit_overhead_s) if hooks else 0.0
     return b.add(name=f"{u.name} copy-out {phase} (mb {mb})", kind=phase, stream="compute",
@@ -464,7 +551,7 @@ def _grads_to_host(b: _Builder, after: int, grad: str, nbytes: int, grad_buffers
 
 def _head_forward(b: _Builder, mb: int, *, after: tuple[int, ...]) -> int:
     """Output projection + loss forward of micro-batch mb."""
-    _, _, root_saved, loss_work = _activation_sizes(b)
+    root_saved, loss_work = b.acts.root_saved, b.acts.loss_working
     head = _head_flops(b)
     return b.add(name=f"output+loss forward (mb {mb})", kind="forward", stream="compute",
                  microbatch=mb, after=after, compute_s=b.compute(head), flops=head.total,
@@ -477,7 +564,7 @@ def _head_forward(b: _Builder, mb: int, *, after: tuple[int, ...]) -> int:
 
 def _head_backward(b: _Builder, mb: int, *, grad_alloc: tuple[Buffer, ...]) -> int:
     """Output projection + loss backward of micro-batch mb (twice the forward's work)."""
-    _, _, _, loss_work = _activation_sizes(b)
+    loss_work = b.acts.loss_working
     bwd_flops = _head_flops(b).scaled(2.0)
     return b.add(name=f"output+loss backward (mb {mb})", kind="backward", stream="compute",
                  microbatch=mb, compute_s=b.compute(bwd_flops), flops=bwd_flops.total,
@@ -496,9 +583,8 @@ def _lower_fsdp(b: _Builder, units: list[_Unit], root: _Unit, grad_buffers: list
                 last_reduce: list[int]) -> None:
     p = b.plan
     reshard = p.reshard_after_forward
-    _, transient, _, _ = _activation_sizes(b)
+    transient = b.acts.block_transient
     bwd_flops = b.block_bwd
-    n = p.dp_shard
     g_bytes = _grad_bytes(p)
     r_bytes = dtype_bytes(p.reduce_dtype)
     acc_bytes = _unsharded_grad_bytes(p)
@@ -554,13 +640,13 @@ def _lower_fsdp(b: _Builder, units: list[_Unit], root: _Unit, grad_buffers: list
                         *grad_alloc(u, u.params)),
                 frees=(work, f"mb{mb}/{u.name}/saved", gathered[k]))
             if last_mb:
-                last_reduce.extend(_fsdp_reduce(b, u, bwd[k], n, g_bytes, r_bytes,
+                last_reduce.extend(_fsdp_reduce(b, u, bwd[k], g_bytes, r_bytes,
                                                 grad_buffers, final=False))
         emb_b = b.add(name=f"embedding backward (mb {mb})", kind="backward", stream="compute",
                       microbatch=mb, allocs=grad_alloc(root, emb_grad, "/embedding"),
                       frees=(gathered[-1],))
         if last_mb:
-            last_reduce.extend(_fsdp_reduce(b, root, emb_b, n, g_bytes, r_bytes, grad_buffers,
+            last_reduce.extend(_fsdp_reduce(b, root, emb_b, g_bytes, r_bytes, grad_buffers,
                                             final=True))
         prev_last_bwd = emb_b
 
@@ -583,7 +669,7 @@ def _backward_prefetch(b: _Builder, units: list[_Unit], mb: int, gathered: dict[
                                     issue_after=(after,))
 
 
-def _fsdp_reduce(b: _Builder, u: _Unit, after: int, n: int, g_bytes: int, r_bytes: int,
+def _fsdp_reduce(b: _Builder, u: _Unit, after: int, g_bytes: int, r_bytes: int,
                  grad_buffers: list[str], *, final: bool) -> list[int]:
     """Reduce-scatter of one unit's gradients (+ HSDP all-reduce of the shard), as
     FSDP2's foreach_reduce: on the compute stream, the copy-in (chunk_cat) reads the
@@ -597,18 +683,19 @@ def _fsdp_reduce(b: _Builder, u: _Unit, after: int, n: int, g_bytes: int, r_byte
     last_mb = p.grad_accum - 1
     shard_grad = f"{u.name}/grad_shard"
     grad_buffers.append(shard_grad)
-    shard_elems = math.ceil(u.params / n)
+    shard_elems = u.shard
+    rs_in_bytes = u.gathered_elems(p) * r_bytes
     rs_in = f"{u.name}/reduce_scatter_input"
     held = b.held_rs_input
     b.held_rs_input = None if final else rs_in
     copy_in = Flops(matmul=0.0, attention=0.0,
-                    memory_bytes=u.params * (_unsharded_grad_bytes(p) + r_bytes),
+                    memory_bytes=u.params * _unsharded_grad_bytes(p) + rs_in_bytes,
                     kernels=1)
     first = b.add(name=f"{u.name} reduce-scatter copy-in", kind="backward", stream="compute",
                   unit=u.index, microbatch=last_mb, after=(after,),
                   compute_s=b.compute(copy_in), frees_at_start=(held,) if held else (),
                   allocs=(Buffer(name=rs_in, category="comm_buffers",
-                                 bytes=u.params * r_bytes),),
+                                 bytes=rs_in_bytes),),
                   frees=tuple(b.unsharded_grads.pop(u.name, ())))
     allocs = []
     rs_out = f"{u.name}/reduce_scatter_output"
@@ -616,7 +703,7 @@ def _fsdp_reduce(b: _Builder, u: _Unit, after: int, n: int, g_bytes: int, r_byte
         allocs.append(Buffer(name=rs_out, category="comm_buffers", bytes=shard_elems * r_bytes))
     allocs.append(Buffer(name=shard_grad, category="grads", bytes=shard_elems * g_bytes))
     last = b.collective(
-        kind="reduce_scatter", size_bytes=u.params * r_bytes, group=b.shard, gname="shard",
+        kind="reduce_scatter", size_bytes=rs_in_bytes, group=b.shard, gname="shard",
         name=f"{u.name} reduce-scatter", unit=u.index, microbatch=last_mb, after=(first,),
         allocs=tuple(allocs), frees=(rs_in,) if final else ())
     if r_bytes != g_bytes:
@@ -639,7 +726,7 @@ def _fsdp_reduce(b: _Builder, u: _Unit, after: int, n: int, g_bytes: int, r_byte
 def _lower_replicated(b: _Builder, units: list[_Unit], root: _Unit, grad_buffers: list[str],
                       last_reduce: list[int]) -> None:
     p = b.plan
-    _, transient, _, _ = _activation_sizes(b)
+    transient = b.acts.block_transient
     bwd_flops = b.block_bwd
     persistent = _persistent_grads(p)
     for mb in range(p.grad_accum):
@@ -681,7 +768,8 @@ def _lower_replicated(b: _Builder, units: list[_Unit], root: _Unit, grad_buffers
 class _Buckets:
     """Bucketed gradient reduction in readiness order (DDP Reducer / DeepSpeed reduce
     buckets): a bucket's collective is issued, with async_op, by the backward op that
-    completes it, right after that op in the host's order."""
+    completes it, right after that op in the host's order. Buckets hold whole tensors
+    (_pack_whole_tensors), so there are never more buckets than parameter tensors."""
 
     def __init__(self, b: _Builder) -> None:
         p = b.plan
@@ -691,13 +779,12 @@ class _Buckets:
         self.issued: list[int] = []
 
     def ready(self, u: _Unit, op: int) -> None:
-        """The gradients of `u` are complete once `op` has run."""
-        remaining = u.params
-        while self.pending + remaining >= self.per_bucket:
-            remaining -= self.per_bucket - self.pending
-            self._flush(self.per_bucket, op)
-            self.pending = 0
-        self.pending += remaining
+        """The gradients of `u` are complete once `op` has run (DDP fills its buckets in
+        reverse module order)."""
+        *full, self.pending = _pack_whole_tensors(reversed(u.tensors), self.per_bucket,
+                                                  pending=self.pending)
+        for elems in full:
+            self._flush(elems, op)
 
     def finish(self, last: int) -> list[int]:
         """Flush the partial last bucket (after `last`); returns each bucket's final op."""
@@ -728,15 +815,15 @@ class _Buckets:
 
 
 # ---------------------------------------------------------------------- optimizer
-def _optimizer(b: _Builder, last_reduce: list[int], grad_buffers: list[str], *,
-               state_params: int) -> int:
+def _optimizer(b: _Builder, last_reduce: list[int], grad_buffers: list[str]) -> int:
     """AdamW/SGD on the local shard: memory-bound, reads and writes the master weights
     (or the params without a master copy) and the optimizer states, reads the gradient,
     and writes the compute-dtype params when a master copy exists; traffic and kernels
     counted by zsim.analytic.compute.optimizer_flops."""
     p = b.plan
-    local = state_params / (p.dp_shard if p.shards_optimizer else 1)
+    local: float = _local_state_elems(b.model, p)
     if p.offload != "none":
+        local = b.model.num_params / (p.dp_shard if p.shards_optimizer else 1)
         return _host_optimizer(b, last_reduce, grad_buffers, local_params=local)
     master = dtype_bytes(p.master_dtype) if p.has_master_copy else b.a
     # ZeroRedundancyOptimizer partitions whole tensors; sharded params split every tensor.
@@ -781,11 +868,28 @@ def _host_optimizer(b: _Builder, last_reduce: list[int], grad_buffers: list[str]
 
 
 def _param_all_gather(b: _Builder, opt: int) -> None:
-    """ZeRO-1/2: all-gather the updated compute-dtype parameters, in buckets."""
-    p = b.plan
-    total = b.model.num_params * b.a
-    per = max(1, p.bucket_bytes)
-    for i, start in enumerate(range(0, total, per)):
-        b.collective(kind="all_gather", size_bytes=min(per, total - start), group=b.shard,
+    """ZeRO-1/2: all-gather the updated compute-dtype parameters, in buckets of whole
+    tensors."""
+    p, m = b.plan, b.model
+    numels = [math.prod(s) for _, s in m.root_tensors()]
+    numels += [math.prod(s) for _, s in m.block_tensors()] * m.num_layers
+    per = max(1, p.bucket_bytes // b.a)
+    *full, last = _pack_whole_tensors(numels, per)
+    for i, elems in enumerate([*full, last] if last else full):
+        b.collective(kind="all_gather", size_bytes=elems * b.a, group=b.shard,
                      gname="shard", name=f"param all-gather bucket {i}", unit=i,
                      microbatch=p.grad_accum - 1, after=(opt,))
+
+
+def _pack_whole_tensors(numels: Iterable[int], cap: int, *, pending: int = 0) -> list[int]:
+    """Buckets of whole tensors, as DDP's _compute_bucket_assignment_by_size fills them:
+    each tensor joins the open bucket, which closes once it holds `cap` elements or more.
+    Returns the closed buckets' sizes followed by what the open bucket holds (starting
+    from `pending`), in elements."""
+    out = []
+    for numel in numels:
+        pending += numel
+        if pending >= cap:
+            out.append(pending)
+            pending = 0
+    return [*out, pending]
