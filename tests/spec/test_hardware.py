@@ -119,6 +119,25 @@ def test_missing_peak_dtype_names_it(write_yaml: Callable[..., Path]) -> None:
     assert e.value.field == "hardware.gpu.peak_tflops.fp16"
 
 
+@pytest.mark.parametrize(("section", "key", "field"), [
+    # Each number is positive; their product is not a machine (fuzz: 5e-324 was a
+    # ZeroDivisionError in the engine).
+    ("inter_node", "collective_efficiency", "inter_node.collective_efficiency.all_gather"),
+    ("efficiency", "matmul", "efficiency.matmul"),
+    ("efficiency", "pcie", "efficiency.pcie"),
+])
+def test_a_rate_below_one_per_second_is_refused(write_yaml: Callable[..., Path], section: str,
+                                               key: str, field: str) -> None:
+    tiny = 5e-324
+    value = {"all_gather": tiny, "reduce_scatter": 1.0, "all_reduce": 1.0} \
+        if key == "collective_efficiency" else tiny
+    data = _mutated(lambda d: d[section].update({key: value}))
+    with pytest.raises(ConfigError) as e:
+        HardwareProfile.from_yaml(write_yaml(data))
+    assert e.value.field == field
+    assert "below 1 per second" in e.value.reason
+
+
 def _mutated(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     data = copy.deepcopy(TOY)
     change(data)

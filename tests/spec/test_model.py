@@ -255,10 +255,24 @@ def test_hf_config_not_an_object_or_missing(tmp_path: Path) -> None:
         ModelSpec.from_hf_config(tmp_path / "absent.json")
 
 
-def test_hf_config_wrong_type_names_model_field(tmp_path: Path) -> None:
+def test_hf_config_wrong_type_names_the_config_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:
         ModelSpec.from_hf_config(_write(tmp_path, {**LLAMA2_7B_CONFIG, "hidden_size": "4096"}))
-    assert e.value.field == "model.d_model" and e.value.value == "4096"
+    assert e.value.field.endswith("config.json:hidden_size") and e.value.value == "4096"
+    # A string where JSON has booleans would be truthy: refused, not read as true.
+    with pytest.raises(ConfigError) as e:
+        ModelSpec.from_hf_config(_write(tmp_path, {**LLAMA2_7B_CONFIG,
+                                                   "tie_word_embeddings": "false"}, "b"))
+    assert e.value.field.endswith(":tie_word_embeddings")
+    # fuzz: an object where a number belongs was a TypeError.
+    with pytest.raises(ConfigError) as e:
+        ModelSpec.from_hf_config(_write(tmp_path, {**LLAMA2_7B_CONFIG, "head_dim": {}}, "d"))
+    assert e.value.field.endswith(":head_dim") and e.value.value == {}
+    # A cross-field rule of ModelSpec is reported under the config's own key.
+    with pytest.raises(ConfigError) as e:
+        ModelSpec.from_hf_config(_write(tmp_path, {**LLAMA2_7B_CONFIG,
+                                                   "num_key_value_heads": 3}, "c"))
+    assert e.value.field.endswith(":num_key_value_heads") and e.value.value == 3
 
 
 def test_hf_config_unmodelled_shapes_are_refused(tmp_path: Path) -> None:

@@ -177,7 +177,7 @@ class HardwareProfile:
         peaks = gpu["peak_tflops"]
         if not isinstance(peaks, dict) or not peaks:
             raise ConfigError("gpu.peak_tflops", peaks, "must map dtype names to TFLOP/s")
-        return cls(
+        profile = cls(
             name=name,
             description=str(data["description"]),
             gpu_name=str(gpu["name"]),
@@ -205,6 +205,8 @@ class HardwareProfile:
             fsdp_unit_overhead_s=_non_negative(host, "host", "fsdp_unit_overhead_us") * US,
             checkpoint_overhead_s=_checkpoint_overhead(host["checkpoint_overhead_us"]),
         )
+        _check_rates(profile)
+        return profile
 
     @classmethod
     def from_yaml(cls, path: Path) -> HardwareProfile:
@@ -216,6 +218,37 @@ class HardwareProfile:
         path = Path(path)
         data = read_yaml(path, field="hardware")
         return cls.from_dict(data, name=path.stem)
+
+
+MIN_RATE_PER_S = 1.0
+"""Smallest achievable rate a profile may give (bytes/s, FLOP/s, parameters/s): each
+number on its own may be any positive value, but a product of them that underflows
+towards 0 (an efficiency of 1e-300 on a 50 GB/s link) is not a machine, and would give
+infinite or undefined times."""
+
+
+def _check_rates(hw: HardwareProfile) -> None:
+    """Every achievable rate the simulator divides by is at least MIN_RATE_PER_S."""
+    rates: list[tuple[str, float, float]] = [
+        (f"efficiency.{kind}", eff, peak * eff)
+        for peak in hw.peak_flop_per_s.values()
+        for kind, eff in (("matmul", hw.matmul_efficiency),
+                          ("attention", hw.attention_efficiency))]
+    rates.append(("efficiency.memory_bound", hw.memory_bound_efficiency,
+                  hw.hbm_bandwidth_bytes_per_s * hw.memory_bound_efficiency))
+    rates.append(("efficiency.pcie", hw.pcie_efficiency,
+                  hw.pcie_bytes_per_s * hw.pcie_efficiency))
+    rates.append(("efficiency.host_adam_params_per_s", hw.host_adam_params_per_s,
+                  hw.host_adam_params_per_s / hw.gpus_per_node))
+    for section, link in (("intra_node", hw.intra_node), ("inter_node", hw.inter_node)):
+        for kind, value in link.kind_efficiency.items():
+            rates.append((f"{section}.collective_efficiency.{kind}", value,
+                          link.achievable_bytes_per_s * value))
+    for path, value, rate in rates:
+        if not rate >= MIN_RATE_PER_S:
+            raise ConfigError(path, value,
+                              f"gives an achievable rate of {rate:.3g} per second, below "
+                              f"{MIN_RATE_PER_S:g} per second")
 
 
 def _check_keys(data: Any, section: str) -> None:

@@ -268,39 +268,49 @@ class ModelSpec:
         if not isinstance(cfg, dict):
             raise ConfigError("model", str(path), "config.json must hold a JSON object")
 
-        def need(key: str) -> Any:
-            if key not in cfg:
+        def count(key: str, default: int | None = None) -> int:
+            """A positive integer entry (required unless it has a default)."""
+            if key not in cfg and default is None:
                 raise ConfigError(f"{path}:{key}", None, "missing required key")
-            return cfg[key]
+            value = cfg.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{path}:{key}", value, "must be a positive integer")
+            return value
 
-        heads, hidden = need("num_attention_heads"), need("hidden_size")
-        head_dim = cfg.get("head_dim")
-        if head_dim is not None and isinstance(hidden, int) and isinstance(heads, int) \
-                and heads > 0 and head_dim * heads != hidden:
-            raise ConfigError(f"{path}:head_dim", head_dim,
+        def flag(key: str) -> bool:
+            value = cfg.get(key, False)
+            if not isinstance(value, bool):
+                raise ConfigError(f"{path}:{key}", value, "must be true or false")
+            return value
+
+        heads, hidden = count("num_attention_heads"), count("hidden_size")
+        if cfg.get("head_dim") is not None and count("head_dim") * heads != hidden:
+            raise ConfigError(f"{path}:head_dim", cfg["head_dim"],
                               f"must equal hidden_size / num_attention_heads = {hidden}/{heads}"
                               " (a separate head width is not modelled)")
         # ModelSpec.bias puts biases on every linear; Llama's config splits them in two.
-        attention_bias = bool(cfg.get("attention_bias", False))
-        if attention_bias != bool(cfg.get("mlp_bias", False)):
-            raise ConfigError(f"{path}:attention_bias", cfg.get("attention_bias", False),
-                              f"must equal mlp_bias={cfg.get('mlp_bias', False)!r} (biases on "
+        attention_bias = flag("attention_bias")
+        if attention_bias != flag("mlp_bias"):
+            raise ConfigError(f"{path}:attention_bias", attention_bias,
+                              f"must equal mlp_bias={flag('mlp_bias')!r} (biases on "
                               "only some linears are not modelled)")
-        # LlamaMLP is gated (gate, up, down projections) whatever hidden_act is.
-        return cls(
-            name=Path(path).parent.name or Path(path).stem,
-            num_layers=need("num_hidden_layers"),
-            d_model=hidden,
-            num_heads=heads,
-            num_kv_heads=cfg.get("num_key_value_heads", heads),
-            ffn_hidden=need("intermediate_size"),
-            mlp="swiglu",
-            norm="rmsnorm",
-            bias=attention_bias,
-            vocab_size=need("vocab_size"),
-            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            max_seq_len=need("max_position_embeddings"),
-        )
+        fields_from = {"num_layers": "num_hidden_layers", "d_model": "hidden_size",
+                       "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
+                       "ffn_hidden": "intermediate_size", "vocab_size": "vocab_size",
+                       "max_seq_len": "max_position_embeddings"}
+        try:
+            # LlamaMLP is gated (gate, up, down projections) whatever hidden_act is.
+            return cls(
+                name=Path(path).parent.name or Path(path).stem,
+                num_layers=count("num_hidden_layers"), d_model=hidden, num_heads=heads,
+                num_kv_heads=count("num_key_value_heads", heads),
+                ffn_hidden=count("intermediate_size"), mlp="swiglu", norm="rmsnorm",
+                bias=attention_bias, vocab_size=count("vocab_size"),
+                tied_embeddings=flag("tie_word_embeddings"),
+                max_seq_len=count("max_position_embeddings"))
+        except ConfigError as e:  # a cross-field rule: name the config's own key
+            key = fields_from.get(e.field.removeprefix("model."), e.field)
+            raise ConfigError(f"{path}:{key}", e.value, e.reason) from None
 
 
 def synthetic(num_params: int, *, seq_len: int = 4096) -> ModelSpec:

@@ -240,6 +240,6 @@ def precision_knobs(precision: str) -> dict[str, str]:
     Raises:
         ConfigError: unknown precision name.
     """
-    if precision not in PRECISIONS:
+    if not isinstance(precision, str) or precision not in PRECISIONS:
         raise ConfigError("precision", precision, f"must be one of {', '.join(PRECISIONS)}")
     return dict(PRECISIONS[precision])
