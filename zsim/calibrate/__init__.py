@@ -27,11 +27,11 @@ def calibrate(backend: str, nproc: int, out: Path) -> Path:
     return run(backend, nproc, Path(out))
 
 
-def validate(model: ModelSpec, plan: Plan, *, nproc: int,
-             profile: HardwareProfile) -> list[dict[str, Any]]:
+def validate(model: ModelSpec, plan: Plan, *, nproc: int, profile: HardwareProfile,
+             out_dir: Path | None = None) -> list[dict[str, Any]]:
     """Run `plan` for real and in the simulator; rows {metric, predicted, measured,
-    error_pct}, also written as a CSV under reports/validation/; see
+    error_pct}, written as a CSV into `out_dir` when given; see
     zsim.calibrate.validate.validate."""
     from zsim.calibrate.validate import validate as run
 
-    return run(model, plan, nproc=nproc, profile=profile)
+    return run(model, plan, nproc=nproc, profile=profile, out_dir=out_dir)

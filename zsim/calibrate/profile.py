@@ -40,6 +40,7 @@ from zsim.analytic.compute import (
     optimizer_flops,
     recompute_forward_flops,
 )
+from zsim.atomic import write_files
 from zsim.calibrate.fit import AlphaBeta, CollectiveSample, fit_alpha_beta
 from zsim.calibrate.microbench import (
     BLOCK_STEPS,
@@ -91,10 +92,10 @@ def calibrate(backend: str, nproc: int, out: Path, *, config: BenchConfig | None
     data = profile_dict(ranks, name=Path(out).stem, backend=backend, nproc=nproc,
                         started=started, disk_bytes_per_s=disk, config=cfg)
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(yaml.safe_dump(data, sort_keys=False, width=100))
-    HardwareProfile.from_yaml(out)
-    return out
+    HardwareProfile.from_dict(data, name=out.stem)  # never write a profile that won't load
+    (written,) = write_files(out.parent, {
+        out.name: yaml.safe_dump(data, sort_keys=False, width=100).encode()})
+    return written
 
 
 def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,

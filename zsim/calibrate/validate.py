@@ -17,6 +17,7 @@ step time 15%. Imports torch (through step) and matplotlib (report only).
 from __future__ import annotations
 
 import csv
+import io
 import statistics
 from dataclasses import replace
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from zsim.analytic.activations import block_saved_tensors, root_saved_tensors
+from zsim.atomic import write_files
 from zsim.calibrate.step import PlanMeasurement, measure_plan
 from zsim.schedule.lower import runs_autocast
 from zsim.simulate import simulate
@@ -32,9 +34,6 @@ from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 from zsim.units import dtype_bytes
-
-REPORT_DIR = Path(__file__).resolve().parents[2] / "reports" / "validation"
-"""Where validation CSVs and plots go (the repository's reports/validation/)."""
 
 BOUNDS_PCT: dict[str, float] = {
     "activation_bytes_blocks": 3.0,
@@ -81,8 +80,8 @@ def validate(model: ModelSpec, plan: Plan, *, nproc: int, profile: HardwareProfi
         profile: the hardware profile the simulator uses (a calibrated one).
         steps: timed steps of the real run, at least.
         min_timed_s: time more steps if `steps` would take less than this, seconds.
-        out_dir: folder for the CSV (default reports/validation/); None-equivalent
-            default writes `<model>-<strategy>-n<nproc>.csv` there.
+        out_dir: folder to write `<model>-<strategy>-n<nproc>.csv` to; None writes
+            nothing.
 
     Returns:
         Rows {metric, predicted, measured, error_pct} (plus model, plan, nproc, backend).
@@ -95,10 +94,14 @@ def validate(model: ModelSpec, plan: Plan, *, nproc: int, profile: HardwareProfi
     spec = replace(model, **backend_knobs(device))
     measured = measure_plan(spec, plan, nproc=nproc, steps=steps, min_timed_s=min_timed_s)
     rows = compare(spec, plan, profile, measured)
-    out_dir = REPORT_DIR if out_dir is None else out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_csv(rows, out_dir / f"{_slug(spec.name)}-{plan.strategy}-n{nproc}.csv")
+    if out_dir is not None:
+        write_csv(rows, Path(out_dir) / csv_name(spec, plan))
     return rows
+
+
+def csv_name(spec: ModelSpec, plan: Plan) -> str:
+    """File name of one validation's rows: `<model>-<strategy>-n<world size>.csv`."""
+    return f"{_slug(spec.name)}-{plan.strategy}-n{plan.world_size}.csv"
 
 
 def compare(spec: ModelSpec, plan: Plan, profile: HardwareProfile,
@@ -142,13 +145,14 @@ def compare(spec: ModelSpec, plan: Plan, profile: HardwareProfile,
 
 def write_csv(rows: list[dict[str, Any]], path: Path,
               fields: tuple[str, ...] = FIELDS) -> Path:
-    """Write rows with the `fields` columns, in order."""
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: row[k] for k in fields})
-    return path
+    """Write rows with the `fields` columns, in order (atomically: zsim.atomic)."""
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=fields)
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: row[k] for k in fields})
+    (written,) = write_files(path.parent, {path.name: text.getvalue().encode()})
+    return written
 
 
 def _slug(name: str) -> str:
@@ -185,8 +189,8 @@ def grid_plans(world_sizes: tuple[int, ...] = (2, 4)) -> list[Plan]:
     return plans
 
 
-def regenerate_report(profile: HardwareProfile, *, out_dir: Path | None = None,
-                      steps: int = 8, runs: int = REPORT_RUNS) -> Path:
+def regenerate_report(profile: HardwareProfile, *, out_dir: Path, steps: int = 8,
+                      runs: int = REPORT_RUNS) -> Path:
     """Run every (model, plan) of the grid for real `runs` times (one pass over the grid
     per run) and in the simulator; write `validation.csv` (step time: the median over all
     runs' timed steps; the other measurements from the first run), `step_time_runs.csv`
@@ -203,7 +207,6 @@ def regenerate_report(profile: HardwareProfile, *, out_dir: Path | None = None,
 
     import yaml
 
-    out_dir = REPORT_DIR if out_dir is None else out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     plans = grid_plans()
@@ -226,7 +229,7 @@ def regenerate_report(profile: HardwareProfile, *, out_dir: Path | None = None,
     _plot(rows, out_dir)
     (out_dir / "provenance.yaml").write_text(yaml.safe_dump({
         "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": "python -m zsim.calibrate.validate",
+        "command": f"python -m zsim.calibrate.validate --out {out_dir}",
         "torch": str(torch.__version__),
         "machine": f"{platform.node()} {platform.machine()}",
         "profiles": {n: p.name for n, p in profiles.items()},
@@ -316,6 +319,16 @@ def _plot(rows: list[dict[str, Any]], out_dir: Path) -> None:
 
 
 if __name__ == "__main__":
+    import argparse
+
     from zsim.spec.registry import resolve_hardware
 
-    print(regenerate_report(resolve_hardware("local-cpu")))
+    parser = argparse.ArgumentParser(
+        prog="python -m zsim.calibrate.validate",
+        description="Regenerate the validation report (every plan of the grid, for real "
+                    "and in the simulator).")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="report folder (the repository's is reports/validation)")
+    parser.add_argument("--profile", default="local-cpu", help="calibrated hardware profile")
+    args = parser.parse_args()
+    print(regenerate_report(resolve_hardware(args.profile), out_dir=args.out))

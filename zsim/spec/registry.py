@@ -6,6 +6,7 @@ numbers live here (see zsim.spec.presets and hardware_profiles/)."""
 from __future__ import annotations
 
 import math
+from importlib.resources import files
 from pathlib import Path
 
 from zsim.errors import ConfigError
@@ -13,8 +14,9 @@ from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec, synthetic
 from zsim.spec.presets import ALIASES, PRESETS
 
-PROFILES_DIR = Path(__file__).resolve().parents[2] / "hardware_profiles"
-"""Shipped hardware profiles (the repository's hardware_profiles/ folder)."""
+PROFILES_DIR = Path(str(files("zsim.hardware_profiles")))
+"""Shipped hardware profiles: the repository's hardware_profiles/ folder, installed as the
+data package zsim.hardware_profiles (pyproject.toml)."""
 
 DEFAULT_HARDWARE = "dgx-h100"
 
