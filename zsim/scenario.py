@@ -222,9 +222,10 @@ def _model(value: Any, base_dir: Path) -> ModelSpec:
         raise ConfigError("model", value, "must be a preset name, a config.json path or a "
                           "mapping of ModelSpec fields")
     key = ALIASES.get(value.lower(), value.lower())
-    if key not in PRESETS and (base_dir / value).is_file():
-        return resolve_model(str(base_dir / value))
-    return resolve_model(value)
+    if key in PRESETS or not value.endswith(".json"):
+        return resolve_model(value)
+    # A config.json path: beside the scenario, never looked up in the working folder.
+    return resolve_model(str(base_dir / value))
 
 
 def _hardware(value: Any, base_dir: Path) -> HardwareProfile:
@@ -237,7 +238,7 @@ def _hardware(value: Any, base_dir: Path) -> HardwareProfile:
     if not isinstance(value, str) or not value.strip():
         raise ConfigError("hardware", value, "must be a profile name, a profile YAML path "
                           "or a mapping in the hardware_profiles/ schema")
-    if value.endswith((".yaml", ".yml")) and (base_dir / value).is_file():
+    if value.endswith((".yaml", ".yml")):  # beside the scenario, not in the working folder
         return resolve_hardware(str(base_dir / value))
     return resolve_hardware(value)
 
