@@ -58,9 +58,18 @@ def _tree(root: Path) -> set[str]:
 
 
 def _source_files() -> list[str]:
-    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO,
-                         capture_output=True, text=True, check=True).stdout
-    return [f for f in out.splitlines() if (REPO / f).is_file()]
+    """The checkout's files (git's view, untracked but not ignored included); without
+    git, every file but build output and caches."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO,
+                             capture_output=True, text=True, check=True).stdout
+        names = out.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        skip = {".git", "build", "__pycache__", ".pytest_cache", ".hypothesis", ".ruff_cache"}
+        names = [str(p.relative_to(REPO)) for p in REPO.rglob("*")
+                 if not skip & set(p.relative_to(REPO).parts)
+                 and not any(part.endswith(".egg-info") for part in p.parts)]
+    return [f for f in names if (REPO / f).is_file()]
 
 
 @pytest.fixture(scope="module")
