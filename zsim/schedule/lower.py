@@ -13,7 +13,9 @@ What is modelled: the programs the torch backend (zsim.calibrate.fsdp2) runs.
   MixedPrecisionPolicy the sharded parameter is the fp32 master copy: at rest a rank holds
   only it and the optimizer states (12 B/param/N for AdamW, not the ZeRO paper's 16/N);
   the all-gather writes the compute-dtype cast of the shard straight into the flat output
-  buffer (no separate input copy). Sharded gradients take the sharded parameter's dtype:
+  buffer (no separate input copy). Each parameter is sharded on dim 0 and every rank's
+  shard padded to the first chunk (fsdp2_shard_elems), so all-gather outputs, gathered
+  parameters and reduce-scatter inputs are dp_shard padded shards. Sharded gradients take the sharded parameter's dtype:
   foreach_reduce reduce-scatters in the reduce dtype and, when that differs, casts the
   output; they live from the unit's reduce-scatter until the optimizer step (gradients set
   to None). FSDP2 keeps one reduce-scatter input alive until the next unit's
@@ -24,6 +26,8 @@ What is modelled: the programs the torch backend (zsim.calibrate.fsdp2) runs.
   views into them, alive all the time) + optimizer states (sharded over N for zero1). The
   activations are autocast's (zsim.analytic.activations, autocast=True).
 - Offloaded plans keep the closed-form state of zsim.analytic.memory (ZeRO-Offload).
+- memory_floor_bytes: the least the program holds at once (zsim.simulate reports a plan
+  whose floor exceeds HBM from it, without simulating).
 The plan's grad_dtype is therefore not a storage dtype of these programs; the closed-form
 table (zsim.analytic.memory) keeps the ZeRO paper's accounting.
 
