@@ -37,6 +37,17 @@ Recompute = Literal["none", "selective", "full"]
 Optimizer = Literal["adamw", "sgd", "adamw8bit"]
 Offload = Literal["none", "optimizer", "params"]
 Precision = Literal["bf16", "fp32"]
+Impl = Literal["torch", "fsdp2"]
+IMPLS: dict[str, tuple[str, ...]] = {
+    "ddp": ("torch",),
+    "zero1": ("torch",),
+    "zero2": ("fsdp2",),
+    "fsdp": ("fsdp2",),
+    "fsdp-no-reshard": ("fsdp2",),
+    "hsdp": ("fsdp2",),
+}
+"""Strategy -> the programs that can run it (Plan.impl), its default first
+(zsim.schedule.programs)."""
 
 OPTIMIZER_STATE_COPIES: dict[str, float] = {
     # AdamW (Loshchilov & Hutter 2019) keeps momentum and variance.
@@ -93,6 +104,9 @@ class Plan:
     """Dtype of optimizer states (ignored by adamw8bit)."""
     offload: Offload = "none"
     """none, optimizer (states + master to host, CPU step), params (also parameters)."""
+    impl: str = ""
+    """The program that runs the strategy (IMPLS): "torch" (DDP, ZeroRedundancyOptimizer),
+    "fsdp2" (fully_shard). "" means the strategy's default, filled in at construction."""
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -118,6 +132,12 @@ class Plan:
                                   f"must be one of {', '.join(choices)}")
         if self.strategy == "ddp" and self.dp_shard != 1:
             raise ConfigError("plan.dp_shard", self.dp_shard, "ddp shards nothing: must be 1")
+        impls = IMPLS[self.strategy]
+        if self.impl == "":
+            object.__setattr__(self, "impl", impls[0])  # frozen: the default, once
+        elif self.impl not in impls:
+            raise ConfigError("plan.impl", self.impl,
+                              f"{self.strategy} runs as {' or '.join(impls)}")
 
     # ------------------------------------------------------------------ derived
     @property

@@ -1,0 +1,340 @@
+"""The shared machinery of every program's lowering (zsim.schedule.programs): the op
+builder, the units a model is split into, the activation bytes and work of one block, the
+ops every program issues alike (a block's forward, the output projection and loss, the
+optimizer step on the device or on the host), whole-tensor bucketing, and the chaining of
+ops on a synchronous host. No program's order of ops lives here. Never simulates and
+never imports simpy.
+
+Durations come from zsim.analytic.compute, collective sizes and links from
+zsim.analytic.comm, saved tensors from zsim.analytic.activations.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from zsim.analytic.activations import (
+    STATE_ALIASES,
+    block_activation_bytes,
+    block_backward_working_bytes,
+    block_recompute_bytes,
+    loss_working_bytes,
+    root_saved_tensors,
+)
+from zsim.analytic.comm import (
+    CommGroup,
+    bus_bytes,
+    collective_latency_s,
+    link_loads,
+    replicate_group,
+    shard_group,
+)
+from zsim.analytic.compute import (
+    Flops,
+    block_backward_flops,
+    block_forward_flops,
+    compute_time_s,
+    head_forward_flops,
+    optimizer_flops,
+    recompute_forward_flops,
+)
+from zsim.analytic.memory import optimizer_bytes_per_param
+from zsim.errors import ConfigError
+from zsim.schedule.ops import Buffer, Op
+from zsim.spec.hardware import HardwareProfile
+from zsim.spec.model import ModelSpec
+from zsim.spec.plan import Plan
+from zsim.units import dtype_bytes
+
+Shapes = Sequence[tuple[int, ...]]
+ShardElems = Callable[[Shapes, int], int]
+"""A program's padding rule: elements of one rank's shard of these parameters on n ranks."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Unit:
+    """One wrapped unit (FSDP) or gradient-readiness group (DDP, DeepSpeed): the root, or
+    `blocks` consecutive transformer blocks."""
+
+    name: str
+    index: int | None
+    """Block-unit index, None for the root."""
+    params: int
+    blocks: int
+    shapes: tuple[tuple[int, ...], ...]
+    """Shape of each parameter tensor of the unit, in module order."""
+    shard: int
+    """Elements of one rank's shard of the unit, padded as the program pads it."""
+
+    @property
+    def tensors(self) -> tuple[int, ...]:
+        """Elements of each parameter tensor, in module order."""
+        return tuple(math.prod(s) for s in self.shapes)
+
+    def gathered_elems(self, plan: Plan) -> int:
+        """Elements of the unit's gathered parameters: dp_shard padded shards."""
+        return self.shard * plan.dp_shard
+
+
+def units(model: ModelSpec, plan: Plan, shard_elems: ShardElems) -> tuple[Unit, list[Unit]]:
+    """The root unit and the block units (`plan.unit_size` blocks each) in forward order,
+    each unit's shard padded by the program's `shard_elems`.
+
+    Raises:
+        ConfigError: a unit size larger than the model.
+    """
+    if plan.unit_size > model.num_layers:
+        raise ConfigError("plan.unit_size", plan.unit_size,
+                          f"must be <= num_layers={model.num_layers}")
+    n = plan.dp_shard
+    block = tuple(s for _, s in model.block_tensors())
+    block_shard = shard_elems(block, n)
+    root_shapes = tuple(s for _, s in model.root_tensors())
+    root = Unit(name="root", index=None, params=model.root_params, blocks=0,
+                shapes=root_shapes, shard=shard_elems(root_shapes, n))
+    out = []
+    for i, first in enumerate(range(0, model.num_layers, plan.unit_size)):
+        blocks = min(plan.unit_size, model.num_layers - first)
+        out.append(Unit(name=f"unit {i}", index=i, params=blocks * model.params_per_block,
+                        blocks=blocks, shapes=block * blocks, shard=blocks * block_shard))
+    return root, out
+
+
+# ---------------------------------------------------------------------- activations
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActivationSizes:
+    """Activation bytes of the plan's program for one micro-batch."""
+
+    saved_per_block: int
+    """Tensors one block saves for backward."""
+    block_transient: int
+    """A block's backward working set, with what recomputation re-materialises."""
+    root_saved: int
+    """Tensors the root (embedding, final norm, output) saves, those that alias the
+    model's buffers excluded (they are state)."""
+    loss_working: int
+    """Working memory of the output projection and loss."""
+
+    def floor_bytes(self, model: ModelSpec) -> int:
+        """Live when the loss's forward starts: every block's and the root's saved
+        tensors, and the loss's working memory."""
+        return model.num_layers * self.saved_per_block + self.root_saved + self.loss_working
+
+
+def activation_sizes(model: ModelSpec, plan: Plan, *, autocast: bool) -> ActivationSizes:
+    """Activation bytes (zsim.analytic.activations) for one micro-batch of `plan`;
+    `autocast`: the program computes under torch.autocast with master-dtype parameters
+    (it then saves casts of weights and inputs too)."""
+    kw = dict(micro_batch=plan.micro_batch, seq_len=plan.seq_len,
+              act_bytes=dtype_bytes(plan.param_dtype))
+    return ActivationSizes(
+        saved_per_block=block_activation_bytes(model, recompute=plan.recompute,
+                                               autocast=autocast, **kw),
+        block_transient=block_backward_working_bytes(model, **kw) + block_recompute_bytes(
+            model, recompute=plan.recompute, autocast=autocast, **kw),
+        root_saved=sum(t.bytes for t in root_saved_tensors(model, autocast=autocast, **kw)
+                       if t.name not in STATE_ALIASES),
+        loss_working=loss_working_bytes(model, **kw))
+
+
+# ---------------------------------------------------------------------- builder
+class Builder:
+    """Accumulates one step's ops in the host thread's issue order."""
+
+    def __init__(self, model: ModelSpec, hw: HardwareProfile, plan: Plan, *,
+                 acts: ActivationSizes) -> None:
+        self.model, self.hw, self.plan = model, hw, plan
+        self.ops: list[Op] = []
+        self.dtype = plan.param_dtype
+        self.a = dtype_bytes(plan.param_dtype)
+        self.shard = shard_group(plan, hw)
+        self.repl = replicate_group(plan, hw)
+        self.acts = acts
+        kw = dict(micro_batch=plan.micro_batch, seq_len=plan.seq_len, act_bytes=self.a)
+        self.block_fwd = block_forward_flops(model, **kw)
+        """Work of one block's forward for one micro-batch."""
+        self.block_bwd = block_backward_flops(model, **kw) + recompute_forward_flops(
+            model, recompute=plan.recompute, **kw)
+        """Work of one block's backward for one micro-batch, recomputation included."""
+
+    def add(self, **kw: object) -> int:
+        index = len(self.ops)
+        self.ops.append(Op(index=index, **kw))  # type: ignore[arg-type]
+        return index
+
+    def compute(self, flops: Flops) -> float:
+        """Kernel time of `flops`, stretched by the profile's rank skew: every rank waits
+        for the slowest at the next collective."""
+        return compute_time_s(flops, self.hw, self.dtype) * (1.0 + self.hw.rank_skew)
+
+    def host(self, seconds: float) -> float:
+        """Host-thread time that lands on the step's timeline: all of it when the host
+        runs the kernels itself (synchronous launch), none when it queues them on
+        device streams and runs ahead (async launch; a host-bound step is not modelled)."""
+        return seconds if self.hw.launch == "synchronous" else 0.0
+
+    def copy(self, *, kind: str, nbytes: float, **kw: object) -> int:
+        """A pinned host<->device copy over this GPU's PCIe link (one direction)."""
+        return self.add(kind=kind, stream=kind, size_bytes=nbytes, bus_bytes=nbytes,
+                        link="pcie", link_loads=((f"pcie_{kind}", 1.0),), **kw)
+
+    def collective(self, *, kind: str, size_bytes: float, group: CommGroup, gname: str,
+                   **kw: object) -> int:
+        """A collective on its own stream; one issued without async_op that blocks a
+        synchronous host starts later by the host's cost of the call."""
+        hw = self.hw
+        call_s = 0.0 if kw.get("async_op") else self.host(hw.collective_overhead_s)
+        return self.add(kind=kind, stream=kind, size_bytes=size_bytes,
+                        bus_bytes=bus_bytes(kind, size_bytes, group.ranks),
+                        latency_s=collective_latency_s(kind, group, hw) + call_s,
+                        link="inter_node" if group.spans_nodes else "intra_node",
+                        link_loads=link_loads(kind, group, self.hw),
+                        group_ranks=group.ranks,
+                        group=gname, **kw)
+
+    def checkpoint_host_s(self, phase: str, blocks: int) -> float:
+        """Host time of activation checkpointing for `blocks` blocks in one phase
+        ("forward" or "backward"), beyond the kernels it re-runs: the profile's
+        checkpoint_overhead_s per forward kernel of a block; 0 without recomputation,
+        and on an async host."""
+        if self.plan.recompute == "none":
+            return 0.0
+        per_kernel_s = self.host(self.hw.checkpoint_overhead_s[self.plan.recompute][phase])
+        if not per_kernel_s:  # GPU profiles: no block work to count
+            return 0.0
+        return per_kernel_s * self.block_fwd.kernels * blocks
+
+
+# ---------------------------------------------------------------------- shared ops
+def block_forward(b: Builder, u: Unit, mb: int, *, after: tuple[int, ...] = (),
+                  frees: tuple[str, ...] = ()) -> int:
+    """The forward of unit `u`'s blocks for micro-batch mb: allocates what they save for
+    backward (`mb<mb>/<unit>/saved`)."""
+    flops = b.block_fwd.scaled(u.blocks)
+    return b.add(
+        name=f"{u.name} forward (mb {mb})", kind="forward", stream="compute", unit=u.index,
+        microbatch=mb, after=after, flops=flops.total,
+        compute_s=b.compute(flops) + b.checkpoint_host_s("forward", u.blocks),
+        allocs=(Buffer(name=f"mb{mb}/{u.name}/saved", category="activations",
+                       bytes=b.acts.saved_per_block * u.blocks),),
+        frees=frees)
+
+
+def block_backward(b: Builder, u: Unit, mb: int, *, after: tuple[int, ...] = (),
+                   grads: tuple[Buffer, ...] = (), frees: tuple[str, ...] = ()) -> int:
+    """The backward of unit `u`'s blocks for micro-batch mb (recomputation included):
+    a working set for its duration, `grads` allocated, the saved tensors freed."""
+    flops = b.block_bwd.scaled(u.blocks)
+    work = f"mb{mb}/{u.name}/backward_working"
+    return b.add(
+        name=f"{u.name} backward (mb {mb})", kind="backward", stream="compute",
+        unit=u.index, microbatch=mb, after=after,
+        compute_s=b.compute(flops) + b.checkpoint_host_s("backward", u.blocks),
+        flops=flops.total,
+        allocs=(Buffer(name=work, category="activations", bytes=b.acts.block_transient),
+                *grads),
+        frees=(work, f"mb{mb}/{u.name}/saved", *frees))
+
+
+def head_forward(b: Builder, mb: int, *, after: tuple[int, ...]) -> int:
+    """Output projection + loss forward of micro-batch mb."""
+    head = _head_flops(b)
+    return b.add(name=f"output+loss forward (mb {mb})", kind="forward", stream="compute",
+                 microbatch=mb, after=after, compute_s=b.compute(head), flops=head.total,
+                 allocs=(Buffer(name=f"mb{mb}/root/saved", category="activations",
+                                bytes=b.acts.root_saved),
+                         Buffer(name=f"mb{mb}/loss/fwd", category="activations",
+                                bytes=b.acts.loss_working)),
+                 frees=(f"mb{mb}/loss/fwd",))
+
+
+def head_backward(b: Builder, mb: int, *, grads: tuple[Buffer, ...] = ()) -> int:
+    """Output projection + loss backward of micro-batch mb (twice the forward's work)."""
+    bwd_flops = _head_flops(b).scaled(2.0)
+    return b.add(name=f"output+loss backward (mb {mb})", kind="backward", stream="compute",
+                 microbatch=mb, compute_s=b.compute(bwd_flops), flops=bwd_flops.total,
+                 allocs=(Buffer(name=f"mb{mb}/loss/bwd", category="activations",
+                                bytes=b.acts.loss_working), *grads),
+                 frees=(f"mb{mb}/loss/bwd", f"mb{mb}/root/saved"))
+
+
+def _head_flops(b: Builder) -> Flops:
+    return head_forward_flops(b.model, micro_batch=b.plan.micro_batch, seq_len=b.plan.seq_len,
+                              act_bytes=b.a)
+
+
+def device_optimizer(b: Builder, *, after: tuple[int, ...], frees: tuple[str, ...],
+                     local_params: float, tensors: int, master_bytes: int,
+                     grad_bytes: int) -> int:
+    """AdamW/SGD on the device over `local_params` parameters in `tensors` tensors:
+    memory-bound, reads and writes the master weights (or the params without a master
+    copy) and the optimizer states, reads the `grad_bytes`-wide gradient, and writes the
+    compute-dtype params when a master copy exists (traffic and kernels counted by
+    zsim.analytic.compute.optimizer_flops); frees `frees` when done."""
+    p = b.plan
+    seconds = b.compute(optimizer_flops(
+        local_params, optimizer=p.optimizer, tensors=tensors, master_bytes=master_bytes,
+        state_bytes_per_param=optimizer_bytes_per_param(p), grad_bytes=grad_bytes,
+        param_copy_bytes=b.a if p.has_master_copy else 0))
+    temp = _optimizer_temporaries(p, local_params)
+    return b.add(name="optimizer step", kind="optimizer", stream="compute",
+                 microbatch=p.grad_accum - 1, after=after, compute_s=seconds,
+                 allocs=temp, frees=frees + tuple(t.name for t in temp))
+
+
+def _optimizer_temporaries(plan: Plan, local_params: float) -> tuple[Buffer, ...]:
+    """Working memory of the foreach optimizer step: torch.optim's _multi_tensor_adam
+    builds one new list, exp_avg_sq_sqrt = _foreach_sqrt(exp_avg_sq) (the size of the
+    second moment), and updates everything else in place; foreach SGD works in place."""
+    if plan.optimizer != "adamw":
+        return ()
+    return (Buffer(name="optimizer/exp_avg_sq_sqrt", category="optimizer_states",
+                   bytes=math.ceil(local_params) * dtype_bytes(plan.optimizer_state_dtype)),)
+
+
+def host_optimizer(b: Builder, *, after: tuple[int, ...], frees: tuple[str, ...],
+                   local_params: float) -> int:
+    """Offloaded step (ZeRO-Offload, Ren et al. 2021, Sec. 4): CPU AdamW on the local shard
+    at the node's host rate shared by its GPUs; with optimizer offload the updated
+    compute-dtype shard is copied back to the GPU (parameter offload keeps it on the host
+    until the next all-gather copies it in)."""
+    p, hw = b.plan, b.hw
+    per_gpu_params_per_s = hw.host_adam_params_per_s / hw.gpus_per_node
+    step = b.add(name="optimizer step (host)", kind="optimizer", stream="host",
+                 microbatch=p.grad_accum - 1, after=after,
+                 compute_s=local_params / per_gpu_params_per_s, frees=frees)
+    if p.offload != "optimizer":
+        return step
+    return b.copy(kind="h2d", nbytes=math.ceil(local_params) * b.a, name="params to GPU",
+                  microbatch=p.grad_accum - 1, after=(step,))
+
+
+def pack_whole_tensors(numels: Iterable[int], cap: int, *, pending: int = 0) -> list[int]:
+    """Buckets of whole tensors, as DDP's _compute_bucket_assignment_by_size fills them:
+    each tensor joins the open bucket, which closes once it holds `cap` elements or more.
+    Returns the closed buckets' sizes followed by what the open bucket holds (starting
+    from `pending`), in elements."""
+    out = []
+    for numel in numels:
+        pending += numel
+        if pending >= cap:
+            out.append(pending)
+            pending = 0
+    return [*out, pending]
+
+
+def on_synchronous_host(ops: list[Op]) -> tuple[Op, ...]:
+    """The ops as a host that runs its kernels itself issues them: in issue order, each
+    op only once the host has finished every earlier op it ran or waited for (kernels,
+    copies, the host optimizer step, collectives issued without async_op); an async
+    collective (DDP's buckets) returns a Work at once and overlaps what follows. The
+    issue points of an async host (after_start: run-ahead) do not exist here."""
+    out: list[Op] = []
+    last: int | None = None
+    for op in ops:
+        out.append(replace(op, after_start=(), issue_after=() if last is None else (last,)))
+        if not op.async_op:
+            last = op.index
+    return tuple(out)

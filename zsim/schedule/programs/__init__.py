@@ -1,0 +1,43 @@
+"""The programs zsim lowers, one module each, behind one interface (`Program`): what a
+rank holds at rest, what it must hold at once at the least, and the ops of one step in
+the host's issue order. zsim.schedule.lower picks the program a plan names
+(`Plan.impl`, zsim.schedule.lower.PROGRAMS) and adds what every schedule shares.
+
+| impl      | module      | runs                                                         |
+|-----------|-------------|--------------------------------------------------------------|
+| torch     | torch_ddp   | DistributedDataParallel (ddp), + ZeroRedundancyOptimizer     |
+|           |             | (zero1)                                                      |
+| fsdp2     | fsdp2       | fully_shard (fsdp, fsdp-no-reshard, hsdp; zero2 as           |
+|           |             | reshard_after_forward=False)                                 |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from zsim.schedule.build import Builder, ShardElems, Unit
+from zsim.spec.model import ModelSpec
+from zsim.spec.plan import Plan
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Program:
+    """One training program as the lowering sees it."""
+
+    name: str
+    """The Plan.impl value that selects it."""
+    shard_elems: ShardElems
+    """How it pads one rank's shard of a unit's parameters."""
+    autocast: Callable[[Plan], bool]
+    """Whether it computes under torch.autocast with master-dtype parameters (its
+    activations then include autocast's casts)."""
+    state_at_rest_bytes: Callable[[ModelSpec, Plan], dict[str, float]]
+    """Bytes per memory category a rank holds between steps (module buffers excluded)."""
+    gathered_floor_bytes: Callable[[ModelSpec, Plan], float]
+    """Gathered parameters it must hold when the loss's forward starts (part of the
+    memory floor: zsim.schedule.lower.memory_floor_bytes)."""
+    lower: Callable[[Builder, Unit, list[Unit]], None]
+    """Emit one step's ops into the builder, through the optimizer step and what follows
+    it, given the root and block units."""
+

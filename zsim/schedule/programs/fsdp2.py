@@ -1,0 +1,380 @@
+"""FSDP2 (`fully_shard`) as torch runs it: fsdp, fsdp-no-reshard, hsdp, and zero2 as
+reshard_after_forward=False (its closest torch equivalent).
+
+Read from torch/distributed/fsdp/_fully_shard/ (_fsdp_param.py, _fsdp_collectives.py,
+_fsdp_param_group.py):
+- State. With a MixedPrecisionPolicy the sharded parameter is the fp32 master copy: at
+  rest a rank holds only it and the optimizer states (12 B/param/N for AdamW, not the ZeRO
+  paper's 16/N). Each parameter is sharded on dim 0 and every rank's shard padded to the
+  first chunk (`shard_elems`), so all-gather outputs, gathered parameters and
+  reduce-scatter inputs are dp_shard padded shards.
+- Units: the root (embeddings, final norm, output; not resharded after forward, so
+  gathered once per micro-batch) and blocks grouped by `plan.unit_size`. Each unit's
+  all-gather is preceded on its stream by a copy-in that allocates the flat buffer, casts
+  the shard to the compute dtype and copies it in; a copy-out op on the compute stream,
+  right before the unit runs, allocates the gathered parameters and frees the flat
+  buffer (wait_for_unshard in the unit's pre-hook).
+- Forward prefetch is implicit (p = `plan.prefetch` >= 1): an async host reaches unit k's
+  pre-forward, and issues its all-gather, when unit k-1 starts computing; p >= 2 adds
+  set_modules_to_forward_prefetch of the next units from each pre-forward; p = 0 issues a
+  unit's all-gather after unit k-1 ends. Backward prefetch is explicit: each
+  pre-backward (the root's before the head's backward) issues the all-gathers of the next
+  p units in backward order. reshard_after_forward frees the gathered parameters after a
+  unit's forward (fsdp, hsdp) or keeps them until after its backward.
+- Gradients are reduced once per optimizer step, on the last micro-batch
+  (set_requires_gradient_sync(False) before it). foreach_reduce copies a unit's
+  gradients into a flat input on the compute stream, reduce-scatters it in the reduce
+  dtype on its own stream and casts the output to the sharded gradient's dtype there;
+  HSDP then all-reduces the shard across replicas. Sharded gradients live until the
+  optimizer step (gradients set to None). One reduce-scatter input stays alive until the
+  next unit's post-backward (reduce_scatter_states, cap 1).
+- Offload (CPUOffloadPolicy): reduced gradient shards go to the host (d2h), the
+  optimizer steps there; with "params" each all-gather is preceded by an h2d copy of the
+  unit's shard.
+"""
+
+from __future__ import annotations
+
+import math
+
+from zsim.analytic.compute import Flops
+from zsim.analytic.memory import model_state_bytes, optimizer_bytes_per_param
+from zsim.schedule.build import (
+    Builder,
+    Shapes,
+    Unit,
+    block_backward,
+    block_forward,
+    device_optimizer,
+    head_backward,
+    head_forward,
+    host_optimizer,
+    units,
+)
+from zsim.schedule.ops import Buffer
+from zsim.schedule.programs import Program
+from zsim.spec.model import ModelSpec
+from zsim.spec.plan import Plan
+from zsim.units import dtype_bytes
+
+
+def shard_elems(shapes: Shapes, n: int) -> int:
+    """Elements of one rank's shard of these parameters on `n` ranks: each parameter is
+    chunked on dim 0 (torch.chunk: ceil(dim0 / n) rows in the first chunk) and every
+    rank's shard is padded to the first chunk's size (_fsdp_param.py,
+    _init_sharded_param). At most n - 1 rows of padding per parameter; once n exceeds a
+    parameter's rows, every rank holds a whole row of it."""
+    return sum(-(-shape[0] // n) * math.prod(shape[1:]) for shape in shapes)
+
+
+def state_shard_elems(model: ModelSpec, n: int) -> int:
+    """Elements of one rank's shard of the whole model on `n` ranks."""
+    return (shard_elems([s for _, s in model.root_tensors()], n)
+            + model.num_layers * shard_elems([s for _, s in model.block_tensors()], n))
+
+
+def _at_rest_bytes(plan: Plan) -> int:
+    """Bytes per parameter of the sharded copy the optimizer updates (fp32 master in
+    mixed precision, else the param dtype)."""
+    return dtype_bytes(plan.master_dtype if plan.has_master_copy else plan.param_dtype)
+
+
+def state_at_rest_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
+    """The sharded parameters in the at-rest dtype (fp32 master when the compute dtype is
+    lower: category master_params, else params) and the sharded optimizer states, both
+    padded per parameter; no gradients (set to None after the step). Offloaded plans keep
+    the closed form of zsim.analytic.memory (ZeRO-Offload)."""
+    if plan.offload != "none":
+        closed = model_state_bytes(model.num_params, _reshard_view(plan)).as_dict()
+        return {c: v for c, v in closed.items() if c != "grads"}
+    shard = float(state_shard_elems(model, plan.dp_shard))
+    params_cat = "master_params" if plan.has_master_copy else "params"
+    return {params_cat: shard * _at_rest_bytes(plan),
+            "optimizer_states": shard * optimizer_bytes_per_param(plan)}
+
+
+def _reshard_view(plan: Plan) -> Plan:
+    """zero2 runs as fully_shard(reshard_after_forward=False): the plan of that name."""
+    return plan.with_(strategy="fsdp-no-reshard") if plan.strategy == "zero2" else plan
+
+
+def gathered_floor_bytes(model: ModelSpec, plan: Plan) -> float:
+    """The gathered root (not resharded until the end of backward) and, without
+    resharding after forward, every gathered unit."""
+    plan = _reshard_view(plan)
+    root, blocks = units(model, plan, shard_elems)
+    gathered = [root] if plan.reshard_after_forward else [root, *blocks]
+    return float(sum(u.gathered_elems(plan) for u in gathered) * dtype_bytes(plan.param_dtype))
+
+
+def _grad_bytes(plan: Plan) -> int:
+    """Bytes per element of the sharded gradients the optimizer reads: the sharded
+    parameter's dtype, except offloaded plans, which keep the closed form's grad dtype."""
+    return _at_rest_bytes(plan) if plan.offload == "none" else dtype_bytes(plan.grad_dtype)
+
+
+def _unsharded_grad_bytes(plan: Plan) -> int:
+    """Bytes per element of a unit's unsharded gradient: the compute dtype, or the reduce
+    dtype when micro-batches accumulate into it."""
+    return dtype_bytes(plan.param_dtype if plan.grad_accum == 1 else plan.reduce_dtype)
+
+
+class _Step:
+    """One FSDP2 step being lowered: the builder and what FSDP2 keeps between hooks."""
+
+    def __init__(self, b: Builder) -> None:
+        self.b = b
+        self.p = _reshard_view(b.plan)
+        self.unsharded_grads: dict[str, list[str]] = {}
+        """Per unit, the unsharded gradient buffers its reduce-scatter consumes."""
+        self.held_rs_input: str | None = None
+        """The reduce-scatter input still held for the previous unit."""
+        self.grad_shards: list[str] = []
+        """Sharded gradients the optimizer step reads and frees."""
+        self.last_reduce: list[int] = []
+        """The last op of each unit's reduction."""
+
+    # ------------------------------------------------------------------ step
+    def lower(self, root: Unit, blocks: list[Unit]) -> None:
+        b, p = self.b, self.p
+        reshard = p.reshard_after_forward
+        acc_bytes = _unsharded_grad_bytes(p)
+        prev_last_bwd: int | None = None
+        for mb in range(p.grad_accum):
+            last_mb = mb == p.grad_accum - 1
+            gathered: dict[int, str] = {}
+            root_ag = self.all_gather(
+                root, mb, gathered, phase="forward",
+                after_start=() if prev_last_bwd is None else (prev_last_bwd,))
+            root_copy = self.copy_out(root, mb, gathered, phase="forward", gather=root_ag,
+                                      hooks=True)
+            emb = b.add(name=f"embedding forward (mb {mb})", kind="forward",
+                        stream="compute", microbatch=mb, after=(root_copy,))
+            fwd = self.forward(mb, blocks, gathered, first=emb)
+
+            def grad_alloc(u: Unit, params: int, part: str = "", mb: int = mb
+                           ) -> tuple[Buffer, ...]:
+                """Autograd allocates each parameter's unsharded gradient when its
+                backward runs: a block unit's in its backward, the root's output
+                projection and final norm in the head's backward, its token embedding at
+                the very end."""
+                if mb > 0 or params == 0:
+                    return ()  # accumulating into the buffers of micro-batch 0
+                name = f"{u.name}/unsharded_grad{part}"
+                self.unsharded_grads.setdefault(u.name, []).append(name)
+                return (Buffer(name=name, category="gathered_grads", bytes=params * acc_bytes),)
+
+            emb_grad = 0 if b.model.tied_embeddings else b.model.embedding_params
+            head_f = head_forward(b, mb, after=(fwd[-1],))
+            issued: dict[int, int] = {}
+            if reshard:
+                self.backward_prefetch(blocks, mb, gathered, issued, below=len(blocks),
+                                       after=head_f)
+            head_b = head_backward(b, mb, grads=grad_alloc(root, root.params - emb_grad))
+            bwd: dict[int, int] = {}
+            for k in reversed(range(len(blocks))):
+                u = blocks[k]
+                after: tuple[int, ...] = ()
+                if reshard:
+                    if k not in issued:  # no prefetch: gathered at its own pre-backward
+                        issued[k] = self.all_gather(
+                            u, mb, gathered, phase="backward",
+                            issue_after=(bwd[k + 1] if k + 1 < len(blocks) else head_b,))
+                    copy = self.copy_out(u, mb, gathered, phase="backward", gather=issued[k])
+                    self.backward_prefetch(blocks, mb, gathered, issued, below=k, after=copy)
+                    after = (copy,)
+                bwd[k] = block_backward(b, u, mb, after=after, grads=grad_alloc(u, u.params),
+                                        frees=(gathered[k],))
+                if last_mb:
+                    self.reduce(u, bwd[k], final=False)
+            emb_b = b.add(name=f"embedding backward (mb {mb})", kind="backward",
+                          stream="compute", microbatch=mb,
+                          allocs=grad_alloc(root, emb_grad, "/embedding"),
+                          frees=(gathered[-1],))
+            if last_mb:
+                self.reduce(root, emb_b, final=True)
+            prev_last_bwd = emb_b
+        self.optimizer()
+
+    def forward(self, mb: int, blocks: list[Unit], gathered: dict[int, str], *,
+                first: int) -> list[int]:
+        """Block forwards of micro-batch mb with each unit's pre-forward as FSDP2 runs it:
+        all-gather (unless prefetched), copy-out, explicit prefetch of the next units.
+        Returns the forward op index of each unit."""
+        b, p = self.b, self.p
+        fwd: list[int] = []
+        issued: dict[int, int] = {}
+        for k, u in enumerate(blocks):
+            if k not in issued:
+                # Implicit prefetch: an async host reaches unit k's pre-forward while
+                # unit k-1 (the embedding for k = 0) is still running on the device.
+                prev = fwd[k - 1] if k else first
+                issue = (dict(after_start=(prev,)) if p.prefetch >= 1
+                         else dict(issue_after=(prev,)))
+                issued[k] = self.all_gather(u, mb, gathered, phase="forward", **issue)
+            copy = self.copy_out(u, mb, gathered, phase="forward", gather=issued[k],
+                                 hooks=True)
+            if p.prefetch >= 2:  # explicit: set_modules_to_forward_prefetch
+                for j in range(k + 1, min(k + p.prefetch, len(blocks) - 1) + 1):
+                    if j not in issued:
+                        issued[j] = self.all_gather(blocks[j], mb, gathered,
+                                                    phase="forward", issue_after=(copy,))
+            fwd.append(block_forward(b, u, mb, after=(copy,),
+                                     frees=(gathered[k],) if p.reshard_after_forward else ()))
+        return fwd
+
+    # ------------------------------------------------------------------ gathers
+    def all_gather(self, u: Unit, mb: int, gathered: dict[int, str], *, phase: str,
+                   **deps: tuple[int, ...]) -> int:
+        """One unit's all-gather as foreach_all_gather runs it: a copy-in on the
+        all-gather's side (the all_gather_copy_in stream) allocates the flat output,
+        casts each shard to the compute dtype (when the shard is the master copy) and
+        copies it into its slice, then the collective. Returns the all-gather op; `deps`
+        place the copy-in's issue."""
+        b, p = self.b, self.p
+        key = -1 if u.index is None else u.index
+        size = u.gathered_elems(p) * b.a
+        name = f"mb{mb}/{u.name}/gathered/{phase}"
+        gathered[key] = name
+        frees: tuple[str, ...] = ()
+        if p.offload == "params":
+            # CPUOffloadPolicy: the shard (in its at-rest dtype) is copied to the GPU
+            # before the all-gather, on the same issue point, and dropped after it.
+            shard = f"{name}/shard_from_host"
+            nbytes = u.shard * _at_rest_bytes(p)
+            h2d = b.copy(kind="h2d", nbytes=nbytes,
+                         name=f"{u.name} shard to GPU {phase} (mb {mb})", unit=u.index,
+                         microbatch=mb,
+                         allocs=(Buffer(name=shard, category="comm_buffers", bytes=nbytes),),
+                         **deps)
+            deps = {"after": (h2d,)}
+            frees += (shard,)
+        cast = _at_rest_bytes(p) + b.a if p.has_master_copy else 0
+        copy_in = Flops(matmul=0.0, attention=0.0, memory_bytes=u.shard * (cast + 2 * b.a),
+                        kernels=2 if cast else 1)
+        first = b.add(name=f"{u.name} copy-in {phase} (mb {mb})", kind=phase,
+                      stream="all_gather", unit=u.index, microbatch=mb,
+                      compute_s=b.compute(copy_in),
+                      allocs=(Buffer(name=f"{name}/flat", category="comm_buffers",
+                                     bytes=size),),
+                      **deps)
+        return b.collective(
+            kind="all_gather", size_bytes=size, group=b.shard, gname="shard",
+            name=f"{u.name} all-gather {phase} (mb {mb})", unit=u.index, microbatch=mb,
+            after=(first,), frees=frees)
+
+    def copy_out(self, u: Unit, mb: int, gathered: dict[int, str], *, phase: str,
+                 gather: int, hooks: bool = False) -> int:
+        """The unit's wait_for_unshard in its pre-forward/pre-backward, on the compute
+        stream: allocates the unsharded parameters, copies them out of the flat
+        all-gather output (split_with_sizes_copy: its memory traffic) and drops the flat
+        buffer. With `hooks`, it also carries FSDP2's host time for the unit in this
+        micro-batch (the profile's fsdp_unit_overhead_s, on the timeline only on a
+        synchronous host)."""
+        b = self.b
+        name = gathered[-1 if u.index is None else u.index]
+        size = u.gathered_elems(self.p) * b.a
+        copy = Flops(matmul=0.0, attention=0.0, memory_bytes=2.0 * size, kernels=1)
+        host_s = b.host(b.hw.fsdp_unit_overhead_s) if hooks else 0.0
+        return b.add(name=f"{u.name} copy-out {phase} (mb {mb})", kind=phase,
+                     stream="compute", unit=u.index, microbatch=mb, after=(gather,),
+                     compute_s=b.compute(copy) + host_s,
+                     allocs=(Buffer(name=name, category="gathered_params", bytes=size),),
+                     frees=(f"{name}/flat",))
+
+    def backward_prefetch(self, blocks: list[Unit], mb: int, gathered: dict[int, str],
+                          issued: dict[int, int], *, below: int, after: int) -> None:
+        """Backward prefetch from the pre-backward hook that just ran (the root's, before
+        the head's backward, when `below` is the unit count; else unit `below`'s, after
+        its copy-out `after`): the all-gathers of the next `plan.prefetch` units in
+        backward order not issued yet, recorded in `issued`."""
+        for j in range(below - 1, max(below - 1 - self.p.prefetch, -1), -1):
+            if j not in issued:
+                issued[j] = self.all_gather(blocks[j], mb, gathered, phase="backward",
+                                            issue_after=(after,))
+
+    # ------------------------------------------------------------------ reduction
+    def reduce(self, u: Unit, after: int, *, final: bool) -> None:
+        """Reduce-scatter of one unit's gradients (+ HSDP all-reduce of the shard), as
+        foreach_reduce: on the compute stream, the copy-in (chunk_cat) reads the unsharded
+        gradients into the flat input (reduce dtype), which frees them; then the
+        collective on its stream; then, on the same stream, the output (reduce dtype) is
+        cast to the sharded gradient's dtype when they differ. The input stays alive
+        until the next unit's reduce-scatter (reduce_scatter_states, one buffer: released
+        in the next post-backward, before its copy-in) or, for the last unit, the end of
+        backward. `final`: this is the last reduce-scatter of the step (the root)."""
+        b, p = self.b, self.p
+        g_bytes, r_bytes = _grad_bytes(p), dtype_bytes(p.reduce_dtype)
+        last_mb = p.grad_accum - 1
+        shard_grad = f"{u.name}/grad_shard"
+        self.grad_shards.append(shard_grad)
+        rs_in_bytes = u.gathered_elems(p) * r_bytes
+        rs_in = f"{u.name}/reduce_scatter_input"
+        held = self.held_rs_input
+        self.held_rs_input = None if final else rs_in
+        copy_in = Flops(matmul=0.0, attention=0.0,
+                        memory_bytes=u.params * _unsharded_grad_bytes(p) + rs_in_bytes,
+                        kernels=1)
+        first = b.add(name=f"{u.name} reduce-scatter copy-in", kind="backward",
+                      stream="compute", unit=u.index, microbatch=last_mb, after=(after,),
+                      compute_s=b.compute(copy_in), frees_at_start=(held,) if held else (),
+                      allocs=(Buffer(name=rs_in, category="comm_buffers", bytes=rs_in_bytes),),
+                      frees=tuple(self.unsharded_grads.pop(u.name, ())))
+        allocs = []
+        rs_out = f"{u.name}/reduce_scatter_output"
+        if r_bytes != g_bytes:
+            allocs.append(Buffer(name=rs_out, category="comm_buffers",
+                                 bytes=u.shard * r_bytes))
+        allocs.append(Buffer(name=shard_grad, category="grads", bytes=u.shard * g_bytes))
+        last = b.collective(
+            kind="reduce_scatter", size_bytes=rs_in_bytes, group=b.shard, gname="shard",
+            name=f"{u.name} reduce-scatter", unit=u.index, microbatch=last_mb, after=(first,),
+            allocs=tuple(allocs), frees=(rs_in,) if final else ())
+        if r_bytes != g_bytes:
+            cast = Flops(matmul=0.0, attention=0.0,
+                         memory_bytes=u.shard * (r_bytes + g_bytes), kernels=1)
+            last = b.add(name=f"{u.name} grad cast", kind="backward", stream="reduce_scatter",
+                         unit=u.index, microbatch=last_mb, after=(last,),
+                         compute_s=b.compute(cast), frees=(rs_out,))
+        if p.dp_replicate > 1:
+            last = b.collective(kind="all_reduce", size_bytes=u.shard * r_bytes, group=b.repl,
+                                gname="replicate", name=f"{u.name} all-reduce (replicas)",
+                                unit=u.index, microbatch=last_mb, after=(last,))
+        if p.offload != "none":
+            last = self.grads_to_host(last, shard_grad, u.shard * g_bytes,
+                                      name=f"{u.name} grad shard to host")
+        self.last_reduce.append(last)
+
+    def grads_to_host(self, after: int, grad: str, nbytes: int, *, name: str) -> int:
+        """Offload: copy a reduced gradient shard to the host for the CPU optimizer
+        step. With parameter offload it leaves the GPU right away; with optimizer offload
+        the GPU keeps it until the step, as zsim.analytic.memory counts it."""
+        b = self.b
+        keep = self.p.offload == "optimizer"
+        if not keep:
+            self.grad_shards.remove(grad)
+        return b.copy(kind="d2h", nbytes=nbytes, name=name, microbatch=self.p.grad_accum - 1,
+                      after=(after,), frees=() if keep else (grad,))
+
+    def optimizer(self) -> None:
+        """AdamW on the local (padded) shards, each parameter a DTensor; on the host when
+        offloaded."""
+        b, p = self.b, self.p
+        after, frees = tuple(self.last_reduce), tuple(self.grad_shards)
+        if p.offload != "none":
+            host_optimizer(b, after=after, frees=frees,
+                           local_params=b.model.num_params / p.dp_shard)
+            return
+        device_optimizer(b, after=after, frees=frees,
+                         local_params=state_shard_elems(b.model, p.dp_shard),
+                         tensors=len(b.model.parameter_tensors()),
+                         master_bytes=_at_rest_bytes(p), grad_bytes=dtype_bytes(p.grad_dtype))
+
+
+def _lower(b: Builder, root: Unit, blocks: list[Unit]) -> None:
+    _Step(b).lower(root, blocks)
+
+
+PROGRAM = Program(name="fsdp2", shard_elems=shard_elems, autocast=lambda plan: False,
+                  state_at_rest_bytes=state_at_rest_bytes,
+                  gathered_floor_bytes=gathered_floor_bytes, lower=_lower)

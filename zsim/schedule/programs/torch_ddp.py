@@ -1,0 +1,201 @@
+"""torch's DistributedDataParallel (ddp) and DDP + ZeroRedundancyOptimizer (zero1,
+`--impl torch`) as the backend runs them.
+
+- State: fp32 parameters under torch.autocast (DDP has no compute-dtype parameter mode),
+  and the reducer's gradient buckets in the same dtype, allocated at construction with
+  the gradients as views into them (gradient_as_bucket_view=True), alive all the time;
+  AdamW states, partitioned over the ranks for zero1. The activations are autocast's
+  (zsim.analytic.activations, autocast=True).
+- Reduction: in buckets of `plan.bucket_bytes` filled with whole tensors in reverse module
+  order (_compute_bucket_assignment_by_size), each all-reduced (ddp) or reduce-scattered
+  (zero1) with async_op by the backward op that completes it, once per optimizer step
+  (no_sync before the last micro-batch).
+- zero1's ZeroRedundancyOptimizer steps on the rank's partition (whole tensors: the mean
+  partition is 1/N of the model), then all-gathers the updated parameters in buckets.
+- Offloaded plans keep the closed-form state of zsim.analytic.memory (ZeRO-Offload): the
+  reduced gradients go to the host (d2h) and the optimizer steps there.
+"""
+
+from __future__ import annotations
+
+import math
+
+from zsim.analytic.memory import model_state_bytes, optimizer_bytes_per_param
+from zsim.schedule.build import (
+    Builder,
+    Shapes,
+    Unit,
+    block_backward,
+    block_forward,
+    device_optimizer,
+    head_backward,
+    head_forward,
+    host_optimizer,
+    pack_whole_tensors,
+)
+from zsim.schedule.ops import Buffer
+from zsim.schedule.programs import Program
+from zsim.spec.model import ModelSpec
+from zsim.spec.plan import Plan
+from zsim.units import dtype_bytes
+
+
+def shard_elems(shapes: Shapes, n: int) -> int:
+    """Parameters are not sharded: a rank holds every element."""
+    return sum(math.prod(s) for s in shapes)
+
+
+def runs_autocast(plan: Plan) -> bool:
+    """ddp and zero1 keep their parameters in the master dtype and autocast the forward
+    to param_dtype."""
+    return plan.has_master_copy
+
+
+def _at_rest_bytes(plan: Plan) -> int:
+    return dtype_bytes(plan.master_dtype if plan.has_master_copy else plan.param_dtype)
+
+
+def _persistent_grads(plan: Plan) -> bool:
+    """The reducer's buckets (and the gradients, views into them) never come or go
+    during a step."""
+    return plan.offload == "none"
+
+
+def _local_state_elems(model: ModelSpec, plan: Plan) -> int:
+    """Parameters the rank's optimizer steps on: all of them (ddp), or the mean
+    ZeroRedundancyOptimizer partition (zero1)."""
+    return -(-model.num_params // plan.dp_shard) if plan.shards_optimizer else model.num_params
+
+
+def state_at_rest_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
+    """Every parameter and its gradient bucket in the at-rest dtype, and the optimizer
+    states, partitioned for zero1."""
+    if plan.offload != "none":
+        closed = model_state_bytes(model.num_params, plan).as_dict()
+        return {c: v for c, v in closed.items() if c != "grads"}
+    w = _at_rest_bytes(plan)
+    params_cat = "master_params" if plan.has_master_copy else "params"
+    out = {params_cat: float(model.num_params) * w,
+           "optimizer_states": _local_state_elems(model, plan) * optimizer_bytes_per_param(plan)}
+    if _persistent_grads(plan):
+        out["grads"] = float(model.num_params) * w
+    return out
+
+
+def _grad_bytes(plan: Plan) -> int:
+    """Bytes per element of the gradients: the parameters' (DDP's buckets), except
+    offloaded plans, which keep the closed form's grad dtype."""
+    return _at_rest_bytes(plan) if plan.offload == "none" else dtype_bytes(plan.grad_dtype)
+
+
+class _Buckets:
+    """Bucketed gradient reduction in readiness order: a bucket's collective is issued,
+    with async_op, by the backward op that completes it, right after that op in the
+    host's order. Buckets hold whole tensors (pack_whole_tensors), so there are never
+    more buckets than parameter tensors."""
+
+    def __init__(self, b: Builder) -> None:
+        p = b.plan
+        self.b = b
+        self.per_bucket = max(1, p.bucket_bytes // dtype_bytes(p.reduce_dtype))
+        self.pending = 0
+        self.issued: list[int] = []
+
+    def ready(self, u: Unit, op: int) -> None:
+        """The gradients of `u` are complete once `op` has run (DDP fills its buckets in
+        reverse module order)."""
+        *full, self.pending = pack_whole_tensors(reversed(u.tensors), self.per_bucket,
+                                                 pending=self.pending)
+        for elems in full:
+            self._flush(elems, op)
+
+    def finish(self, last: int) -> list[int]:
+        """Flush the partial last bucket (after `last`); returns each bucket's final op."""
+        if self.pending:
+            self._flush(self.pending, last)
+            self.pending = 0
+        return self.issued
+
+    def _flush(self, elems: int, after: int) -> None:
+        b, p = self.b, self.b.plan
+        r_bytes = dtype_bytes(p.reduce_dtype)
+        bucket = len(self.issued)
+        ddp = p.strategy == "ddp"
+        kw = dict(name=f"bucket {bucket} {'all-reduce' if ddp else 'reduce-scatter'}",
+                  unit=bucket, microbatch=p.grad_accum - 1, after=(after,), async_op=True)
+        if ddp:
+            op = b.collective(kind="all_reduce", size_bytes=elems * r_bytes,
+                              group=b.repl, gname="replicate", **kw)
+        else:
+            op = b.collective(kind="reduce_scatter", size_bytes=elems * r_bytes,
+                              group=b.shard, gname="shard", **kw)
+        if p.offload == "optimizer":
+            local = elems if ddp else math.ceil(elems / p.dp_shard)
+            op = b.copy(kind="d2h", nbytes=local * _grad_bytes(p), unit=bucket,
+                        name=f"bucket {bucket} grads to host",
+                        microbatch=p.grad_accum - 1, after=(op,))
+        self.issued.append(op)
+
+
+def _lower(b: Builder, root: Unit, blocks: list[Unit]) -> None:
+    p = b.plan
+    persistent = _persistent_grads(p)
+    grad_buffers: list[str] = []
+    last_reduce: list[int] = []
+    for mb in range(p.grad_accum):
+        last_mb = mb == p.grad_accum - 1
+
+        def grad_alloc(u: Unit, mb: int = mb) -> tuple[Buffer, ...]:
+            if mb > 0 or persistent:
+                return ()  # the reducer's buckets are part of the state at rest
+            name = f"{u.name}/full_grad"
+            grad_buffers.append(name)
+            return (Buffer(name=name, category="grads", bytes=u.params * _grad_bytes(p)),)
+
+        emb = b.add(name=f"embedding forward (mb {mb})", kind="forward", stream="compute",
+                    microbatch=mb)
+        fwd = [block_forward(b, u, mb) for u in blocks]
+        head_forward(b, mb, after=(fwd[-1] if fwd else emb,))
+        head_backward(b, mb, grads=grad_alloc(root))
+        buckets = _Buckets(b) if last_mb else None
+        for u in reversed(blocks):
+            op = block_backward(b, u, mb, grads=grad_alloc(u))
+            if buckets is not None:
+                buckets.ready(u, op)
+        emb_b = b.add(name=f"embedding backward (mb {mb})", kind="backward", stream="compute",
+                      microbatch=mb)
+        if buckets is not None:
+            buckets.ready(root, emb_b)
+            last_reduce.extend(buckets.finish(emb_b))
+    after, frees = tuple(last_reduce), tuple(grad_buffers)
+    if p.offload != "none":
+        opt = host_optimizer(b, after=after, frees=frees,
+                             local_params=b.model.num_params / p.dp_shard)
+    else:
+        tensors = len(b.model.parameter_tensors())
+        # ZeroRedundancyOptimizer partitions whole tensors.
+        opt = device_optimizer(
+            b, after=after, frees=frees, local_params=_local_state_elems(b.model, p),
+            tensors=math.ceil(tensors / p.dp_shard) if p.shards_optimizer else tensors,
+            master_bytes=_at_rest_bytes(p), grad_bytes=dtype_bytes(p.grad_dtype))
+    if p.strategy == "zero1":
+        _param_all_gather(b, opt)
+
+
+def _param_all_gather(b: Builder, opt: int) -> None:
+    """zero1: all-gather the updated compute-dtype parameters, in buckets of whole
+    tensors."""
+    p, m = b.plan, b.model
+    numels = [math.prod(s) for _, s in m.root_tensors()]
+    numels += [math.prod(s) for _, s in m.block_tensors()] * m.num_layers
+    per = max(1, p.bucket_bytes // b.a)
+    *full, last = pack_whole_tensors(numels, per)
+    for i, elems in enumerate([*full, last] if last else full):
+        b.collective(kind="all_gather", size_bytes=elems * b.a, group=b.shard,
+                     gname="shard", name=f"param all-gather bucket {i}", unit=i,
+                     microbatch=p.grad_accum - 1, after=(opt,))
+
+
+PROGRAM = Program(name="torch", shard_elems=shard_elems, autocast=runs_autocast,
+                  state_at_rest_bytes=state_at_rest_bytes,
+                  gathered_floor_bytes=lambda model, plan: 0.0, lower=_lower)
