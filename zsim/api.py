@@ -71,8 +71,9 @@ def hardware() -> list[dict[str, Any]]:
 
 def build_plan(spec: ModelSpec, *, gpus: int, strategy: str, shard_group: int | None,
                seq: int | None, micro_batch: int, grad_accum: int, ac: str,
-               precision: str, offload: str) -> Plan:
-    """The Plan the CLI's plan flags describe (shared by simulate and validate).
+               precision: str, offload: str, impl: str | None = None) -> Plan:
+    """The Plan the CLI's plan flags describe (shared by simulate and validate); `impl`
+    None runs the strategy's default program.
 
     Raises:
         ConfigError: an invalid flag value or combination.
@@ -80,13 +81,14 @@ def build_plan(spec: ModelSpec, *, gpus: int, strategy: str, shard_group: int | 
     return Plan.for_strategy(
         strategy, gpus=gpus, shard_group=shard_group,
         seq_len=seq if seq is not None else spec.max_seq_len, micro_batch=micro_batch,
-        grad_accum=grad_accum, recompute=ac, offload=offload, **precision_knobs(precision))
+        grad_accum=grad_accum, recompute=ac, offload=offload, impl=impl or "",
+        **precision_knobs(precision))
 
 
 def simulate(*, model: str, gpus: int, strategy: str, shard_group: int | None = None,
              hardware: str, seq: int | None = None, micro_batch: int = 1,
              grad_accum: int = 1, ac: str = "none", precision: str = "bf16",
-             offload: str = "none", trace: Path | None = None,
+             offload: str = "none", impl: str | None = None, trace: Path | None = None,
              fit_only: bool = False) -> dict[str, Any]:
     """Simulate one plan; optionally write its Chrome trace (Perfetto) to `trace`. HSDP
     shards within a node unless `shard_group` says otherwise. With `fit_only` the engine
@@ -107,7 +109,7 @@ def simulate(*, model: str, gpus: int, strategy: str, shard_group: int | None = 
         shard_group = min(hw.gpus_per_node, gpus)  # shard within a node, the usual HSDP
     plan = build_plan(spec, gpus=gpus, strategy=strategy, shard_group=shard_group, seq=seq,
                       micro_batch=micro_batch, grad_accum=grad_accum, ac=ac,
-                      precision=precision, offload=offload)
+                      precision=precision, offload=offload, impl=impl)
     result = run(spec, hw, plan, trace=trace is not None, fit_only=fit_only)
     if trace is not None and not result.spans:
         raise ConfigError("trace", str(trace), "the plan was not simulated (its memory floor "
@@ -174,7 +176,8 @@ def calibrate(*, backend: str, nproc: int, out: Path) -> Path:
 def validate(*, model: str, nproc: int, strategy: str, shard_group: int | None = None,
              profile: str = "local-cpu", seq: int | None = None, micro_batch: int = 1,
              grad_accum: int = 1, ac: str = "none", precision: str = "bf16",
-             offload: str = "none", out: Path | None = None) -> dict[str, Any]:
+             offload: str = "none", impl: str | None = None,
+             out: Path | None = None) -> dict[str, Any]:
     """Run one plan for real on `nproc` processes and in the simulator with a calibrated
     profile; compare; with `out`, also write the rows there as a CSV. On a machine
     without CUDA, models above CPU_VALIDATION_MAX_PARAMS are scaled to d_model
@@ -206,7 +209,7 @@ def validate(*, model: str, nproc: int, strategy: str, shard_group: int | None =
         shard_group = max(1, nproc // 2)
     plan = build_plan(spec, gpus=nproc, strategy=strategy, shard_group=shard_group, seq=seq,
                       micro_batch=micro_batch, grad_accum=grad_accum, ac=ac,
-                      precision=precision, offload=offload)
+                      precision=precision, offload=offload, impl=impl)
     rows = run(spec, plan, nproc=nproc, profile=hw, out_dir=out)
     written = None if out is None else str(Path(out) / csv_name(spec, plan))
     return {"model": spec.name, "profile": hw.name, "plan": plan.label, "written": written,

@@ -14,7 +14,7 @@ import typer
 from zsim import api
 from zsim.errors import ZsimError
 from zsim.report.tables import csv_text, json_text, text_table
-from zsim.spec.plan import PRECISIONS, STRATEGIES
+from zsim.spec.plan import IMPLS, PRECISIONS, STRATEGIES
 from zsim.spec.plan import Offload as OffloadLiteral
 from zsim.spec.plan import Recompute as RecomputeLiteral
 from zsim.spec.registry import DEFAULT_HARDWARE
@@ -111,6 +111,7 @@ Strategy = _choices("Strategy", STRATEGIES)
 Recompute = _choices("Recompute", get_args(RecomputeLiteral))
 Precision = _choices("Precision", PRECISIONS)
 Offload = _choices("Offload", get_args(OffloadLiteral))
+Impl = _choices("Impl", sorted({i for impls in IMPLS.values() for i in impls}))
 
 
 PlanModelOpt = Annotated[str, typer.Option(help="Preset name or a config.json path.")]
@@ -120,6 +121,10 @@ GradAccumOpt = Annotated[int, typer.Option(help="Micro-batches per optimizer ste
 AcOpt = Annotated[Recompute, typer.Option(help="Activation checkpointing.")]
 PrecisionOpt = Annotated[Precision, typer.Option(help="Mixed bf16 or fp32.")]
 OffloadOpt = Annotated[Offload, typer.Option(help="Offload to host memory.")]
+ImplOpt = Annotated[Impl | None, typer.Option(
+    help="The program that runs the strategy: torch (ddp; zero1 as DDP + "
+         "ZeroRedundancyOptimizer), fsdp2 (fsdp, fsdp-no-reshard, hsdp), deepspeed (zero1, "
+         "zero2, zero3). Default: the strategy's own.")]
 
 
 class SimFormat(str, Enum):
@@ -140,6 +145,7 @@ def simulate(
     ac: AcOpt = Recompute.none,
     precision: PrecisionOpt = Precision.bf16,
     offload: OffloadOpt = Offload.none,
+    impl: ImplOpt = None,
     trace: Annotated[Path | None, typer.Option(help="Write a Chrome/Perfetto trace here.")] = None,
     fit_only: Annotated[bool, typer.Option(
         help="Stop at the first allocation over HBM: whether it fits, and where not.")] = False,
@@ -149,14 +155,14 @@ def simulate(
     r = _run(lambda: api.simulate(
         model=model, gpus=gpus, strategy=strategy.value, shard_group=shard_group,
         hardware=hardware, seq=seq, micro_batch=micro_batch, grad_accum=grad_accum,
-        ac=ac.value, precision=precision.value, offload=offload.value, trace=trace,
-        fit_only=fit_only))
+        ac=ac.value, precision=precision.value, offload=offload.value,
+        impl=impl.value if impl else None, trace=trace, fit_only=fit_only))
     if format is SimFormat.json:
         typer.echo(json_text(r))
         return
     gib = 2**30
-    typer.echo(f"{r['model']} on {gpus} x {r['hardware']}: {strategy.value}, ac={ac.value}, "
-               f"micro-batch {micro_batch} x {grad_accum}")
+    typer.echo(f"{r['model']} on {gpus} x {r['hardware']}: {strategy.value} "
+               f"({r['plan']['impl']}), ac={ac.value}, micro-batch {micro_batch} x {grad_accum}")
     if r["step_time_s"] is None:
         typer.echo(f"step time       not simulated ({r['evaluated']})")
     else:
@@ -245,6 +251,7 @@ def validate(
     ac: AcOpt = Recompute.none,
     precision: PrecisionOpt = Precision.bf16,
     offload: OffloadOpt = Offload.none,
+    impl: ImplOpt = None,
     profile: Annotated[str, typer.Option(help="Calibrated hardware profile.")] = "local-cpu",
     out: Annotated[Path | None, typer.Option(
         help="Folder to write the rows to as a CSV (nothing is written without it).")] = None,
@@ -254,7 +261,8 @@ def validate(
     r = _run(lambda: api.validate(
         model=model, nproc=nproc, strategy=strategy.value, shard_group=shard_group,
         profile=profile, seq=seq, micro_batch=micro_batch, grad_accum=grad_accum,
-        ac=ac.value, precision=precision.value, offload=offload.value, out=out))
+        ac=ac.value, precision=precision.value, offload=offload.value,
+        impl=impl.value if impl else None, out=out))
     if r["written"]:
         typer.echo(f"wrote {r['written']}", err=True)
     if format is SimFormat.json:

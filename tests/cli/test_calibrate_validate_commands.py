@@ -33,7 +33,8 @@ def test_validate_passes_flags_and_renders_rows(monkeypatch: pytest.MonkeyPatch)
     assert "step_time_s" in table.stdout and "-9.09" in table.stdout
     assert seen == {"model": "8b", "nproc": 2, "strategy": "fsdp", "shard_group": None,
                     "profile": "p", "seq": 128, "micro_batch": 2, "grad_accum": 1,
-                    "ac": "full", "precision": "bf16", "offload": "none", "out": None}
+                    "ac": "full", "precision": "bf16", "offload": "none", "impl": None,
+                    "out": None}
     out = CliRunner().invoke(app, [*args, "--format", "json"])
     assert json.loads(out.stdout)["rows"] == canned["rows"]
     CliRunner().invoke(app, [*args, "--out", "somewhere"])

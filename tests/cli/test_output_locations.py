@@ -43,10 +43,11 @@ import sys
 from pathlib import Path
 from zsim.calibrate.microbench import BenchConfig
 from zsim.calibrate.profile import calibrate
-quick = BenchConfig(sizes_bytes=(4096, 1 << 20), iters_small=2, iters_large=1,
-                    matmul_shapes=((128, 128, 128),), copy_bytes=1 << 20, adam_params=1 << 14,
-                    attention_shape=(1, 2, 64, 32), elementwise_numels=(1 << 14,),
-                    sync_segments=(1, 4), host_layers=(1, 2), rounds=1)
+quick = BenchConfig(sizes_bytes=(4096, 65536, 1 << 20, 4 << 20), iters_small=3,
+                    iters_large=2, matmul_shapes=((256, 256, 256), (512, 256, 512)),
+                    copy_bytes=8 << 20, adam_params=1 << 18, attention_shape=(1, 2, 128, 64),
+                    elementwise_numels=(1 << 16,), sync_segments=(1, 4, 8),
+                    host_layers=(1, 3), rounds=1)
 calibrate("gloo", 2, Path(sys.argv[1]), config=quick, timeout_s=300)
 """
 """`zsim calibrate` with a short benchmark (the command's own takes minutes): the same

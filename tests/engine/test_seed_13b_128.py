@@ -26,21 +26,27 @@ def runs() -> dict[str, tuple[Plan, Result]]:
             for run in scenario.runs}
 
 
+def _ds_flat(psi: int, n: int) -> int:
+    """DeepSpeed ZeRO-1/2's flat 16-bit buffer: padded to a multiple of 2 x N elements."""
+    return -(-psi // (2 * n)) * 2 * n
+
+
 def test_ddp_and_zero1_do_not_fit_8k(runs: dict[str, tuple[Plan, Result]]) -> None:
     ddp, zero1 = runs["ddp"][1], runs["zero1"][1]
-    # Their model state alone exceeds HBM: the closed form says so, nothing is simulated.
+    # Their model state and one micro-batch's activations exceed HBM: the closed form
+    # says so, nothing is simulated.
     assert not ddp.fits and ddp.oom is not None
     assert ddp.oom.startswith("does not fit (closed form")
-    # The zero1 the backend runs (DDP + ZeroRedundancyOptimizer, fp32 params under
-    # autocast) replicates fp32 params (4 B) and DDP's fp32 gradient buckets (4 B) and
-    # shards only the AdamW moments (8 B / N): 8 Psi + 8 Psi / 128 ~ 105 GB > 80 GB of HBM,
-    # before any activation.
+    # DeepSpeed's ZeRO-1 keeps the flat bf16 parameters on every rank (2 B) and shards the
+    # fp32 master and AdamW moments (12 B / N): 2 Psi + 12 Psi / 128 ~ 27 GB, which fits;
+    # with the ~62 GiB one 8k sequence saves for backward it does not.
     assert not zero1.fits and zero1.oom is not None
     assert zero1.oom.startswith("does not fit (closed form")
     model = resolve_model("13b")
-    assert zero1.baseline_memory_bytes == pytest.approx(
-        model.num_params * (8 + 8 / 128) + model.buffer_bytes, rel=1e-9)
-    assert zero1.baseline_memory_bytes > zero1.hbm_bytes
+    flat = _ds_flat(model.num_params, 128)
+    assert zero1.baseline_memory_bytes == 2 * flat + 12 * flat // 128 + model.buffer_bytes
+    assert zero1.baseline_memory_bytes < zero1.hbm_bytes < zero1.peak_memory_bytes
+    assert zero1.baseline_memory_bytes + zero1.memory_at_peak["activations"] > zero1.hbm_bytes
     assert runs["fsdp"][1].fits
 
 
@@ -54,16 +60,12 @@ def test_fsdp_frees_the_replicated_model_state(runs: dict[str, tuple[Plan, Resul
               - model_state_bytes(model.num_params, fsdp_plan).total)
     assert closed == pytest.approx(psi * (4 + 12 / n - 16 / n), rel=1e-9)
     assert closed > 50 * GB
-    # The simulated programs at rest: the backend's zero1 holds 8 Psi + 8 Psi/N (see
-    # above), FSDP2 only its fp32 shards and moments, 12 Psi/N: fully sharding frees
-    # 8 Psi - 4 Psi/N ~ 104 GB, twice the closed form's figure, because the program
-    # replicates fp32 params and fp32 gradient buckets where the ZeRO paper counts bf16.
+    # The simulated programs at rest: DeepSpeed's ZeRO-1 holds 2 Psi + 12 Psi/N (its bf16
+    # gradients exist only during backward), FSDP2 12 Psi/N: fully sharding frees the
+    # replicated bf16 parameters, 2 Psi ~ 26 GB (the card says ~20 GB).
     freed_at_rest = zero1.baseline_memory_bytes - fsdp.baseline_memory_bytes
-    assert freed_at_rest == pytest.approx(psi * (8 + 8 / n - 12 / n), rel=1e-6)
-    # Autocast saves bf16 casts of every weight and of each matmul's input, and keeps the
-    # residual stream in fp32: ZeRO-1's activations exceed FSDP2's at the peak.
-    assert zero1.memory_at_peak["activations"] > fsdp.memory_at_peak["activations"]
-    assert zero1.memory_at_peak["grads"] == pytest.approx(psi * 4, rel=1e-6)
+    assert freed_at_rest == pytest.approx(psi * 2, rel=1e-3)
+    assert 24 * GB < freed_at_rest < 28 * GB
 
 
 def test_fsdp_all_gathers_cross_nodes_and_stay_hidden_at_8k(

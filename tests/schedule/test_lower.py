@@ -64,23 +64,21 @@ def test_no_reshard_gathers_once_and_hsdp_adds_replica_all_reduce(
                                   "root all-reduce (replicas)"]
 
 
-@pytest.mark.parametrize("strategy,shard_group", [
-    ("ddp", None), ("zero1", None), ("zero2", None), ("fsdp", None),
-    ("fsdp-no-reshard", None), ("hsdp", 8)])
+@pytest.mark.parametrize("strategy,shard_group,impl", [
+    ("ddp", None, "torch"), ("zero1", None, "torch"), ("fsdp", None, "fsdp2"),
+    ("fsdp-no-reshard", None, "fsdp2"), ("hsdp", 8, "fsdp2")])
 @pytest.mark.parametrize("grad_accum", [1, 3])
 def test_comm_volume_matches_closed_form(tiny_model: ModelSpec, h100: HardwareProfile,
-                                         strategy: str, shard_group: int | None,
+                                         strategy: str, shard_group: int | None, impl: str,
                                          grad_accum: int) -> None:
-    # zsim.analytic.comm.step_comm sums the ZeRO paper's 2S / 3S per strategy. One
+    # zsim.analytic.comm.step_comm sums the ZeRO paper's 2S / 3S per strategy, which the
+    # torch programs follow (DeepSpeed's do not: tests/schedule/test_deepspeed.py). One
     # difference, by design: FSDP2's root unit (embeddings, output) is not resharded after
     # forward, so resharding strategies gather it once per micro-batch, not twice.
     plan = Plan.for_strategy(strategy, gpus=32, shard_group=shard_group, seq_len=128,
-                             grad_accum=grad_accum, bucket_bytes=100_000)
+                             grad_accum=grad_accum, bucket_bytes=100_000, impl=impl)
     ops = lower(tiny_model, h100, plan).ops
-    # zero2 runs FSDP2's fully_shard(reshard_after_forward=False) (zsim.schedule.lower),
-    # which regathers every micro-batch: its closed form is fsdp-no-reshard's, not
-    # DeepSpeed ZeRO-2's single post-step all-gather.
-    program = plan.with_(strategy="fsdp-no-reshard") if strategy == "zero2" else plan
+    program = plan
     expected = dict(step_comm(tiny_model, program, h100).bus_bytes)
     n = plan.dp_shard
     if plan.reshard_after_forward:
@@ -149,7 +147,8 @@ def test_a_one_byte_bucket_holds_one_tensor(tiny_model: ModelSpec,
                                             h100: HardwareProfile) -> None:
     # The smallest cap gives one bucket per parameter tensor, never a bucket per element.
     for strategy, kind in (("ddp", "all_reduce"), ("zero1", "reduce_scatter")):
-        plan = Plan.for_strategy(strategy, gpus=16, seq_len=128, bucket_bytes=1)
+        plan = Plan.for_strategy(strategy, gpus=16, seq_len=128, bucket_bytes=1,
+                                 impl="torch")
         ops = lower(tiny_model, h100, plan).ops
         assert len([op for op in ops if op.kind == kind]) == \
             len(tiny_model.parameter_tensors())
@@ -190,20 +189,24 @@ def test_parameter_offload_copies_every_shard_in_and_every_gradient_out(
 
 
 # ---------------------------------------------------------------------- memory of the programs
-@pytest.mark.parametrize("strategy,expected_per_param", [
+@pytest.mark.parametrize("strategy,impl,expected_per_param", [
     # FSDP2 (MixedPrecisionPolicy bf16): the fp32 sharded params are the master copy,
-    # plus the two fp32 AdamW moments: (4 + 8) / N. zero2 runs the same program.
-    ("fsdp", {"master_params": 4 / 8, "optimizer_states": 8 / 8}),
-    ("zero2", {"master_params": 4 / 8, "optimizer_states": 8 / 8}),
+    # plus the two fp32 AdamW moments: (4 + 8) / N.
+    ("fsdp", "fsdp2", {"master_params": 4 / 8, "optimizer_states": 8 / 8}),
     # DDP under autocast: fp32 params, fp32 reducer buckets (alive from construction),
     # fp32 moments; zero1 (ZeroRedundancyOptimizer) shards only the moments.
-    ("ddp", {"master_params": 4, "grads": 4, "optimizer_states": 8}),
-    ("zero1", {"master_params": 4, "grads": 4, "optimizer_states": 8 / 8}),
+    ("ddp", "torch", {"master_params": 4, "grads": 4, "optimizer_states": 8}),
+    ("zero1", "torch", {"master_params": 4, "grads": 4, "optimizer_states": 8 / 8}),
+    # DeepSpeed ZeRO-1 and -2: the flat bf16 parameters on every rank, the fp32 master
+    # partition and its AdamW moments (the tiny model divides into 2 x 8 exactly).
+    ("zero1", "deepspeed", {"params": 2, "master_params": 4 / 8, "optimizer_states": 8 / 8}),
+    ("zero2", "deepspeed", {"params": 2, "master_params": 4 / 8, "optimizer_states": 8 / 8}),
 ])
 def test_state_at_rest_of_the_programs(tiny_model: ModelSpec, h100: HardwareProfile,
-                                       strategy: str, expected_per_param: dict) -> None:
+                                       strategy: str, impl: str,
+                                       expected_per_param: dict) -> None:
     gpus = 1 if strategy == "ddp" else 8
-    plan = Plan.for_strategy(strategy, gpus=gpus, seq_len=128)
+    plan = Plan.for_strategy(strategy, gpus=gpus, seq_len=128, impl=impl)
     psi = tiny_model.num_params
     assert psi % 8 == 0  # shards cover the parameters exactly
     got = {b.name: b.bytes for b in lower(tiny_model, h100, plan).baseline}
@@ -246,7 +249,8 @@ def test_ddp_gradients_are_never_allocated_in_the_step(tiny_model: ModelSpec,
     # gradient_as_bucket_view: backward writes into the reducer's buckets, which are
     # part of the state at rest; zero_grad(set_to_none) drops only the views.
     for strategy in ("ddp", "zero1"):
-        ops = lower(tiny_model, h100, Plan.for_strategy(strategy, gpus=4, seq_len=128)).ops
+        ops = lower(tiny_model, h100, Plan.for_strategy(strategy, gpus=4, seq_len=128,
+                                                        impl="torch")).ops
         assert not [b for op in ops for b in op.allocs if b.category == "grads"]
 
 

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zsim.errors import ConfigError
+from zsim.spec.deepspeed import DeepSpeedZero
 from zsim.spec.model import ModelSpec, synthetic
 from zsim.spec.plan import STRATEGIES, Plan, precision_knobs
 from zsim.spec.presets import PRESETS
@@ -19,7 +20,7 @@ from zsim.spec.presets import PRESETS
     ("ddp", ("ddp", 1, 64)),
     ("zero1", ("zero1", 64, 1)),
     ("zero2", ("zero2", 64, 1)),
-    ("zero3", ("fsdp", 64, 1)),
+    ("zero3", ("zero3", 64, 1)),
     ("fsdp", ("fsdp", 64, 1)),
     ("fsdp-no-reshard", ("fsdp-no-reshard", 64, 1)),
 ])
@@ -43,13 +44,14 @@ def test_sharding_predicates_follow_the_zero_table() -> None:
            for p in [Plan.for_strategy(s, gpus=8, seq_len=8,
                                        **({"shard_group": 4} if s == "hsdp" else {}))]}
     assert got == {"ddp": (False, False, False, False), "zero1": (True, False, False, False),
-                   "zero2": (True, True, False, False), "fsdp": (True, True, True, True),
+                   "zero2": (True, True, False, False), "zero3": (True, True, True, True),
+                   "fsdp": (True, True, True, True),
                    "fsdp-no-reshard": (True, True, True, False),
                    "hsdp": (True, True, True, True)}
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.sampled_from([*STRATEGIES, "zero3"]), st.integers(1, 4096), st.data())
+@given(st.sampled_from(STRATEGIES), st.integers(1, 4096), st.data())
 def test_for_strategy_world_size_is_gpus(strategy: str, gpus: int, data: st.DataObject) -> None:
     knobs = {}
     if strategy == "hsdp":
@@ -89,11 +91,27 @@ def test_non_positive_sizes_raise(field: str, value: object) -> None:
 
 @pytest.mark.parametrize(("field", "value"), [("prefetch", -1), ("param_dtype", "fp8"),
                                               ("recompute", "some"), ("optimizer", "lion"),
-                                              ("offload", "disk"), ("strategy", "zero3")])
+                                              ("offload", "disk"), ("strategy", "zero4"),
+                                              ("impl", "fsdp1"), ("impl", "deepspeed")])
 def test_closed_choices_raise(field: str, value: object) -> None:
     with pytest.raises(ConfigError) as e:
         Plan(**{"strategy": "fsdp", "dp_shard": 8, "seq_len": 1024, field: value})
     assert (e.value.field, e.value.value) == (f"plan.{field}", value)
+
+
+def test_each_strategy_runs_as_its_programs() -> None:
+    # The default program first; zero1 also runs as torch's ZeroRedundancyOptimizer.
+    impls = {s: Plan.for_strategy(s, gpus=8, seq_len=8,
+                                  **({"shard_group": 4} if s == "hsdp" else {})).impl
+             for s in STRATEGIES}
+    assert impls == {"ddp": "torch", "zero1": "deepspeed", "zero2": "deepspeed",
+                     "zero3": "deepspeed", "fsdp": "fsdp2", "fsdp-no-reshard": "fsdp2",
+                     "hsdp": "fsdp2"}
+    assert Plan.for_strategy("zero1", gpus=8, seq_len=8, impl="torch").impl == "torch"
+    # The plan round-trips with its DeepSpeed knobs.
+    plan = Plan.for_strategy("zero3", gpus=8, seq_len=8,
+                             ds=DeepSpeedZero(prefetch_bucket_size=123, overlap_comm=False))
+    assert Plan.from_dict(plan.to_dict()) == plan
 
 
 def test_ddp_cannot_shard() -> None:

@@ -31,12 +31,10 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -52,6 +50,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from zsim.calibrate.model import Transformer
+from zsim.calibrate.training import Prepared
 from zsim.errors import ConfigError
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
@@ -73,21 +72,6 @@ _SAC_SAVE = {
 }
 """Ops whose outputs selective recomputation keeps (torchtitan _op_sac_save_list);
 everything else in a block is recomputed."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Prepared:
-    """A model with a plan applied, ready to train."""
-
-    model: nn.Module
-    """The wrapped model (FSDP module, DDP wrapper, or plain)."""
-    inner: Transformer
-    """The Transformer inside the wrapper."""
-    optimizer: torch.optim.Optimizer
-    units: dict[str, nn.Module]
-    """Timing scopes, in forward order: "layers.<i>" per block, then "root"."""
-    autocast_dtype: torch.dtype | None
-    """Dtype for torch.autocast around forward (DDP/ZeRO-1 mixed precision), else None."""
 
 
 def check_plan(plan: Plan, world_size: int, spec: ModelSpec) -> None:
@@ -134,9 +118,9 @@ def prepare(spec: ModelSpec, plan: Plan, *, device: str, world_size: int) -> Pre
         else:
             optimizer = torch.optim.AdamW(params, lr=LEARNING_RATE, foreach=True)
         dtype = TORCH_DTYPES[plan.param_dtype]
-        return Prepared(model=model, inner=inner, optimizer=optimizer,
-                        units=_units(inner), autocast_dtype=None if
-                        dtype == torch.float32 else dtype)
+        return Prepared(model=model, inner=inner, units=_units(inner), backward=_backward,
+                        step=_stepper(optimizer), sync=_syncer(model),
+                        autocast_dtype=None if dtype == torch.float32 else dtype)
     with torch.device("meta"):
         inner = Transformer(spec)
     apply_recompute(inner, plan)
@@ -147,8 +131,38 @@ def prepare(spec: ModelSpec, plan: Plan, *, device: str, world_size: int) -> Pre
         warnings.filterwarnings("ignore", message="DTensor random operators")
         inner.init_weights()
     optimizer = torch.optim.AdamW(inner.parameters(), lr=LEARNING_RATE, foreach=True)
-    return Prepared(model=inner, inner=inner, optimizer=optimizer, units=_units(inner),
-                    autocast_dtype=None)
+    return Prepared(model=inner, inner=inner, units=_units(inner), backward=_backward,
+                    step=_stepper(optimizer), sync=_syncer(inner))
+
+
+def _backward(loss: torch.Tensor, last: bool) -> None:
+    loss.backward()
+
+
+def _stepper(optimizer: torch.optim.Optimizer) -> Callable[[], None]:
+    """AdamW on the local shards; gradients set to None."""
+    def step() -> None:
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _syncer(model: nn.Module) -> Callable[[bool], AbstractContextManager[Any]]:
+    """Gradient synchronisation only on the last micro-batch (FSDP2's
+    set_requires_gradient_sync, DDP's no_sync)."""
+    @contextmanager
+    def sync(last: bool) -> Iterator[None]:
+        if isinstance(model, FSDPModule):
+            model.set_requires_gradient_sync(last)
+            yield
+        elif isinstance(model, DistributedDataParallel) and not last:
+            with model.no_sync():
+                yield
+        else:
+            yield
+
+    return sync
 
 
 def _units(inner: Transformer) -> dict[str, nn.Module]:
@@ -241,69 +255,3 @@ def shard(inner: Transformer, plan: Plan, mesh: DeviceMesh) -> None:
     del root
 
 
-def batches(spec: ModelSpec, plan: Plan, *, device: str, rank: int,
-            step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The micro-batches of one step for one rank: random tokens and labels, seeded by
-    (rank, step) so ranks see different data, as in data parallelism."""
-    g = torch.Generator().manual_seed(1_000_003 * step + rank)
-    out = []
-    for _ in range(plan.grad_accum):
-        tokens = torch.randint(0, spec.vocab_size, (plan.micro_batch, plan.seq_len + 1),
-                               generator=g)
-        # Own, contiguous storages: what a data loader hands over.
-        out.append((tokens[:, :-1].contiguous().to(device),
-                    tokens[:, 1:].contiguous().to(device)))
-    return out
-
-
-@contextmanager
-def _sync(prep: Prepared, last: bool) -> Iterator[None]:
-    """Gradient synchronisation only on the last micro-batch (FSDP2 and DDP no_sync)."""
-    if isinstance(prep.model, FSDPModule):
-        prep.model.set_requires_gradient_sync(last)
-        yield
-    elif isinstance(prep.model, DistributedDataParallel) and not last:
-        with prep.model.no_sync():
-            yield
-    else:
-        yield
-
-
-def forward_backward(prep: Prepared, tokens: torch.Tensor, labels: torch.Tensor, *,
-                     last: bool, after_forward: Callable[[], None] | None = None) -> float:
-    """One micro-batch: forward, then `after_forward()` if given, then backward.
-
-    Returns:
-        The loss value.
-    """
-    device_type = tokens.device.type
-    cast = (torch.autocast(device_type, dtype=prep.autocast_dtype)
-            if prep.autocast_dtype is not None else nullcontext())
-    with _sync(prep, last):
-        with cast:
-            loss = prep.model(tokens, labels)
-        if after_forward is not None:
-            after_forward()
-        loss.backward()
-    return float(loss.detach())
-
-
-def optimizer_step(prep: Prepared) -> None:
-    """AdamW step on the local shards; gradients set to None."""
-    prep.optimizer.step()
-    prep.optimizer.zero_grad(set_to_none=True)
-
-
-def train_step(prep: Prepared, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
-    """One optimizer step over all micro-batches; returns the last loss."""
-    loss = 0.0
-    for i, (tokens, labels) in enumerate(micro_batches):
-        loss = forward_backward(prep, tokens, labels, last=i == len(micro_batches) - 1)
-    optimizer_step(prep)
-    return loss
-
-
-def barrier() -> None:
-    """Align ranks before a timed region (no-op when not distributed)."""
-    if dist.is_initialized():
-        dist.barrier()

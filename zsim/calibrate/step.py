@@ -2,7 +2,7 @@
 forward/backward time, memory per phase and saved-activation bytes per block.
 
 Owns the measurement protocol of one plan. Each rank (1) builds the model and applies the
-plan (zsim.calibrate.fsdp2); (2) runs two steps with memory instruments on (CPU: the live
+plan (zsim.calibrate.training); (2) runs two steps with memory instruments on (CPU: the live
 tensor tracker of zsim.calibrate.measure; CUDA: the caching allocator's counters): the
 first step allocates lazy state (optimizer moments, FSDP buffers), the second is the
 steady-state step whose phases are reported, and its first micro-batch's saved tensors
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from zsim.calibrate import fsdp2
+from zsim.calibrate import training
 from zsim.calibrate.measure import LiveMemory, SavedTensor, record_saved_tensors, time_units
 from zsim.calibrate.runner import RankContext, run_fake_rank, run_ranks, sync_device
 from zsim.spec.model import ModelSpec
@@ -134,10 +134,10 @@ def measure_plan(spec: ModelSpec, plan: Plan, *, nproc: int, steps: int = 3,
         timeout_s: deadline for the whole run, seconds.
 
     Raises:
-        ConfigError: the plan cannot run on this backend (see fsdp2.check_plan).
+        ConfigError: the plan cannot run on this backend (see training.check_plan).
         RankFailed: a rank raised, died or hung.
     """
-    fsdp2.check_plan(plan, nproc, spec)
+    training.check_plan(plan, nproc, spec)
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     job = _Job(spec=spec, plan=plan, steps=steps, warmup_steps=warmup_steps,
                min_timed_s=min_timed_s)
@@ -155,7 +155,7 @@ def measure_fake_rank(spec: ModelSpec, plan: Plan, *, timeout_s: float = 600.0) 
         ConfigError: the plan cannot run on this backend.
         RankFailed: the process raised or hung.
     """
-    fsdp2.check_plan(plan, plan.world_size, spec)
+    training.check_plan(plan, plan.world_size, spec)
     job = _Job(spec=spec, plan=plan, steps=0, warmup_steps=0)
     result: RankMeasurement = run_fake_rank(_measure_rank, job, world_size=plan.world_size,
                                             timeout_s=timeout_s)
@@ -197,9 +197,9 @@ def _measure_rank(ctx: RankContext, job: _Job) -> RankMeasurement:
     meter = _Meter(ctx.device)
     tracking = meter.tracker if meter.tracker is not None else _NoTracking()
     with tracking:
-        prep = fsdp2.prepare(job.spec, job.plan, device=ctx.device, world_size=ctx.world_size)
+        prep = training.prepare(job.spec, job.plan, device=ctx.device, world_size=ctx.world_size)
         after_init = meter.live()
-        fsdp2.train_step(prep, fsdp2.batches(job.spec, job.plan, device=ctx.device,
+        training.train_step(prep, training.batches(job.spec, job.plan, device=ctx.device,
                                              rank=ctx.rank, step=0))
         after_first = meter.live()
         memory, saved, loss = _memory_step(prep, job, ctx, meter)
@@ -210,13 +210,13 @@ def _measure_rank(ctx: RankContext, job: _Job) -> RankMeasurement:
 
     def timed_step(step: int) -> float:
         nonlocal forward_s, backward_s, loss
-        micro = fsdp2.batches(job.spec, job.plan, device=ctx.device, rank=ctx.rank,
+        micro = training.batches(job.spec, job.plan, device=ctx.device, rank=ctx.rank,
                               step=2 + step)
         sync_device(ctx.device)
-        fsdp2.barrier()
+        training.barrier()
         with time_units(prep.units) as unit_times:
             start = time.perf_counter()
-            loss = fsdp2.train_step(prep, micro)
+            loss = training.train_step(prep, micro)
             sync_device(ctx.device)
             elapsed_s = time.perf_counter() - start
         forward_s, backward_s = unit_times.forward_s, unit_times.backward_s
@@ -249,18 +249,18 @@ def _timed_steps(job: _Job, warm_step_s: float, device: str) -> int:
     return max(job.steps, math.ceil(job.min_timed_s / float(pace.item())))
 
 
-def _profile_collectives(prep: fsdp2.Prepared, job: _Job, ctx: RankContext,
+def _profile_collectives(prep: training.Prepared, job: _Job, ctx: RankContext,
                          batch_step: int) -> dict[str, float]:
     """One more step under torch.profiler; the backend's own spans (gloo's worker-thread
     spans, or NCCL kernels on the GPU) give how long each collective really ran."""
     activities = [ProfilerActivity.CPU]
     if ctx.device.startswith("cuda"):
         activities.append(ProfilerActivity.CUDA)
-    micro = fsdp2.batches(job.spec, job.plan, device=ctx.device, rank=ctx.rank,
+    micro = training.batches(job.spec, job.plan, device=ctx.device, rank=ctx.rank,
                           step=batch_step)
-    fsdp2.barrier()
+    training.barrier()
     with profile(activities=activities) as prof:
-        fsdp2.train_step(prep, micro)
+        training.train_step(prep, micro)
         sync_device(ctx.device)
     busy: dict[str, float] = {}
     for event in prof.events():
@@ -273,9 +273,9 @@ def _profile_collectives(prep: fsdp2.Prepared, job: _Job, ctx: RankContext,
     return busy
 
 
-def _memory_step(prep: fsdp2.Prepared, job: _Job, ctx: RankContext,
+def _memory_step(prep: training.Prepared, job: _Job, ctx: RankContext,
                  meter: _Meter) -> tuple[dict[str, int], list[SavedTensor], float]:
-    micro = fsdp2.batches(job.spec, job.plan, device=ctx.device, rank=ctx.rank, step=1)
+    micro = training.batches(job.spec, job.plan, device=ctx.device, rank=ctx.rank, step=1)
     peaks = {"peak_forward_bytes": 0, "peak_backward_bytes": 0, "after_forward_bytes": 0}
     reserved = 0
     saved: list[SavedTensor] = []
@@ -292,16 +292,16 @@ def _memory_step(prep: fsdp2.Prepared, job: _Job, ctx: RankContext,
         meter.reset()
         if i == 0:
             with record_saved_tensors(prep.inner, block_names) as records:
-                loss = fsdp2.forward_backward(prep, tokens, labels, last=last,
+                loss = training.forward_backward(prep, tokens, labels, last=last,
                                               after_forward=forward_done)
             saved = list(records)
         else:
-            loss = fsdp2.forward_backward(prep, tokens, labels, last=last,
+            loss = training.forward_backward(prep, tokens, labels, last=last,
                                           after_forward=forward_done)
         peaks["peak_backward_bytes"] = max(peaks["peak_backward_bytes"], meter.peak())
         reserved = max(reserved, meter.reserved())
     meter.reset()
-    fsdp2.optimizer_step(prep)
+    prep.step()
     peaks["peak_optimizer_bytes"] = meter.peak()
     reserved = max(reserved, meter.reserved())
     peaks["peak_bytes"] = max(peaks["peak_forward_bytes"], peaks["peak_backward_bytes"],

@@ -155,8 +155,11 @@ class Builder:
         kw = dict(micro_batch=plan.micro_batch, seq_len=plan.seq_len, act_bytes=self.a)
         self.block_fwd = block_forward_flops(model, **kw)
         """Work of one block's forward for one micro-batch."""
-        self.block_bwd = block_backward_flops(model, **kw) + recompute_forward_flops(
-            model, recompute=plan.recompute, **kw)
+        self.block_recompute = recompute_forward_flops(model, recompute=plan.recompute, **kw)
+        """Work of one block's forward re-run inside its backward."""
+        self.block_bwd_only = block_backward_flops(model, **kw)
+        """Work of one block's backward for one micro-batch, recomputation excluded."""
+        self.block_bwd = self.block_bwd_only + self.block_recompute
         """Work of one block's backward for one micro-batch, recomputation included."""
 
     def add(self, **kw: object) -> int:
@@ -238,7 +241,8 @@ def block_backward(b: Builder, u: Unit, mb: int, *, after: tuple[int, ...] = (),
         frees=(work, f"mb{mb}/{u.name}/saved", *frees))
 
 
-def head_forward(b: Builder, mb: int, *, after: tuple[int, ...]) -> int:
+def head_forward(b: Builder, mb: int, *, after: tuple[int, ...],
+                 frees: tuple[str, ...] = ()) -> int:
     """Output projection + loss forward of micro-batch mb."""
     head = _head_flops(b)
     return b.add(name=f"output+loss forward (mb {mb})", kind="forward", stream="compute",
@@ -247,17 +251,19 @@ def head_forward(b: Builder, mb: int, *, after: tuple[int, ...]) -> int:
                                 bytes=b.acts.root_saved),
                          Buffer(name=f"mb{mb}/loss/fwd", category="activations",
                                 bytes=b.acts.loss_working)),
-                 frees=(f"mb{mb}/loss/fwd",))
+                 frees=(f"mb{mb}/loss/fwd", *frees))
 
 
-def head_backward(b: Builder, mb: int, *, grads: tuple[Buffer, ...] = ()) -> int:
+def head_backward(b: Builder, mb: int, *, after: tuple[int, ...] = (),
+                  grads: tuple[Buffer, ...] = (), frees: tuple[str, ...] = ()) -> int:
     """Output projection + loss backward of micro-batch mb (twice the forward's work)."""
     bwd_flops = _head_flops(b).scaled(2.0)
     return b.add(name=f"output+loss backward (mb {mb})", kind="backward", stream="compute",
-                 microbatch=mb, compute_s=b.compute(bwd_flops), flops=bwd_flops.total,
+                 microbatch=mb, after=after, compute_s=b.compute(bwd_flops),
+                 flops=bwd_flops.total,
                  allocs=(Buffer(name=f"mb{mb}/loss/bwd", category="activations",
                                 bytes=b.acts.loss_working), *grads),
-                 frees=(f"mb{mb}/loss/bwd", f"mb{mb}/root/saved"))
+                 frees=(f"mb{mb}/loss/bwd", f"mb{mb}/root/saved", *frees))
 
 
 def _head_flops(b: Builder) -> Flops:

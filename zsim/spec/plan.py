@@ -1,8 +1,8 @@
 """Plan: how one training step is parallelised, sharded, recomputed and batched.
 
 Owns the plan fields and their single-field checks; cross-object rules (divisibility by the
-model's heads, fitting the cluster) live in zsim.spec.validate. Imports only zsim.errors
-and zsim.units.
+model's heads, fitting the cluster) live in zsim.spec.validate. Imports only zsim.errors,
+zsim.units and zsim.spec.deepspeed.
 
 Degrees follow torchtitan: `dp_shard` ranks share one copy of the sharded state,
 `dp_replicate` copies of it exist, world = dp_shard * dp_replicate * tp * pp.
@@ -14,34 +14,37 @@ ZeRO stage -> FSDP2 mapping (cf. torchtitan docs/fsdp.md):
 | ddp             | nothing (dp_shard = 1)        | DistributedDataParallel                   |
 | zero1           | optimizer state (+ master)    | none exact: ZeroRedundancyOptimizer       |
 | zero2           | + gradients                   | ~fully_shard(reshard_after_forward=False) |
-| fsdp (= zero3)  | + params, regathered in bwd   | fully_shard(reshard_after_forward=True)   |
+| zero3           | + params, fetched per module  | ~fully_shard(reshard_after_forward=True)  |
+| fsdp            | + params, regathered in bwd   | fully_shard(reshard_after_forward=True)   |
 | fsdp-no-reshard | + params, gathered fwd -> bwd | fully_shard(reshard_after_forward=False)  |
 | hsdp            | as fsdp in a shard group,     | 2-D DeviceMesh (replicate, shard) ~ MiCS  |
 |                 | replicated across groups      |                                           |
 
-For zero2, FSDP2 also keeps parameters sharded at rest (DeepSpeed's ZeRO-2 does not).
+The zero strategies run DeepSpeed's ZeRO by default (impl "deepspeed"); zero1 also runs as
+torch's DDP + ZeroRedundancyOptimizer (impl "torch"); the fsdp strategies run FSDP2.
 """
 
 from __future__ import annotations
 
-from dataclasses import MISSING, asdict, dataclass, fields, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any, Literal, get_args
 
 from zsim.errors import ConfigError
+from zsim.spec.deepspeed import DeepSpeedZero
 from zsim.units import DTYPES, MiB
 
-Strategy = Literal["ddp", "zero1", "zero2", "fsdp", "fsdp-no-reshard", "hsdp"]
+Strategy = Literal["ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-no-reshard", "hsdp"]
 STRATEGIES: tuple[str, ...] = get_args(Strategy)
-STRATEGY_ALIASES = {"zero3": "fsdp"}
 Recompute = Literal["none", "selective", "full"]
 Optimizer = Literal["adamw", "sgd", "adamw8bit"]
 Offload = Literal["none", "optimizer", "params"]
 Precision = Literal["bf16", "fp32"]
-Impl = Literal["torch", "fsdp2"]
+Impl = Literal["torch", "fsdp2", "deepspeed"]
 IMPLS: dict[str, tuple[str, ...]] = {
     "ddp": ("torch",),
-    "zero1": ("torch",),
-    "zero2": ("fsdp2",),
+    "zero1": ("deepspeed", "torch"),
+    "zero2": ("deepspeed",),
+    "zero3": ("deepspeed",),
     "fsdp": ("fsdp2",),
     "fsdp-no-reshard": ("fsdp2",),
     "hsdp": ("fsdp2",),
@@ -106,7 +109,10 @@ class Plan:
     """none, optimizer (states + master to host, CPU step), params (also parameters)."""
     impl: str = ""
     """The program that runs the strategy (IMPLS): "torch" (DDP, ZeroRedundancyOptimizer),
-    "fsdp2" (fully_shard). "" means the strategy's default, filled in at construction."""
+    "fsdp2" (fully_shard), "deepspeed" (DeepSpeed ZeRO). "" means the strategy's default,
+    filled in at construction."""
+    ds: DeepSpeedZero = field(default_factory=DeepSpeedZero)
+    """DeepSpeed's zero_optimization settings (read when impl is "deepspeed")."""
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -132,6 +138,8 @@ class Plan:
                                   f"must be one of {', '.join(choices)}")
         if self.strategy == "ddp" and self.dp_shard != 1:
             raise ConfigError("plan.dp_shard", self.dp_shard, "ddp shards nothing: must be 1")
+        if not isinstance(self.ds, DeepSpeedZero):
+            raise ConfigError("plan.ds", self.ds, "must be DeepSpeed ZeRO settings")
         impls = IMPLS[self.strategy]
         if self.impl == "":
             object.__setattr__(self, "impl", impls[0])  # frozen: the default, once
@@ -151,7 +159,7 @@ class Plan:
 
     @property
     def shards_params(self) -> bool:
-        return self.strategy in ("fsdp", "fsdp-no-reshard", "hsdp")
+        return self.strategy in ("zero3", "fsdp", "fsdp-no-reshard", "hsdp")
 
     @property
     def shards_grads(self) -> bool:
@@ -163,7 +171,7 @@ class Plan:
 
     @property
     def reshard_after_forward(self) -> bool:
-        return self.strategy in ("fsdp", "hsdp")
+        return self.strategy in ("zero3", "fsdp", "hsdp")
 
     @property
     def hsdp_enabled(self) -> bool:
@@ -185,7 +193,7 @@ class Plan:
         """Fill the degrees a strategy implies on `gpus` data-parallel GPUs.
 
         Args:
-            strategy: a Strategy or an alias ("zero3").
+            strategy: a Strategy.
             gpus: world size (tp = pp = 1).
             shard_group: hsdp only, ranks per shard group; must divide gpus.
             knobs: any other Plan field.
@@ -193,10 +201,8 @@ class Plan:
         Raises:
             ConfigError: unknown strategy, or a shard group that does not divide gpus.
         """
-        strategy = STRATEGY_ALIASES.get(strategy, strategy)
         if strategy not in STRATEGIES:
-            raise ConfigError("strategy", strategy,
-                              f"must be one of {', '.join(STRATEGIES + tuple(STRATEGY_ALIASES))}")
+            raise ConfigError("strategy", strategy, f"must be one of {', '.join(STRATEGIES)}")
         if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus <= 0:
             raise ConfigError("gpus", gpus, "must be a positive integer")
         if strategy == "hsdp":
@@ -238,8 +244,10 @@ class Plan:
                 raise ConfigError(f"{where}.{key}", data[key],
                                   f"unknown key; known keys: {', '.join(sorted(known))}")
         for f in fields(cls):
-            if f.default is MISSING and f.name not in data:
+            if f.default is MISSING and f.default_factory is MISSING and f.name not in data:
                 raise ConfigError(f"{where}.{f.name}", None, "missing required key")
+        if "ds" in data and not isinstance(data["ds"], DeepSpeedZero):
+            data = {**data, "ds": DeepSpeedZero.from_dict(data["ds"], where=f"{where}.ds")}
         return cls(**data)
 
 

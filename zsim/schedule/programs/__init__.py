@@ -7,8 +7,8 @@ the host's issue order. zsim.schedule.lower picks the program a plan names
 |-----------|-------------|--------------------------------------------------------------|
 | torch     | torch_ddp   | DistributedDataParallel (ddp), + ZeroRedundancyOptimizer     |
 |           |             | (zero1)                                                      |
-| fsdp2     | fsdp2       | fully_shard (fsdp, fsdp-no-reshard, hsdp; zero2 as           |
-|           |             | reshard_after_forward=False)                                 |
+| fsdp2     | fsdp2       | fully_shard (fsdp, fsdp-no-reshard, hsdp)                    |
+| deepspeed | deepspeed   | DeepSpeed ZeRO stages 1, 2, 3 (zero1, zero2, zero3)          |
 """
 
 from __future__ import annotations

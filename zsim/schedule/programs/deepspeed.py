@@ -1,0 +1,623 @@
+"""DeepSpeed ZeRO stages 1, 2 and 3 as DeepSpeed 0.19 runs them (impl "deepspeed"), with
+the engine's bf16 mode (the module in bf16, DeepSpeedZeroOptimizer / _Stage3 holding fp32
+master partitions) and a fused Adam over flat partitions.
+
+Read from deepspeed/runtime/zero/stage_1_and_2.py, stage3.py,
+partitioned_param_coordinator.py and partition_parameters.py; the knobs are
+zsim.spec.deepspeed.DeepSpeedZero.
+
+Stages 1 and 2 (DeepSpeedZeroOptimizer):
+- State: the 16-bit parameters flattened into one buffer, padded to a multiple of
+  2 x N elements, on every rank; the rank's fp32 partition of it (master) and its Adam
+  moments.
+- Backward: each parameter's gradient (param dtype) is copied, as it is produced, into
+  the ipg bucket buffer (`reduce_bucket_size` elements, allocated for each backward, two
+  with overlap_comm); a bucket that would overflow is reduced first: flattened (a copy)
+  and all-reduced (use_multi_rank_bucket_allreduce, the default), and each rank copies its
+  partition's slice into a contiguous partition buffer (contiguous_gradients). Stage 2
+  does this in its gradient hooks on every micro-batch, and the copied gradients are
+  freed at once; stage 1 keeps the full gradients and reduces them all at the end of the
+  last micro-batch's backward. Without overlap_comm (stages 1 and 2 by default) the
+  reduction runs on the compute stream: backward waits for it.
+- Step: the partition's gradients are cast to fp32, Adam updates the fp32 partition,
+  which is copied into the rank's slice of the 16-bit buffer, and the 16-bit parameters
+  are all-gathered in `allgather_bucket_size` chunks (after backward: exposed).
+Stage 3 (DeepSpeedZeroOptimizer_Stage3):
+- State: each parameter partitioned into ceil(numel / N) elements (parameters of at most
+  `param_persistence_threshold` elements stay whole on every rank), fp32 master
+  partitions and Adam moments, a persistent gradient partition buffer (grad accumulation
+  dtype = param dtype) and the ipg bucket buffer (`reduce_bucket_size` elements, kept).
+- Parameters are fetched per submodule (each linear, norm and embedding) by the
+  coordinator replayed in zsim.schedule.programs.deepspeed_fetch: on demand in its
+  pre-hook, prefetched ahead up to `prefetch_bucket_size` elements, released after use
+  unless reused within `max_reuse_distance` elements; each fetch is one coalesced
+  all-gather whose flat buffer lives until the last of its parameters is released. With
+  recomputation a block's parameters are fetched again when its forward is re-run.
+- Gradients: each parameter's gradient goes into the bucket as it is produced; a full
+  bucket is reduce-scattered on a side stream (overlap_comm, the stage-3 default) and
+  the rank's partition accumulated into the gradient partition buffer, on every
+  micro-batch.
+- Step: fp32 gradients cast from the partition buffer, Adam, fp32 -> 16-bit partitions.
+Offload: see zsim.schedule.build.host_optimizer (the closed-form state of
+zsim.analytic.memory stands for the offloaded parts).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from zsim.analytic.compute import Flops
+from zsim.analytic.memory import model_state_bytes, optimizer_bytes_per_param
+from zsim.schedule.build import (
+    Builder,
+    Shapes,
+    Unit,
+    block_backward,
+    block_forward,
+    device_optimizer,
+    head_backward,
+    head_forward,
+    host_optimizer,
+)
+from zsim.schedule.ops import Buffer, Op
+from zsim.schedule.programs import Program
+from zsim.schedule.programs.deepspeed_fetch import FetchStep, Param, replay
+from zsim.spec.model import ModelSpec
+from zsim.spec.plan import Plan
+from zsim.units import dtype_bytes
+
+STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
+NCCL_START_ALIGNMENT = 2
+"""Stages 1/2 pad the flat 16-bit buffer to a multiple of 2 x N elements (4-byte
+aligned all-gather send buffers: nccl_start_alignment_factor)."""
+
+
+def _stage(plan: Plan) -> int:
+    return STAGES[plan.strategy]
+
+
+def _flat_elems(model: ModelSpec, n: int) -> int:
+    """Stages 1/2: elements of the flat 16-bit buffer, padded to 2 x N."""
+    align = NCCL_START_ALIGNMENT * n
+    return -(-model.num_params // align) * align
+
+
+def _persistent(numel: int, plan: Plan) -> bool:
+    return numel <= plan.ds.param_persistence_threshold
+
+
+def shard_elems(shapes: Shapes, n: int) -> int:
+    """Stage 3: ceil(numel / N) elements of each parameter (partition_numel)."""
+    return sum(-(-math.prod(s) // n) for s in shapes)
+
+
+def _partition_elems(model: ModelSpec, plan: Plan) -> int:
+    """Elements of the rank's partition of the model: the fp32 master and moment size."""
+    if _stage(plan) == 3:
+        return sum(shard_elems([s], plan.dp_shard) for _, s in model.parameter_tensors())
+    return _flat_elems(model, plan.dp_shard) // plan.dp_shard
+
+
+def _master_bytes(plan: Plan) -> int:
+    return dtype_bytes(plan.master_dtype if plan.has_master_copy else plan.param_dtype)
+
+
+def state_at_rest_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
+    """Stages 1/2: the flat 16-bit parameters, and the fp32 partition and its moments.
+    Stage 3: the 16-bit partitions (persistent parameters whole), the fp32 partitions and
+    moments, the gradient partition buffer and the ipg bucket buffer. Offloaded plans
+    keep the closed form of zsim.analytic.memory."""
+    if plan.offload != "none":
+        closed = model_state_bytes(model.num_params, plan).as_dict()
+        return {c: v for c, v in closed.items() if c != "grads"}
+    a = dtype_bytes(plan.param_dtype)
+    part = float(_partition_elems(model, plan))
+    out = {"optimizer_states": part * optimizer_bytes_per_param(plan)}
+    if plan.has_master_copy:
+        out["master_params"] = part * _master_bytes(plan)
+    if _stage(plan) < 3:
+        out["params"] = float(_flat_elems(model, plan.dp_shard)) * a
+        return out
+    n = plan.dp_shard
+    out["params"] = float(sum(math.prod(s) if _persistent(math.prod(s), plan)
+                              else shard_elems([s], n) for _, s in model.parameter_tensors()))
+    out["params"] *= a
+    out["grads"] = part * a
+    if plan.ds.contiguous_gradients:
+        out["comm_buffers"] = float(plan.ds.reduce_bucket_size) * a
+    return out
+
+
+def gathered_floor_bytes(model: ModelSpec, plan: Plan) -> float:
+    """Nothing gathered is certain to be live at the loss's forward: stage 3 releases
+    what it fetched unless reused soon (the replay decides)."""
+    return 0.0
+
+
+# ---------------------------------------------------------------------- stages 1 and 2
+def _root_split(model: ModelSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Elements of the root's parameters whose gradients the head's backward produces
+    (final norm, output) and those the embedding's backward produces, in module order."""
+    head, emb = [], []
+    for name, shape in model.root_tensors():
+        (head if name.startswith(("norm.", "output.")) else emb).append(math.prod(shape))
+    return tuple(head), tuple(emb)
+
+
+class _Step12:
+    """One step of ZeRO stage 1 or 2."""
+
+    def __init__(self, b: Builder) -> None:
+        self.b = b
+        p = b.plan
+        self.stage = _stage(p)
+        self.overlap = p.ds.overlaps(self.stage)
+        self.part = _partition_elems(b.model, p)
+        self.buckets = 0
+        self.bucket_elems = 0
+        self.bucket_grads: list[str] = []
+        """Stage 1: the gradients in the open bucket, freed when it is reduced."""
+        self.last_reduce: int | None = None
+        self.partition_grads = "grads_in_partition"
+        self.have_partition = False
+        self.held: list[tuple[tuple[int, ...], str | None]] = []
+        """Stage 1: the gradients held until the last micro-batch's reduction."""
+
+    def lower(self, root: Unit, blocks: list[Unit]) -> None:
+        b, p = self.b, self.b.plan
+        head_numels, emb_numels = _root_split(b.model)
+        epilogues: list[int] = []
+        for mb in range(p.grad_accum):
+            reduces = self.stage == 2 or mb == p.grad_accum - 1
+            emb = b.add(name=f"embedding forward (mb {mb})", kind="forward", stream="compute",
+                        microbatch=mb)
+            fwd = [block_forward(b, u, mb) for u in blocks]
+            head_forward(b, mb, after=(fwd[-1] if fwd else emb,))
+            buckets = self.bucket_buffers(mb) if reduces else ()
+            grads = self.grads(head_numels, mb, "head")
+            op = head_backward(b, mb, grads=(*grads, *buckets))
+            self.ready(head_numels, grads, op)
+            for u in reversed(blocks):
+                grads = self.grads(u.tensors, mb, u.name)
+                op = block_backward(b, u, mb, after=self.waits(), grads=grads)
+                self.ready(u.tensors, grads, op)
+            grads = self.grads(emb_numels, mb, "embedding")
+            op = b.add(name=f"embedding backward (mb {mb})", kind="backward", stream="compute",
+                       microbatch=mb, after=self.waits(), allocs=grads)
+            self.ready(emb_numels, grads, op)
+            if reduces:
+                if self.stage == 1:  # reduce_gradients at the end of the last backward
+                    for numels, name in self.held:
+                        self.bucket_add(numels, name, op)
+                self.flush(op)
+            epilogues.append(b.add(
+                name=f"backward epilogue (mb {mb})", kind="backward", stream="compute",
+                microbatch=mb, after=(self.last_reduce,) if self.last_reduce is not None else (),
+                frees=tuple(x.name for x in buckets)))
+        self.optimizer(tuple(epilogues))
+
+    def waits(self) -> tuple[int, ...]:
+        """Without overlap_comm the reduction ran on the compute stream: what follows
+        waits for it."""
+        return (self.last_reduce,) if self.last_reduce is not None and not self.overlap else ()
+
+    def grads(self, numels: tuple[int, ...], mb: int, part: str) -> tuple[Buffer, ...]:
+        """The autograd gradients a backward op allocates (param dtype): each micro-batch
+        for stage 2 (they move into the bucket); stage 1 accumulates into the first
+        micro-batch's."""
+        if not sum(numels) or (self.stage == 1 and mb > 0):
+            return ()
+        return (Buffer(name=f"mb{mb}/{part}/grad", category="gathered_grads",
+                       bytes=sum(numels) * self.b.a),)
+
+    def ready(self, numels: tuple[int, ...], grads: tuple[Buffer, ...], op: int) -> None:
+        """`op` produced gradients of these sizes (module order)."""
+        name = grads[0].name if grads else None
+        if self.stage == 1:
+            if name is not None:
+                self.held.append((numels, name))
+            return
+        self.bucket_add(numels, None, op)
+        if name is not None:  # copied into the bucket by the hook: the gradient goes
+            self.b.ops[op] = _with_frees(self.b.ops[op], name)
+
+    def bucket_add(self, numels: tuple[int, ...], grad: str | None, op: int) -> None:
+        """Gradients join the bucket in reverse module order; a bucket that would
+        overflow is reduced first."""
+        for numel in reversed(numels):
+            if self.bucket_elems and self.bucket_elems + numel > self.b.plan.ds.reduce_bucket_size:
+                self.flush(op)
+            self.bucket_elems += numel
+        if grad is not None:
+            self.bucket_grads.append(grad)
+
+    def bucket_buffers(self, mb: int) -> tuple[Buffer, ...]:
+        """The ipg bucket buffer(s): allocated by the first gradient hook of a backward
+        that reduces (setup_buckets), released at its end."""
+        p = self.b.plan
+        if not p.ds.contiguous_gradients:
+            return ()
+        return tuple(Buffer(name=f"mb{mb}/ipg_bucket/{i}", category="comm_buffers",
+                            bytes=p.ds.reduce_bucket_size * self.b.a)
+                     for i in range(2 if self.overlap else 1))
+
+    def flush(self, after: int) -> None:
+        """One bucket: flattened (a copy in the reduce dtype) and all-reduced, the rank's
+        slice copied into the partition buffer (allocated by the first bucket)."""
+        elements = self.bucket_elems
+        if not elements:
+            return
+        b, p = self.b, self.b.plan
+        r = dtype_bytes(p.reduce_dtype)
+        stream = "all_reduce" if self.overlap else "compute"
+        allocs = []
+        if not self.have_partition and p.ds.contiguous_gradients:
+            allocs.append(Buffer(name=self.partition_grads, category="grads",
+                                 bytes=self.part * b.a))
+            self.have_partition = True
+        i = self.buckets
+        self.buckets += 1
+        flat = f"bucket {i}/flat"
+        copy = Flops(matmul=0.0, attention=0.0, memory_bytes=elements * (b.a + r), kernels=1)
+        first = b.add(name=f"bucket {i} flatten", kind="backward", stream=stream, unit=i,
+                      microbatch=p.grad_accum - 1, after=(after,), compute_s=b.compute(copy),
+                      frees_at_start=tuple(self.bucket_grads),
+                      allocs=(*allocs, Buffer(name=flat, category="comm_buffers",
+                                              bytes=elements * r)))
+        coll = b.collective(kind="all_reduce", size_bytes=elements * r, group=b.shard,
+                            gname="shard", name=f"bucket {i} all-reduce", unit=i,
+                            microbatch=p.grad_accum - 1, after=(first,), async_op=self.overlap)
+        scatter = Flops(matmul=0.0, attention=0.0,
+                        memory_bytes=elements / p.dp_shard * (r + b.a), kernels=1)
+        self.last_reduce = b.add(name=f"bucket {i} copy to partition", kind="backward",
+                                 stream=stream, unit=i, microbatch=p.grad_accum - 1,
+                                 after=(coll,), compute_s=b.compute(scatter), frees=(flat,))
+        self.bucket_elems = 0
+        self.bucket_grads = []
+
+    def optimizer(self, after: tuple[int, ...]) -> None:
+        """fp32 gradients from the partition buffer, Adam on the flat fp32 partition, then
+        the all-gather of the updated 16-bit parameters (all_gather_dp_groups) in
+        allgather_bucket_size chunks, on the compute stream."""
+        b, p = self.b, self.b.plan
+        frees = (self.partition_grads,) if self.have_partition else ()
+        if p.offload != "none":
+            host_optimizer(b, after=after, frees=frees,
+                           local_params=b.model.num_params / p.dp_shard)
+            return
+        m = _master_bytes(p)
+        fp32_grad = Buffer(name="fp32 grad partition", category="grads", bytes=self.part * m)
+        cast = Flops(matmul=0.0, attention=0.0, memory_bytes=self.part * (b.a + m), kernels=1)
+        first = b.add(name="fp32 gradients", kind="optimizer", stream="compute",
+                      microbatch=p.grad_accum - 1, after=after, compute_s=b.compute(cast),
+                      allocs=(fp32_grad,), frees=frees)
+        prev = device_optimizer(b, after=(first,), frees=(fp32_grad.name,),
+                                local_params=self.part, tensors=1, master_bytes=m,
+                                grad_bytes=m)
+        total = _flat_elems(b.model, p.dp_shard)
+        shards = max(1, total // max(1, p.ds.allgather_bucket_size))
+        for i in range(shards):
+            prev = b.collective(kind="all_gather", size_bytes=total // shards * b.a,
+                                group=b.shard, gname="shard", name=f"param all-gather {i}",
+                                unit=i, microbatch=p.grad_accum - 1, after=(prev,))
+
+
+def _with_frees(op: Op, name: str) -> Op:
+    """`op` releasing `name` when it ends, too."""
+    return replace(op, frees=(*op.frees, name))
+
+
+# ---------------------------------------------------------------------- stage 3
+def _submodules(model: ModelSpec) -> tuple[list[tuple[str, list[tuple[int, ...]]]], ...]:
+    """(embedding, block, head) submodules in call order, each (name, parameter shapes):
+    what DeepSpeed hooks and fetches one at a time (modules with direct parameters)."""
+    d, kv, f = model.d_model, model.kv_dim, model.ffn_hidden
+
+    def linear(name: str, out: int, inp: int) -> tuple[str, list[tuple[int, ...]]]:
+        return name, [(out, inp), *([(out,)] if model.bias else [])]
+
+    def norm(name: str) -> tuple[str, list[tuple[int, ...]]]:
+        with_bias = model.norm == "layernorm" and model.bias
+        return name, [(d,), *([(d,)] if with_bias else [])]
+
+    emb: list[tuple[str, list[tuple[int, ...]]]] = [("tok_embeddings", [(model.vocab_size, d)])]
+    if model.learned_pos_emb:
+        emb.append(("pos_embeddings", [(model.max_seq_len, d)]))
+    mlp = [linear("w1", f, d), *([linear("w3", f, d)] if model.mlp == "swiglu" else []),
+           linear("w2", d, f)]
+    block = [norm("attention_norm"), linear("wq", d, d), linear("wk", kv, d),
+             linear("wv", kv, d), linear("wo", d, d), norm("ffn_norm"), *mlp]
+    head = [norm("norm")]
+    head.append(("output", [(model.vocab_size, d)]) if not model.tied_embeddings
+                else ("output", []))
+    return emb, block, head
+
+
+class _Step3:
+    """One step of ZeRO stage 3: per-submodule fetches as the coordinator replays them."""
+
+    def __init__(self, b: Builder) -> None:
+        self.b = b
+        self.n = b.plan.dp_shard
+        self.params: dict[str, Param] = {}
+        self.owner: dict[str, str] = {}
+        """Parameter -> the live gathered buffer holding it."""
+        self.holders: dict[str, set[str]] = {}
+        """Gathered buffer -> its parameters not released yet."""
+        self.gathers: dict[str, int] = {}
+        """Parameter -> the all-gather op that brought it."""
+        self.fetches = 0
+        self.grads_made: set[str] = set()
+
+    # ------------------------------------------------------------------ trace
+    def trace(self, blocks: list[Unit]) -> list[_Call]:
+        """The step's submodule calls in order: forward, then backward (a block's forward
+        re-run before its backward under recomputation)."""
+        m, p = self.b.model, self.b.plan
+        emb, block, head = _submodules(m)
+        share = _block_shares(m, block)
+
+        def names(prefix: str, sub: tuple[str, list[tuple[int, ...]]]) -> tuple[str, ...]:
+            mod, shapes = sub
+            out = []
+            for i, shape in enumerate(shapes):
+                name = f"{prefix}{mod}.{'weight' if i == 0 else 'bias'}"
+                numel = math.prod(shape)
+                self.params[name] = Param(name=name, numel=numel,
+                                          persistent=_persistent(numel, p))
+                out.append(name)
+            if mod == "output" and m.tied_embeddings:
+                out.append("tok_embeddings.weight")
+            return tuple(out)
+
+        emb_calls = [_Call(name=s[0], params=names("", s)) for s in emb]
+        calls = list(emb_calls)
+        per_unit = []
+        for u in blocks:
+            subs = [_Call(name=f"layers.{layer}.{s[0]}", params=names(f"layers.{layer}.", s),
+                          unit=u, share=share[s[0]])
+                    for layer in range((u.index or 0) * p.unit_size,
+                                       (u.index or 0) * p.unit_size + u.blocks)
+                    for s in block]
+            per_unit.append(subs)
+            calls += [replace(c, phase="forward", first=i == 0) for i, c in enumerate(subs)]
+        head_calls = [_Call(name=s[0], params=names("", s)) for s in head]
+        calls += head_calls
+        calls += [replace(c, phase="backward") for c in reversed(head_calls)]
+        for subs in reversed(per_unit):
+            if p.recompute != "none":
+                calls += [replace(c, phase="recompute", first=i == 0)
+                          for i, c in enumerate(subs)]
+            back = list(reversed(subs))
+            calls += [replace(c, phase="backward", first=i == 0, last=i == len(back) - 1)
+                      for i, c in enumerate(back)]
+        calls += [replace(c, phase="backward") for c in reversed(emb_calls)]
+        return calls
+
+    # ------------------------------------------------------------------ fetches
+    def fetch(self, step: FetchStep, *, prev: int | None, mb: int) -> None:
+        """The pre-hook's gathers: the on-demand one, issued when the host reaches the
+        hook (once the previous call's kernels are launched), and the prefetch, issued
+        once the host has waited for the on-demand gather."""
+        hook = {} if prev is None else {"after_start": (prev,)}
+        on_demand = None
+        if step.on_demand:
+            on_demand = self.gather(step.on_demand, mb=mb, prefetch=False, **hook)
+        if step.prefetch:
+            deps = {"issue_after": (on_demand,)} if on_demand is not None else hook
+            self.gather(step.prefetch, mb=mb, prefetch=True, **deps)
+
+    def gather(self, names: tuple[str, ...], *, mb: int, prefetch: bool,
+               **deps: tuple[int, ...]) -> int:
+        """One coalesced all-gather of these parameters' partitions into a flat buffer
+        (each parameter a view into it)."""
+        b = self.b
+        i = self.fetches
+        self.fetches += 1
+        buf = f"mb{mb}/fetch {i}"
+        numel = sum(-(-self.params[n].numel // self.n) * self.n for n in names)
+        self.holders[buf] = set(names)
+        for n in names:
+            self.owner[n] = buf
+        kind = "prefetch" if prefetch else "fetch"
+        op = b.collective(kind="all_gather", size_bytes=numel * b.a, group=b.shard,
+                          gname="shard", microbatch=mb, name=f"{kind} {i} ({len(names)} params)",
+                          allocs=(Buffer(name=buf, category="gathered_params",
+                                         bytes=numel * b.a),), **deps)
+        for n in names:
+            self.gathers[n] = op
+        return op
+
+    def released(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        """Gathered buffers freed once these parameters are released (a flat buffer goes
+        with the last of its parameters)."""
+        out = []
+        for n in names:
+            buf = self.owner.pop(n, None)
+            if buf is None:
+                continue
+            self.holders[buf].discard(n)
+            if not self.holders[buf]:
+                out.append(buf)
+                del self.holders[buf]
+        return tuple(out)
+
+    # ------------------------------------------------------------------ step
+    def lower(self, root: Unit, blocks: list[Unit]) -> None:
+        b, p = self.b, self.b.plan
+        calls = self.trace(blocks)
+        steps = replay([c.params for c in calls], self.params,
+                       prefetch_bucket=p.ds.prefetch_bucket_size,
+                       max_live=p.ds.max_live_parameters, max_reuse=p.ds.max_reuse_distance)
+        ends: list[int] = []
+        for mb in range(p.grad_accum):
+            self.owner, self.holders, self.grads_made = {}, {}, set()
+            reducer = _Reducer3(b, mb)
+            prev: int | None = None
+            for call, step in zip(calls, steps, strict=True):
+                self.fetch(step, prev=prev, mb=mb)
+                waits = tuple(dict.fromkeys(self.gathers[n] for n in call.params
+                                            if not self.params[n].persistent))
+                prev = self.compute(call, mb, waits, self.released(step.release))
+                if call.phase == "backward":
+                    reducer.add([n for n in call.params if n != "tok_embeddings.weight"
+                                 or call.name == "tok_embeddings"], self.params, prev)
+            # release_and_reset_all at the end of backward; then the reduce stream.
+            left = tuple(self.holders)
+            ends.append(reducer.finish(b.add(
+                name=f"release all (mb {mb})", kind="backward", stream="compute",
+                microbatch=mb, after=(prev,) if prev is not None else (), frees=left)))
+        self.optimizer(tuple(ends))
+
+    def compute(self, call: _Call, mb: int, waits: tuple[int, ...],
+                frees: tuple[str, ...]) -> int:
+        """The kernels of one submodule call: its share of its block's forward,
+        recomputation or backward, or the root's embedding, norm, output and loss."""
+        b = self.b
+        u, phase = call.unit, call.phase
+        kind = "forward" if phase == "forward" else "backward"
+        grads = self.grad(call, mb) if phase == "backward" else ()
+        grad_frees = tuple(g.name for g in grads)  # copied into the bucket by its hook
+        if u is None:
+            if call.name == "output" and phase == "forward":
+                return head_forward(b, mb, after=waits, frees=frees)
+            if call.name == "output":
+                return head_backward(b, mb, after=waits, grads=grads, frees=frees + grad_frees)
+            return b.add(name=f"{call.name} {phase} (mb {mb})", kind=kind, stream="compute",
+                         microbatch=mb, after=waits, allocs=grads, frees=frees + grad_frees)
+        work = {"forward": b.block_fwd, "recompute": b.block_recompute,
+                "backward": b.block_bwd_only}[phase].scaled(call.share)
+        allocs: list[Buffer] = list(grads)
+        unit_frees: list[str] = []
+        saved, working = f"mb{mb}/{u.name}/saved", f"mb{mb}/{u.name}/backward_working"
+        if phase == "forward" and call.first:
+            allocs.append(Buffer(name=saved, category="activations",
+                                 bytes=b.acts.saved_per_block * u.blocks))
+        # The block's backward working set lives from its first backward kernel (or its
+        # recomputation) to its last.
+        if call.first and phase == ("recompute" if b.plan.recompute != "none" else "backward"):
+            allocs.append(Buffer(name=working, category="activations",
+                                 bytes=b.acts.block_transient))
+        if phase == "backward" and call.last:
+            unit_frees += [saved, working]
+        return b.add(name=f"{call.name} {phase} (mb {mb})", kind=kind, stream="compute",
+                     unit=u.index, microbatch=mb, after=waits, flops=work.total,
+                     compute_s=b.compute(work) + (b.checkpoint_host_s(kind, u.blocks)
+                                                  if call.first else 0.0),
+                     allocs=tuple(allocs), frees=frees + grad_frees + tuple(unit_frees))
+
+    def grad(self, call: _Call, mb: int) -> tuple[Buffer, ...]:
+        """The gradient autograd allocates for the call's parameters (a tied weight's
+        once: its two uses accumulate into one)."""
+        names = [n for n in call.params if n not in self.grads_made]
+        self.grads_made.update(names)
+        numel = sum(self.params[n].numel for n in names)
+        if not numel:
+            return ()
+        return (Buffer(name=f"mb{mb}/grad/{call.name}", category="gathered_grads",
+                       bytes=numel * self.b.a),)
+
+    def optimizer(self, after: tuple[int, ...]) -> None:
+        """Per sub-group (one, below sub_group_size): fp32 gradients cast from the
+        partition buffer, Adam on the flat fp32 partition, copied back to 16 bits."""
+        b, p = self.b, self.b.plan
+        part = _partition_elems(b.model, p)
+        if p.offload != "none":
+            host_optimizer(b, after=after, frees=(), local_params=b.model.num_params / p.dp_shard)
+            return
+        m = _master_bytes(p)
+        fp32_grad = Buffer(name="fp32 grad partition", category="grads", bytes=part * m)
+        cast = Flops(matmul=0.0, attention=0.0, memory_bytes=part * (b.a + m), kernels=1)
+        first = b.add(name="fp32 gradients", kind="optimizer", stream="compute",
+                      microbatch=p.grad_accum - 1, after=after, compute_s=b.compute(cast),
+                      allocs=(fp32_grad,))
+        device_optimizer(b, after=(first,), frees=(fp32_grad.name,), local_params=part,
+                         tensors=1, master_bytes=m, grad_bytes=m)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Call:
+    """One submodule call of the stage-3 trace."""
+
+    name: str
+    params: tuple[str, ...]
+    unit: Unit | None = None
+    """The block unit it belongs to (None for the root's submodules)."""
+    share: float = 0.0
+    """Its share of one block's work."""
+    phase: str = "forward"
+    """forward, recompute or backward."""
+    first: bool = False
+    """The unit's first call of this phase."""
+    last: bool = False
+    """The unit's last backward call."""
+
+
+class _Reducer3:
+    """Stage 3's ipg bucket (the persistent buffer): each gradient is copied in by its
+    hook; a bucket that would overflow is reduce-scattered first, on the reduce-scatter
+    stream, and the rank's partition accumulated into the gradient partition buffer."""
+
+    def __init__(self, b: Builder, mb: int) -> None:
+        self.b, self.mb = b, mb
+        self.elements = 0
+        self.count = 0
+        self.last: int | None = None
+
+    def add(self, names: list[str], params: dict[str, Param], op: int) -> None:
+        numel = sum(params[n].numel for n in names)
+        if not numel:
+            return
+        if self.elements and self.elements + numel > self.b.plan.ds.reduce_bucket_size:
+            self.flush(op)
+        self.elements += numel
+
+    def flush(self, after: int) -> None:
+        b, p = self.b, self.b.plan
+        r = dtype_bytes(p.reduce_dtype)
+        i = self.count
+        self.count += 1
+        copy = Flops(matmul=0.0, attention=0.0, memory_bytes=self.elements * (b.a + r),
+                     kernels=1)
+        first = b.add(name=f"bucket {i} copy-in (mb {self.mb})", kind="backward",
+                      stream="reduce_scatter", microbatch=self.mb, after=(after,),
+                      compute_s=b.compute(copy))
+        coll = b.collective(kind="reduce_scatter", size_bytes=self.elements * r,
+                            group=b.shard, gname="shard", microbatch=self.mb,
+                            name=f"bucket {i} reduce-scatter (mb {self.mb})", after=(first,),
+                            async_op=True)
+        acc = Flops(matmul=0.0, attention=0.0,
+                    memory_bytes=self.elements / p.dp_shard * (r + 2 * b.a), kernels=1)
+        self.last = b.add(name=f"bucket {i} accumulate (mb {self.mb})", kind="backward",
+                          stream="reduce_scatter", microbatch=self.mb, after=(coll,),
+                          compute_s=b.compute(acc))
+        self.elements = 0
+
+    def finish(self, after: int) -> int:
+        """The epilogue: flush the last bucket; the step waits for the reduce stream."""
+        if self.elements:
+            self.flush(after)
+        return self.last if self.last is not None else after
+
+
+def _block_shares(model: ModelSpec, block: list[tuple[str, list[tuple[int, ...]]]]
+                  ) -> dict[str, float]:
+    """Each submodule call's share of its block's work, by its matmul's share of the
+    block's matmul FLOPs (norms run inside the neighbouring calls: share 0)."""
+    sizes = {name: math.prod(shapes[0]) if len(shapes[0]) == 2 else 0
+             for name, shapes in block}
+    total = sum(sizes.values())
+    return {name: size / total for name, size in sizes.items()}
+
+
+def _lower(b: Builder, root: Unit, blocks: list[Unit]) -> None:
+    if _stage(b.plan) == 3:
+        _Step3(b).lower(root, blocks)
+    else:
+        _Step12(b).lower(root, blocks)
+
+
+PROGRAM = Program(name="deepspeed", shard_elems=shard_elems, autocast=lambda plan: False,
+                  state_at_rest_bytes=state_at_rest_bytes,
+                  gathered_floor_bytes=gathered_floor_bytes, lower=_lower)

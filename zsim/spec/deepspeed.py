@@ -1,0 +1,85 @@
+"""DeepSpeedZero: the zero_optimization settings of DeepSpeed's ZeRO that zsim models, with
+DeepSpeed 0.19's defaults (deepspeed/runtime/zero/config.py, DeepSpeedZeroConfig).
+
+Owns the knobs and their single-field checks; the lowering (zsim.schedule.programs.
+deepspeed) reads them, the config reader (zsim.spec.ds_config) fills them from a user's
+ds_config.json. Imports only zsim.errors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, asdict, dataclass, fields
+from typing import Any, Literal
+
+from zsim.errors import ConfigError
+
+OffloadDevice = Literal["none", "cpu", "nvme"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeepSpeedZero:
+    """ZeRO settings; sizes are in elements, as DeepSpeed counts them."""
+
+    reduce_bucket_size: int = 500_000_000
+    """Elements per gradient reduction bucket (the ipg bucket, a buffer of this many
+    elements in the gradient dtype; two with overlap_comm)."""
+    allgather_bucket_size: int = 500_000_000
+    """ZeRO-1/2: elements per all-gather of the updated 16-bit parameters after the step."""
+    overlap_comm: bool | None = None
+    """Reduce gradients on a side stream while backward runs; None is DeepSpeed's default:
+    true for stage 3, false for stages 1 and 2."""
+    contiguous_gradients: bool = True
+    """Copy each gradient into the bucket buffer (and the rank's partition into a
+    contiguous buffer) as it is produced."""
+    prefetch_bucket_size: int = 50_000_000
+    """ZeRO-3 (stage3_prefetch_bucket_size): elements of parameters fetched ahead of use."""
+    param_persistence_threshold: int = 100_000
+    """ZeRO-3 (stage3_param_persistence_threshold): parameters with fewer elements are not
+    partitioned: every rank keeps them whole."""
+    max_live_parameters: int = 1_000_000_000
+    """ZeRO-3 (stage3_max_live_parameters): elements gathered at once at most (caps the
+    prefetch)."""
+    max_reuse_distance: int = 1_000_000_000
+    """ZeRO-3 (stage3_max_reuse_distance): a gathered parameter used again within this many
+    elements of fetches is not released."""
+    offload_device: OffloadDevice = "none"
+    """Where offload_optimizer / offload_param put their state ("cpu" or "nvme"); "none"
+    when the plan offloads nothing. The plan's `offload` says what is offloaded."""
+
+    def __post_init__(self) -> None:
+        for f in ("reduce_bucket_size", "allgather_bucket_size", "prefetch_bucket_size",
+                  "param_persistence_threshold", "max_live_parameters",
+                  "max_reuse_distance"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"plan.ds.{f}", v, "must be an integer >= 0")
+        if self.reduce_bucket_size == 0:
+            raise ConfigError("plan.ds.reduce_bucket_size", 0, "must be > 0")
+        if self.overlap_comm is not None and not isinstance(self.overlap_comm, bool):
+            raise ConfigError("plan.ds.overlap_comm", self.overlap_comm, "must be true or false")
+        if not isinstance(self.contiguous_gradients, bool):
+            raise ConfigError("plan.ds.contiguous_gradients", self.contiguous_gradients,
+                              "must be true or false")
+        if self.offload_device not in ("none", "cpu", "nvme"):
+            raise ConfigError("plan.ds.offload_device", self.offload_device,
+                              "must be none, cpu or nvme")
+
+    def overlaps(self, stage: int) -> bool:
+        """overlap_comm as DeepSpeed resolves it for `stage`."""
+        return stage == 3 if self.overlap_comm is None else self.overlap_comm
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any, *, where: str = "plan.ds") -> DeepSpeedZero:
+        """Strict: unknown keys raise ConfigError naming the key."""
+        if not isinstance(data, dict):
+            raise ConfigError(where, data, "must be a mapping")
+        known = {f.name for f in fields(cls)}
+        for key in data:
+            if key not in known:
+                raise ConfigError(f"{where}.{key}", data[key],
+                                  f"unknown key; known keys: {', '.join(sorted(known))}")
+        assert all(f.default is not MISSING for f in fields(cls))
+        return cls(**data)
