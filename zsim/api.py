@@ -85,31 +85,48 @@ def build_plan(spec: ModelSpec, *, gpus: int, strategy: str, shard_group: int | 
         **precision_knobs(precision))
 
 
-def simulate(*, model: str, gpus: int, strategy: str, shard_group: int | None = None,
-             hardware: str, seq: int | None = None, micro_batch: int = 1,
-             grad_accum: int = 1, ac: str = "none", precision: str = "bf16",
+def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | None = None,
+             hardware: str, seq: int | None = None, micro_batch: int | None = None,
+             grad_accum: int | None = None, ac: str = "none", precision: str | None = None,
              offload: str = "none", impl: str | None = None, trace: Path | None = None,
-             fit_only: bool = False) -> dict[str, Any]:
+             fit_only: bool = False, ds_config: Path | None = None) -> dict[str, Any]:
     """Simulate one plan; optionally write its Chrome trace (Perfetto) to `trace`. HSDP
     shards within a node unless `shard_group` says otherwise. With `fit_only` the engine
-    stops at the first allocation over HBM (zsim.simulate.simulate).
+    stops at the first allocation over HBM (zsim.simulate.simulate). With `ds_config`
+    the plan is the DeepSpeed config's (zsim.spec.ds_config), the other arguments filling
+    what it leaves "auto" (micro-batch 1, one micro-batch per step and bf16 by default).
 
     Returns:
-        Result.to_dict() plus "model", "hardware" and "plan" (the Plan's fields).
+        Result.to_dict() plus "model", "hardware", "plan" (the Plan's fields) and
+        "warnings" (config keys read but not modelled).
 
     Raises:
-        ConfigError: invalid names, sizes or combinations.
+        ConfigError: invalid names, sizes or combinations, or a bad config file.
     """
     from zsim.simulate import chrome_trace
     from zsim.simulate import simulate as run
 
     spec = resolve_model(model)
     hw = resolve_hardware(hardware)
-    if strategy == "hsdp" and shard_group is None:
-        shard_group = min(hw.gpus_per_node, gpus)  # shard within a node, the usual HSDP
-    plan = build_plan(spec, gpus=gpus, strategy=strategy, shard_group=shard_group, seq=seq,
-                      micro_batch=micro_batch, grad_accum=grad_accum, ac=ac,
-                      precision=precision, offload=offload, impl=impl)
+    warnings: tuple[str, ...] = ()
+    if ds_config is not None:
+        from zsim.spec.ds_config import ds_plan, read_ds_config
+
+        config = read_ds_config(ds_config, hidden_size=spec.d_model)
+        warnings = config.warnings
+        plan = ds_plan(config, where=str(ds_config), gpus=gpus,
+                       seq_len=seq if seq is not None else spec.max_seq_len,
+                       strategy=strategy, micro_batch=micro_batch, grad_accum=grad_accum,
+                       precision=precision, recompute=ac, offload=offload)
+    else:
+        if strategy is None:
+            raise ConfigError("strategy", None, "give --strategy (or a --ds-config)")
+        if strategy == "hsdp" and shard_group is None:
+            shard_group = min(hw.gpus_per_node, gpus)  # shard within a node, the usual HSDP
+        plan = build_plan(spec, gpus=gpus, strategy=strategy, shard_group=shard_group,
+                          seq=seq, micro_batch=1 if micro_batch is None else micro_batch,
+                          grad_accum=1 if grad_accum is None else grad_accum, ac=ac,
+                          precision=precision or "bf16", offload=offload, impl=impl)
     result = run(spec, hw, plan, trace=trace is not None, fit_only=fit_only)
     if trace is not None and not result.spans:
         raise ConfigError("trace", str(trace), "the plan was not simulated (its memory floor "
@@ -117,7 +134,7 @@ def simulate(*, model: str, gpus: int, strategy: str, shard_group: int | None = 
     if trace is not None:
         write_files(trace.parent, {trace.name: json.dumps(chrome_trace(result)).encode()})
     return {"model": spec.name, "hardware": hw.name, "plan": plan.to_dict(),
-            **result.to_dict()}
+            "warnings": list(warnings), **result.to_dict()}
 
 
 def sweep(scenario: Path, out: Path | None = None, *,

@@ -119,7 +119,8 @@ StrategyOpt = Annotated[Strategy, typer.Option(help="Data-parallel strategy.")]
 ShardGroupOpt = Annotated[int | None, typer.Option(help="HSDP shard group size.")]
 GradAccumOpt = Annotated[int, typer.Option(help="Micro-batches per optimizer step.")]
 AcOpt = Annotated[Recompute, typer.Option(help="Activation checkpointing.")]
-PrecisionOpt = Annotated[Precision, typer.Option(help="Mixed bf16 or fp32.")]
+PrecisionOpt = Annotated[Precision, typer.Option(
+    help="Mixed bf16 or fp16 (fp32 master weights) or plain fp32.")]
 OffloadOpt = Annotated[Offload, typer.Option(help="Offload to host memory.")]
 ImplOpt = Annotated[Impl | None, typer.Option(
     help="The program that runs the strategy: torch (ddp; zero1 as DDP + "
@@ -136,16 +137,24 @@ class SimFormat(str, Enum):
 def simulate(
     model: PlanModelOpt,
     gpus: GpusOpt,
-    strategy: StrategyOpt,
+    strategy: Annotated[Strategy | None, typer.Option(
+        help="Data-parallel strategy (taken from --ds-config when given).")] = None,
     shard_group: ShardGroupOpt = None,
     hardware: HardwareOpt = DEFAULT_HARDWARE,
     seq: SeqOpt = None,
-    micro_batch: MicroBatchOpt = 1,
-    grad_accum: GradAccumOpt = 1,
+    micro_batch: Annotated[int | None, typer.Option(
+        help="Sequences per micro-batch per GPU (default 1, or the config's).")] = None,
+    grad_accum: Annotated[int | None, typer.Option(
+        help="Micro-batches per optimizer step (default 1, or the config's).")] = None,
     ac: AcOpt = Recompute.none,
-    precision: PrecisionOpt = Precision.bf16,
+    precision: Annotated[Precision | None, typer.Option(
+        help="bf16 or fp16 (mixed, fp32 master) or fp32 (default bf16, or the "
+             "config's).")] = None,
     offload: OffloadOpt = Offload.none,
     impl: ImplOpt = None,
+    ds_config: Annotated[Path | None, typer.Option(
+        help="A DeepSpeed ds_config.json: the ZeRO stage and its settings, batch sizes and "
+             "precision come from it; flags fill its \"auto\" values.")] = None,
     trace: Annotated[Path | None, typer.Option(help="Write a Chrome/Perfetto trace here.")] = None,
     fit_only: Annotated[bool, typer.Option(
         help="Stop at the first allocation over HBM: whether it fits, and where not.")] = False,
@@ -153,16 +162,20 @@ def simulate(
 ) -> None:
     """Simulate one plan: step time, exposed communication, memory peak and breakdown."""
     r = _run(lambda: api.simulate(
-        model=model, gpus=gpus, strategy=strategy.value, shard_group=shard_group,
-        hardware=hardware, seq=seq, micro_batch=micro_batch, grad_accum=grad_accum,
-        ac=ac.value, precision=precision.value, offload=offload.value,
-        impl=impl.value if impl else None, trace=trace, fit_only=fit_only))
+        model=model, gpus=gpus, strategy=strategy.value if strategy else None,
+        shard_group=shard_group, hardware=hardware, seq=seq, micro_batch=micro_batch,
+        grad_accum=grad_accum, ac=ac.value, precision=precision.value if precision else None,
+        offload=offload.value, impl=impl.value if impl else None, trace=trace,
+        fit_only=fit_only, ds_config=ds_config))
+    for warning in r["warnings"]:
+        typer.echo(f"warning: {warning}", err=True)
     if format is SimFormat.json:
         typer.echo(json_text(r))
         return
     gib = 2**30
-    typer.echo(f"{r['model']} on {gpus} x {r['hardware']}: {strategy.value} "
-               f"({r['plan']['impl']}), ac={ac.value}, micro-batch {micro_batch} x {grad_accum}")
+    p = r["plan"]
+    typer.echo(f"{r['model']} on {gpus} x {r['hardware']}: {p['strategy']} ({p['impl']}), "
+               f"ac={p['recompute']}, micro-batch {p['micro_batch']} x {p['grad_accum']}")
     if r["step_time_s"] is None:
         typer.echo(f"step time       not simulated ({r['evaluated']})")
     else:

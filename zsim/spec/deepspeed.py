@@ -42,6 +42,9 @@ class DeepSpeedZero:
     max_reuse_distance: int = 1_000_000_000
     """ZeRO-3 (stage3_max_reuse_distance): a gathered parameter used again within this many
     elements of fetches is not released."""
+    sub_group_size: int = 1_000_000_000
+    """ZeRO-3: elements of the fp32 partition the optimizer steps on at a time (each
+    sub-group's fp32 gradients are cast, stepped and released before the next)."""
     offload_device: OffloadDevice = "none"
     """Where offload_optimizer / offload_param put their state ("cpu" or "nvme"); "none"
     when the plan offloads nothing. The plan's `offload` says what is offloaded."""
@@ -49,12 +52,13 @@ class DeepSpeedZero:
     def __post_init__(self) -> None:
         for f in ("reduce_bucket_size", "allgather_bucket_size", "prefetch_bucket_size",
                   "param_persistence_threshold", "max_live_parameters",
-                  "max_reuse_distance"):
+                  "max_reuse_distance", "sub_group_size"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(f"plan.ds.{f}", v, "must be an integer >= 0")
-        if self.reduce_bucket_size == 0:
-            raise ConfigError("plan.ds.reduce_bucket_size", 0, "must be > 0")
+        for f in ("reduce_bucket_size", "sub_group_size"):
+            if getattr(self, f) == 0:
+                raise ConfigError(f"plan.ds.{f}", 0, "must be > 0")
         if self.overlap_comm is not None and not isinstance(self.overlap_comm, bool):
             raise ConfigError("plan.ds.overlap_comm", self.overlap_comm, "must be true or false")
         if not isinstance(self.contiguous_gradients, bool):

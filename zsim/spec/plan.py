@@ -38,7 +38,7 @@ STRATEGIES: tuple[str, ...] = get_args(Strategy)
 Recompute = Literal["none", "selective", "full"]
 Optimizer = Literal["adamw", "sgd", "adamw8bit"]
 Offload = Literal["none", "optimizer", "params"]
-Precision = Literal["bf16", "fp32"]
+Precision = Literal["bf16", "fp16", "fp32"]
 Impl = Literal["torch", "fsdp2", "deepspeed"]
 IMPLS: dict[str, tuple[str, ...]] = {
     "ddp": ("torch",),
@@ -255,6 +255,10 @@ PRECISIONS: dict[str, dict[str, str]] = {
     # Mixed precision as the ZeRO paper counts it (Sec. 3.1): 16-bit params and grads,
     # fp32 master weights and Adam states. FSDP2 users often set reduce_dtype=fp32.
     "bf16": {"param_dtype": "bf16", "grad_dtype": "bf16", "reduce_dtype": "bf16",
+             "master_dtype": "fp32", "optimizer_state_dtype": "fp32"},
+    # fp16 mixed precision (DeepSpeed's fp16 mode, torch.autocast with a GradScaler): as
+    # bf16, with fp16 parameters, gradients and reduction.
+    "fp16": {"param_dtype": "fp16", "grad_dtype": "fp16", "reduce_dtype": "fp16",
              "master_dtype": "fp32", "optimizer_state_dtype": "fp32"},
     "fp32": {"param_dtype": "fp32", "grad_dtype": "fp32", "reduce_dtype": "fp32",
              "master_dtype": "fp32", "optimizer_state_dtype": "fp32"},

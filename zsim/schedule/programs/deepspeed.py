@@ -519,21 +519,26 @@ class _Step3:
                        bytes=numel * self.b.a),)
 
     def optimizer(self, after: tuple[int, ...]) -> None:
-        """Per sub-group (one, below sub_group_size): fp32 gradients cast from the
-        partition buffer, Adam on the flat fp32 partition, copied back to 16 bits."""
+        """Per sub-group of at most sub_group_size elements, one after the other: fp32
+        gradients cast from the partition buffer, Adam on the flat fp32 partition,
+        copied back to 16 bits, the fp32 gradients released."""
         b, p = self.b, self.b.plan
         part = _partition_elems(b.model, p)
         if p.offload != "none":
             host_optimizer(b, after=after, frees=(), local_params=b.model.num_params / p.dp_shard)
             return
         m = _master_bytes(p)
-        fp32_grad = Buffer(name="fp32 grad partition", category="grads", bytes=part * m)
-        cast = Flops(matmul=0.0, attention=0.0, memory_bytes=part * (b.a + m), kernels=1)
-        first = b.add(name="fp32 gradients", kind="optimizer", stream="compute",
-                      microbatch=p.grad_accum - 1, after=after, compute_s=b.compute(cast),
-                      allocs=(fp32_grad,))
-        device_optimizer(b, after=(first,), frees=(fp32_grad.name,), local_params=part,
-                         tensors=1, master_bytes=m, grad_bytes=m)
+        size = p.ds.sub_group_size
+        prev = after
+        for i, start in enumerate(range(0, part, size)):
+            elems = min(size, part - start)
+            grad = Buffer(name=f"fp32 grad sub-group {i}", category="grads", bytes=elems * m)
+            cast = Flops(matmul=0.0, attention=0.0, memory_bytes=elems * (b.a + m), kernels=1)
+            first = b.add(name="fp32 gradients" if i == 0 else f"fp32 gradients {i}",
+                          kind="optimizer", stream="compute", microbatch=p.grad_accum - 1,
+                          after=prev, compute_s=b.compute(cast), allocs=(grad,))
+            prev = (device_optimizer(b, after=(first,), frees=(grad.name,), local_params=elems,
+                                     tensors=1, master_bytes=m, grad_bytes=m),)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

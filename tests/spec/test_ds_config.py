@@ -1,0 +1,173 @@
+"""DeepSpeed JSON configs read as DeepSpeed 0.19 reads them (zsim.spec.ds_config): the keys
+it accepts, the Hugging Face "auto" values, conflicts with the command line, warnings for
+what zsim does not model, and the shipped configs in scenarios/configs/."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from zsim.api import simulate
+from zsim.errors import ConfigError
+from zsim.spec.ds_config import ZERO_KEYS, ds_plan, read_ds_config
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = sorted((REPO / "scenarios" / "configs").glob("*.json"))
+
+
+def write(tmp_path: Path, config: dict[str, Any]) -> Path:
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "zsim", "simulate", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_zero_keys_are_deepspeeds() -> None:
+    """The strict key list is DeepSpeedZeroConfig's fields and their aliases."""
+    config = pytest.importorskip("deepspeed.runtime.zero.config")
+    fields = config.DeepSpeedZeroConfig.model_fields
+    names = set(fields) | {f.alias for f in fields.values() if f.alias}
+    assert names == ZERO_KEYS
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_shipped_configs_pass_deepspeeds_own_check(path: Path) -> None:
+    """Every config zsim ships is one DeepSpeed accepts ("auto" filled as the HF Trainer
+    fills it)."""
+    config = pytest.importorskip("deepspeed.runtime.zero.config")
+    zero = json.loads(path.read_text())["zero_optimization"]
+    zero = {k: (10 if v == "auto" else v) for k, v in zero.items()}
+    config.DeepSpeedZeroConfig(**zero)
+
+
+def test_auto_values_follow_the_hf_trainer(tmp_path: Path) -> None:
+    """transformers' trainer_config_finalize: hidden^2, int(0.9 hidden^2), 10 hidden."""
+    path = write(tmp_path, {"zero_optimization": {
+        "stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+        "stage3_param_persistence_threshold": "auto"}})
+    run = read_ds_config(path, hidden_size=5120)
+    assert run.ds.reduce_bucket_size == 5120 * 5120
+    assert run.ds.prefetch_bucket_size == 23_592_960  # 0.9 x 5120^2
+    assert run.ds.param_persistence_threshold == 51_200
+    assert run.strategy == "zero3" and run.precision == "fp32"  # neither bf16 nor fp16 on
+
+
+def test_explicit_values_and_aliases(tmp_path: Path) -> None:
+    path = write(tmp_path, {
+        "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4,
+        "fp16": {"enabled": True, "loss_scale": 0}, "communication_data_type": "fp32",
+        "zero_optimization": {"stage": 2, "reduce_bucket_size": 2e8, "overlap_comm": False,
+                              "offload_optimizer": {"device": "cpu", "pin_memory": True}}})
+    run = read_ds_config(path, hidden_size=768)
+    plan = ds_plan(run, where="c", gpus=8, seq_len=1024)
+    assert (plan.strategy, plan.impl, plan.micro_batch, plan.grad_accum) == (
+        "zero2", "deepspeed", 2, 4)
+    assert (plan.param_dtype, plan.reduce_dtype, plan.offload) == ("fp16", "fp32", "optimizer")
+    assert (plan.ds.reduce_bucket_size, plan.ds.overlap_comm, plan.ds.offload_device) == (
+        200_000_000, False, "cpu")
+    assert run.warnings == ()
+
+
+def test_train_batch_size_sets_accumulation(tmp_path: Path) -> None:
+    path = write(tmp_path, {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2,
+                            "zero_optimization": {"stage": 1}})
+    plan = ds_plan(read_ds_config(path, hidden_size=768), where="c", gpus=8, seq_len=512)
+    assert plan.grad_accum == 4
+    with pytest.raises(ConfigError, match="train_batch_size"):
+        ds_plan(read_ds_config(path, hidden_size=768), where="c", gpus=6, seq_len=512)
+
+
+@pytest.mark.parametrize(("config", "named"), [
+    ({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket": 5}},
+     "zero_optimization.stage3_prefetch_bucket=5"),
+    ({"zero_optimization": {"stage": 4}}, "zero_optimization.stage=4"),
+    ({"zero_optimization": {"stage": 0}}, "zero_optimization.stage=0"),
+    ({"zero_optimization": {"stage": 2, "reduce_bucket_size": 1.5}},
+     "zero_optimization.reduce_bucket_size=1.5"),
+    ({"zero_optimization": {"stage": 2, "overlap_comm": "yes"}},
+     "zero_optimization.overlap_comm='yes'"),
+    ({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}},
+     "zero_optimization.offload_param"),
+    ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "gpu"}}},
+     "zero_optimization.offload_optimizer.device='gpu'"),
+    ({"zero_optimization": {"stage": 2}, "bf16": {"enabled": True},
+      "fp16": {"enabled": True}}, "bf16.enabled=True"),
+    ({"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 0},
+     "train_micro_batch_size_per_gpu=0"),
+    ({"zero_optimization": {"stage": 2}, "communication_data_type": "int8"},
+     "communication_data_type='int8'"),
+])
+def test_bad_configs_name_the_key(tmp_path: Path, config: dict[str, Any], named: str) -> None:
+    path = write(tmp_path, config)
+    result = cli("--model", "125m", "--gpus", "8", "--ds-config", str(path))
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
+    assert f"{path}:{named}" in result.stderr
+
+
+def test_malformed_json_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "ds_config.json"
+    path.write_text('{"zero_optimization": {"stage": 2,}}')
+    result = cli("--model", "125m", "--gpus", "8", "--ds-config", str(path))
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
+    assert "not valid JSON" in result.stderr
+
+
+def test_command_line_conflicts_name_both(tmp_path: Path) -> None:
+    path = write(tmp_path, {"train_micro_batch_size_per_gpu": 4,
+                            "zero_optimization": {"stage": 3}})
+    result = cli("--model", "125m", "--gpus", "8", "--ds-config", str(path),
+                 "--micro-batch", "2")
+    assert result.returncode == 2
+    assert "train_micro_batch_size_per_gpu=4" in result.stderr and "--micro-batch 2" in (
+        result.stderr)
+    result = cli("--model", "125m", "--gpus", "8", "--ds-config", str(path),
+                 "--strategy", "zero2")
+    assert result.returncode == 2 and "zero_optimization.stage" in result.stderr
+
+
+def test_unmodelled_keys_warn_once_defaults_do_not(tmp_path: Path) -> None:
+    path = write(tmp_path, {"zero_optimization": {
+        "stage": 2, "reduce_scatter": True, "round_robin_gradients": True},
+        "activation_checkpointing": {"partition_activations": True}})
+    run = read_ds_config(path, hidden_size=768)
+    assert len(run.warnings) == 1
+    assert "zero_optimization.round_robin_gradients=true" in run.warnings[0]
+    assert "activation_checkpointing" in run.warnings[0]
+    assert "reduce_scatter" not in run.warnings[0]  # DeepSpeed's default, as modelled
+    result = cli("--model", "125m", "--gpus", "8", "--seq", "512", "--ds-config", str(path),
+                 "--format", "json")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("warning:") == 1
+    assert json.loads(result.stdout)["warnings"] == list(run.warnings)
+
+
+def test_config_plan_is_the_flags_plan(tmp_path: Path) -> None:
+    """A config and the equivalent command line simulate the same step, byte for byte."""
+    path = write(tmp_path, {"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True},
+                            "zero_optimization": {"stage": 3}})
+    from_config = simulate(model="125m", gpus=8, strategy=None, hardware="dgx-h100", seq=512,
+                           ds_config=path)
+    from_flags = simulate(model="125m", gpus=8, strategy="zero3", hardware="dgx-h100",
+                          seq=512, micro_batch=2, impl="deepspeed")
+    assert from_config == from_flags
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_shipped_configs_simulate(path: Path) -> None:
+    config = json.loads(path.read_text())
+    result = simulate(model="1.3b", gpus=16, strategy=None, hardware="dgx-h100", seq=1024,
+                      ds_config=path)
+    assert result["plan"]["strategy"] == f"zero{config['zero_optimization']['stage']}"
+    offloaded = config["zero_optimization"].get("offload_param", {}).get("device", "none")
+    assert (result["plan"]["offload"] == "params") == (offloaded != "none")
+    assert result["fits"]
