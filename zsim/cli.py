@@ -190,6 +190,12 @@ def simulate(
                    f"{r['reserved_memory_bytes'] / gib:.2f} GiB reserved -> {verdict}")
     if r["oom"]:
         typer.echo(f"out of memory   {r['oom']}")
+    if r["collective_calls"]:
+        kinds = ", ".join(f"{k} {n:,}" for k, n in r["collective_calls"].items())
+        algos = ", ".join(f"{k} {n:,}" for k, n in r["collective_algorithms"].items())
+        typer.echo(f"collectives     {sum(r['collective_calls'].values()):,} calls/step "
+                   f"({kinds}); latency {r['comm_latency_share']:.0%} of their time alone")
+        typer.echo(f"algorithms      {algos}")
     rows = [{"category": k, "gib_at_peak": v / gib} for k, v in r["memory_at_peak"].items()]
     typer.echo(text_table(rows, ("category", "gib_at_peak")))
 

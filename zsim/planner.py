@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zsim.analytic.comm import bus_bytes, step_comm
+from zsim.analytic.collectives import bus_bytes
+from zsim.analytic.comm import step_comm
 from zsim.analytic.compute import step_flops
 from zsim.analytic.memory import CATEGORIES, MemoryEstimate, estimate_memory
 from zsim.result import Result

@@ -67,6 +67,15 @@ class Result:
     """Time at least one collective or copy was running, seconds."""
     comm_bus_bytes: dict[str, float]
     """Bytes each rank put on the wire (or PCIe) per collective kind / copy direction."""
+    collective_calls: dict[str, int] = field(default_factory=dict)
+    """Collective calls per step per rank, by kind."""
+    collective_algorithms: dict[str, int] = field(default_factory=dict)
+    """Collective calls per step per rank by "kind algorithm/protocol" (the library's
+    choice for each, zsim.analytic.collectives)."""
+    comm_latency_share: float | None = None
+    """Start-up latency of the step's collectives over their time each running alone
+    (latency + bus bytes at the bottleneck link's rate): how latency-bound its
+    communication is; None without collectives."""
     peak_memory_bytes: int
     """Peak allocated HBM (what torch.cuda.max_memory_allocated reports); until OOM, the
     level the first allocation over HBM reached; from the closed form, the floor."""
@@ -139,6 +148,9 @@ class Result:
             "exposed_host_s": self.exposed_host_s, "host_busy_s": self.host_busy_s,
             "comm_busy_s": dict(self.comm_busy_s), "comm_busy_total_s": self.comm_busy_total_s,
             "comm_bus_bytes": dict(self.comm_bus_bytes),
+            "collective_calls": dict(self.collective_calls),
+            "collective_algorithms": dict(self.collective_algorithms),
+            "comm_latency_share": self.comm_latency_share,
             "peak_memory_bytes": self.peak_memory_bytes,
             "reserved_memory_bytes": self.reserved_memory_bytes,
             "memory_at_peak": dict(self.memory_at_peak),
@@ -213,7 +225,8 @@ def summarize(schedule: Schedule, trace: Trace, memory: MemoryPool, *, model: st
         end_memory_bytes=memory.current_bytes, hbm_bytes=schedule.hbm_bytes,
         memory_curve=trace.memory_curve, oom=_oom_message(memory),
         world_size=schedule.world_size, events=trace.events, num_ops=len(schedule.ops),
-        spans=trace.spans if keep_spans else (), notes=schedule.notes)
+        spans=trace.spans if keep_spans else (), notes=schedule.notes,
+        **_collective_figures(schedule))
     if stopped_at_oom:
         return Result(evaluated="simulated until OOM", **_no_time_figures(),  # type: ignore[arg-type]
                       **memory_fields)
@@ -262,6 +275,26 @@ def summarize(schedule: Schedule, trace: Trace, memory: MemoryPool, *, model: st
         mfu=model_tflops * 1e12 / schedule.peak_flop_per_s,
         hfu=schedule.hardware_flops / step / schedule.peak_flop_per_s if step > 0 else 0.0,
         step_time_p50_s=p50, step_time_p99_s=p99, **memory_fields)  # type: ignore[arg-type]
+
+
+def _collective_figures(schedule: Schedule) -> dict[str, Any]:
+    """Calls per step by kind and by algorithm, and the latency share of their time each
+    running alone (from the schedule: the same whatever overlaps)."""
+    calls: dict[str, int] = {}
+    algorithms: dict[str, int] = {}
+    latency = alone = 0.0
+    bandwidth = schedule.link_bytes_per_s
+    for op in schedule.ops:
+        if not op.is_collective or op.group_ranks <= 1:
+            continue
+        calls[op.kind] = calls.get(op.kind, 0) + 1
+        key = f"{op.kind} {op.algorithm}"
+        algorithms[key] = algorithms.get(key, 0) + 1
+        latency += op.latency_s
+        alone += op.latency_s + op.bus_bytes * max(
+            (w / bandwidth[link] for link, w in op.link_loads), default=0.0)
+    return dict(collective_calls=calls, collective_algorithms=algorithms,
+                comm_latency_share=latency / alone if alone > 0 else None)
 
 
 def _no_time_figures() -> dict[str, object]:

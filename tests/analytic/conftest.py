@@ -27,6 +27,7 @@ def two_tier_hw() -> HardwareProfile:
         "node": {"gpus_per_node": 4, "host_memory_gib": 512, "pcie_gb_per_s": 10,
                  "nvme_read_gb_per_s": 1, "nvme_write_gb_per_s": 1, "source": "test"},
         "intra_node": link("intra", 100, 1), "inter_node": link("inter", 10, 10),
+        "collectives": {"model": "ring", "nvls_busbw_gb_per_s": 0, "source": "test"},
         "efficiency": {"matmul": 0.5, "attention": 0.25, "memory_bound": 1.0, "pcie": 1.0,
                        "host_adam_params_per_s": 1e9, "comm_compute_slowdown": 0.0,
                        "compute_comm_slowdown": 0.0,

@@ -9,14 +9,8 @@ from dataclasses import replace
 
 import pytest
 
-from zsim.analytic.comm import (
-    CommGroup,
-    bus_bytes,
-    collective_time_s,
-    replicate_group,
-    shard_group,
-    step_comm,
-)
+from zsim.analytic.collectives import CommGroup, bus_bytes, collective_time_s
+from zsim.analytic.comm import replicate_group, shard_group, step_comm
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import synthetic
 from zsim.spec.plan import Plan

@@ -16,7 +16,8 @@ from zsim.cli import app
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["simulate", "--model", "125m", "--gpus", "16", "--seq", "1024"]
 JSON_KEYS = {"fits", "step_time_s", "exposed_comm_s", "compute_time_s", "peak_memory_bytes",
-             "reserved_memory_bytes", "memory_at_peak", "tokens_per_s", "mfu", "oom"}
+             "reserved_memory_bytes", "memory_at_peak", "tokens_per_s", "mfu", "oom",
+             "collective_calls", "collective_algorithms", "comm_latency_share"}
 """At least these keys (issue 3, item 4)."""
 
 
@@ -46,6 +47,7 @@ def test_table_and_trace(tmp_path: Path) -> None:
                                       "--trace", str(trace)])
     assert result.exit_code == 0, result.output
     assert "step time" in result.stdout and "activations" in result.stdout
+    assert "calls/step" in result.stdout and "of their time alone" in result.stdout
     events = json.loads(trace.read_text())["traceEvents"]
     tracks = {e["args"]["name"] for e in events if e.get("ph") == "M" and "args" in e}
     assert any("compute" in t for t in tracks)

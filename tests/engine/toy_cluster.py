@@ -21,5 +21,6 @@ def make_toy_hw(*, gpus_per_node: int = 2, intra_gb_per_s: float = 100.0,
                         latency_s=latency_s, efficiency=1.0),
         inter_node=Link(name="toy-nic", bandwidth_bytes_per_s=inter_gb_per_s * GB,
                         latency_s=latency_s, efficiency=1.0),
+        collectives="ring", nvls_bus_bytes_per_s=0.0,
         matmul_efficiency=1.0, attention_efficiency=1.0, memory_bound_efficiency=1.0,
         pcie_efficiency=1.0, host_adam_params_per_s=1e9, comm_compute_slowdown=slowdown)

@@ -32,6 +32,7 @@ def toy_profile_dict(*, bandwidth_gb_per_s: float = 100.0, latency_us: float = 0
                  "nvme_read_gb_per_s": 1, "nvme_write_gb_per_s": 1, "source": "test"},
         "intra_node": link("toy-intra"),
         "inter_node": link("toy-inter"),
+        "collectives": {"model": "ring", "nvls_busbw_gb_per_s": 0, "source": "test"},
         "efficiency": {"matmul": 1.0, "attention": 1.0, "memory_bound": 1.0, "pcie": 1.0,
                        "host_adam_params_per_s": 1e9, "comm_compute_slowdown": 0.0,
                        "compute_comm_slowdown": 0.0,

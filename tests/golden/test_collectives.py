@@ -13,7 +13,7 @@ import math
 
 import pytest
 
-from zsim.analytic.comm import CommGroup, collective_time_s
+from zsim.analytic.collectives import CommGroup, collective_time_s
 from zsim.spec.hardware import HardwareProfile
 
 HAND_RING_S = {2: 0.005, 4: 0.0075, 8: 0.00875, 64: 0.00984375}

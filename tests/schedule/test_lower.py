@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
 
-from zsim.analytic.comm import CommGroup, collective_time_s, ring_link_loads, step_comm
+from zsim.analytic.collectives import CommGroup, choose, collective_time_s, ring_link_loads
+from zsim.analytic.comm import step_comm
 from zsim.analytic.compute import block_forward_flops, step_flops
 from zsim.errors import ConfigError
 from zsim.schedule.lower import lower
+from zsim.simulate import simulate
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
+from zsim.spec.registry import resolve_model
 from zsim.units import dtype_bytes
 
 
@@ -108,17 +112,21 @@ def test_hardware_flops_match_closed_form(tiny_model: ModelSpec, h100: HardwareP
 
 def test_ring_loads_reproduce_alpha_beta_where_the_ring_stays_on_one_link(
         h100: HardwareProfile) -> None:
-    # Inside a node and one rank per node the alone time is comm.collective_time_s; a ring
-    # over 8 GPUs per node for 16 nodes runs at min(NVLink*8/7, 8*NIC) (C-NCCL maintainer
-    # figure: ~370-385 GB/s ring busbw on 8 NDR NICs per node).
+    # Inside a node and one rank per node a 1 GB all-gather is a Simple ring (NCCL's
+    # choice at that size): 8.4 us of base latency, one link latency per step and the
+    # bus bytes at the link's rate; a ring over 8 GPUs per node for 16 nodes runs at
+    # min(NVLink*8/7, 8*NIC) (C-NCCL maintainer figure: ~370-385 GB/s ring busbw on 8
+    # NDR NICs per node).
     size = 1e9
     for group in (CommGroup(ranks=8, ranks_per_node=8), CommGroup(ranks=16, ranks_per_node=1)):
+        assert choose("all_gather", size, group, h100).name == "ring/Simple"
         loads = ring_link_loads(group)
         caps = {"intra_node": h100.intra_node.achievable_bytes_per_s,
                 "inter_node": h100.inter_node.achievable_bytes_per_s}
         rate = min(caps[k] / w for k, w in loads)
         link = h100.intra_node if group.ranks_per_node == 8 else h100.inter_node
-        t = (group.ranks - 1) * link.latency_s + (group.ranks - 1) / group.ranks * size / rate
+        t = (8.4e-6 + (group.ranks - 1) * link.latency_s
+             + (group.ranks - 1) / group.ranks * size / rate)
         assert t == pytest.approx(collective_time_s("all_gather", size, group, h100))
     spanning = dict(ring_link_loads(CommGroup(ranks=128, ranks_per_node=8)))
     rate = min(h100.intra_node.achievable_bytes_per_s / spanning["intra_node"],
@@ -280,3 +288,27 @@ def test_checkpoint_host_time_lands_on_each_checkpointed_block(
         assert seconds - base[name] == pytest.approx(2 * kernels * per_kernel_s, rel=1e-9)
     # An async host runs the hooks while the GPU works: nothing lands on the timeline.
     assert block_ops(replace(h100, checkpoint_overhead_s=overhead)) == block_ops(h100)
+
+
+
+@pytest.mark.parametrize(("strategy", "kw", "all_gather", "reduce_scatter", "all_reduce"), [
+    # FSDP2, one block per unit, n blocks: every unit and the root all-gather in forward
+    # per micro-batch, every block again in backward (the root stays gathered); each
+    # unit's gradients reduce-scatter once per step.
+    ("fsdp", {"grad_accum": 2}, lambda n: 2 * (2 * n + 1), lambda n: n + 1, lambda n: 0),
+    ("fsdp-no-reshard", {"grad_accum": 2}, lambda n: 2 * (n + 1), lambda n: n + 1,
+     lambda n: 0),
+    # HSDP adds one all-reduce of each reduced shard across replicas.
+    ("hsdp", {"shard_group": 8}, lambda n: 2 * n + 1, lambda n: n + 1, lambda n: n + 1),
+])
+def test_calls_per_step(strategy: str, kw: dict[str, int], all_gather: Callable[[int], int],
+                        reduce_scatter: Callable[[int], int], all_reduce: Callable[[int], int],
+                        h100: HardwareProfile) -> None:
+    model = resolve_model("125m")
+    n = model.num_layers
+    result = simulate(model, h100, Plan.for_strategy(strategy, gpus=16, seq_len=512, **kw))
+    expected = {"all_gather": all_gather(n), "reduce_scatter": reduce_scatter(n),
+                "all_reduce": all_reduce(n)}
+    assert result.collective_calls == {k: v for k, v in expected.items() if v}
+    assert sum(result.collective_algorithms.values()) == sum(expected.values())
+    assert 0 < result.comm_latency_share < 1

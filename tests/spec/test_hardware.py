@@ -16,7 +16,7 @@ from zsim.errors import ConfigError
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.registry import PROFILES_DIR, hardware_names, resolve_hardware
 
-SECTIONS = ("gpu", "node", "intra_node", "inter_node", "efficiency")
+SECTIONS = ("gpu", "node", "intra_node", "inter_node", "collectives", "efficiency")
 REQUIRED_PROFILES = {"dgx-a100", "dgx-h100", "hgx-h200", "pcie-a100", "local-cpu"}
 
 TOY: dict[str, Any] = {
@@ -34,6 +34,7 @@ TOY: dict[str, Any] = {
                    "efficiency": 1, "source": "made up",
                    "collective_efficiency": {"all_gather": 1, "reduce_scatter": 1,
                                              "all_reduce": 1}},
+    "collectives": {"model": "nccl", "nvls_busbw_gb_per_s": 0, "source": "made up"},
     "efficiency": {"matmul": 0.5, "attention": 0.25, "memory_bound": 0.75, "pcie": 0.8,
                    "host_adam_params_per_s": 1000000, "comm_compute_slowdown": 0,
                    "compute_comm_slowdown": 0,
@@ -84,7 +85,7 @@ def test_every_section_cites_a_source(name: str) -> None:
 @pytest.mark.parametrize("name", hardware_names())
 def test_numbers_are_numbers(name: str) -> None:
     # PyYAML reads 7.7e8 as a string; every numeric field must load as int or float.
-    text = {"name", "description", "source", "launch"}
+    text = {"name", "description", "source", "launch", "model"}
     for path, value in _leaves(_raw(name)):
         if path.rsplit(".", 1)[-1] not in text:
             assert isinstance(value, (int, float)) and not isinstance(value, bool), (path, value)
@@ -160,7 +161,8 @@ def test_unknown_key_names_it(write_yaml: Callable[..., Path], change: Callable,
 @pytest.mark.parametrize(("section", "key"), [("gpu", "hbm_gib"), ("node", "source"),
                                               ("intra_node", "latency_us"),
                                               ("efficiency", "matmul"), ("", "inter_node"),
-                                              ("host", "launch")])
+                                              ("host", "launch"), ("", "collectives"),
+                                              ("collectives", "model")])
 def test_missing_key_names_it(write_yaml: Callable[..., Path], section: str, key: str) -> None:
     data = _mutated(lambda d: (d[section] if section else d).pop(key))
     with pytest.raises(ConfigError) as e:
@@ -186,6 +188,10 @@ def test_missing_key_names_it(write_yaml: Callable[..., Path], section: str, key
     ("efficiency", "matmul", 0),
     ("gpu", "source", ""),
     ("inter_node", "name", 400),
+    ("collectives", "model", "mpi"),
+    ("collectives", "nvls_busbw_gb_per_s", -1),
+    ("intra_node", "latency_us", {"LL": 0.6}),              # no Simple
+    ("intra_node", "latency_us", {"Simple": 3.4, "LL256": 1}),
 ])
 def test_wrong_type_or_range_names_field(write_yaml: Callable[..., Path], section: str, key: str,
                                          value: object) -> None:
@@ -209,6 +215,20 @@ def test_collective_efficiency_names_the_kind_at_fault(write_yaml: Callable[...,
     hw = HardwareProfile.from_yaml(write_yaml(TOY))
     assert hw.intra_node.kind_efficiency == {"all_gather": 1.0, "reduce_scatter": 0.5,
                                              "all_reduce": 2.0}
+
+
+def test_latency_per_protocol(write_yaml: Callable[..., Path]) -> None:
+    """latency_us as a number is the Simple protocol's; as a mapping, each protocol's."""
+    hw = HardwareProfile.from_yaml(write_yaml(_mutated(lambda d: d["intra_node"].update(
+        latency_us={"LL": 0.5, "Simple": 4}))))
+    assert hw.intra_node.latency_s == pytest.approx(4e-6)
+    assert hw.intra_node.protocol_latency_s == {"LL": pytest.approx(0.5e-6)}
+    assert hw.intra_node.offers("LL") and not hw.intra_node.offers("LL128")
+    assert hw.inter_node.offers("Simple") and not hw.inter_node.offers("LL")
+    data = _mutated(lambda d: d["intra_node"].update(latency_us={"LL": -1, "Simple": 4}))
+    with pytest.raises(ConfigError) as e:
+        HardwareProfile.from_yaml(write_yaml(data))
+    assert (e.value.field, e.value.value) == ("intra_node.latency_us.LL", -1)
 
 
 def test_checkpoint_overhead_names_the_mode_and_phase_at_fault(

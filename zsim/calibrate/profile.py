@@ -181,6 +181,12 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
             "collective_efficiency": dict(kinds),
             "source": f"copies intra_node (one host); {link_source}",
         },
+        "collectives": {
+            "model": "ring",
+            "nvls_busbw_gb_per_s": 0,
+            "source": f"{backend} measured: every call charged as a ring with the fitted "
+                      f"per-step latency and bandwidth above",
+        },
         "efficiency": {
             "matmul": _r(min(matmul_eff, 1.0)),
             "attention": _r(min(attention / peaks["bf16"], 1.0)),

@@ -212,7 +212,8 @@ class _Run:
             ends[op.index].succeed()
             span = OpSpan(index=op.index, name=op.name, kind=op.kind, stream=op.stream,
                           rank=rank, start_s=t0, end_s=t1, bus_bytes=op.bus_bytes,
-                          link=op.link, link_shared=shared, gate=gate, gated_by=gated_by)
+                          link=op.link, algorithm=op.algorithm, link_shared=shared,
+                          gate=gate, gated_by=gated_by)
             self.spans.append(span)
             self.span_of[(rank, op.index)] = span
             prev = op

@@ -33,6 +33,8 @@ class OpSpan:
     bus_bytes: float = 0.0
     """Collectives: bytes each rank moved."""
     link: str = ""
+    algorithm: str = ""
+    """Collectives: the algorithm/protocol the library ran it with."""
     link_shared: bool = False
     """Collectives: the transfer shared its link with another one at some point."""
     gate: str = ""
@@ -103,6 +105,8 @@ def chrome_trace_events(trace: Trace, *, title: str) -> dict[str, Any]:
         args: dict[str, Any] = {"kind": sp.kind}
         if sp.bus_bytes:
             args.update(bus_bytes=sp.bus_bytes, link=sp.link, link_shared=sp.link_shared)
+        if sp.algorithm:
+            args["algorithm"] = sp.algorithm
         events.append({"name": sp.name, "cat": sp.kind, "ph": "X", "pid": 0,
                        "tid": sp.rank * len(STREAMS) + tid[sp.stream],
                        "ts": sp.start_s * US_PER_S, "dur": sp.duration_s * US_PER_S,

@@ -5,8 +5,9 @@ optimizer step on the device or on the host), whole-tensor bucketing, and the ch
 ops on a synchronous host. No program's order of ops lives here. Never simulates and
 never imports simpy.
 
-Durations come from zsim.analytic.compute, collective sizes and links from
-zsim.analytic.comm, saved tensors from zsim.analytic.activations.
+Durations come from zsim.analytic.compute, collective sizes, links and algorithms from
+zsim.analytic.collectives (groups from zsim.analytic.comm), saved tensors from
+zsim.analytic.activations.
 """
 
 from __future__ import annotations
@@ -23,14 +24,8 @@ from zsim.analytic.activations import (
     loss_working_bytes,
     root_saved_tensors,
 )
-from zsim.analytic.comm import (
-    CommGroup,
-    bus_bytes,
-    collective_latency_s,
-    link_loads,
-    replicate_group,
-    shard_group,
-)
+from zsim.analytic.collectives import Algorithm, CommGroup, bus_bytes, choose
+from zsim.analytic.comm import replicate_group, shard_group
 from zsim.analytic.compute import (
     Flops,
     block_backward_flops,
@@ -152,6 +147,8 @@ class Builder:
         self.shard = shard_group(plan, hw)
         self.repl = replicate_group(plan, hw)
         self.acts = acts
+        self._algorithms: dict[tuple[str, float, CommGroup], Algorithm] = {}
+        """The library's choice per (kind, size, group): a model's units repeat."""
         kw = dict(micro_batch=plan.micro_batch, seq_len=plan.seq_len, act_bytes=self.a)
         self.block_fwd = block_forward_flops(model, **kw)
         """Work of one block's forward for one micro-batch."""
@@ -185,16 +182,20 @@ class Builder:
 
     def collective(self, *, kind: str, size_bytes: float, group: CommGroup, gname: str,
                    **kw: object) -> int:
-        """A collective on its own stream; one issued without async_op that blocks a
-        synchronous host starts later by the host's cost of the call."""
+        """A collective on its own stream, run with the algorithm the profile's library
+        picks for its size and group (zsim.analytic.collectives.choose); one issued
+        without async_op that blocks a synchronous host starts later by the host's cost
+        of the call."""
         hw = self.hw
         call_s = 0.0 if kw.get("async_op") else self.host(hw.collective_overhead_s)
+        key = (kind, size_bytes, group)
+        algo = self._algorithms.get(key) or self._algorithms.setdefault(
+            key, choose(kind, size_bytes, group, hw))
         return self.add(kind=kind, stream=kind, size_bytes=size_bytes,
                         bus_bytes=bus_bytes(kind, size_bytes, group.ranks),
-                        latency_s=collective_latency_s(kind, group, hw) + call_s,
+                        latency_s=algo.latency_s + call_s, algorithm=algo.name,
                         link="inter_node" if group.spans_nodes else "intra_node",
-                        link_loads=link_loads(kind, group, self.hw),
-                        group_ranks=group.ranks,
+                        link_loads=algo.link_loads, group_ranks=group.ranks,
                         group=gname, **kw)
 
     def checkpoint_host_s(self, phase: str, blocks: int) -> float:

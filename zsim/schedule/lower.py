@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 
-from zsim.analytic.comm import link_bandwidths
+from zsim.analytic.collectives import link_bandwidths
 from zsim.analytic.compute import step_flops
 from zsim.errors import ConfigError
 from zsim.schedule.build import Builder, activation_sizes, on_synchronous_host, units

@@ -82,6 +82,8 @@ class Op:
     ring's own link; 1/ranks_per_node for the NIC share of a ring spanning nodes)."""
     latency_s: float = 0.0
     """Start-up (alpha) term of the collective, seconds; not slowed by link sharing."""
+    algorithm: str = ""
+    """The collective's algorithm/protocol ("ring/Simple", "tree/LL", "nvls/Simple")."""
     group_ranks: int = 1
     """Ranks in the collective's process group."""
     group: str = ""

@@ -18,8 +18,8 @@ from zsim.spec.yaml_file import read_yaml
 from zsim.units import GB, US, GiB
 
 _SCHEMA: dict[str, tuple[str, ...]] = {
-    "": ("name", "description", "gpu", "node", "intra_node", "inter_node", "efficiency",
-         "host"),
+    "": ("name", "description", "gpu", "node", "intra_node", "inter_node", "collectives",
+         "efficiency", "host"),
     "gpu": ("name", "hbm_gib", "hbm_bandwidth_gb_per_s", "peak_tflops", "source"),
     "node": ("gpus_per_node", "host_memory_gib", "pcie_gb_per_s", "nvme_read_gb_per_s",
              "nvme_write_gb_per_s", "source"),
@@ -27,6 +27,7 @@ _SCHEMA: dict[str, tuple[str, ...]] = {
                    "collective_efficiency", "source"),
     "inter_node": ("name", "bandwidth_gb_per_s", "latency_us", "efficiency",
                    "collective_efficiency", "source"),
+    "collectives": ("model", "nvls_busbw_gb_per_s", "source"),
     "efficiency": ("matmul", "attention", "memory_bound", "pcie", "host_adam_params_per_s",
                    "comm_compute_slowdown", "compute_comm_slowdown", "kernel_overhead_us",
                    "source"),
@@ -38,6 +39,12 @@ _SCHEMA: dict[str, tuple[str, ...]] = {
 COLLECTIVES: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce")
 """The collective kinds (keys of a link's collective_efficiency); zsim.schedule.ops keeps
 its own copy, as it imports only the standard library."""
+
+COLLECTIVE_MODELS: tuple[str, ...] = ("nccl", "ring")
+"""Values of collectives.model (see HardwareProfile.collectives)."""
+
+PROTOCOLS: tuple[str, ...] = ("LL", "LL128", "Simple")
+"""NCCL's protocols (keys of a link's latency_us when it is a mapping)."""
 
 LAUNCH_MODES: tuple[str, ...] = ("async", "synchronous")
 """Values of host.launch (see HardwareProfile.launch)."""
@@ -58,7 +65,8 @@ class Link:
     bandwidth_bytes_per_s: float
     """Line rate per GPU per direction."""
     latency_s: float
-    """Per-hop start-up latency (the alpha of an alpha-beta model)."""
+    """Per-step latency of a ring over this link with the Simple protocol (the alpha of
+    an alpha-beta model)."""
     efficiency: float
     """Achievable fraction of line rate for large collectives (nccl-tests bus bandwidth /
     line rate)."""
@@ -69,9 +77,21 @@ class Link:
     kind (NCCL); below 1 for a kind its backend runs with more traffic (gloo's
     reduce_scatter_tensor is an all-reduce of the whole buffer)."""
 
+    protocol_latency_s: dict[str, float] = field(default_factory=dict)
+    """Per-step latency of the other protocols the collective library may use over this
+    link (YAML latency_us as a mapping: NCCL's LL and LL128); none: Simple only."""
+
     @property
     def achievable_bytes_per_s(self) -> float:
         return self.bandwidth_bytes_per_s * self.efficiency
+
+    def offers(self, protocol: str) -> bool:
+        """Whether a call may use `protocol` over this link."""
+        return protocol == "Simple" or protocol in self.protocol_latency_s
+
+    def latency_for(self, protocol: str) -> float:
+        """Per-step latency of `protocol` over this link, seconds."""
+        return self.latency_s if protocol == "Simple" else self.protocol_latency_s[protocol]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,6 +117,13 @@ class HardwareProfile:
     nvme_write_bytes_per_s: float
     intra_node: Link
     inter_node: Link
+    collectives: str
+    """How a collective call runs (YAML collectives.model): "nccl" (NCCL's tuning model
+    picks the algorithm and protocol of each call, zsim.analytic.collectives) or "ring"
+    (every call a ring with the Simple latency: gloo, or a textbook profile)."""
+    nvls_bus_bytes_per_s: float
+    """All-reduce bus bandwidth with NVLink SHARP (NVLS) inside a node, per GPU; 0 where
+    the NVSwitch has none."""
     matmul_efficiency: float
     """Achievable fraction of peak for transformer matmuls."""
     attention_efficiency: float
@@ -164,13 +191,18 @@ class HardwareProfile:
             ConfigError: a section or key is unknown, missing or of the wrong type.
         """
         _check_keys(data, "")
-        for section in ("gpu", "node", "intra_node", "inter_node", "efficiency", "host"):
+        for section in ("gpu", "node", "intra_node", "inter_node", "collectives",
+                        "efficiency", "host"):
             _check_keys(data[section], section)
             _text(data[section], section, "source")
         for section, key in (("", "name"), ("", "description"), ("gpu", "name"),
                              ("intra_node", "name"), ("inter_node", "name")):
             _text(data[section] if section else data, section, key)
         gpu, node, eff, host = data["gpu"], data["node"], data["efficiency"], data["host"]
+        coll = data["collectives"]
+        if coll["model"] not in COLLECTIVE_MODELS:
+            raise ConfigError("collectives.model", coll["model"],
+                              f"must be one of {', '.join(COLLECTIVE_MODELS)}")
         if host["launch"] not in LAUNCH_MODES:
             raise ConfigError("host.launch", host["launch"],
                               f"must be one of {', '.join(LAUNCH_MODES)}")
@@ -191,6 +223,8 @@ class HardwareProfile:
             nvme_write_bytes_per_s=_pos(node, "node", "nvme_write_gb_per_s") * GB,
             intra_node=_link(data["intra_node"], "intra_node"),
             inter_node=_link(data["inter_node"], "inter_node"),
+            collectives=str(coll["model"]),
+            nvls_bus_bytes_per_s=_non_negative(coll, "collectives", "nvls_busbw_gb_per_s") * GB,
             matmul_efficiency=_fraction(eff, "matmul"),
             attention_efficiency=_fraction(eff, "attention"),
             memory_bound_efficiency=_fraction(eff, "memory_bound"),
@@ -327,8 +361,17 @@ def _link(d: dict[str, Any], section: str) -> Link:
     if isinstance(eff, bool) or not isinstance(eff, (int, float)) or not 0 < eff <= 1:
         raise ConfigError(f"{section}.efficiency", eff, "must be a fraction in (0, 1]")
     latency = d["latency_us"]
-    if isinstance(latency, bool) or not isinstance(latency, (int, float)) or latency < 0:
-        raise ConfigError(f"{section}.latency_us", latency, "must be a number >= 0")
+    if isinstance(latency, dict):
+        if "Simple" not in latency or not set(latency) <= set(PROTOCOLS):
+            raise ConfigError(f"{section}.latency_us", latency,
+                              "must map Simple (and optionally LL, LL128) to microseconds")
+        per_protocol = {p: _non_negative(latency, f"{section}.latency_us", p) * US
+                        for p in PROTOCOLS if p in latency}
+    elif isinstance(latency, bool) or not isinstance(latency, (int, float)) or latency < 0:
+        raise ConfigError(f"{section}.latency_us", latency,
+                          "must be a number >= 0 (the Simple protocol's) or a mapping")
+    else:
+        per_protocol = {"Simple": float(latency) * US}
     kinds = d["collective_efficiency"]
     if not isinstance(kinds, dict) or sorted(kinds) != sorted(COLLECTIVES):
         raise ConfigError(f"{section}.collective_efficiency", kinds,
@@ -340,5 +383,6 @@ def _link(d: dict[str, Any], section: str) -> Link:
                               f"times efficiency {eff} exceeds the line rate")
     return Link(name=str(d["name"]),
                 bandwidth_bytes_per_s=_pos(d, section, "bandwidth_gb_per_s") * GB,
-                latency_s=float(latency) * US, efficiency=float(eff),
+                latency_s=per_protocol.pop("Simple"), protocol_latency_s=per_protocol,
+                efficiency=float(eff),
                 kind_efficiency={k: float(kinds[k]) for k in COLLECTIVES})

@@ -1,0 +1,268 @@
+"""One collective call: the bytes it puts on the wire, the links that carry them, and the
+algorithm and protocol the collective library runs it with.
+
+Sizes follow nccl-tests (doc/PERFORMANCE.md): `size_bytes` is the full tensor (all_gather
+output, reduce_scatter input, all_reduce buffer); bus bytes per rank are (n-1)/n * size
+for all_gather and reduce_scatter, 2 (n-1)/n * size for all_reduce. A ring moves exactly
+its bus bytes; every other algorithm is charged as the ring's bus bytes over the same
+links at its own bandwidth relative to the ring's (`Algorithm.link_loads`), so traces and
+byte counts stay comparable across algorithms.
+
+Choice (profile `collectives.model`):
+- "ring" (gloo, textbook): every call is a ring paying the link's per-step latency.
+- "nccl": NCCL's tuning model (NVIDIA/nccl src/graph/tuning.cc, ncclTopoTuneModel and
+  ncclTopoGetAlgoTime, as of 2026): each (algorithm, protocol) it may run the call with
+  gets a latency (a base, plus per-step hardware latencies times its step count) and a
+  bandwidth; NCCL runs the call with the least latency + size / bandwidth. zsim keeps
+  NCCL's base latencies, step counts and bandwidth factors (below, with their sources in
+  that file); the per-step latency of each link and protocol, the links' bandwidths and
+  the NVLS bandwidth come from the hardware profile. Modelled: ring (all kinds, protocols
+  LL, LL128, Simple as the profile offers them), tree (all_reduce, with NCCL's size
+  correction), NVLS (all_reduce inside one node on NVSwitch systems with NVLink SHARP),
+  PAT (all_gather and reduce_scatter with one rank per node). Left out: CollNet/SHARP
+  in-network reduction, NVLS tree across nodes, NVLS all_gather/reduce_scatter, the
+  ring all_reduce's latency plateau factor, per-channel bandwidth caps, the latency
+  grouped calls share, the tree's own per-hop latencies (a tree hop is charged the
+  ring's) and the tree network latency NCCL charges rings with one rank per node.
+
+References: Patarasuk & Yuan 2009 (bandwidth-optimal rings); NCCL's tuning model above;
+shared/cases/published.yaml C-8xH200-allreduce-torch-vs-nccltests (NCCL's choice on one
+H200 node: ring/LL up to 1 MiB, NVLS/Simple from 2 MiB) and C-DGXH100-8GPU-allreduce-sweep.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from zsim.spec.hardware import HardwareProfile
+from zsim.units import US
+
+RING, TREE, NVLS, PAT = "ring", "tree", "nvls", "pat"
+
+BASE_LATENCY_S: dict[tuple[str, str], float] = {
+    (TREE, "LL"): 6.8 * US, (TREE, "LL128"): 14.0 * US, (TREE, "Simple"): 8.4 * US,
+    (RING, "LL"): 6.6 * US, (RING, "LL128"): 14.0 * US, (RING, "Simple"): 8.4 * US,
+    (NVLS, "Simple"): 0.0, (PAT, "Simple"): 8.0 * US,
+}
+"""NCCL's baseLatencies: a call's fixed cost before its steps, by (algorithm, protocol)."""
+
+NVLS_LATENCY_S = 25.0 * US
+"""NCCL's hwLatencies for NVLS on NVLink (Simple): the whole latency of an NVLS call."""
+
+NET_OVERHEAD_S = 1.0 * US
+"""NCCL's getNetOverhead (1 us; 2 on AMD hosts): a ring that spans nodes pays at least
+this per step inside a node too, three times it with Simple ("inter-node rings still have
+to launch nsteps * net overhead")."""
+
+PAT_LATENCY_PER_RANK_S = 2.8 * US
+"""NCCL's linear term of PAT's latency, per rank ("still a linear part")."""
+
+RING_PROTOCOL_BANDWIDTH: dict[str, float] = {"LL": 0.5, "LL128": 0.92, "Simple": 1.0}
+"""Ring bus bandwidth of each protocol relative to Simple: LL sends a 4-byte flag with each
+4 bytes of data; LL128 one 8-byte flag per 128-byte line (NCCL: busBw * .5, * 0.92)."""
+
+TREE_BANDWIDTH = 0.92
+"""NCCL's tree all_reduce bus bandwidth relative to the ring's links (busBw * .92), whose
+algorithm bandwidth is half of it (ratio .5)."""
+
+TREE_PROTOCOL_BANDWIDTH: dict[tuple[str, bool], float] = {
+    ("LL", False): 1 / 3.8, ("LL", True): 1 / 3.8,
+    ("LL128", False): 7 / 9, ("LL128", True): 120 / 128,
+    ("Simple", False): 1.0, ("Simple", True): 1.0,
+}
+"""Tree bandwidth of each protocol relative to Simple, (protocol, spans nodes)."""
+
+TREE_CORRECTION: dict[str, tuple[float, ...]] = {
+    "LL": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9,
+           1.0, 1.0, 1.0, 1.0, 1.0),
+    "LL128": (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9,
+              .9, .9, .9, 1.0, 1.0, 1.0),
+    "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7,
+               .7, .8, .9, .9, .9),
+}
+"""NCCL's treeCorrectionFactor: tree bandwidth at medium sizes, indexed by
+floor(log2(size / 64 B)) (64 B to 512 MiB); 1 beyond."""
+
+PAT_BANDWIDTH = 0.75
+"""NCCL's PAT bus bandwidth relative to the ring's links (busBw * .75), used as the
+algorithm bandwidth."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommGroup:
+    """A process group: `ranks` GPUs placed `ranks_per_node` to a node.
+
+    A group of consecutive ranks (an FSDP shard group of 8 on 8-GPU nodes) has
+    ranks_per_node = min(ranks, gpus_per_node); a replicate group that takes one rank
+    from each node has ranks_per_node = 1.
+    """
+
+    ranks: int
+    ranks_per_node: int
+
+    @property
+    def spans_nodes(self) -> bool:
+        return self.ranks > self.ranks_per_node
+
+    @property
+    def nodes(self) -> int:
+        """Nodes the group touches."""
+        return -(-self.ranks // self.ranks_per_node)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Algorithm:
+    """How one call runs: NCCL's algorithm and protocol, its start-up latency and the link
+    bytes it puts on each link per bus byte."""
+
+    algorithm: str
+    """ring, tree, nvls or pat."""
+    protocol: str
+    """LL, LL128 or Simple."""
+    latency_s: float
+    link_loads: tuple[tuple[str, float], ...]
+    """(link, link bytes per bus byte): the ring's loads divided by the algorithm's
+    bandwidth relative to the ring's."""
+
+    @property
+    def name(self) -> str:
+        return f"{self.algorithm}/{self.protocol}"
+
+    def time_s(self, bus: float, hw: HardwareProfile) -> float:
+        """Latency plus `bus` bus bytes over the bottleneck link, running alone."""
+        bandwidth = link_bandwidths(hw)
+        return self.latency_s + bus * max(load / bandwidth[link]
+                                          for link, load in self.link_loads)
+
+
+def bus_bytes(kind: str, size_bytes: float, n: int) -> float:
+    """Bytes each rank sends (and receives) in a ring collective over n ranks."""
+    if n <= 1:
+        return 0.0
+    factor = 2.0 if kind == "all_reduce" else 1.0
+    return factor * (n - 1) / n * size_bytes
+
+
+def latency_steps(kind: str, n: int) -> int:
+    """Sequential ring steps, each paying a per-step latency: n-1, twice for all_reduce."""
+    if n <= 1:
+        return 0
+    return (2 if kind == "all_reduce" else 1) * (n - 1)
+
+
+def ring_link_loads(group: CommGroup) -> tuple[tuple[str, float], ...]:
+    """Link bytes per bus byte of a ring collective over `group`, per GPU: (link, load).
+
+    Inside one node every hop is NVLink (load 1). A ring that spans nodes with
+    r = ranks_per_node consecutive GPUs per node: NCCL runs one ring (channel) per NIC,
+    rotated so that each GPU's outgoing hop crosses nodes in 1 of r rings; so NVLink
+    carries (r-1)/r and each GPU's own NIC 1/r of the bus bytes, and the ring's bus
+    bandwidth is min(NVLink * r/(r-1), NIC * r). On 8-NIC NDR nodes that is 8 x ~47 =
+    ~376 GB/s, the NCCL maintainers' expectation of 370-385 GB/s ring busbw
+    (shared/cases/published.yaml C-NCCL-maintainer-multinode-reference-points). With one
+    rank per node (HSDP replicas) every hop uses the NIC (load 1).
+    """
+    if not group.spans_nodes:
+        return (("intra_node", 1.0),)
+    r = group.ranks_per_node
+    if r == 1:
+        return (("inter_node", 1.0),)
+    return (("intra_node", (r - 1) / r), ("inter_node", 1.0 / r))
+
+
+def link_loads(kind: str, group: CommGroup, hw: HardwareProfile
+               ) -> tuple[tuple[str, float], ...]:
+    """ring_link_loads of a `kind` collective, each load divided by that link's
+    collective_efficiency for the kind: a backend that moves more bytes for it (or moves
+    them slower) loads the link more per bus byte."""
+    return tuple((link, load / getattr(hw, link).kind_efficiency[kind])
+                 for link, load in ring_link_loads(group))
+
+
+def link_bandwidths(hw: HardwareProfile) -> dict[str, float]:
+    """Achievable bytes/s per GPU per direction of each link a ring can load."""
+    return {"intra_node": hw.intra_node.achievable_bytes_per_s,
+            "inter_node": hw.inter_node.achievable_bytes_per_s}
+
+
+def ring_latency_s(kind: str, group: CommGroup, hw: HardwareProfile,
+                   protocol: str = "Simple") -> float:
+    """Per-step latencies of a ring (NCCL tuning model): the steps that cross nodes
+    (nodes - 1 per pass) pay the network's per-step latency, the rest the node's (at
+    least NCCL's network overhead when the ring spans nodes)."""
+    steps = latency_steps(kind, group.ranks)
+    intra_s = hw.intra_node.latency_for(protocol)
+    if not group.spans_nodes:
+        return steps * intra_s
+    if hw.collectives == "nccl":
+        intra_s = max(intra_s, NET_OVERHEAD_S * (3 if protocol == "Simple" else 1))
+    inter = latency_steps(kind, group.nodes)
+    return (steps - inter) * intra_s + inter * hw.inter_node.latency_for(protocol)
+
+
+def candidates(kind: str, size_bytes: float, group: CommGroup, hw: HardwareProfile
+               ) -> list[Algorithm]:
+    """Every (algorithm, protocol) the profile's collective library may run the call
+    with, in NCCL's order (tree, ring, NVLS, PAT; LL, LL128, Simple)."""
+    ring = link_loads(kind, group, hw)
+    if group.ranks <= 1:  # nothing to exchange
+        return [Algorithm(algorithm=RING, protocol="Simple", link_loads=ring, latency_s=0.0)]
+    if hw.collectives == "ring":
+        return [Algorithm(algorithm=RING, protocol="Simple", link_loads=ring,
+                          latency_s=ring_latency_s(kind, group, hw))]
+    links = (hw.intra_node, hw.inter_node) if group.spans_nodes else (hw.intra_node,)
+    protocols = [p for p in ("LL", "LL128", "Simple")
+                 if all(link.offers(p) for link in links)]
+    n, nodes, per_node = group.ranks, group.nodes, group.ranks_per_node
+    out = []
+
+    def scaled(factor: float) -> tuple[tuple[str, float], ...]:
+        return tuple((link, load / factor) for link, load in ring)
+
+    if kind == "all_reduce":
+        size_index = int(math.log2(max(size_bytes, 64) / 64))
+        for p in protocols:
+            correction = TREE_CORRECTION[p][size_index] if size_index < 24 else 1.0
+            factor = (TREE_BANDWIDTH * (n - 1) / n * correction
+                      * TREE_PROTOCOL_BANDWIDTH[(p, group.spans_nodes)])
+            hops = (per_node - 1) * hw.intra_node.latency_for(p)
+            if group.spans_nodes:
+                hops += math.floor(math.log2(nodes)) * hw.inter_node.latency_for(p)
+            out.append(Algorithm(algorithm=TREE, protocol=p, link_loads=scaled(factor),
+                                 latency_s=BASE_LATENCY_S[(TREE, p)] + 2 * hops))
+    for p in protocols:
+        out.append(Algorithm(algorithm=RING, protocol=p,
+                             link_loads=scaled(RING_PROTOCOL_BANDWIDTH[p]),
+                             latency_s=BASE_LATENCY_S[(RING, p)]
+                             + ring_latency_s(kind, group, hw, p)))
+    if kind == "all_reduce" and not group.spans_nodes and hw.nvls_bus_bytes_per_s > 0:
+        out.append(Algorithm(
+            algorithm=NVLS, protocol="Simple", latency_s=NVLS_LATENCY_S,
+            link_loads=(("intra_node",
+                         hw.intra_node.achievable_bytes_per_s / hw.nvls_bus_bytes_per_s),)))
+    if kind != "all_reduce" and per_node == 1 and nodes > 1:
+        latency = (BASE_LATENCY_S[(PAT, "Simple")]
+                   + math.floor(math.log2(nodes)) * hw.inter_node.latency_for("Simple") / 3.5
+                   + n * PAT_LATENCY_PER_RANK_S)
+        out.append(Algorithm(algorithm=PAT, protocol="Simple", latency_s=latency,
+                             link_loads=scaled(PAT_BANDWIDTH * (n - 1) / n)))
+    return out
+
+
+def choose(kind: str, size_bytes: float, group: CommGroup, hw: HardwareProfile
+           ) -> Algorithm:
+    """The algorithm and protocol the library runs the call with: the candidate of least
+    time running alone (NCCL's choice; the first on a tie)."""
+    bus = bus_bytes(kind, size_bytes, group.ranks)
+    return min(candidates(kind, size_bytes, group, hw), key=lambda a: a.time_s(bus, hw))
+
+
+def collective_time_s(kind: str, size_bytes: float, group: CommGroup,
+                      hw: HardwareProfile) -> float:
+    """Time of one call running alone, with the algorithm the library picks for it."""
+    if group.ranks <= 1:
+        return 0.0
+    bus = bus_bytes(kind, size_bytes, group.ranks)
+    return choose(kind, size_bytes, group, hw).time_s(bus, hw)
+
