@@ -92,7 +92,7 @@ def test_non_positive_sizes_raise(field: str, value: object) -> None:
 @pytest.mark.parametrize(("field", "value"), [("prefetch", -1), ("param_dtype", "fp8"),
                                               ("recompute", "some"), ("optimizer", "lion"),
                                               ("offload", "disk"), ("strategy", "zero4"),
-                                              ("impl", "fsdp1"), ("impl", "deepspeed")])
+                                              ("impl", "fsdp3"), ("impl", "deepspeed")])
 def test_closed_choices_raise(field: str, value: object) -> None:
     with pytest.raises(ConfigError) as e:
         Plan(**{"strategy": "fsdp", "dp_shard": 8, "seq_len": 1024, field: value})

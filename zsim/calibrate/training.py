@@ -2,8 +2,9 @@
 backward and optimizer calls, and the choice of library by Plan.impl.
 
 Owns `Prepared` (a model with a plan applied: the module to call, how to back-propagate
-and step, what to synchronise), `prepare` (dispatch to zsim.calibrate.fsdp2 for torch's
-programs, zsim.calibrate.deepspeed_zero for DeepSpeed's) and the step itself. Imports
+and step, what to synchronise), `prepare` (dispatch to zsim.calibrate.fsdp2 for DDP and
+FSDP2, zsim.calibrate.fsdp1 for FSDP1, zsim.calibrate.deepspeed_zero for DeepSpeed) and
+the step itself. Imports
 torch.
 """
 
@@ -50,13 +51,17 @@ def check_plan(plan: Plan, world_size: int, spec: ModelSpec) -> None:
     """What the backend can run (the plan's library's own checks).
 
     Raises:
-        ConfigError: see zsim.calibrate.fsdp2.check_plan and
-            zsim.calibrate.deepspeed_zero.check_plan.
+        ConfigError: see the check_plan of zsim.calibrate.fsdp2, zsim.calibrate.fsdp1
+            and zsim.calibrate.deepspeed_zero.
     """
     if plan.impl == "deepspeed":
         from zsim.calibrate import deepspeed_zero
 
         deepspeed_zero.check_plan(plan, world_size, spec)
+    elif plan.impl == "fsdp1":
+        from zsim.calibrate import fsdp1
+
+        fsdp1.check_plan(plan, world_size, spec)
     else:
         from zsim.calibrate import fsdp2
 
@@ -69,6 +74,10 @@ def prepare(spec: ModelSpec, plan: Plan, *, device: str, world_size: int) -> Pre
         from zsim.calibrate import deepspeed_zero
 
         return deepspeed_zero.prepare(spec, plan, device=device, world_size=world_size)
+    if plan.impl == "fsdp1":
+        from zsim.calibrate import fsdp1
+
+        return fsdp1.prepare(spec, plan, device=device, world_size=world_size)
     from zsim.calibrate import fsdp2
 
     return fsdp2.prepare(spec, plan, device=device, world_size=world_size)

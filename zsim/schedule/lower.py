@@ -35,13 +35,13 @@ from zsim.analytic.compute import step_flops
 from zsim.errors import ConfigError
 from zsim.schedule.build import Builder, activation_sizes, on_synchronous_host, units
 from zsim.schedule.ops import Buffer, Schedule
-from zsim.schedule.programs import Program, deepspeed, fsdp2, torch_ddp
+from zsim.schedule.programs import Program, deepspeed, fsdp1, fsdp2, torch_ddp
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 
 PROGRAMS: dict[str, Program] = {p.name: p for p in (torch_ddp.PROGRAM, fsdp2.PROGRAM,
-                                                     deepspeed.PROGRAM)}
+                                                     fsdp1.PROGRAM, deepspeed.PROGRAM)}
 """Plan.impl -> the program that runs it."""
 
 

@@ -2,7 +2,7 @@
 
 Owns the plan fields and their single-field checks; cross-object rules (divisibility by the
 model's heads, fitting the cluster) live in zsim.spec.validate. Imports only zsim.errors,
-zsim.units and zsim.spec.deepspeed.
+zsim.units, zsim.spec.deepspeed and zsim.spec.fsdp1.
 
 Degrees follow torchtitan: `dp_shard` ranks share one copy of the sharded state,
 `dp_replicate` copies of it exist, world = dp_shard * dp_replicate * tp * pp.
@@ -21,7 +21,9 @@ ZeRO stage -> FSDP2 mapping (cf. torchtitan docs/fsdp.md):
 |                 | replicated across groups      |                                           |
 
 The zero strategies run DeepSpeed's ZeRO by default (impl "deepspeed"); zero1 also runs as
-torch's DDP + ZeroRedundancyOptimizer (impl "torch"); the fsdp strategies run FSDP2.
+torch's DDP + ZeroRedundancyOptimizer (impl "torch"); the fsdp strategies run FSDP2 by
+default and FSDP1 (FullyShardedDataParallel: FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD) with
+impl "fsdp1".
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any, Literal, get_args
 
 from zsim.errors import ConfigError
 from zsim.spec.deepspeed import DeepSpeedZero
+from zsim.spec.fsdp1 import Fsdp1Options
 from zsim.units import DTYPES, MiB
 
 Strategy = Literal["ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-no-reshard", "hsdp"]
@@ -39,15 +42,15 @@ Recompute = Literal["none", "selective", "full"]
 Optimizer = Literal["adamw", "sgd", "adamw8bit"]
 Offload = Literal["none", "optimizer", "params"]
 Precision = Literal["bf16", "fp16", "fp32"]
-Impl = Literal["torch", "fsdp2", "deepspeed"]
+Impl = Literal["torch", "fsdp2", "fsdp1", "deepspeed"]
 IMPLS: dict[str, tuple[str, ...]] = {
     "ddp": ("torch",),
     "zero1": ("deepspeed", "torch"),
     "zero2": ("deepspeed",),
     "zero3": ("deepspeed",),
-    "fsdp": ("fsdp2",),
-    "fsdp-no-reshard": ("fsdp2",),
-    "hsdp": ("fsdp2",),
+    "fsdp": ("fsdp2", "fsdp1"),
+    "fsdp-no-reshard": ("fsdp2", "fsdp1"),
+    "hsdp": ("fsdp2", "fsdp1"),
 }
 """Strategy -> the programs that can run it (Plan.impl), its default first
 (zsim.schedule.programs)."""
@@ -109,10 +112,12 @@ class Plan:
     """none, optimizer (states + master to host, CPU step), params (also parameters)."""
     impl: str = ""
     """The program that runs the strategy (IMPLS): "torch" (DDP, ZeroRedundancyOptimizer),
-    "fsdp2" (fully_shard), "deepspeed" (DeepSpeed ZeRO). "" means the strategy's default,
-    filled in at construction."""
+    "fsdp2" (fully_shard), "fsdp1" (FullyShardedDataParallel), "deepspeed" (DeepSpeed
+    ZeRO). "" means the strategy's default, filled in at construction."""
     ds: DeepSpeedZero = field(default_factory=DeepSpeedZero)
     """DeepSpeed's zero_optimization settings (read when impl is "deepspeed")."""
+    fsdp1: Fsdp1Options = field(default_factory=Fsdp1Options)
+    """FullyShardedDataParallel's scheduling knobs (read when impl is "fsdp1")."""
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -140,12 +145,17 @@ class Plan:
             raise ConfigError("plan.dp_shard", self.dp_shard, "ddp shards nothing: must be 1")
         if not isinstance(self.ds, DeepSpeedZero):
             raise ConfigError("plan.ds", self.ds, "must be DeepSpeed ZeRO settings")
+        if not isinstance(self.fsdp1, Fsdp1Options):
+            raise ConfigError("plan.fsdp1", self.fsdp1, "must be FSDP1 options")
         impls = IMPLS[self.strategy]
         if self.impl == "":
             object.__setattr__(self, "impl", impls[0])  # frozen: the default, once
         elif self.impl not in impls:
             raise ConfigError("plan.impl", self.impl,
                               f"{self.strategy} runs as {' or '.join(impls)}")
+        if self.impl == "fsdp1" and self.offload != "none":
+            raise ConfigError("plan.offload", self.offload,
+                              "FSDP1's CPUOffload is not modelled: use impl fsdp2")
 
     # ------------------------------------------------------------------ derived
     @property
@@ -248,6 +258,9 @@ class Plan:
                 raise ConfigError(f"{where}.{f.name}", None, "missing required key")
         if "ds" in data and not isinstance(data["ds"], DeepSpeedZero):
             data = {**data, "ds": DeepSpeedZero.from_dict(data["ds"], where=f"{where}.ds")}
+        if "fsdp1" in data and not isinstance(data["fsdp1"], Fsdp1Options):
+            data = {**data, "fsdp1": Fsdp1Options.from_dict(data["fsdp1"],
+                                                            where=f"{where}.fsdp1")}
         return cls(**data)
 
 

@@ -8,6 +8,8 @@ the host's issue order. zsim.schedule.lower picks the program a plan names
 | torch     | torch_ddp   | DistributedDataParallel (ddp), + ZeroRedundancyOptimizer     |
 |           |             | (zero1)                                                      |
 | fsdp2     | fsdp2       | fully_shard (fsdp, fsdp-no-reshard, hsdp)                    |
+| fsdp1     | fsdp1       | FullyShardedDataParallel (FULL_SHARD, SHARD_GRAD_OP,         |
+|           |             | HYBRID_SHARD)                                                |
 | deepspeed | deepspeed   | DeepSpeed ZeRO stages 1, 2, 3 (zero1, zero2, zero3)          |
 """
 
