@@ -89,12 +89,14 @@ def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | 
              hardware: str, seq: int | None = None, micro_batch: int | None = None,
              grad_accum: int | None = None, ac: str = "none", precision: str | None = None,
              offload: str = "none", impl: str | None = None, trace: Path | None = None,
-             fit_only: bool = False, ds_config: Path | None = None) -> dict[str, Any]:
+             fit_only: bool = False, ds_config: Path | None = None,
+             fsdp_config: Path | None = None) -> dict[str, Any]:
     """Simulate one plan; optionally write its Chrome trace (Perfetto) to `trace`. HSDP
     shards within a node unless `shard_group` says otherwise. With `fit_only` the engine
     stops at the first allocation over HBM (zsim.simulate.simulate). With `ds_config`
     the plan is the DeepSpeed config's (zsim.spec.ds_config), the other arguments filling
-    what it leaves "auto" (micro-batch 1, one micro-batch per step and bf16 by default).
+    what it leaves "auto" (micro-batch 1, one micro-batch per step and bf16 by default);
+    with `fsdp_config` the accelerate FSDP config's (zsim.spec.fsdp_config).
 
     Returns:
         Result.to_dict() plus "model", "hardware", "plan" (the Plan's fields) and
@@ -109,7 +111,20 @@ def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | 
     spec = resolve_model(model)
     hw = resolve_hardware(hardware)
     warnings: tuple[str, ...] = ()
-    if ds_config is not None:
+    if ds_config is not None and fsdp_config is not None:
+        raise ConfigError("fsdp_config", str(fsdp_config), "give one config, not a DeepSpeed "
+                          "and an FSDP config together")
+    if fsdp_config is not None:
+        from zsim.spec.fsdp_config import fsdp_plan, read_fsdp_config
+
+        plan, warnings = fsdp_plan(
+            read_fsdp_config(fsdp_config), where=str(fsdp_config), gpus=gpus,
+            gpus_per_node=hw.gpus_per_node,
+            seq_len=seq if seq is not None else spec.max_seq_len, num_layers=spec.num_layers,
+            strategy=strategy, micro_batch=1 if micro_batch is None else micro_batch,
+            grad_accum=1 if grad_accum is None else grad_accum, precision=precision,
+            recompute=ac, shard_group=shard_group)
+    elif ds_config is not None:
         from zsim.spec.ds_config import ds_plan, read_ds_config
 
         config = read_ds_config(ds_config, hidden_size=spec.d_model)
@@ -120,7 +135,8 @@ def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | 
                        precision=precision, recompute=ac, offload=offload)
     else:
         if strategy is None:
-            raise ConfigError("strategy", None, "give --strategy (or a --ds-config)")
+            raise ConfigError("strategy", None,
+                              "give --strategy (or a --ds-config or --fsdp-config)")
         if strategy == "hsdp" and shard_group is None:
             shard_group = min(hw.gpus_per_node, gpus)  # shard within a node, the usual HSDP
         plan = build_plan(spec, gpus=gpus, strategy=strategy, shard_group=shard_group,
@@ -149,7 +165,8 @@ def sweep(scenario: Path, out: Path | None = None, *,
 
     Returns:
         {"scenario": name, "rows": one record per run (zsim.report.frame.sweep_frame
-        columns), "csv": the CSV text, "written": the paths written}.
+        columns), "csv": the CSV text, "written": the paths written, "warnings": the
+        runs' config keys read but not modelled, each once}.
 
     Raises:
         ConfigError: a bad scenario file (the field path names where), a run the simulator
@@ -163,8 +180,10 @@ def sweep(scenario: Path, out: Path | None = None, *,
     pairs = simulate_runs(loaded, progress=progress)
     frame = sweep_frame(pairs)
     written = [] if out is None else write_files(out, report_files(loaded, pairs))
+    warnings = list(dict.fromkeys(w for run in loaded.runs for w in run.warnings))
     return {"scenario": loaded.name, "rows": frame.to_dict(orient="records"),
-            "csv": csv_text(frame), "written": [str(p) for p in written]}
+            "csv": csv_text(frame), "written": [str(p) for p in written],
+            "warnings": warnings}
 
 
 CPU_VALIDATION_D_MODEL = 256

@@ -155,6 +155,10 @@ def simulate(
     ds_config: Annotated[Path | None, typer.Option(
         help="A DeepSpeed ds_config.json: the ZeRO stage and its settings, batch sizes and "
              "precision come from it; flags fill its \"auto\" values.")] = None,
+    fsdp_config: Annotated[Path | None, typer.Option(
+        help="An accelerate config YAML with distributed_type FSDP: FSDP version, "
+             "sharding strategy, prefetch, offload, recomputation and precision come from "
+             "it.")] = None,
     trace: Annotated[Path | None, typer.Option(help="Write a Chrome/Perfetto trace here.")] = None,
     fit_only: Annotated[bool, typer.Option(
         help="Stop at the first allocation over HBM: whether it fits, and where not.")] = False,
@@ -166,7 +170,7 @@ def simulate(
         shard_group=shard_group, hardware=hardware, seq=seq, micro_batch=micro_batch,
         grad_accum=grad_accum, ac=ac.value, precision=precision.value if precision else None,
         offload=offload.value, impl=impl.value if impl else None, trace=trace,
-        fit_only=fit_only, ds_config=ds_config))
+        fit_only=fit_only, ds_config=ds_config, fsdp_config=fsdp_config))
     for warning in r["warnings"]:
         typer.echo(f"warning: {warning}", err=True)
     if format is SimFormat.json:
@@ -237,6 +241,8 @@ def sweep(
         typer.echo(f"[{done}/{total}] {name}", err=True)
 
     r = _run(lambda: api.sweep(scenario, out, progress=progress))
+    for warning in r["warnings"]:
+        typer.echo(f"warning: {warning}", err=True)
     if format is Format.json:
         typer.echo(json_text(r["rows"]))
     elif format is Format.csv:

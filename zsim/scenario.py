@@ -17,9 +17,10 @@ model: 13b                  # preset/alias, config.json path (relative to this f
 hardware: dgx-h100          # profile name, profile YAML path (relative to this file) or
                             # a mapping in the hardware_profiles/ schema
 gpus: 128                   # any RUN_KEY: default for every plan
-plans:                      # required, non-empty: name -> RUN_KEYs (strategy required)
-  fsdp: {strategy: fsdp}
+plans:                      # required, non-empty: name -> RUN_KEYs (strategy required
+  fsdp: {strategy: fsdp}    # unless a ds_config or fsdp_config gives it)
   hsdp: {strategy: hsdp, shard_group: 8}
+  ours: {ds_config: configs/ds_zero3.json}
 sweep:                      # optional: RUN_KEY -> non-empty list; every plan runs once per
   unit_size: [1, 2]         # combination, named "fsdp unit_size=1 prefetch=0"
   prefetch: [0, 1]
@@ -53,12 +54,17 @@ from zsim.spec.yaml_file import read_yaml
 from zsim.units import MiB
 
 RUN_KEYS: tuple[str, ...] = (
-    "gpus", "seq_len", "precision", "strategy", "shard_group", "micro_batch", "grad_accum",
-    "recompute", "unit_size", "prefetch", "bucket_mib", "optimizer", "offload",
+    "gpus", "seq_len", "precision", "strategy", "impl", "shard_group", "micro_batch",
+    "grad_accum", "recompute", "unit_size", "prefetch", "bucket_mib", "optimizer", "offload",
     "param_dtype", "grad_dtype", "reduce_dtype", "master_dtype", "optimizer_state_dtype",
+    "ds_config", "fsdp_config",
 )
 """Keys that describe one run. `bucket_mib` is Plan.bucket_bytes in MiB; `precision` sets
-the five dtype fields (zsim.spec.plan.PRECISIONS), which explicit dtype keys override."""
+the five dtype fields (zsim.spec.plan.PRECISIONS), which explicit dtype keys override.
+`ds_config` (a DeepSpeed JSON) or `fsdp_config` (an accelerate FSDP YAML), a path beside
+the scenario, gives the plan as `zsim simulate --ds-config/--fsdp-config` reads it; the
+run's strategy, micro_batch, grad_accum, precision, recompute and shard_group fill or must
+agree with it, and its other keys change the plan it gives."""
 
 TOP_KEYS: tuple[str, ...] = ("name", "description", "source", "model", "hardware", "plans",
                              "sweep", "report", *RUN_KEYS)
@@ -84,6 +90,8 @@ class Run:
     plan: Plan
     gpus: int
     """World size of the job."""
+    warnings: tuple[str, ...] = ()
+    """Keys of the run's ds_config / fsdp_config read but not modelled."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -155,7 +163,8 @@ def scenario_from_dict(data: Any, *, base_dir: Path) -> Scenario:
             swept = tuple(zip(axes, combo, strict=True))
             merged = {**base, **{k: (v, f"sweep.{k}") for k, v in swept}}
             run_name = " ".join([plan_name, *(f"{k}={v}" for k, v in swept)])
-            runs.append(_run(run_name, plan_name, swept, merged, model, hw, where))
+            runs.append(_run(run_name, plan_name, swept, merged, model, hw, where,
+                             base_dir))
     names = [r.name for r in runs]
     template, curves = _report(data.get("report"), base_dir, names)
     return Scenario(name=name, description=description, source=source, runs=tuple(runs),
@@ -286,36 +295,83 @@ def _report(report: Any, base_dir: Path, names: list[str]
 # ---------------------------------------------------------------------- one run
 def _run(name: str, plan_name: str, swept: tuple[tuple[str, Any], ...],
          settings: dict[str, tuple[Any, str]], model: ModelSpec, hw: HardwareProfile,
-         where: str) -> Run:
+         where: str, base_dir: Path) -> Run:
     """Build and validate one run; `settings` maps key -> (YAML value, YAML path)."""
     values = {k: v for k, (v, _) in settings.items()}
     origin = {k: p for k, (_, p) in settings.items()}
-    for key in ("strategy", "gpus"):
+    configs = [k for k in ("ds_config", "fsdp_config") if k in values]
+    if len(configs) > 1:
+        raise ConfigError(origin["fsdp_config"], values["fsdp_config"],
+                          "give a ds_config or an fsdp_config, not both")
+    for key in ("gpus",) if configs else ("strategy", "gpus"):
         if key not in values:
             raise ConfigError(f"{where}.{key}", None, "missing required key (set it in the "
                               "plan, at the top level or in sweep)")
     knobs = {k: v for k, v in values.items()
              if k not in ("gpus", "precision", "strategy", "shard_group", "bucket_mib",
-                          "seq_len")}
+                          "seq_len", "ds_config", "fsdp_config")}
+    warnings: tuple[str, ...] = ()
     try:
         if "bucket_mib" in values:
             knobs["bucket_bytes"] = _mib_to_bytes(values["bucket_mib"])
         seq_len = values.get("seq_len", model.max_seq_len)
-        plan = Plan.for_strategy(
-            values["strategy"], gpus=values["gpus"], shard_group=values.get("shard_group"),
-            seq_len=seq_len, **{**precision_knobs(values.get("precision", "bf16")), **knobs})
+        if configs:
+            plan, warnings = _config_plan(configs[0], values, origin, knobs, model, hw,
+                                          seq_len, base_dir)
+        else:
+            plan = Plan.for_strategy(
+                values["strategy"], gpus=values["gpus"], shard_group=values.get("shard_group"),
+                seq_len=seq_len, **{**precision_knobs(values.get("precision", "bf16")),
+                                    **knobs})
         validate(model, hw, plan, gpus=values["gpus"])
     except ConfigError as e:
         key = e.field.removeprefix("plan.")
         key = "bucket_mib" if key == "bucket_bytes" else key
-        if key in origin:
+        if e.field in origin.values() or ":" in e.field:  # names its place already
+            field, value = e.field, e.value
+        elif key in origin:
             field, value = origin[key], values[key]
         else:
             field, value = f"{where}.{key}", e.value
         context = f" (run {name!r})" if swept else ""
         raise ConfigError(field, value, e.reason + context) from None
     return Run(name=name, plan_name=plan_name, swept=swept, model=model, hardware=hw,
-               plan=plan, gpus=values["gpus"])
+               plan=plan, gpus=values["gpus"], warnings=warnings)
+
+
+def _config_plan(key: str, values: dict[str, Any], origin: dict[str, str],
+                 knobs: dict[str, Any], model: ModelSpec, hw: HardwareProfile, seq_len: int,
+                 base_dir: Path) -> tuple[Plan, tuple[str, ...]]:
+    """The plan a run's ds_config or fsdp_config gives (a path beside the scenario), with
+    the run's own keys filling it or checked against it, then its other knobs applied."""
+    from zsim.spec.ds_config import ds_plan, read_ds_config
+    from zsim.spec.fsdp_config import fsdp_plan, read_fsdp_config
+
+    value = values[key]
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(origin[key], value, "must be a path to the config file")
+    path = base_dir / value
+    common = dict(gpus=values["gpus"], seq_len=seq_len, strategy=values.get("strategy"),
+                  precision=values.get("precision"),
+                  recompute=knobs.pop("recompute", "none"))
+    consumed = ("micro_batch", "grad_accum", "offload", "impl")
+    rest = {k: v for k, v in knobs.items() if k not in consumed}
+    if key == "ds_config":
+        run = read_ds_config(path, hidden_size=model.d_model)
+        plan = ds_plan(run, where=value, micro_batch=values.get("micro_batch"),
+                       grad_accum=values.get("grad_accum"), offload=values.get("offload"),
+                       **common)
+        warnings = run.warnings
+    else:
+        plan, warnings = fsdp_plan(
+            read_fsdp_config(path), where=value, gpus_per_node=hw.gpus_per_node,
+            num_layers=model.num_layers, micro_batch=values.get("micro_batch", 1),
+            grad_accum=values.get("grad_accum", 1), shard_group=values.get("shard_group"),
+            **common)
+    if "impl" in values and values["impl"] != plan.impl:
+        raise ConfigError(origin["impl"], values["impl"],
+                          f"but {value} runs {plan.impl}")
+    return (plan.with_(**rest) if rest else plan), warnings
 
 
 def _mib_to_bytes(value: Any) -> int:

@@ -118,7 +118,7 @@ def test_the_command_passes_its_options_to_api_sweep(monkeypatch: pytest.MonkeyP
 
     def fake(scenario: Path, out: Path | None, *, progress: object) -> dict[str, object]:
         seen.update(scenario=scenario, out=out, progress=callable(progress))
-        return {"scenario": "s", "rows": [], "csv": "run\n", "written": []}
+        return {"scenario": "s", "rows": [], "csv": "run\n", "written": [], "warnings": []}
 
     monkeypatch.setattr(api, "sweep", fake)
     code, stdout, _ = sweep("--scenario", "a.yaml", "--out", str(tmp_path), "--format", "csv")

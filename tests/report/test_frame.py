@@ -16,7 +16,7 @@ from zsim.result import Result
 from zsim.scenario import Run, load_scenario, simulate_runs
 
 UNIT_SUFFIXES = ("_s", "_gib", "_mib", "_per_s", "_per_gpu")
-SETTINGS = {"run", "plan", "strategy", "gpus", "dp_shard", "dp_replicate", "seq_len",
+SETTINGS = {"run", "plan", "strategy", "impl", "gpus", "dp_shard", "dp_replicate", "seq_len",
             "micro_batch", "grad_accum", "recompute", "unit_size", "prefetch", "param_dtype",
             "fits", "evaluated", "oom", "peak_op", "mfu"}
 

@@ -21,7 +21,7 @@ from zsim.units import GiB, MiB
 def sweep_frame(pairs: Sequence[tuple[Run, Result]]) -> pd.DataFrame:
     """One row per run, in scenario order.
 
-    Columns: the run's settings (run, plan, strategy, gpus, dp_shard, dp_replicate,
+    Columns: the run's settings (run, plan, strategy, impl, gpus, dp_shard, dp_replicate,
     seq_len, micro_batch, grad_accum, recompute, unit_size, prefetch, bucket_mib,
     param_dtype), fits, evaluated (zsim.result.EVALUATED) and oom ("" when it fits), times
     in seconds (step, compute, exposed communication, busy time per collective kind; empty
@@ -35,7 +35,8 @@ def sweep_frame(pairs: Sequence[tuple[Run, Result]]) -> pd.DataFrame:
     for run, r in pairs:
         p = run.plan
         row: dict[str, object] = {
-            "run": run.name, "plan": p.label, "strategy": p.strategy, "gpus": run.gpus,
+            "run": run.name, "plan": p.label, "strategy": p.strategy, "impl": p.impl,
+            "gpus": run.gpus,
             "dp_shard": p.dp_shard, "dp_replicate": p.dp_replicate, "seq_len": p.seq_len,
             "micro_batch": p.micro_batch, "grad_accum": p.grad_accum,
             "recompute": p.recompute, "unit_size": p.unit_size, "prefetch": p.prefetch,
