@@ -9,6 +9,7 @@ under 2 s each, start-up included.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -16,6 +17,8 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from zsim.engine.simulate import run
+from zsim.fanout import workers_for
+from zsim.planner import candidate_plans
 from zsim.schedule.lower import lower
 from zsim.simulate import simulate
 from zsim.spec.plan import Plan
@@ -72,11 +75,17 @@ def main() -> None:
     print(f"fresh interpreter: import + 3 simulations of 13b/128: "
           f"{time.perf_counter() - t0:.3f} s")
 
-    # The user's first command, start-up included (console script in a fresh process).
+    # The user's first command, start-up included (fresh process): its candidates (every
+    # strategy and program) on every local core, and on one (ZSIM_WORKERS=1).
     cmd = [sys.executable, "-m", "zsim", "plan", "--model", "13b", "--gpus", "128"]
-    wall, _ = _timed(lambda: subprocess.run(cmd, check=True, capture_output=True))
-    print(f"zsim plan --model 13b --gpus 128 (fresh process, closed forms + simulated "
-          f"survivors): {wall:.3f} s")
+    walls = {}
+    for workers in ("", "1"):
+        env = {**os.environ, "ZSIM_WORKERS": workers}
+        walls[workers], _ = _timed(lambda e=env: subprocess.run(cmd, check=True,
+                                                                capture_output=True, env=e))
+    print(f"zsim plan --model 13b --gpus 128 (fresh process, {len(candidate_plans(hw, gpus=128))}"
+          f" candidates): {walls['']:.3f} s on {workers_for(10**6)} cores, {walls['1']:.3f} s "
+          f"on one ({walls['1'] / walls['']:.2f}x)")
 
     # Issue 9: absurd plans answer (each hung before), fresh process, target < 2 s.
     for args in (("--gpus", "128", "--micro-batch", "4096"),

@@ -11,6 +11,7 @@ from typing import Any
 from zsim import planner
 from zsim.atomic import write_files
 from zsim.errors import ConfigError
+from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan, precision_knobs
 from zsim.spec.presets import ALIASES, PRESETS
@@ -19,22 +20,37 @@ from zsim.units import GiB
 
 
 def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
-         seq: int | None, micro_batch: int, grad_accum: int = 1,
-         precision: str = "bf16") -> dict[str, Any]:
-    """Rank candidate plans for a model on `gpus` GPUs of a hardware profile.
+         seq: int | None, micro_batch: int | None = None, grad_accum: int | None = None,
+         precision: str | None = None, ds_config: Path | None = None,
+         fsdp_config: Path | None = None) -> dict[str, Any]:
+    """Rank candidate plans for a model on `gpus` GPUs of a hardware profile: every
+    strategy and program (zsim.planner.candidate_plans), or, given a user's DeepSpeed or
+    accelerate FSDP config, that config and its variations (zsim.planner.config_variations).
 
     Returns:
-        {"model", "num_params", "hardware", "gpus", "seq_len", "recommended",
-        "candidates": [record, ...]} with records from zsim.planner.to_record.
+        {"model", "num_params", "hardware", "gpus", "seq_len", "micro_batch",
+        "recommended", "yours" (the config's plan label, or None), "warnings",
+        "candidates": [record, ...]} with records from zsim.planner.to_record, each with
+        "yours" (whether it is the config's own plan).
 
     Raises:
-        ConfigError: unknown model/hardware, or invalid sizes.
+        ConfigError: unknown model/hardware, invalid sizes, or a bad config file.
     """
     spec = resolve_model(model, params=params)
     hw = resolve_hardware(hardware)
     seq_len = seq if seq is not None else spec.max_seq_len
-    ranked = planner.choose(spec, hw, gpus=gpus, seq_len=seq_len, micro_batch=micro_batch,
-                            grad_accum=grad_accum, **precision_knobs(precision))
+    warnings: tuple[str, ...] = ()
+    yours: Plan | None = None
+    if ds_config is not None or fsdp_config is not None:
+        yours, warnings = config_plan(spec, hw, ds_config=ds_config, fsdp_config=fsdp_config,
+                                      gpus=gpus, seq=seq, micro_batch=micro_batch,
+                                      grad_accum=grad_accum, precision=precision)
+        ranked = planner.choose_among(spec, hw, planner.config_variations(yours, hw))
+    else:
+        ranked = planner.choose(spec, hw, gpus=gpus, seq_len=seq_len,
+                                micro_batch=1 if micro_batch is None else micro_batch,
+                                grad_accum=1 if grad_accum is None else grad_accum,
+                                **precision_knobs(precision or "bf16"))
     best = ranked[0]
     return {
         "model": spec.name,
@@ -42,8 +58,12 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
         "hardware": hw.name,
         "gpus": gpus,
         "seq_len": seq_len,
+        "micro_batch": best.plan.micro_batch,
         "recommended": best.plan.label if best.fits else None,
-        "candidates": [planner.to_record(c, best) for c in ranked],
+        "yours": yours.label if yours is not None else None,
+        "warnings": list(warnings),
+        "candidates": [{**planner.to_record(spec, c, best), "yours": c.plan == yours}
+                       for c in ranked],
     }
 
 
@@ -85,6 +105,45 @@ def build_plan(spec: ModelSpec, *, gpus: int, strategy: str, shard_group: int | 
         **precision_knobs(precision))
 
 
+def config_plan(spec: ModelSpec, hw: HardwareProfile, *, ds_config: Path | None,
+                fsdp_config: Path | None, gpus: int, strategy: str | None = None,
+                shard_group: int | None = None, seq: int | None = None,
+                micro_batch: int | None = None, grad_accum: int | None = None,
+                ac: str = "none", precision: str | None = None,
+                offload: str = "none") -> tuple[Plan, tuple[str, ...]]:
+    """The plan of a user's DeepSpeed JSON (zsim.spec.ds_config) or accelerate FSDP YAML
+    (zsim.spec.fsdp_config), the flags filling what it leaves "auto" (micro-batch 1, one
+    micro-batch per step and bf16 by default), with the config's warnings (keys read but
+    not modelled).
+
+    Raises:
+        ConfigError: both configs or neither, a bad config file, or a flag conflicting
+            with it.
+    """
+    seq_len = seq if seq is not None else spec.max_seq_len
+    if ds_config is not None and fsdp_config is not None:
+        raise ConfigError("fsdp_config", str(fsdp_config), "give one config, not a DeepSpeed "
+                          "and an FSDP config together")
+    if fsdp_config is not None:
+        from zsim.spec.fsdp_config import fsdp_plan, read_fsdp_config
+
+        return fsdp_plan(
+            read_fsdp_config(fsdp_config), where=str(fsdp_config), gpus=gpus,
+            gpus_per_node=hw.gpus_per_node, seq_len=seq_len, num_layers=spec.num_layers,
+            strategy=strategy, micro_batch=1 if micro_batch is None else micro_batch,
+            grad_accum=1 if grad_accum is None else grad_accum, precision=precision,
+            recompute=ac, shard_group=shard_group)
+    if ds_config is None:
+        raise ConfigError("ds_config", None, "give a DeepSpeed or an FSDP config")
+    from zsim.spec.ds_config import ds_plan, read_ds_config
+
+    config = read_ds_config(ds_config, hidden_size=spec.d_model)
+    plan = ds_plan(config, where=str(ds_config), gpus=gpus, seq_len=seq_len,
+                   strategy=strategy, micro_batch=micro_batch, grad_accum=grad_accum,
+                   precision=precision, recompute=ac, offload=offload)
+    return plan, config.warnings
+
+
 def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | None = None,
              hardware: str, seq: int | None = None, micro_batch: int | None = None,
              grad_accum: int | None = None, ac: str = "none", precision: str | None = None,
@@ -111,28 +170,11 @@ def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | 
     spec = resolve_model(model)
     hw = resolve_hardware(hardware)
     warnings: tuple[str, ...] = ()
-    if ds_config is not None and fsdp_config is not None:
-        raise ConfigError("fsdp_config", str(fsdp_config), "give one config, not a DeepSpeed "
-                          "and an FSDP config together")
-    if fsdp_config is not None:
-        from zsim.spec.fsdp_config import fsdp_plan, read_fsdp_config
-
-        plan, warnings = fsdp_plan(
-            read_fsdp_config(fsdp_config), where=str(fsdp_config), gpus=gpus,
-            gpus_per_node=hw.gpus_per_node,
-            seq_len=seq if seq is not None else spec.max_seq_len, num_layers=spec.num_layers,
-            strategy=strategy, micro_batch=1 if micro_batch is None else micro_batch,
-            grad_accum=1 if grad_accum is None else grad_accum, precision=precision,
-            recompute=ac, shard_group=shard_group)
-    elif ds_config is not None:
-        from zsim.spec.ds_config import ds_plan, read_ds_config
-
-        config = read_ds_config(ds_config, hidden_size=spec.d_model)
-        warnings = config.warnings
-        plan = ds_plan(config, where=str(ds_config), gpus=gpus,
-                       seq_len=seq if seq is not None else spec.max_seq_len,
-                       strategy=strategy, micro_batch=micro_batch, grad_accum=grad_accum,
-                       precision=precision, recompute=ac, offload=offload)
+    if ds_config is not None or fsdp_config is not None:
+        plan, warnings = config_plan(spec, hw, ds_config=ds_config, fsdp_config=fsdp_config,
+                                     gpus=gpus, strategy=strategy, shard_group=shard_group,
+                                     seq=seq, micro_batch=micro_batch, grad_accum=grad_accum,
+                                     ac=ac, precision=precision, offload=offload)
     else:
         if strategy is None:
             raise ConfigError("strategy", None,

@@ -62,15 +62,28 @@ def plan(
     gpus: GpusOpt = 8,
     hardware: HardwareOpt = DEFAULT_HARDWARE,
     seq: SeqOpt = None,
-    micro_batch: MicroBatchOpt = 1,
-    grad_accum: GradAccumOpt = 1,
-    precision: Annotated[str, typer.Option(help="bf16 (mixed, fp32 master) or fp32.")] = "bf16",
+    micro_batch: Annotated[int | None, typer.Option(
+        help="Sequences per micro-batch per GPU (default 1, or the config's).")] = None,
+    grad_accum: Annotated[int | None, typer.Option(
+        help="Micro-batches per optimizer step (default 1, or the config's).")] = None,
+    precision: Annotated[str | None, typer.Option(
+        help="bf16 or fp16 (mixed, fp32 master) or fp32 (default bf16, or the "
+             "config's).")] = None,
+    ds_config: Annotated[Path | None, typer.Option(
+        help="Rank your DeepSpeed ds_config.json and its variations (ZeRO stage x "
+             "recomputation, every other setting kept).")] = None,
+    fsdp_config: Annotated[Path | None, typer.Option(
+        help="Rank your accelerate FSDP config and its variations (resharding, HSDP x "
+             "recomputation, every other setting kept).")] = None,
     format: FormatOpt = Format.table,
 ) -> None:
     """Rank candidate plans: memory per GPU, fit, communication, step time, and why each loses."""
     result = _run(lambda: api.plan(model=model, params=params, gpus=gpus, hardware=hardware,
                                    seq=seq, micro_batch=micro_batch, grad_accum=grad_accum,
-                                   precision=precision))
+                                   precision=precision, ds_config=ds_config,
+                                   fsdp_config=fsdp_config))
+    for warning in result["warnings"]:
+        typer.echo(f"warning: {warning}", err=True)
     rows: list[dict[str, Any]] = result["candidates"]
     if format is Format.json:
         typer.echo(json_text(result))
@@ -79,8 +92,12 @@ def plan(
     else:
         typer.echo(f"{result['model']} ({result['num_params'] / 1e9:.2f}B params) on "
                    f"{result['gpus']} x {result['hardware']}, seq {result['seq_len']}, "
-                   f"micro-batch {micro_batch}")
+                   f"micro-batch {result['micro_batch']}")
+        if result["yours"]:
+            rows = [{**r, "plan": f"* {r['plan']}" if r["yours"] else r["plan"]} for r in rows]
         typer.echo(text_table(rows, PLAN_COLUMNS))
+        if result["yours"]:
+            typer.echo(f"\n* your config: {result['yours']}")
         best = result["recommended"]
         typer.echo(f"\nrecommended: {best}" if best else "\nno candidate fits in HBM")
 

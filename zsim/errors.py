@@ -1,6 +1,8 @@
 """User-facing errors. The CLI turns any ZsimError into one line and exit code 2; anything
 else is a bug and keeps its traceback."""
 
+from __future__ import annotations
+
 
 class ZsimError(Exception):
     """Base of every error a user can cause with their input."""
@@ -17,3 +19,7 @@ class ConfigError(ZsimError):
         self.value = value
         self.reason = reason
         super().__init__(f"{field}={value!r}: {reason}")
+
+    def __reduce__(self) -> tuple[type[ConfigError], tuple[str, object, str]]:
+        # Rebuilt from its fields, so it crosses process boundaries (zsim.fanout).
+        return (ConfigError, (self.field, self.value, self.reason))

@@ -9,14 +9,16 @@ losing plan. No I/O; the CLI renders what this returns.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from zsim.analytic.collectives import bus_bytes
 from zsim.analytic.comm import step_comm
 from zsim.analytic.compute import step_flops
 from zsim.analytic.memory import CATEGORIES, MemoryEstimate, estimate_memory
+from zsim.errors import ConfigError
+from zsim.fanout import simulate_all
 from zsim.result import Result
-from zsim.simulate import simulate
+from zsim.schedule.lower import state_at_rest_bytes
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
@@ -26,21 +28,64 @@ from zsim.units import GB, GiB, dtype_bytes
 RECOMPUTE_ORDER: tuple[str, ...] = ("none", "selective", "full")
 
 
+PROGRAM_SHAPES: tuple[tuple[str, str], ...] = (
+    ("ddp", "torch"), ("zero1", "deepspeed"), ("zero2", "deepspeed"), ("zero3", "deepspeed"),
+    ("fsdp", "fsdp2"), ("fsdp", "fsdp1"), ("fsdp-no-reshard", "fsdp2"),
+    ("fsdp-no-reshard", "fsdp1"), ("hsdp", "fsdp2"), ("hsdp", "fsdp1"))
+"""(strategy, program) pairs the planner ranks side by side: torch DDP, DeepSpeed's ZeRO
+stages, and FSDP2 and FSDP1 with and without resharding and hybrid."""
+
+
 def candidate_plans(hw: HardwareProfile, *, gpus: int, **knobs: object) -> list[Plan]:
-    """Every strategy x recomputation policy on `gpus` GPUs; HSDP shards within a node.
+    """Every (strategy, program) of PROGRAM_SHAPES x recomputation policy on `gpus` GPUs;
+    HSDP shards within a node (and is left out where the world is one node).
 
     Args:
         hw: cluster (its gpus_per_node sets the HSDP shard group).
         gpus: world size.
         knobs: Plan fields shared by every candidate (seq_len, micro_batch, ...).
     """
-    shapes: list[tuple[str, int | None]] = [("ddp", None), ("zero1", None), ("zero2", None),
-                                            ("fsdp", None), ("fsdp-no-reshard", None)]
     node = min(hw.gpus_per_node, gpus)
-    if 1 < node < gpus and gpus % node == 0:
-        shapes.append(("hsdp", node))
-    return [Plan.for_strategy(strategy, gpus=gpus, shard_group=group, recompute=rc, **knobs)  # type: ignore[arg-type]
-            for strategy, group in shapes for rc in RECOMPUTE_ORDER]
+    hybrid = 1 < node < gpus and gpus % node == 0
+    return [Plan.for_strategy(strategy, gpus=gpus, impl=impl, recompute=rc,  # type: ignore[arg-type]
+                              shard_group=node if strategy == "hsdp" else None, **knobs)
+            for strategy, impl in PROGRAM_SHAPES if strategy != "hsdp" or hybrid
+            for rc in RECOMPUTE_ORDER]
+
+
+def config_variations(base: Plan, hw: HardwareProfile) -> list[Plan]:
+    """The user's own plan first, then the same program with every strategy it runs
+    (DeepSpeed: ZeRO stages 1-3; FSDP1/FSDP2: resharding, no resharding, HSDP within a
+    node) x recomputation policy x offload (DeepSpeed: none, optimizer, parameters;
+    FSDP2: the config's and none), every other setting of the config kept. Variations the
+    program cannot run (parameter offload below stage 3, FSDP1 with offload) are left out.
+    """
+    world = base.world_size
+    node = min(hw.gpus_per_node, world)
+    group = base.dp_shard if base.strategy == "hsdp" else node
+    hybrid = 1 < group < world and world % group == 0
+    offloads = ("none", "optimizer", "params") if base.impl == "deepspeed" else \
+        tuple(dict.fromkeys((base.offload, "none")))
+    plans = [base]
+    for strategy in (s for s, impl in PROGRAM_SHAPES if impl == base.impl):
+        if strategy == "hsdp" and not hybrid:
+            continue
+        shard = group if strategy == "hsdp" else (1 if strategy == "ddp" else world)
+        for offload in offloads:
+            ds = base.ds
+            if base.impl == "deepspeed":
+                device = base.ds.offload_device if base.ds.offload_device != "none" else "cpu"
+                ds = replace(ds, offload_device=device if offload != "none" else "none")
+            for rc in RECOMPUTE_ORDER:
+                try:
+                    plan = base.with_(strategy=strategy, dp_shard=shard,
+                                      dp_replicate=world // shard, recompute=rc,
+                                      offload=offload, ds=ds)
+                except ConfigError:
+                    continue
+                if plan not in plans and (plan.shards_params or plan.offload != "params"):
+                    plans.append(plan)
+    return plans
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -133,11 +178,19 @@ class Choice:
 
 def choose(model: ModelSpec, hw: HardwareProfile, *, gpus: int,
            **knobs: object) -> list[Choice]:
-    """Closed forms for every candidate, then zsim.simulate.simulate, which simulates
-    those whose memory floor fits in HBM; ranked: fitting plans by simulated throughput,
-    then the simulated ones that do not fit by peak, then the closed-form ones by floor."""
-    choices = [Choice(estimate=c, result=simulate(model, hw, c.plan))
-               for c in plan_candidates(model, hw, gpus=gpus, **knobs)]
+    """choose_among the candidate plans of `gpus` GPUs (candidate_plans)."""
+    return choose_among(model, hw, candidate_plans(hw, gpus=gpus, **knobs))
+
+
+def choose_among(model: ModelSpec, hw: HardwareProfile, plans: list[Plan]) -> list[Choice]:
+    """Closed forms for every plan, then zsim.simulate.simulate on every local core
+    (zsim.fanout), which simulates those whose memory floor fits in HBM; ranked:
+    fitting plans by simulated throughput, then the simulated ones that do not fit by
+    peak, then the closed-form ones by floor. Ties keep the order of `plans` (sorted is
+    stable), so the output is deterministic."""
+    estimates = rank([evaluate(model, hw, p) for p in plans])
+    results = simulate_all(model, hw, [c.plan for c in estimates])
+    choices = [Choice(estimate=c, result=r) for c, r in zip(estimates, results, strict=True)]
 
     def key(ch: Choice) -> tuple[bool, bool, float]:
         r = ch.result
@@ -188,14 +241,18 @@ def _rounded(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def to_record(choice: Choice, best: Choice) -> dict[str, object]:
+def to_record(model: ModelSpec, choice: Choice, best: Choice) -> dict[str, object]:
     """One flat row with units in every key (GiB for memory, GB for traffic). Simulated
     figures where the plan was simulated, the memory floor where the closed form rules it
-    out; the closed-form estimates are also kept as estimate_* columns."""
+    out; the closed-form estimates are also kept as estimate_* columns. model_state_gb is
+    what the plan's program holds between steps (zsim.schedule.lower.state_at_rest_bytes),
+    the same state the simulated peak starts from; estimate_model_state_gb is the ZeRO
+    paper's accounting of the strategy (zsim.analytic.memory, the seed card's table)."""
     est, r = choice.estimate, choice.result
     return {
         "plan": choice.plan.label,
         "strategy": choice.plan.strategy,
+        "impl": choice.plan.impl,
         "dp_shard": choice.plan.dp_shard,
         "dp_replicate": choice.plan.dp_replicate,
         "recompute": choice.plan.recompute,
@@ -204,7 +261,7 @@ def to_record(choice: Choice, best: Choice) -> dict[str, object]:
         "fits": choice.fits,
         "peak_gib": round(choice.peak_bytes / GiB, 3),
         "hbm_gib": round(est.hbm_bytes / GiB, 3),
-        "model_state_gb": round(est.memory.steady_state_bytes / GB, 4),
+        "model_state_gb": round(sum(state_at_rest_bytes(model, choice.plan).values()) / GB, 4),
         **{f"{cat}_gib": round(v / GiB, 3) for cat, v in choice.memory_at_peak.items()},
         "comm_volume_model_sizes": round(est.comm_volume_model_sizes, 4),
         "comm_gb_per_step": round(est.comm_bus_bytes / GB, 3),
@@ -215,6 +272,7 @@ def to_record(choice: Choice, best: Choice) -> dict[str, object]:
         "tokens_per_s_per_gpu": _rounded(r.tokens_per_s_per_gpu, 1),
         "tokens_per_s": _rounded(r.tokens_per_s, 1),
         "mfu": _rounded(r.mfu, 4),
+        "estimate_model_state_gb": round(est.memory.steady_state_bytes / GB, 4),
         "estimate_peak_gib": round(est.memory.peak_bytes / GiB, 3),
         "estimate_step_time_s": round(est.step_time_s, 4),
         "why": explain(choice, best),

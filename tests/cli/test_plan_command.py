@@ -16,9 +16,9 @@ from zsim.cli import app
 
 PLAN_13B_128 = ["plan", "--model", "13b", "--gpus", "128"]
 
-LABEL_KEYS = {"plan", "strategy", "recompute", "evaluated", "why"}
+LABEL_KEYS = {"plan", "strategy", "impl", "recompute", "evaluated", "why"}
 """Text columns (no unit)."""
-DIMENSIONLESS_KEYS = {"dp_shard", "dp_replicate", "micro_batch", "fits", "mfu"}
+DIMENSIONLESS_KEYS = {"dp_shard", "dp_replicate", "micro_batch", "fits", "mfu", "yours"}
 """Counts, a flag and a fraction: no unit to name."""
 UNITS = ("gib", "gb", "bytes", "s", "flops", "model_sizes")
 """Units zsim names in keys (STYLE.md section 3), as whole words: `peak_gib`,

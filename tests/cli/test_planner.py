@@ -25,11 +25,14 @@ def test_hsdp_shards_within_a_node_when_nodes_are_whole(gpus: int, has_hsdp: boo
     assert bool(hsdp) == has_hsdp
     for p in hsdp:
         assert (p.dp_shard, p.dp_replicate) == (8, gpus // 8)
-    strategies = {"ddp", "zero1", "zero2", "fsdp", "fsdp-no-reshard"} | (
-        {"hsdp"} if has_hsdp else set())
-    assert {(p.strategy, p.recompute) for p in plans} == {
-        (s, r) for s in strategies for r in ("none", "selective", "full")}
+    programs = {("ddp", "torch"), ("zero1", "deepspeed"), ("zero2", "deepspeed"),
+                ("zero3", "deepspeed"), ("fsdp", "fsdp2"), ("fsdp", "fsdp1"),
+                ("fsdp-no-reshard", "fsdp2"), ("fsdp-no-reshard", "fsdp1")} | (
+        {("hsdp", "fsdp2"), ("hsdp", "fsdp1")} if has_hsdp else set())
+    assert sorted((p.strategy, p.impl, p.recompute) for p in plans) == sorted(
+        (s, i, r) for s, i in programs for r in ("none", "selective", "full"))
     assert all(p.world_size == gpus for p in plans)
+    assert len({p.label for p in plans}) == len(plans)  # every row named apart
 
 
 def test_one_gpu_has_no_communication() -> None:
@@ -47,8 +50,8 @@ def test_small_model_fits_everywhere_without_recomputation() -> None:
 def test_cli_passes_flags_to_api_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, Any] = {}
     canned = {"model": "m", "num_params": 1, "hardware": "h", "gpus": 16, "seq_len": 512,
-              "recommended": "fsdp ac=none mb=3",
-              "candidates": [{"plan": "fsdp ac=none mb=3", "fits": True}]}
+              "micro_batch": 3, "recommended": "fsdp ac=none mb=3", "yours": None,
+              "warnings": [], "candidates": [{"plan": "fsdp ac=none mb=3", "fits": True}]}
 
     def fake_plan(**kwargs: Any) -> dict[str, Any]:
         seen.update(kwargs)
@@ -60,5 +63,6 @@ def test_cli_passes_flags_to_api_unchanged(monkeypatch: pytest.MonkeyPatch) -> N
         "--micro-batch", "3", "--grad-accum", "2", "--precision", "fp32", "--format", "json"])
     assert result.exit_code == 0, result.output
     assert seen == {"model": "7b", "params": None, "gpus": 16, "hardware": "dgx-a100",
-                    "seq": 512, "micro_batch": 3, "grad_accum": 2, "precision": "fp32"}
+                    "seq": 512, "micro_batch": 3, "grad_accum": 2, "precision": "fp32",
+                    "ds_config": None, "fsdp_config": None}
     assert json.loads(result.stdout) == canned

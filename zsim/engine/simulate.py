@@ -281,14 +281,17 @@ class _Run:
         host_s = sum(max(0.0, min(e, now) - max(s, t_free))
                      for s, e in self.host_busy.get(rank, ()))
         if blocking.stream == "host":
-            # Before the host step began, the op waited for what the step waited for.
+            # The host's share of the wait is the host's; before the host step began, the
+            # op waited for what the step waited for.
+            if host_s > 0:
+                self._append_wait(rank, op, now - host_s, now, "host", "host",
+                                  "host_optimizer")
             ends = self.end_s[rank]
             dep = max(blocking.after, key=lambda d: ends[d], default=None)
             if dep is None or not self.s.ops[dep].is_transfer:
                 return
             blocking = self.s.ops[dep]
             now -= host_s
-            self._append_wait(rank, op, now, now + host_s, "host", "host", "host_optimizer")
             host_s = 0.0
         while not blocking.is_transfer and blocking.stream not in ("compute", "host"):
             # A kernel on a collective's stream (the reduce-scatter's output cast): the

@@ -232,10 +232,12 @@ class Plan:
 
     @property
     def label(self) -> str:
-        """Short human name, e.g. "hsdp(8x16) ac=selective mb=2"."""
+        """Short human name, e.g. "hsdp(8x16) ac=selective mb=2"; a program other than
+        the strategy's default is named in brackets, e.g. "fsdp[fsdp1] ac=none mb=1"."""
         deg = f"({self.dp_shard}x{self.dp_replicate})" if self.strategy == "hsdp" else ""
+        impl = f"[{self.impl}]" if self.impl != IMPLS[self.strategy][0] else ""
         extra = f" offload={self.offload}" if self.offload != "none" else ""
-        return f"{self.strategy}{deg} ac={self.recompute} mb={self.micro_batch}{extra}"
+        return f"{self.strategy}{deg}{impl} ac={self.recompute} mb={self.micro_batch}{extra}"
 
     def with_(self, **changes: Any) -> Plan:
         return replace(self, **changes)

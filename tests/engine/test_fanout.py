@@ -1,0 +1,48 @@
+"""zsim.fanout: plans simulated on forked workers give the Results one process gives, in
+the order asked, and a plan the simulator rejects raises the same ConfigError."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from zsim import fanout
+from zsim.errors import ConfigError
+from zsim.simulate import simulate
+from zsim.spec.plan import Plan
+from zsim.spec.presets import PRESETS
+from zsim.spec.registry import resolve_hardware
+
+MODEL = PRESETS["gpt3-125m"]
+HW = resolve_hardware("dgx-h100")
+PLANS = [Plan.for_strategy(s, gpus=16, seq_len=1024, recompute=rc, micro_batch=mb)  # type: ignore[arg-type]
+         for s in ("fsdp", "zero3", "zero2", "ddp") for rc in ("none", "full")
+         for mb in (1, 4)]
+
+
+def _dump(results: list[object]) -> str:
+    return json.dumps([r.to_dict() for r in results], sort_keys=True)  # type: ignore[attr-defined]
+
+
+def test_workers_give_the_serial_results_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZSIM_WORKERS", "2")
+    assert 1 <= fanout.workers_for(len(PLANS)) <= 2  # the cap holds
+    parallel = fanout.simulate_all(MODEL, HW, PLANS)
+    serial = [simulate(MODEL, HW, p) for p in PLANS]
+    assert _dump(parallel) == _dump(serial)
+
+
+def test_small_batches_and_a_cap_of_one_stay_in_process(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert fanout.workers_for(fanout.MIN_PLANS_PER_WORKER - 1) == 1
+    monkeypatch.setenv("ZSIM_WORKERS", "1")
+    assert fanout.workers_for(1000) == 1
+
+
+def test_a_rejected_plan_raises_its_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZSIM_WORKERS", "2")
+    bad = [*PLANS[:8], PLANS[0].with_(seq_len=MODEL.max_seq_len * 4), *PLANS[8:]]
+    with pytest.raises(ConfigError) as info:
+        fanout.simulate_all(MODEL, HW, bad)
+    assert info.value.field.endswith("seq_len")
