@@ -125,11 +125,18 @@ def prepare(spec: ModelSpec, plan: Plan, *, device: str, world_size: int) -> Pre
         inner = Transformer(spec)
     apply_recompute(inner, plan)
     _shard(inner, plan, device)
-    inner.to_empty(device=device)
+    # CPUOffloadPolicy wants its shards materialised on the host (FSDP2 moves each
+    # gathered unit to the device itself); everything else lives on the device.
+    inner.to_empty(device="cpu" if plan.offload == "params" else device)
     with warnings.catch_warnings():
         # DTensor warns that its RNG is untested on CPU meshes; init needs no exact stream.
         warnings.filterwarnings("ignore", message="DTensor random operators")
         inner.init_weights()
+    if plan.offload == "params":
+        # Module buffers (the RoPE tables) are no FSDP state: they go to the device.
+        for module in inner.modules():
+            for name, buf in list(module.named_buffers(recurse=False)):
+                setattr(module, name, buf.to(device))
     optimizer = torch.optim.AdamW(inner.parameters(), lr=LEARNING_RATE, foreach=True)
     return Prepared(model=inner, inner=inner, units=_units(inner), backward=_backward,
                     step=_stepper(optimizer), sync=_syncer(inner))
@@ -210,7 +217,9 @@ class SacPolicy:
             if op not in _SAC_SAVE:
                 return CheckpointPolicy.PREFER_RECOMPUTE
             if self.on_save is not None and not ctx.is_recompute:
-                out = ctx.op_output if isinstance(ctx.op_output, tuple) else (ctx.op_output,)
+                # torch < 2.12 passes no op_output: the kept bytes then go unmeasured.
+                kept = getattr(ctx, "op_output", None)
+                out = kept if isinstance(kept, tuple) else (kept,)
                 for t in out:
                     if isinstance(t, torch.Tensor):
                         self.on_save(t, str(op))

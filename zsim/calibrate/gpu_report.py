@@ -60,6 +60,7 @@ from zsim.calibrate.runner import RankContext, RankFailed, run_fake_rank, run_ra
 from zsim.calibrate.step import _Job, _memory_step, _Meter, _NoTracking
 from zsim.calibrate.validate import FIELDS as CPU_FIELDS
 from zsim.calibrate.validate import backend_knobs, write_csv
+from zsim.errors import ConfigError
 from zsim.schedule.lower import runs_autocast
 from zsim.schedule.ops import COLLECTIVE_KINDS
 from zsim.simulate import simulate
@@ -587,10 +588,25 @@ def write_report(out_dir: Path, *, rows: list[dict[str, Any]],
     (out_dir / "report.md").write_text("\n".join(lines) + "\n")
 
 
+def _only(plan_groups: list[Group], names: frozenset[str]) -> list[Group]:
+    """The groups' runs named in `names`, in their groups.
+
+    Raises:
+        ConfigError: a name no group runs.
+    """
+    known = {r.name for g in plan_groups for r in g.runs}
+    if names - known:
+        raise ConfigError("runs", ",".join(sorted(names - known)),
+                          f"unknown run; known: {', '.join(sorted(known))}")
+    kept = [replace(g, runs=tuple(r for r in g.runs if r.name in names)) for g in plan_groups]
+    return [g for g in kept if g.runs]
+
+
 def run_report(out_dir: Path, *, quick: bool, budget_s: float, hardware: str,
-               command: str = "") -> Path:
+               command: str = "", only: frozenset[str] = frozenset()) -> Path:
     """Run every section within `budget_s` seconds of wall time and write the report
-    (`command`: the command line, for the provenance).
+    (`command`: the command line, for the provenance). With `only`, the validation runs
+    of those names and no other section.
 
     Returns:
         The validation CSV path.
@@ -631,6 +647,11 @@ def run_report(out_dir: Path, *, quick: bool, budget_s: float, hardware: str,
             deepspeed_groups(quick, device), QUICK_STEPS if quick else FULL_STEPS,
             section_deadline("deepspeed"), raw, log))),
     ]
+    if only:
+        sections = [("validation", lambda: runs.extend(run_validation(
+            _only(groups(quick, device) + deepspeed_groups(quick, device), only),
+            QUICK_STEPS if quick else FULL_STEPS, section_deadline("deepspeed"), raw,
+            log)))]
     for name, section in sections:
         begin = time.time()
         try:
@@ -686,14 +707,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="tiny models and shapes (a smoke test; runs on CPU)")
     parser.add_argument("--budget-s", type=float, default=360.0,
                         help="wall-clock budget, seconds (default 360)")
+    parser.add_argument("--runs", default="",
+                        help="comma-separated validation run names: run only these (and "
+                             "no other section), e.g. to redo runs that failed")
     parser.add_argument("--hardware", default=None,
                         help="hardware profile for predictions (default hgx-h200 with "
                              "CUDA, local-cpu without)")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     hardware = args.hardware or ("hgx-h200" if torch.cuda.is_available() else "local-cpu")
+    only = frozenset(n for n in args.runs.split(",") if n)
     print(run_report(args.out, quick=args.quick, budget_s=args.budget_s, hardware=hardware,
-                     command=" ".join([parser.prog, *argv])))
+                     command=" ".join([parser.prog, *argv]), only=only))
     return 0
 
 
