@@ -90,3 +90,12 @@ def test_host_fit_slopes() -> None:
     assert fit["host_issue_s_per_block"] == pytest.approx(0.0005)
     assert fit["host_issue_s_base"] == pytest.approx(0.001)
     assert fit["host_s_per_aten_op"] == pytest.approx(0.0005 / 100)
+
+
+def test_runs_filter_keeps_the_named_runs_in_their_groups() -> None:
+    every = gpu_report.groups(False, "cuda") + gpu_report.deepspeed_groups(False, "cuda")
+    kept = gpu_report._only(every, frozenset({"1p3b_n8_sac", "1p3b_n8_offload"}))
+    assert [(g.key, [r.name for r in g.runs]) for g in kept] == [
+        ("n8", ["1p3b_n8_sac", "1p3b_n8_offload"])]
+    with pytest.raises(gpu_report.ConfigError, match="nosuch"):
+        gpu_report._only(every, frozenset({"nosuch"}))
