@@ -151,3 +151,33 @@ def test_autocast_root_by_hand() -> None:
     # Measured on CPU: 3,116,804 bytes under the root plus the two 65,536-byte tables
     # (recorded under the first block) plus a 4-byte nll_loss scalar not modelled.
     assert saved == 3_116_804 + 2 * 65_536 - 4
+
+
+# ---------------------------------------------------------------------- GPT block
+GPT3_125M = PRESETS["gpt3-125m"]  # d 768, 12 heads, f 3072, LayerNorm with bias, tied
+
+
+@pytest.mark.parametrize("norm_kernel", ["fused", "composite"])
+def test_gpt_block_by_hand(norm_kernel: str) -> None:
+    model = dataclasses.replace(GPT3_125M, norm_kernel=norm_kernel)
+    b, s = 2, 256
+    d, f, h = 768, 3072, 12
+    got = block_activation_bytes(model, micro_batch=b, seq_len=s, recompute="none") / (b * s)
+    # LayerNorm is one native kernel on every device (the composite knob is RMSNorm's CPU
+    # decomposition): per norm its bf16 input, mean and rstd (fp32 on CUDA, the input's
+    # bf16 on CPU); the q/k/v input, q, k, v, sdpa out (also wo's input), w1 input: 6 x 2d;
+    # the log-sum-exp 4h; GELU's input (w1's output) and w2's input (GELU's output): 2 x 2f.
+    # Biases add no saved tensor (addmm saves what mm saves).
+    stats = 4 if norm_kernel == "fused" else 2
+    assert got == 2 * (2 * d + 2 * stats) + 6 * 2 * d + 4 * h + 2 * 2 * f
+
+
+def test_gpt_root_by_hand() -> None:
+    model = dataclasses.replace(GPT3_125M, norm_kernel="composite")
+    b, s, d, v = 2, 256, 768, 50257
+    saved = sum(t.bytes for t in root_saved_tensors(model, micro_batch=b, seq_len=s))
+    # token ids and labels (int64), the position ids arange(s) once (int64, no RoPE
+    # tables), the final LayerNorm's bf16 input, mean and rstd (CPU: bf16), the output
+    # projection's input (tied: the embedding weight is a parameter, not an activation),
+    # the fp32 log-softmax.
+    assert saved == b * s * (8 + 8 + 2 * d + 2 + 2 + 2 * d + 4 * v) + 8 * s

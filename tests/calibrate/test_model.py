@@ -3,6 +3,8 @@ closed-form count, and the autograd bookkeeping of the measurement tools."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -34,9 +36,42 @@ def test_scaled_llama3_keeps_layers_and_gqa_ratio() -> None:
         scale_model(big, d_model=100)
 
 
-def test_gpt_models_are_refused() -> None:
-    with pytest.raises(ConfigError, match=r"model\.mlp"):
-        Transformer(PRESETS["gpt3-125m"])
+@pytest.mark.parametrize("name", ["gpt3-125m", "gpt2-124m"])
+def test_gpt_parameters_match_spec(name: str) -> None:
+    # GPT-3: LayerNorm and projections with biases; GPT-2 as nanoGPT sizes it: no biases
+    # (LayerNorm without bias too). Both learned positions and tied embeddings.
+    spec = scale_model(PRESETS[name], d_model=128, vocab_size=512, max_seq_len=64)
+    model = Transformer(spec)
+    got = [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+    assert sorted(got) == sorted(spec.parameter_tensors())
+    assert sum(p.numel() for p in model.parameters()) == spec.num_params
+    assert model.output.weight is model.tok_embeddings.weight
+    assert not hasattr(model, "rope_cos")
+
+
+def test_untied_gpt_has_its_own_output() -> None:
+    spec = replace(scale_model(PRESETS["gpt3-125m"], d_model=128, vocab_size=512,
+                               max_seq_len=64), tied_embeddings=False)
+    model = Transformer(spec)
+    assert model.output.weight is not model.tok_embeddings.weight
+    assert sorted((n, tuple(p.shape)) for n, p in model.named_parameters()) == sorted(
+        spec.parameter_tensors())
+
+
+def test_synthetic_extra_params_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"model\.extra_params"):
+        Transformer(replace(TINY, extra_params=10))
+
+
+def test_gpt_trains_and_ties_gradients() -> None:
+    spec = scale_model(PRESETS["gpt3-125m"], d_model=128, vocab_size=512, max_seq_len=64)
+    model = Transformer(spec)
+    model.init_weights()
+    tokens = torch.randint(0, 512, (2, 32))
+    model(tokens, tokens).backward()
+    # One gradient for the shared weight: the lookup's rows plus the output projection's.
+    assert model.tok_embeddings.weight.grad is not None
+    assert model.pos_embeddings.weight.grad[32:].abs().sum() == 0  # positions >= s unused
 
 
 def test_live_memory_counts_allocations_frees_and_resize() -> None:
@@ -67,3 +102,17 @@ def test_swiglu_saves_input_and_four_intermediates() -> None:
         wrapper(x).sum().backward()
     assert sum(t.bytes for t in saved) == 2 * (b * s * d + 4 * b * s * f)
     assert all(t.scope == "0" and t.dtype == "bfloat16" for t in saved)
+
+
+def test_gelu_mlp_saves_input_and_two_intermediates() -> None:
+    # addmm saves its input (x) as mm does, GELU its input (w1's output), w2's addmm the
+    # GELU output: 1 tensor of b*s*d plus 2 of b*s*f, bf16; weights and biases are not
+    # activations, and the tanh approximation saves what the exact form saves.
+    b, s = 2, 16
+    spec = scale_model(PRESETS["gpt3-125m"], d_model=128, vocab_size=512, max_seq_len=64)
+    d, f = spec.d_model, spec.ffn_hidden
+    wrapper = torch.nn.Sequential(FeedForward(spec).to(torch.bfloat16))
+    x = torch.randn(b, s, d, dtype=torch.bfloat16, requires_grad=True)
+    with record_saved_tensors(wrapper, ["0"]) as saved:
+        wrapper(x).sum().backward()
+    assert sum(t.bytes for t in saved) == 2 * (b * s * d + 2 * b * s * f)

@@ -65,6 +65,19 @@ def test_zero12_reduce_by_all_reduce_and_gather_once(tiny_model: ModelSpec,
         assert _bus(ops, "reduce_scatter") == 0
 
 
+@pytest.mark.parametrize("allgather_bucket_size", [1, 500_000_000])
+def test_zero12_gather_the_flat_buffer_in_one_call(tiny_model: ModelSpec,
+                                                   h100: HardwareProfile,
+                                                   allgather_bucket_size: int) -> None:
+    # all_gather_dp_groups (deepspeed/runtime/utils.py, 0.19) makes one
+    # all_gather_into_tensor per parameter group wherever torch has it; the bucket size
+    # only matters on torch without it. A bucket of one element is still one call.
+    plan = _plan("zero2").with_(ds=DeepSpeedZero(allgather_bucket_size=allgather_bucket_size))
+    gathers = [op for op in lower(tiny_model, h100, plan).ops if op.kind == "all_gather"]
+    assert len(gathers) == 1
+    assert gathers[0].bus_bytes == pytest.approx((N - 1) / N * tiny_model.num_params * 2)
+
+
 def test_zero12_without_overlap_the_backward_waits_for_each_bucket(
         tiny_model: ModelSpec, h100: HardwareProfile) -> None:
     # Buckets of 300,000 elements: the tiny model's 1.07M gradients make several, each

@@ -49,27 +49,41 @@ class SavedTensor:
     """Size in bytes for the whole micro-batch."""
 
 
+def _norm_saved(model: ModelSpec, prefix: str, bs: int, a: int, autocast: bool
+                ) -> list[SavedTensor]:
+    """What one norm over a (bs, d) activation saves.
+
+    RMSNorm: fused (CUDA) saves its input (fp32 under autocast, where the residual stream
+    is) and an fp32 rstd; composite (torch.nn.RMSNorm's CPU decomposition) upcasts and
+    saves x.float() (not the input), rsqrt(mean(x^2)) and the fp32 normalised x for the
+    weight multiply. LayerNorm is one native kernel on every device (native_layer_norm):
+    its input, and a mean and rstd per token in the kernel's accumulate type, fp32 on
+    CUDA, the input's dtype on CPU (the device of the composite knob; fp32 there under
+    autocast, whose input is fp32)."""
+    d = model.d_model
+    res = FP32_BYTES if autocast else a
+    if model.norm == "layernorm":
+        stats = FP32_BYTES if autocast or model.norm_kernel == "fused" else a
+        return [SavedTensor(name=f"{prefix}.input", bytes=bs * d * res),
+                SavedTensor(name=f"{prefix}.mean", bytes=bs * stats),
+                SavedTensor(name=f"{prefix}.rstd", bytes=bs * stats)]
+    if model.norm_kernel == "composite":
+        return [SavedTensor(name=f"{prefix}.input_fp32", bytes=bs * d * FP32_BYTES),
+                SavedTensor(name=f"{prefix}.rstd", bytes=bs * FP32_BYTES),
+                SavedTensor(name=f"{prefix}.normalized_fp32", bytes=bs * d * FP32_BYTES)]
+    return [SavedTensor(name=f"{prefix}.input", bytes=bs * d * res),
+            SavedTensor(name=f"{prefix}.rstd", bytes=bs * FP32_BYTES)]
+
+
 def _block_all(model: ModelSpec, b: int, s: int, a: int, autocast: bool) -> list[SavedTensor]:
     """Every tensor a block saves with no recomputation, in forward order."""
     d, kv, f, h = model.d_model, model.kv_dim, model.ffn_hidden, model.num_heads
     bs = b * s
     kv_saved = d if model.gqa_impl == "repeat_kv" else kv
-    # Under autocast the residual stream (and so each norm's input) is fp32.
-    res = FP32_BYTES if autocast else a
     out: list[SavedTensor] = []
 
     def norm(prefix: str) -> None:
-        if model.norm_kernel == "composite":
-            # torch.nn.RMSNorm's decomposition upcasts: it saves x.float() (not the bf16
-            # input), rsqrt(mean(x^2)) and the fp32 normalised x for the weight multiply.
-            out.append(SavedTensor(name=f"{prefix}.input_fp32", bytes=bs * d * FP32_BYTES))
-        else:
-            out.append(SavedTensor(name=f"{prefix}.input", bytes=bs * d * res))
-        if model.norm == "layernorm":
-            out.append(SavedTensor(name=f"{prefix}.mean", bytes=bs * FP32_BYTES))
-        out.append(SavedTensor(name=f"{prefix}.rstd", bytes=bs * FP32_BYTES))
-        if model.norm_kernel == "composite":
-            out.append(SavedTensor(name=f"{prefix}.normalized_fp32", bytes=bs * d * FP32_BYTES))
+        out.extend(_norm_saved(model, prefix, bs, a, autocast))
 
     def matmul_inputs(shared: str, names: tuple[str, ...]) -> None:
         """The saved input of matmuls reading one tensor: one shared tensor, or under
@@ -200,33 +214,29 @@ def block_backward_working_bytes(model: ModelSpec, *, micro_batch: int, seq_len:
 
 def root_saved_tensors(model: ModelSpec, *, micro_batch: int, seq_len: int,
                        act_bytes: int = 2, autocast: bool = False) -> list[SavedTensor]:
-    """Tensors saved outside the blocks: token ids, the RoPE tables, final norm, output
+    """Tensors saved outside the blocks: token ids, the position ids (learned positions)
+    or the RoPE tables, final norm (see _norm_saved), output
     projection input, and the log-softmax of the loss (fp32 when logits are upcast, and
     always under autocast, where cross_entropy is on the fp32 list). Under `autocast`
     (see block_saved_tensors) the final norm's input is the fp32 residual stream and the
     output projection also saves its weight's compute-dtype cast."""
     b, s, d, a = micro_batch, seq_len, model.d_model, act_bytes
     bs = b * s
-    res = FP32_BYTES if autocast else a
     logit_bytes = FP32_BYTES if model.logits_upcast or autocast else a
     out = [SavedTensor(name="tok_embeddings.indices", bytes=bs * INDEX_BYTES)]
-    if not model.learned_pos_emb:
-        if autocast:
-            # The tables' cast to the fp32 activations is a no-op: every block saves a
-            # slice of the model's fp32 RoPE buffers, whose storage spans max_seq_len.
-            out.append(SavedTensor(name="rope.cos_sin_buffers",
-                                   bytes=2 * model.max_seq_len * model.head_dim * FP32_BYTES))
-        else:
-            # RoPE cos and sin tables (s x head_dim each, compute dtype): built once per
-            # step and saved by every block's rotation, one storage.
-            out.append(SavedTensor(name="rope.cos_sin", bytes=2 * s * model.head_dim * a))
-    if model.norm_kernel == "composite":
-        out += [SavedTensor(name="norm.input_fp32", bytes=bs * d * FP32_BYTES),
-                SavedTensor(name="norm.rstd", bytes=bs * FP32_BYTES),
-                SavedTensor(name="norm.normalized_fp32", bytes=bs * d * FP32_BYTES)]
+    if model.learned_pos_emb:
+        # The position ids, arange(s), one row per position shared by the micro-batch.
+        out.append(SavedTensor(name="pos_embeddings.indices", bytes=s * INDEX_BYTES))
+    elif autocast:
+        # The tables' cast to the fp32 activations is a no-op: every block saves a
+        # slice of the model's fp32 RoPE buffers, whose storage spans max_seq_len.
+        out.append(SavedTensor(name="rope.cos_sin_buffers",
+                               bytes=2 * model.max_seq_len * model.head_dim * FP32_BYTES))
     else:
-        out += [SavedTensor(name="norm.input", bytes=bs * d * res),
-                SavedTensor(name="norm.rstd", bytes=bs * FP32_BYTES)]
+        # RoPE cos and sin tables (s x head_dim each, compute dtype): built once per
+        # step and saved by every block's rotation, one storage.
+        out.append(SavedTensor(name="rope.cos_sin", bytes=2 * s * model.head_dim * a))
+    out += _norm_saved(model, "norm", bs, a, autocast)
     if autocast:
         out += [SavedTensor(name="output.weight_cast", bytes=model.vocab_size * d * a),
                 SavedTensor(name="output.input_cast", bytes=bs * d * a)]

@@ -82,11 +82,12 @@ BACKWARD_FACTOR = 2.0
 
 
 def _norm_kernels(model: ModelSpec, name: str, tokens: int, a: int) -> list[Kernel]:
-    """RMSNorm/LayerNorm of a (tokens, d) activation. Fused (CUDA): one kernel reads x and
-    writes y. Composite (torch.nn.RMSNorm's CPU decomposition): x.float(), pow(2),
-    mean(-1), rsqrt(+eps), x * rstd, .type_as(x), * weight."""
+    """RMSNorm/LayerNorm of a (tokens, d) activation. Fused (CUDA), and LayerNorm on every
+    device (native_layer_norm has a CPU kernel): one kernel reads x and writes y.
+    Composite (torch.nn.RMSNorm's CPU decomposition): x.float(), pow(2), mean(-1),
+    rsqrt(+eps), x * rstd, .type_as(x), * weight."""
     x = tokens * model.d_model
-    if model.norm_kernel == "fused":
+    if model.norm_kernel == "fused" or model.norm == "layernorm":
         return [Kernel(name=name, read_bytes=x * a, write_bytes=x * a)]
     f = FP32_BYTES
     return [Kernel(name=f"{name}.float", read_bytes=x * a, write_bytes=x * f),
@@ -140,11 +141,17 @@ def _block_forward_kernels(model: ModelSpec, *, micro_batch: int, seq_len: int,
 def _root_forward_kernels(model: ModelSpec, *, micro_batch: int, seq_len: int,
                           act_bytes: int) -> list[Kernel]:
     """Memory-bound kernels of the root's forward: embedding gather (reads one row per
-    token, writes the activation), final norm, and the loss: logits.float() (when
+    token, writes the activation), with learned positions their gather (one row per
+    position) and its broadcast add, final norm, and the loss: logits.float() (when
     upcast), log_softmax over the vocabulary (reads and writes the logits), nll_loss
     (reads one value per token)."""
     t, a, d, v = micro_batch * seq_len, act_bytes, model.d_model, model.vocab_size
     out = [Kernel(name="tok_embeddings", read_bytes=t * d * a, write_bytes=t * d * a)]
+    if model.learned_pos_emb:
+        rows = seq_len * d * a
+        out += [Kernel(name="pos_embeddings", read_bytes=rows, write_bytes=rows),
+                Kernel(name="pos_embeddings.add", read_bytes=t * d * a + rows,
+                       write_bytes=t * d * a)]
     out += _norm_kernels(model, "norm", t, a)
     logit_bytes = FP32_BYTES if model.logits_upcast else a
     if model.logits_upcast:

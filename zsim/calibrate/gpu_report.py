@@ -53,21 +53,18 @@ from typing import Any
 import torch
 import yaml
 
-from zsim.analytic.activations import block_saved_tensors, root_saved_tensors
 from zsim.calibrate import gpu_bench, training
 from zsim.calibrate.gpu_bench import P1B3, Deadline, append_jsonl, read_jsonl, timed_step
 from zsim.calibrate.runner import RankContext, RankFailed, run_fake_rank, run_ranks
 from zsim.calibrate.step import _Job, _memory_step, _Meter, _NoTracking
 from zsim.calibrate.validate import FIELDS as CPU_FIELDS
-from zsim.calibrate.validate import backend_knobs, write_csv
+from zsim.calibrate.validate import backend_knobs, predicted_activation_bytes, write_csv
 from zsim.errors import ConfigError
-from zsim.schedule.lower import runs_autocast
 from zsim.schedule.ops import COLLECTIVE_KINDS
 from zsim.simulate import simulate
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
-from zsim.units import dtype_bytes
 
 FIELDS = (*CPU_FIELDS, "run", "note")
 """Columns of validation.csv: the CPU report's, the run's name and a note (errors,
@@ -303,7 +300,7 @@ def predict(spec: ModelSpec, plan: Plan, hw: HardwareProfile) -> dict[str, float
     step = None
     if r.step_time_s is not None:
         step = r.step_time_s - sum(r.exposed_by_kind_s.get(k, 0.0) for k in COLLECTIVE_KINDS)
-    blocks, root = activation_bytes(spec, plan)
+    blocks, root = predicted_activation_bytes(spec, plan)
     return {
         "step_time_s": step,
         "forward_time_s": r.phase_time_s.get("forward"),
@@ -317,21 +314,6 @@ def predict(spec: ModelSpec, plan: Plan, hw: HardwareProfile) -> dict[str, float
         "after_forward_bytes": None,
         "host_issue_s": None,
     }
-
-
-def activation_bytes(spec: ModelSpec, plan: Plan) -> tuple[int, int]:
-    """Saved-activation bytes of all blocks and of the root, attributed as the recorder
-    attributes them (the RoPE tables under the blocks), as zsim.calibrate.validate.compare
-    counts them."""
-    act = dtype_bytes(plan.param_dtype)
-    autocast = runs_autocast(plan)
-    blocks = spec.num_layers * sum(t.bytes for t in block_saved_tensors(
-        spec, micro_batch=plan.micro_batch, seq_len=plan.seq_len, recompute=plan.recompute,
-        act_bytes=act, autocast=autocast))
-    root = root_saved_tensors(spec, micro_batch=plan.micro_batch, seq_len=plan.seq_len,
-                              act_bytes=act, autocast=autocast)
-    rope = sum(t.bytes for t in root if t.name.startswith("rope."))
-    return blocks + rope, sum(t.bytes for t in root) - rope
 
 
 MEASURED = {"step_time_s": "step_s", "forward_time_s": "forward_s",

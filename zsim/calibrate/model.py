@@ -1,16 +1,25 @@
-"""The reference Llama-style decoder of DESIGN.md ("Reference training step"), built from a
-ModelSpec as a torch.nn.Module, plus the scaling that shrinks a spec to fit this machine.
+"""The reference decoders of DESIGN.md ("Reference training step"), Llama-style and
+GPT-style, built from a ModelSpec as a torch.nn.Module, plus the scaling that shrinks a
+spec to fit this machine.
 
-Owns the torch program whose memory and time the simulator predicts: token embedding;
-per block RMSNorm (torch.nn.RMSNorm) -> bias-free q/k/v/o attention with GQA, rotary
-embeddings (rotate-half form, cos/sin tables cast once per step to the activation dtype
-and shared by all blocks) and scaled_dot_product_attention(is_causal=True) -> residual ->
-RMSNorm -> SwiGLU MLP (w1, w3 up; w2 down) -> residual; final RMSNorm; untied output;
-loss = cross_entropy(logits.float(), labels). The spec's kernel knobs select the SDPA
-backend (attention_kernel="math" forces the math kernel), GQA (enable_gqa or repeated
-k/v) and the logits upcast. Module and parameter names follow ModelSpec.parameter_tensors
-(torchtitan's Llama names), so the two counts can be compared one to one. Imports torch;
-only zsim.calibrate may import this module.
+Owns the torch program whose memory and time the simulator predicts. The Llama block:
+token embedding; per block RMSNorm (torch.nn.RMSNorm) -> bias-free q/k/v/o attention with
+GQA, rotary embeddings (rotate-half form, cos/sin tables cast once per step to the
+activation dtype and shared by all blocks) and scaled_dot_product_attention(is_causal=True)
+-> residual -> RMSNorm -> SwiGLU MLP (w1, w3 up; w2 down) -> residual; final RMSNorm;
+untied output. The GPT block (GPT-2/3): token plus learned position embeddings (a table of
+max_seq_len rows, looked up by position ids) and no rotation; LayerNorm (with a bias when
+spec.bias); q/k/v/o and MLP projections with biases when spec.bias; GELU MLP (w1 up, w2
+down) with the tanh approximation GPT-2 and GPT-3 train with; final LayerNorm; the output
+projection tied to the token embedding when spec.tied_embeddings (one Parameter held by
+both modules, as HF's GPT-2 ties lm_head, so every wrapper sees it in the root and
+DeepSpeed's ZeRO-3 fetches it for the output module's forward). Each field selects its
+part independently (norm, mlp, bias, learned_pos_emb, tied_embeddings). Loss =
+cross_entropy(logits.float(), labels). The spec's kernel knobs select the SDPA backend
+(attention_kernel="math" forces the math kernel), GQA (enable_gqa or repeated k/v) and
+the logits upcast. Module and parameter names follow ModelSpec.parameter_tensors
+(torchtitan's Llama names, for GPT too), so the two counts can be compared one to one.
+Imports torch; only zsim.calibrate may import this module.
 """
 
 from __future__ import annotations
@@ -29,7 +38,11 @@ from zsim.spec.model import ModelSpec
 ROPE_THETA = 10_000.0
 """RoPE base frequency (Su et al. 2021; Llama 2 uses 1e4)."""
 NORM_EPS = 1e-5
-"""RMSNorm epsilon (Llama 2 config.json rms_norm_eps)."""
+"""RMSNorm and LayerNorm epsilon (Llama 2 config.json rms_norm_eps; GPT-2's
+layer_norm_epsilon)."""
+GELU_APPROXIMATE = "tanh"
+"""GPT-2/3's GELU ("gelu_new" in HF's GPT-2, Megatron's bias_gelu): the tanh
+approximation. Memory does not depend on it: either form saves only its input."""
 
 
 def _sdpa_context(spec: ModelSpec) -> contextlib.AbstractContextManager[None]:
@@ -40,25 +53,36 @@ def _sdpa_context(spec: ModelSpec) -> contextlib.AbstractContextManager[None]:
     return contextlib.nullcontext()
 
 
+def _norm(spec: ModelSpec) -> nn.Module:
+    """The spec's normalisation: RMSNorm (weight), or LayerNorm (weight, bias if spec.bias)."""
+    if spec.norm == "layernorm":
+        return nn.LayerNorm(spec.d_model, eps=NORM_EPS, bias=spec.bias)
+    return nn.RMSNorm(spec.d_model, eps=NORM_EPS)
+
+
 class Attention(nn.Module):
-    """Bias-free GQA attention with rotary embeddings and causal SDPA."""
+    """GQA attention with causal SDPA: rotary embeddings unless the model has learned
+    positions, projection biases when spec.bias."""
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.spec = spec
         d, kv = spec.d_model, spec.kv_dim
-        self.wq = nn.Linear(d, d, bias=False)
-        self.wk = nn.Linear(d, kv, bias=False)
-        self.wv = nn.Linear(d, kv, bias=False)
-        self.wo = nn.Linear(d, d, bias=False)
+        self.wq = nn.Linear(d, d, bias=spec.bias)
+        self.wk = nn.Linear(d, kv, bias=spec.bias)
+        self.wv = nn.Linear(d, kv, bias=spec.bias)
+        self.wo = nn.Linear(d, d, bias=spec.bias)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
+                ) -> torch.Tensor:
         spec = self.spec
         b, s, _ = x.shape
         q = self.wq(x).view(b, s, spec.num_heads, spec.head_dim).transpose(1, 2)
         k = self.wk(x).view(b, s, spec.num_kv_heads, spec.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, s, spec.num_kv_heads, spec.head_dim).transpose(1, 2)
-        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        if rope is not None:
+            cos, sin = rope
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         groups = spec.num_heads // spec.num_kv_heads
         gqa = groups > 1 and spec.gqa_impl == "enable_gqa"
         if groups > 1 and spec.gqa_impl == "repeat_kv":
@@ -78,16 +102,21 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 
 class FeedForward(nn.Module):
-    """SwiGLU MLP: w2(silu(w1 x) * w3 x), bias-free (Shazeer 2020)."""
+    """The MLP: SwiGLU w2(silu(w1 x) * w3 x) (Shazeer 2020), or GELU w2(gelu(w1 x))
+    (GPT); biases when spec.bias."""
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        self.w1 = nn.Linear(spec.d_model, spec.ffn_hidden, bias=False)
-        self.w3 = nn.Linear(spec.d_model, spec.ffn_hidden, bias=False)
-        self.w2 = nn.Linear(spec.ffn_hidden, spec.d_model, bias=False)
+        self.swiglu = spec.mlp == "swiglu"
+        self.w1 = nn.Linear(spec.d_model, spec.ffn_hidden, bias=spec.bias)
+        if self.swiglu:
+            self.w3 = nn.Linear(spec.d_model, spec.ffn_hidden, bias=spec.bias)
+        self.w2 = nn.Linear(spec.ffn_hidden, spec.d_model, bias=spec.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        if self.swiglu:
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(F.gelu(self.w1(x), approximate=GELU_APPROXIMATE))
 
 
 class TransformerBlock(nn.Module):
@@ -95,13 +124,14 @@ class TransformerBlock(nn.Module):
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        self.attention_norm = nn.RMSNorm(spec.d_model, eps=NORM_EPS)
+        self.attention_norm = _norm(spec)
         self.attention = Attention(spec)
-        self.ffn_norm = nn.RMSNorm(spec.d_model, eps=NORM_EPS)
+        self.ffn_norm = _norm(spec)
         self.feed_forward = FeedForward(spec)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin)
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
+                ) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), rope)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -113,34 +143,50 @@ class Transformer(nn.Module):
         _check_supported(spec)
         self.spec = spec
         self.tok_embeddings = nn.Embedding(spec.vocab_size, spec.d_model)
+        if spec.learned_pos_emb:
+            self.pos_embeddings = nn.Embedding(spec.max_seq_len, spec.d_model)
         self.layers = nn.ModuleList(TransformerBlock(spec) for _ in range(spec.num_layers))
-        self.norm = nn.RMSNorm(spec.d_model, eps=NORM_EPS)
+        self.norm = _norm(spec)
         self.output = nn.Linear(spec.d_model, spec.vocab_size, bias=False)
-        cos, sin = _rope_tables(spec)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        if spec.tied_embeddings:
+            # One Parameter in two modules: named_parameters() lists it once, as
+            # tok_embeddings.weight (ModelSpec.root_tensors has no output.weight then).
+            self.output.weight = self.tok_embeddings.weight
+        if not spec.learned_pos_emb:
+            cos, sin = _rope_tables(spec)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
 
     def init_weights(self) -> None:
         """Initialise in place (after `to_empty` from the meta device, also on DTensors):
-        weights N(0, 0.02) as GPT-2 and torchtitan's Llama, norms to one, RoPE tables."""
+        weights N(0, 0.02) as GPT-2 and torchtitan's Llama, biases to zero, norms to one,
+        RoPE tables."""
         with torch.no_grad():
             for m in self.modules():
                 if isinstance(m, (nn.Linear, nn.Embedding)):
                     nn.init.normal_(m.weight, mean=0.0, std=0.02)
-                elif isinstance(m, nn.RMSNorm):
+                    if getattr(m, "bias", None) is not None:
+                        nn.init.zeros_(m.bias)
+                elif isinstance(m, (nn.RMSNorm, nn.LayerNorm)):
                     m.reset_parameters()
-            cos, sin = _rope_tables(self.spec)
-            self.rope_cos.copy_(cos)
-            self.rope_sin.copy_(sin)
+            if not self.spec.learned_pos_emb:
+                cos, sin = _rope_tables(self.spec)
+                self.rope_cos.copy_(cos)
+                self.rope_sin.copy_(sin)
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         s = tokens.shape[1]
         h = self.tok_embeddings(tokens)
-        # Cast once per step, shared by every block: one (s, head_dim) table each.
-        cos = self.rope_cos[:s].to(h.dtype)
-        sin = self.rope_sin[:s].to(h.dtype)
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        if self.spec.learned_pos_emb:
+            # Through the module (HF GPT-2's wpe(position_ids)), so wrappers that gather
+            # parameters per module (DeepSpeed ZeRO-3) see the lookup.
+            h = h + self.pos_embeddings(torch.arange(s, device=tokens.device))
+        else:
+            # Cast once per step, shared by every block: one (s, head_dim) table each.
+            rope = (self.rope_cos[:s].to(h.dtype), self.rope_sin[:s].to(h.dtype))
         for layer in self.layers:
-            h = layer(h, cos, sin)
+            h = layer(h, rope)
         logits = self.output(self.norm(h))
         if self.spec.logits_upcast:
             logits = logits.float()
@@ -157,18 +203,15 @@ def _rope_tables(spec: ModelSpec) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _check_supported(spec: ModelSpec) -> None:
-    """The backend builds the Llama family only (DESIGN.md's reference step).
+    """The backend builds real architectures only: a synthetic model's extra_params
+    (parameters outside the transformer, used by no op) have no torch counterpart.
 
     Raises:
-        ConfigError: a GPT-style field (GELU MLP, LayerNorm, biases, tied or learned
-            position embeddings, extra parameters) is set.
+        ConfigError: extra_params is set.
     """
-    llama = {"mlp": "swiglu", "norm": "rmsnorm", "bias": False, "tied_embeddings": False,
-             "learned_pos_emb": False, "extra_params": 0}
-    for field, want in llama.items():
-        if getattr(spec, field) != want:
-            raise ConfigError(f"model.{field}", getattr(spec, field),
-                              f"the torch backend builds Llama-style models only ({want!r})")
+    if spec.extra_params:
+        raise ConfigError("model.extra_params", spec.extra_params,
+                          "the torch backend builds transformer parameters only (0)")
 
 
 def scale_model(spec: ModelSpec, *, d_model: int, vocab_size: int | None = None,

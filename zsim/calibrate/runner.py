@@ -18,6 +18,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -229,6 +230,9 @@ def _stop(procs: list[Any]) -> None:
 
 def _rank_main(fn: RankFn, payload: Any, rank: int, world_size: int, backend: str,
                port: int, timeout_s: float, results: Any) -> None:
+    # What the libraries print in a rank (DeepSpeed: "... built successfully") goes to
+    # stderr: the parent's stdout is a command's output (zsim validate --format json).
+    sys.stdout = sys.stderr
     try:
         if backend == "fake":
             from torch.testing._internal.distributed.fake_pg import FakeStore

@@ -92,9 +92,10 @@ def batches(spec: ModelSpec, plan: Plan, *, device: str, rank: int,
     for _ in range(plan.grad_accum):
         tokens = torch.randint(0, spec.vocab_size, (plan.micro_batch, plan.seq_len + 1),
                                generator=g)
-        # Own, contiguous storages: what a data loader hands over.
-        out.append((tokens[:, :-1].contiguous().to(device),
-                    tokens[:, 1:].contiguous().to(device)))
+        # Own, contiguous storages, what a data loader hands over (with one sequence the
+        # slices are contiguous already, and .contiguous() would share one storage).
+        out.append((tokens[:, :-1].clone(memory_format=torch.contiguous_format).to(device),
+                    tokens[:, 1:].clone(memory_format=torch.contiguous_format).to(device)))
     return out
 
 

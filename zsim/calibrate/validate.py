@@ -10,8 +10,10 @@ like CUDA's, so attention_kernel stays "flash". Metrics: step time, peak memory 
 tensor bytes), model state at rest (after a step), time the collectives ran (the
 backend's own spans from torch.profiler), activation bytes saved by the blocks and by the
 root (autograd's saved tensors, deduplicated by storage, vs
-zsim.analytic.activations). Bounds (issue 4, gloo CPU): activations 3%, peak memory 5%,
-step time 15%. Imports torch (through step) and matplotlib (report only).
+zsim.analytic.activations). Bounds (issues 4 and 10, gloo CPU): activations 3%, peak
+memory 5%, model state 1%, step time 15%. On CPU ranks the host is the device, so what a
+plan offloads to the host (zsim.schedule.lower.host_state_bytes) is added to the predicted
+state and peak. Imports torch (through step) and matplotlib (report only).
 """
 
 from __future__ import annotations
@@ -28,8 +30,10 @@ import torch
 from zsim.analytic.activations import block_saved_tensors, root_saved_tensors
 from zsim.atomic import write_files
 from zsim.calibrate.step import PlanMeasurement, measure_plan
-from zsim.schedule.lower import runs_autocast
+from zsim.errors import ConfigError
+from zsim.schedule.lower import host_state_bytes, runs_autocast
 from zsim.simulate import simulate
+from zsim.spec.deepspeed import DeepSpeedZero
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
@@ -39,9 +43,11 @@ BOUNDS_PCT: dict[str, float] = {
     "activation_bytes_blocks": 3.0,
     "activation_bytes_root": 3.0,
     "peak_memory_bytes": 5.0,
+    "state_memory_bytes": 1.0,
     "step_time_s": 15.0,
 }
-"""Largest accepted |error| per metric on gloo/CPU, percent (issue 4, item 5)."""
+"""Largest accepted |error| per metric on gloo/CPU, percent (issue 4, item 5; the model
+state at rest, issue 10, item 6)."""
 
 MIN_TIMED_S = 6.0
 """Timed steps of one run fill at least this many seconds (see zsim.calibrate.step): the
@@ -104,38 +110,47 @@ def csv_name(spec: ModelSpec, plan: Plan) -> str:
     return f"{_slug(spec.name)}-{plan.strategy}-n{plan.world_size}.csv"
 
 
-def compare(spec: ModelSpec, plan: Plan, profile: HardwareProfile,
-            measured: PlanMeasurement) -> list[dict[str, Any]]:
-    """Rows of predicted (simulator, activation model) vs measured figures."""
-    result = simulate(spec, profile, plan)
+def predicted_activation_bytes(spec: ModelSpec, plan: Plan) -> tuple[int, int]:
+    """Saved-activation bytes of all blocks and of the root, as the backend's recorder
+    attributes them: the RoPE tables are saved first inside layers.0, so they count under
+    the blocks."""
     act = dtype_bytes(plan.param_dtype)
     autocast = runs_autocast(plan)
-    block_pred = spec.num_layers * sum(t.bytes for t in block_saved_tensors(
+    blocks = spec.num_layers * sum(t.bytes for t in block_saved_tensors(
         spec, micro_batch=plan.micro_batch, seq_len=plan.seq_len, recompute=plan.recompute,
         act_bytes=act, autocast=autocast))
     root = root_saved_tensors(spec, micro_batch=plan.micro_batch, seq_len=plan.seq_len,
                               act_bytes=act, autocast=autocast)
-    # The RoPE tables are saved first inside layers.0, so the recorder files them under
-    # the blocks; count them there on both sides.
     rope = sum(t.bytes for t in root if t.name.startswith("rope."))
-    block_pred += rope
-    root_pred = sum(t.bytes for t in root) - rope
+    return blocks + rope, sum(t.bytes for t in root) - rope
+
+
+def compare(spec: ModelSpec, plan: Plan, profile: HardwareProfile,
+            measured: PlanMeasurement, *, times: bool = True) -> list[dict[str, Any]]:
+    """Rows of predicted (simulator, activation model) vs measured figures; without
+    `times`, only the host-independent ones (a measurement with no timed step)."""
+    result = simulate(spec, profile, plan)
+    # On CPU ranks the host is the device: what offload moves there is measured too.
+    host = host_state_bytes(spec, plan) if measured.backend == "gloo" else 0.0
+    block_pred, root_pred = predicted_activation_bytes(spec, plan)
     saved = measured.ranks[0].saved
     block_meas = sum(t.bytes for t in saved if t.scope != "root")
     root_meas = sum(t.bytes for t in saved if t.scope == "root")
     after_step = max(r.memory.after_first_step_bytes for r in measured.ranks)
-    # The root's forward hooks span the whole forward (every block runs inside it).
-    fwd_meas = max(r.forward_s["root"] for r in measured.ranks)
-    comm_meas = statistics.median(sum(r.collective_busy_s.values()) for r in measured.ranks)
     pairs = [
-        ("step_time_s", result.step_time_s, measured.step_time_s),
-        ("peak_memory_bytes", result.peak_memory_bytes, measured.peak_bytes),
-        ("state_memory_bytes", result.baseline_memory_bytes, after_step),
+        ("peak_memory_bytes", result.peak_memory_bytes + host, measured.peak_bytes),
+        ("state_memory_bytes", result.baseline_memory_bytes + host, after_step),
         ("activation_bytes_blocks", block_pred, block_meas),
         ("activation_bytes_root", root_pred, root_meas),
-        ("comm_busy_s", result.comm_busy_total_s, comm_meas),
-        ("forward_time_s", result.phase_time_s.get("forward", 0.0), fwd_meas),
     ]
+    if times:
+        # The root's forward hooks span the whole forward (every block runs inside it).
+        fwd_meas = max(r.forward_s["root"] for r in measured.ranks)
+        comm_meas = statistics.median(sum(r.collective_busy_s.values())
+                                      for r in measured.ranks)
+        pairs = [("step_time_s", result.step_time_s, measured.step_time_s), *pairs,
+                 ("comm_busy_s", result.comm_busy_total_s, comm_meas),
+                 ("forward_time_s", result.phase_time_s.get("forward", 0.0), fwd_meas)]
     common = {"model": spec.name, "plan": plan.label, "nproc": plan.world_size,
               "backend": measured.backend}
     return [{**common, "metric": m, "predicted": float(p), "measured": float(v),
@@ -159,39 +174,87 @@ def _slug(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
-GRID_STRATEGIES: tuple[str, ...] = ("ddp", "zero2", "fsdp", "fsdp-no-reshard")
-"""Strategies of the report grid (plus hsdp 2x2 at world 4)."""
+GRID_STRATEGIES: tuple[str, ...] = ("ddp", "fsdp", "fsdp-no-reshard")
+"""Strategies of the report grid run by torch (DDP, FSDP2), plus hsdp 2x2 at world 4."""
+
+GRID_DS = DeepSpeedZero(reduce_bucket_size=500_000, allgather_bucket_size=500_000,
+                        prefetch_bucket_size=500_000, param_persistence_threshold=1_000)
+"""DeepSpeed knobs of the report's ZeRO plans, scaled to its d_model-256 models as
+DeepSpeed's defaults are to billion-parameter ones: buckets of about half a million
+elements (a block or two, not the whole model: the defaults' 5e8-element buckets are
+1 GB buffers that would swamp every other term of the peak), and only the norms and
+the d-wide biases whole (persistent) under ZeRO-3, not every 256 x 256 weight."""
+
+KNOBS: dict[str, Any] = {"seq_len": 256, "micro_batch": 2}
+"""Sequence and micro-batch of every plan of the grid."""
+
+
+LLAMA_TINY = ModelSpec(name="llama-tiny", num_layers=4, d_model=256, num_heads=4,
+                       num_kv_heads=2, ffn_hidden=688, vocab_size=2048, max_seq_len=256)
+"""The report's small Llama block (GQA, SwiGLU, RMSNorm, RoPE, untied)."""
+GPT_TINY = ModelSpec(name="gpt-tiny", num_layers=4, d_model=256, num_heads=4, num_kv_heads=4,
+                     ffn_hidden=1024, mlp="gelu", norm="layernorm", bias=True,
+                     vocab_size=2048, tied_embeddings=True, learned_pos_emb=True,
+                     max_seq_len=256)
+"""The report's small GPT block, GPT-3's structure at llama-tiny's size (LayerNorm with
+biases, biased projections, GELU MLP of 4d, learned positions, tied embeddings)."""
 
 
 def grid_models() -> list[ModelSpec]:
-    """The report's models: a 4-block GQA Llama and Llama-3-8B scaled to d_model 256
-    (all 32 blocks kept), both small enough for 2 CPU cores."""
+    """The models of the report's torch plans: a 4-block GQA Llama and Llama-3-8B scaled
+    to d_model 256 (all 32 blocks kept), both small enough for 2 CPU cores."""
     from zsim.calibrate.model import scale_model
     from zsim.spec.presets import PRESETS
 
-    tiny = ModelSpec(name="llama-tiny", num_layers=4, d_model=256, num_heads=4,
-                     num_kv_heads=2, ffn_hidden=688, vocab_size=2048, max_seq_len=256)
-    return [tiny, scale_model(PRESETS["llama3-8b"], d_model=256, vocab_size=2048,
-                              max_seq_len=256)]
+    return [LLAMA_TINY, scale_model(PRESETS["llama3-8b"], d_model=256, vocab_size=2048,
+                                    max_seq_len=256)]
 
 
 def grid_plans(world_sizes: tuple[int, ...] = (2, 4)) -> list[Plan]:
-    """Plans of the report grid: every GRID_STRATEGIES entry at each world size, hsdp
-    with shard groups of 2 where the world allows two groups, and fsdp with selective and
-    full recomputation at the smallest world size."""
-    knobs = {"seq_len": 256, "micro_batch": 2}
-    plans = [Plan.for_strategy(s, gpus=n, **knobs)  # type: ignore[arg-type]
+    """Torch plans of the report grid: every GRID_STRATEGIES entry at each world size,
+    hsdp with shard groups of 2 where the world allows two groups, and fsdp with selective
+    and full recomputation at the smallest world size."""
+    plans = [Plan.for_strategy(s, gpus=n, **KNOBS)
              for n in world_sizes for s in GRID_STRATEGIES]
-    plans += [Plan.for_strategy("hsdp", gpus=n, shard_group=2, **knobs)  # type: ignore[arg-type]
+    plans += [Plan.for_strategy("hsdp", gpus=n, shard_group=2, **KNOBS)
               for n in world_sizes if n >= 4]
-    plans += [Plan.for_strategy("fsdp", gpus=world_sizes[0], recompute=r, **knobs)  # type: ignore[arg-type]
+    plans += [Plan.for_strategy("fsdp", gpus=world_sizes[0], recompute=r, **KNOBS)
               for r in ("selective", "full")]
     return plans
 
 
+def library_plans(world_sizes: tuple[int, ...] = (2, 4)) -> list[Plan]:
+    """Plans of the report grid run by DeepSpeed and FSDP1 at each world size: ZeRO-1,
+    ZeRO-2 (also with the optimizer offloaded to the CPU) and ZeRO-3 with GRID_DS, and
+    FSDP1's FULL_SHARD (fsdp) and SHARD_GRAD_OP (fsdp-no-reshard)."""
+    plans = []
+    for n in world_sizes:
+        plans += [Plan.for_strategy(s, gpus=n, ds=GRID_DS, **KNOBS)
+                  for s in ("zero1", "zero2", "zero3")]
+        plans.append(Plan.for_strategy("zero2", gpus=n, ds=GRID_DS, offload="optimizer",
+                                       **KNOBS))
+        plans += [Plan.for_strategy(s, gpus=n, impl="fsdp1", **KNOBS)
+                  for s in ("fsdp", "fsdp-no-reshard")]
+    return plans
+
+
+def grid() -> list[tuple[ModelSpec, Plan]]:
+    """Every (model, plan) of the report: the torch plans on both grid_models, the
+    library plans on llama-tiny and gpt-tiny."""
+    cases = [(m, p) for m in grid_models() for p in grid_plans()]
+    return cases + [(m, p) for m in (LLAMA_TINY, GPT_TINY) for p in library_plans()]
+
+
+def case_key(spec: ModelSpec, plan: Plan) -> str:
+    """A case's name for --only, as its rows name it: "<model> <plan label> n<N>" (the
+    label names a program other than the strategy's default, e.g. fsdp[fsdp1])."""
+    return f"{spec.name} {plan.label} n{plan.world_size}"
+
+
 def regenerate_report(profile: HardwareProfile, *, out_dir: Path, steps: int = 8,
-                      runs: int = REPORT_RUNS) -> Path:
-    """Run every (model, plan) of the grid for real `runs` times (one pass over the grid
+                      runs: int = REPORT_RUNS, only: tuple[str, ...] = (),
+                      keep_time: bool = True) -> Path:
+    """Run (model, plan) cases of the grid for real `runs` times (one pass over the cases
     per run) and in the simulator; write `validation.csv` (step time: the median over all
     runs' timed steps; the other measurements from the first run), `step_time_runs.csv`
     (each run's median step time, the host's run-to-run spread), one
@@ -199,80 +262,158 @@ def regenerate_report(profile: HardwareProfile, *, out_dir: Path, steps: int = 8
     other than `profile`'s gpus_per_node are predicted with a profile calibrated at that
     world size (see _profiles_per_world).
 
+    With `only`, a batch: just the cases whose case_key matches one of the fnmatch
+    patterns are measured; their rows replace theirs in the existing report, the other
+    rows stay, rows of cases no longer in the grid go, and the batch is appended to the
+    provenance's batches. Without `keep_time` the batch runs the two memory steps only
+    (no timed step), keeps the host-independent metrics (memory, state, activations) and
+    predicts with the profiles already in out_dir: for a host other than the one the
+    profiles were calibrated on, whose step times say nothing about the simulator.
+
     Returns:
         The CSV path.
+
+    Raises:
+        ConfigError: no case matches `only`.
     """
+    import fnmatch
     import platform
     from datetime import datetime, timezone
 
-    import yaml
-
     out_dir.mkdir(parents=True, exist_ok=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    plans = grid_plans()
-    profiles = _profiles_per_world(profile, sorted({p.world_size for p in plans}), out_dir,
-                                   backend="nccl" if device == "cuda" else "gloo")
-    grid = [(replace(model, **backend_knobs(device)), plan)
-            for model in grid_models() for plan in plans]
-    measured: list[list[PlanMeasurement]] = [[] for _ in grid]
+    knobs = backend_knobs(device)
+    every = [(replace(model, **knobs), plan) for model, plan in grid()]
+    cases = [(spec, plan) for spec, plan in every
+             if not only or any(fnmatch.fnmatchcase(case_key(spec, plan), pat) for pat in only)]
+    if not cases:
+        raise ConfigError("only", " ".join(only), "matches no case of the grid")
+    profiles = _profiles_per_world(profile, sorted({p.world_size for _, p in cases}), out_dir,
+                                   backend="nccl" if device == "cuda" else "gloo",
+                                   reuse=not keep_time)
+    measured: list[list[PlanMeasurement]] = [[] for _ in cases]
     for run in range(runs):
-        for (spec, plan), done in zip(grid, measured, strict=True):
-            done.append(measure_plan(spec, plan, nproc=plan.world_size, steps=steps,
-                                     min_timed_s=MIN_TIMED_S))
-            print(f"run {run + 1}/{runs}: measured {spec.name} {plan.label} "
-                  f"n={plan.world_size}", flush=True)
+        for (spec, plan), done in zip(cases, measured, strict=True):
+            # Without times: the two memory steps only, no warm-up or timed step.
+            done.append(measure_plan(spec, plan, nproc=plan.world_size,
+                                     steps=steps if keep_time else 0,
+                                     warmup_steps=1 if keep_time else 0,
+                                     min_timed_s=MIN_TIMED_S if keep_time else 0.0))
+            print(f"run {run + 1}/{runs}: measured {case_key(spec, plan)}", flush=True)
     rows: list[dict[str, Any]] = []
-    for (spec, plan), done in zip(grid, measured, strict=True):
-        rows += compare(spec, plan, profiles[plan.world_size], done[0].pooled(*done[1:]))
-    path = write_csv(rows, out_dir / "validation.csv")
-    _write_runs(grid, measured, out_dir / "step_time_runs.csv")
+    for (spec, plan), done in zip(cases, measured, strict=True):
+        rows += compare(spec, plan, profiles[plan.world_size], done[0].pooled(*done[1:]),
+                        times=keep_time)
+    runs_rows = _runs_rows(cases, measured) if keep_time else []
+    csv_path, runs_path = out_dir / "validation.csv", out_dir / "step_time_runs.csv"
+    if only:
+        order = [case_key(spec, plan) for spec, plan in every]
+        batch_keys = {case_key(spec, plan) for spec, plan in cases}
+        rows = _merge(_read_csv(csv_path), rows, order, batch_keys)
+        # A batch without step times drops its cases' old runs (they timed what its rows
+        # no longer describe) and adds none.
+        runs_rows = _merge(_read_csv(runs_path), runs_rows, order, batch_keys)
+    path = write_csv(rows, csv_path)
+    write_csv(runs_rows, runs_path, RUN_FIELDS)
     _plot(rows, out_dir)
-    (out_dir / "provenance.yaml").write_text(yaml.safe_dump({
+    batch = {
         "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": f"python -m zsim.calibrate.validate --out {out_dir}",
+        "command": f"python -m zsim.calibrate.validate --out {out_dir} --runs {runs}"
+                   + (f" --steps {steps}" if keep_time else " --no-time")
+                   + "".join(f" --only '{pat}'" for pat in only),
         "torch": str(torch.__version__),
         "machine": f"{platform.node()} {platform.machine()}",
         "profiles": {n: p.name for n, p in profiles.items()},
-        "kernel_knobs": backend_knobs(device),
         "runs_per_plan": runs,
-        "min_timed_s_per_run": MIN_TIMED_S,
-        "bounds_pct": BOUNDS_PCT,
-    }, sort_keys=False))
+        "min_timed_s_per_run": MIN_TIMED_S if keep_time else 0.0,
+        "metrics": "all" if keep_time else "host-independent only (memory, state, "
+                                            "activations; no step, forward or comm time)",
+        "cases": [case_key(spec, plan) for spec, plan in cases] if only else len(cases),
+    }
+    _write_provenance(out_dir / "provenance.yaml", batch, knobs, append=bool(only))
     return path
+
+
+def _write_provenance(path: Path, batch: dict[str, Any], knobs: dict[str, Any], *,
+                      append: bool) -> None:
+    """provenance.yaml: the kernel knobs, the bounds, and every batch that measured rows
+    of the report (a full regeneration starts the list again)."""
+    import yaml
+
+    batches = []
+    if append and path.is_file():
+        old = yaml.safe_load(path.read_text())
+        # A report from before batches was one full pass, described at the top level.
+        batches = old.get("batches") or [{k: v for k, v in old.items()
+                                          if k not in ("kernel_knobs", "bounds_pct")}]
+    path.write_text(yaml.safe_dump({"kernel_knobs": knobs, "bounds_pct": BOUNDS_PCT,
+                                    "batches": [*batches, batch]}, sort_keys=False))
 
 
 RUN_FIELDS = ("model", "plan", "nproc", "run", "steps", "step_time_s", "vs_median_run_pct")
 """Columns of step_time_runs.csv."""
 
 
-def _write_runs(grid: list[tuple[ModelSpec, Plan]], measured: list[list[PlanMeasurement]],
-                path: Path) -> None:
+def _runs_rows(cases: list[tuple[ModelSpec, Plan]],
+               measured: list[list[PlanMeasurement]]) -> list[dict[str, Any]]:
     """Each run's median step time per plan, and its deviation from the median run."""
     rows = []
-    for (spec, plan), done in zip(grid, measured, strict=True):
+    for (spec, plan), done in zip(cases, measured, strict=True):
         mid = statistics.median(m.step_time_s for m in done)
         rows += [{"model": spec.name, "plan": plan.label, "nproc": plan.world_size,
                   "run": run, "steps": len(m.ranks[0].step_times_s),
                   "step_time_s": f"{m.step_time_s:.6g}",
                   "vs_median_run_pct": f"{100 * (m.step_time_s - mid) / mid:+.1f}"}
                  for run, m in enumerate(done, start=1)]
-    write_csv(rows, path, RUN_FIELDS)
+    return rows
+
+
+def _row_key(row: dict[str, Any]) -> str:
+    """case_key of a CSV row."""
+    return f"{row['model']} {row['plan']} n{row['nproc']}"
+
+
+def _read_csv(path: Path) -> list[dict[str, Any]]:
+    """Rows of a report CSV, numbers parsed back (none if the file does not exist)."""
+    if not path.is_file():
+        return []
+    with path.open(newline="") as f:
+        rows: list[dict[str, Any]] = list(csv.DictReader(f))
+    for row in rows:
+        row["nproc"] = int(row["nproc"])
+        for k in ("predicted", "measured", "error_pct"):
+            if k in row:
+                row[k] = float(row[k])
+    return rows
+
+
+def _merge(old: list[dict[str, Any]], new: list[dict[str, Any]], order: list[str],
+           batch: set[str]) -> list[dict[str, Any]]:
+    """The report's rows after a batch: the old rows of the batch's cases give way to
+    `new`, old rows of cases no longer in the grid (`order`) go; sorted by the grid's
+    order, each case's rows in their own order."""
+    rank = {key: i for i, key in enumerate(order)}
+    kept = [r for r in old if _row_key(r) in rank and _row_key(r) not in batch]
+    return sorted(kept + new, key=lambda r: rank[_row_key(r)])
 
 
 def _profiles_per_world(profile: HardwareProfile, world_sizes: list[int], out_dir: Path, *,
-                        backend: str) -> dict[int, HardwareProfile]:
+                        backend: str, reuse: bool = False) -> dict[int, HardwareProfile]:
     """`profile` for the world size it was measured at (its gpus_per_node); for other
     world sizes a profile calibrated here at that many ranks (written to out_dir), since
-    on one host the ranks share its cores and links, so per-rank rates depend on N."""
+    on one host the ranks share its cores and links, so per-rank rates depend on N. With
+    `reuse`, one already in out_dir is read instead of calibrated again."""
     from zsim.calibrate.profile import calibrate
 
     out: dict[int, HardwareProfile] = {}
     for n in world_sizes:
+        path = out_dir / f"calibrated-{backend}-n{n}.yaml"
         if n == profile.gpus_per_node:
             out[n] = profile
-        else:
-            path = calibrate(backend, n, out_dir / f"calibrated-{backend}-n{n}.yaml")
-            out[n] = HardwareProfile.from_yaml(path)
+            continue
+        if not (reuse and path.is_file()):
+            path = calibrate(backend, n, path)
+        out[n] = HardwareProfile.from_yaml(path)
     return out
 
 
@@ -325,10 +466,21 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(
         prog="python -m zsim.calibrate.validate",
-        description="Regenerate the validation report (every plan of the grid, for real "
-                    "and in the simulator).")
+        description="Regenerate the validation report (every case of the grid, or a batch "
+                    "of them with --only, for real and in the simulator).")
     parser.add_argument("--out", type=Path, required=True,
                         help="report folder (the repository's is reports/validation)")
     parser.add_argument("--profile", default="local-cpu", help="calibrated hardware profile")
+    parser.add_argument("--only", action="append", default=[], metavar="PATTERN",
+                        help="measure only the cases whose '<model> <plan label> n<N>' "
+                             "matches this fnmatch pattern (repeatable); their rows replace "
+                             "theirs in the existing report")
+    parser.add_argument("--no-time", action="store_true",
+                        help="keep only host-independent metrics (memory, state, "
+                             "activations): for a host other than the profiles'")
+    parser.add_argument("--runs", type=int, default=REPORT_RUNS, help="runs of each case")
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per run, at least")
     args = parser.parse_args()
-    print(regenerate_report(resolve_hardware(args.profile), out_dir=args.out))
+    print(regenerate_report(resolve_hardware(args.profile), out_dir=args.out,
+                            steps=args.steps, runs=args.runs, only=tuple(args.only),
+                            keep_time=not args.no_time))

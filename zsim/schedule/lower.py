@@ -57,6 +57,13 @@ def state_at_rest_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
     return PROGRAMS[plan.impl].state_at_rest_bytes(model, plan)
 
 
+def host_state_bytes(model: ModelSpec, plan: Plan) -> float:
+    """Bytes a rank of the plan's program keeps in host memory between steps (what
+    offload moves there); on a CPU backend they share the memory the device's figures
+    count."""
+    return PROGRAMS[plan.impl].host_state_bytes(model, plan)
+
+
 def memory_floor_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
     """Bytes the plan's program holds at once at the least, by category: what is live
     when the loss's forward of the first micro-batch starts. That is its model state at

@@ -24,7 +24,10 @@ class DeepSpeedZero:
     """Elements per gradient reduction bucket (the ipg bucket, a buffer of this many
     elements in the gradient dtype; two with overlap_comm)."""
     allgather_bucket_size: int = 500_000_000
-    """ZeRO-1/2: elements per all-gather of the updated 16-bit parameters after the step."""
+    """ZeRO-1/2: elements per all-gather of the updated 16-bit parameters after the step,
+    as the config says (the backend passes it on). DeepSpeed 0.19 uses it only where torch
+    lacks all_gather_into_tensor; otherwise it makes one all-gather per parameter group,
+    and so does the simulator."""
     overlap_comm: bool | None = None
     """Reduce gradients on a side stream while backward runs; None is DeepSpeed's default:
     true for stage 3, false for stages 1 and 2."""

@@ -18,9 +18,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from zsim.analytic.memory import model_state_bytes
 from zsim.schedule.build import Builder, ShardElems, Unit
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
+
+
+def offloaded_state_bytes(model: ModelSpec, plan: Plan) -> float:
+    """Host bytes of an offloading plan by the closed form of zsim.analytic.memory: the
+    state that offload moves off the device (0 without offload)."""
+    if plan.offload == "none":
+        return 0.0
+    kept = model_state_bytes(model.num_params, plan).total
+    return model_state_bytes(model.num_params, plan.with_(offload="none")).total - kept
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,4 +52,7 @@ class Program:
     lower: Callable[[Builder, Unit, list[Unit]], None]
     """Emit one step's ops into the builder, through the optimizer step and what follows
     it, given the root and block units."""
+    host_state_bytes: Callable[[ModelSpec, Plan], float] = offloaded_state_bytes
+    """Bytes a rank keeps in host memory between steps (offloaded state and its
+    staging buffers); the device's figures exclude them."""
 

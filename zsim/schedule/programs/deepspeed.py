@@ -21,7 +21,9 @@ Stages 1 and 2 (DeepSpeedZeroOptimizer):
   reduction runs on the compute stream: backward waits for it.
 - Step: the partition's gradients are cast to fp32, Adam updates the fp32 partition,
   which is copied into the rank's slice of the 16-bit buffer, and the 16-bit parameters
-  are all-gathered in `allgather_bucket_size` chunks (after backward: exposed).
+  are all-gathered in one call into the flat buffer (after backward: exposed;
+  all_gather_dp_groups ignores `allgather_bucket_size` where torch has
+  all_gather_into_tensor).
 Stage 3 (DeepSpeedZeroOptimizer_Stage3):
 - State: each parameter partitioned into ceil(numel / N) elements (parameters of at most
   `param_persistence_threshold` elements stay whole on every rank), fp32 master
@@ -61,7 +63,7 @@ from zsim.schedule.build import (
     host_optimizer,
 )
 from zsim.schedule.ops import Buffer, Op
-from zsim.schedule.programs import Program
+from zsim.schedule.programs import Program, offloaded_state_bytes
 from zsim.schedule.programs.deepspeed_fetch import FetchStep, Param, replay
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
@@ -99,19 +101,62 @@ def _partition_elems(model: ModelSpec, plan: Plan) -> int:
     return _flat_elems(model, plan.dp_shard) // plan.dp_shard
 
 
+def _sub_groups(model: ModelSpec, plan: Plan) -> list[int]:
+    """Elements of each sub-group the ZeRO-3 optimizer steps on, as stage3.py's
+    _create_fp16_sub_groups forms them: whole parameter partitions in order, a group
+    closed once it holds sub_group_size elements (so never more groups than parameters);
+    one group when the partition is no larger than sub_group_size."""
+    groups: list[int] = []
+    elems = 0
+    for _, shape in model.parameter_tensors():
+        elems += shard_elems([shape], plan.dp_shard)
+        if elems >= plan.ds.sub_group_size:
+            groups.append(elems)
+            elems = 0
+    return [*groups, elems] if elems or not groups else groups
+
+
+def _largest_param(model: ModelSpec) -> int:
+    """Elements of the model's largest parameter tensor."""
+    return max(math.prod(shape) for _, shape in model.parameter_tensors())
+
+
+def host_state_bytes(model: ModelSpec, plan: Plan) -> float:
+    """Host memory of ZeRO-Offload between steps. Stages 1/2 with the optimizer on the
+    CPU (stage_1_and_2.py): the fp32 master partition, a 16-bit copy of it that the
+    updated parameters go back through (param_buffer_of_bit16_for_cpu_offload_groups),
+    the fp32 gradient partition (the master's .grad, allocated at init), Adam's moments,
+    and the host staging buffer of the largest parameter's gradient
+    (temp_grad_buffer_for_cpu_offload). Stage 3 and parameter offload: the closed form
+    of what offload moves (zsim.schedule.programs.offloaded_state_bytes)."""
+    if not (plan.offload == "optimizer" and _stage(plan) < 3):
+        return offloaded_state_bytes(model, plan)
+    a, m = dtype_bytes(plan.param_dtype), _master_bytes(plan)
+    part = float(_partition_elems(model, plan))
+    return (part * (m + a + m + optimizer_bytes_per_param(plan))
+            + float(_largest_param(model)) * a)
+
+
 def _master_bytes(plan: Plan) -> int:
     return dtype_bytes(plan.master_dtype if plan.has_master_copy else plan.param_dtype)
 
 
 def state_at_rest_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
-    """Stages 1/2: the flat 16-bit parameters, and the fp32 partition and its moments.
+    """Stages 1/2: the flat 16-bit parameters, and the fp32 partition and its moments
+    (offloaded: the flat parameters and the gradient staging buffer, see host_state_bytes).
     Stage 3: the 16-bit partitions (persistent parameters whole), the fp32 partitions and
-    moments, the gradient partition buffer and the ipg bucket buffer. Offloaded plans
-    keep the closed form of zsim.analytic.memory."""
+    moments, the gradient partition buffer and the ipg bucket buffer. Stage 3 offloaded
+    keeps the closed form of zsim.analytic.memory."""
+    a = dtype_bytes(plan.param_dtype)
+    if plan.offload == "optimizer" and _stage(plan) < 3:
+        # stage_1_and_2.py with cpu_offload: the flat 16-bit parameters stay, and one
+        # device staging buffer of the largest parameter's size for its gradient
+        # (temp_grad_buffer_for_gpu_offload); the rest is host state.
+        return {"params": float(_flat_elems(model, plan.dp_shard)) * a,
+                "comm_buffers": float(_largest_param(model)) * a}
     if plan.offload != "none":
         closed = model_state_bytes(model.num_params, plan).as_dict()
         return {c: v for c, v in closed.items() if c != "grads"}
-    a = dtype_bytes(plan.param_dtype)
     part = float(_partition_elems(model, plan))
     out = {"optimizer_states": part * optimizer_bytes_per_param(plan)}
     if plan.has_master_copy:
@@ -278,8 +323,10 @@ class _Step12:
 
     def optimizer(self, after: tuple[int, ...]) -> None:
         """fp32 gradients from the partition buffer, Adam on the flat fp32 partition, then
-        the all-gather of the updated 16-bit parameters (all_gather_dp_groups) in
-        allgather_bucket_size chunks, on the compute stream."""
+        the all-gather of the updated 16-bit parameters into the flat buffer, on the
+        compute stream: all_gather_dp_groups makes one all_gather_into_tensor per
+        parameter group (one here) wherever torch has it (every torch DeepSpeed 0.19
+        supports), so allgather_bucket_size is not used (deepspeed/runtime/utils.py)."""
         b, p = self.b, self.b.plan
         frees = (self.partition_grads,) if self.have_partition else ()
         if p.offload != "none":
@@ -295,12 +342,9 @@ class _Step12:
         prev = device_optimizer(b, after=(first,), frees=(fp32_grad.name,),
                                 local_params=self.part, tensors=1, master_bytes=m,
                                 grad_bytes=m)
-        total = _flat_elems(b.model, p.dp_shard)
-        shards = max(1, total // max(1, p.ds.allgather_bucket_size))
-        for i in range(shards):
-            prev = b.collective(kind="all_gather", size_bytes=total // shards * b.a,
-                                group=b.shard, gname="shard", name=f"param all-gather {i}",
-                                unit=i, microbatch=p.grad_accum - 1, after=(prev,))
+        b.collective(kind="all_gather", size_bytes=_flat_elems(b.model, p.dp_shard) * b.a,
+                     group=b.shard, gname="shard", name="param all-gather", unit=0,
+                     microbatch=p.grad_accum - 1, after=(prev,))
 
 
 def _with_frees(op: Op, name: str) -> Op:
@@ -519,19 +563,16 @@ class _Step3:
                        bytes=numel * self.b.a),)
 
     def optimizer(self, after: tuple[int, ...]) -> None:
-        """Per sub-group of at most sub_group_size elements, one after the other: fp32
-        gradients cast from the partition buffer, Adam on the flat fp32 partition,
-        copied back to 16 bits, the fp32 gradients released."""
+        """Per sub-group (_sub_groups), one after the other: fp32 gradients cast from the
+        partition buffer, Adam on the flat fp32 partition, copied back to 16 bits, the
+        fp32 gradients released."""
         b, p = self.b, self.b.plan
-        part = _partition_elems(b.model, p)
         if p.offload != "none":
             host_optimizer(b, after=after, frees=(), local_params=b.model.num_params / p.dp_shard)
             return
         m = _master_bytes(p)
-        size = p.ds.sub_group_size
         prev = after
-        for i, start in enumerate(range(0, part, size)):
-            elems = min(size, part - start)
+        for i, elems in enumerate(_sub_groups(b.model, p)):
             grad = Buffer(name=f"fp32 grad sub-group {i}", category="grads", bytes=elems * m)
             cast = Flops(matmul=0.0, attention=0.0, memory_bytes=elems * (b.a + m), kernels=1)
             first = b.add(name="fp32 gradients" if i == 0 else f"fp32 gradients {i}",
@@ -625,4 +666,5 @@ def _lower(b: Builder, root: Unit, blocks: list[Unit]) -> None:
 
 PROGRAM = Program(name="deepspeed", shard_elems=shard_elems, autocast=lambda plan: False,
                   state_at_rest_bytes=state_at_rest_bytes,
-                  gathered_floor_bytes=gathered_floor_bytes, lower=_lower)
+                  gathered_floor_bytes=gathered_floor_bytes, lower=_lower,
+                  host_state_bytes=host_state_bytes)
