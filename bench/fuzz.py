@@ -24,8 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "fuzz"))
 from fuzz_inputs import TARGETS, Hang, time_bound
 
 INPUTS = {"model": 2000, "hardware": 2000, "plan": 2000, "simulate": 1500, "scenario": 800,
-          "hf_config": 1500, "cli": 700}
-"""Inputs per target at --scale 1 (10,500 in all)."""
+          "hf_config": 1500, "cli": 700, "ds_config": 1000, "fsdp_config": 1000,
+          "cli_config": 400}
+"""Inputs per target at --scale 1 (12,900 in all)."""
 
 
 def campaign(target: str, count: int, rng_seed: int) -> tuple[Counter[str], dict[str, Any]]:

@@ -488,6 +488,414 @@ def check_command_line(argv: list[str]) -> str:
     return "rejected"
 
 
+# ---------------------------------------------------------------------- user configs
+CONFIG_DIR = REPO / "scenarios" / "configs"
+CONFIG_MODEL = "125m"
+"""The model a config is simulated with (its hidden size, 768, resolves the "auto"s)."""
+CONFIG_SEQ = 512
+CONFIG_GPUS = st.sampled_from([8, 16, 64, 1, 2, 12, 4096])
+MAX_MESSAGE = 2000
+"""Longest error message a config may cause (a YAML alias bomb must not be spelt out)."""
+SIZES = st.one_of(st.sampled_from([500_000_000, 5e8, 2e8, 1e9, 50_000_000, 1e7]),
+                  st.integers(1, 2**40))
+"""Element counts as ds_config.json spells them (integral floats included)."""
+GARBAGE = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-9, 9), st.text(max_size=4)),
+    lambda inner: st.one_of(st.lists(inner, max_size=3),
+                            st.dictionaries(st.text(max_size=4), inner, max_size=3)),
+    max_leaves=8)
+"""Nested lists and mappings where a value or a section belongs."""
+MAX_ACCUM = 64
+"""Most micro-batches per step a generated DeepSpeed config asks for. The simulator
+lowers every micro-batch (about 15 ms each for the 125m model: 1,000 take 16 s, past
+TIME_BOUND_S), with or without a config (`zsim simulate --grad-accum 1000`): a limit of
+the engine, not of the readers, so batch keys never get huge values here."""
+NOT_SIZES = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 0), st.text(max_size=6),
+    st.sampled_from([float("nan"), float("inf"), -1.5, 0.5]),
+    st.lists(st.integers(0, 9), max_size=2))
+"""WEIRD values that are not positive numbers."""
+BOUNDED_WEIRD = {
+    "train_batch_size": st.one_of(NOT_SIZES, st.integers(1, MAX_ACCUM)),
+    "train_micro_batch_size_per_gpu": st.one_of(NOT_SIZES, st.integers(1, MAX_ACCUM)),
+    "gradient_accumulation_steps": st.one_of(NOT_SIZES, st.integers(1, MAX_ACCUM)),
+    "allgather_bucket_size": st.one_of(NOT_SIZES, st.integers(1, 10**20)),
+}
+"""What replaces the values of DeepSpeed keys whose huge or tiny numbers would run into
+the engine's limit above (MAX_ACCUM)."""
+ConfigCase = tuple[str | bytes, int]
+"""A config file's content (bytes where it is not UTF-8) and the GPUs it runs on."""
+
+
+def _tree_paths(tree: dict[Any, Any], prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """The key path of every value in a nest of mappings, sections included."""
+    out: list[tuple[Any, ...]] = []
+    for k, v in tree.items():
+        out.append((*prefix, k))
+        if isinstance(v, dict):
+            out += _tree_paths(v, (*prefix, k))
+    return out
+
+
+@st.composite
+def _mutated(draw: st.DrawFn, tree: dict[str, Any], *,
+             impossible: st.SearchStrategy[Any], unknown: list[tuple[tuple[str, ...], Any]],
+             bounded: dict[str, st.SearchStrategy[Any]] | None = None) -> dict[str, Any]:
+    """`tree` with one to three edits: a value replaced by a WEIRD, impossible or nested
+    garbage one (drawn from `bounded` for its keys), a key dropped, or an unknown key
+    added (where its section exists)."""
+    out = copy.deepcopy(tree)
+    for _ in range(draw(st.integers(1, 3))):
+        edit = draw(st.sampled_from(["weird", "impossible", "impossible", "garbage", "drop",
+                                     "unknown"]))
+        if edit == "unknown":
+            section, key = draw(st.sampled_from(unknown))
+            node: Any = out
+            for k in section:
+                node = node.get(k) if isinstance(node, dict) else None
+            if isinstance(node, dict):
+                node[key] = draw(st.one_of(st.just(1), WEIRD))
+            continue
+        paths = _tree_paths(out)
+        if not paths:
+            continue
+        path = draw(st.sampled_from(paths))
+        parent = out
+        for k in path[:-1]:
+            parent = parent[k]
+        if edit == "drop":
+            del parent[path[-1]]
+        elif bounded and path[-1] in bounded:
+            parent[path[-1]] = draw(bounded[path[-1]])
+        else:
+            parent[path[-1]] = draw({"weird": WEIRD, "impossible": impossible,
+                                     "garbage": GARBAGE}[edit])
+    return out
+
+
+@st.composite
+def _mangled(draw: st.DrawFn, text: str, inserts: list[str]) -> str:
+    """`text` cut, spliced with `inserts` and with lines duplicated, one to three times."""
+    for _ in range(draw(st.integers(1, 3))):
+        i = draw(st.integers(0, len(text)))
+        edit = draw(st.sampled_from(["cut", "insert", "dup", "truncate"]))
+        if edit == "cut":
+            text = text[:i] + text[i + draw(st.integers(1, 12)):]
+        elif edit == "insert":
+            text = text[:i] + draw(st.sampled_from(inserts)) + text[i:]
+        elif edit == "dup":
+            line = draw(st.sampled_from(text.splitlines() or [""]))
+            text = text[:i] + line + "\n" + text[i:]
+        else:
+            text = text[:i]
+    return text
+
+
+BROKEN_FILES = st.sampled_from([
+    "", " ", "null", "[]", "1", '"FSDP"', b"\xff\xfe{\x00", b'{"a": "\xc3\x28"}'])
+"""Contents no config reader can use: empty, not a mapping, not UTF-8."""
+
+
+def _config_case(draw: st.DrawFn, valid: Callable[[int], st.SearchStrategy[dict[str, Any]]],
+                 invalid: Callable[[dict[str, Any]], st.SearchStrategy[dict[str, Any]]],
+                 dump: Callable[[dict[str, Any]], str],
+                 text: Callable[[str], st.SearchStrategy[str | bytes]]) -> ConfigCase:
+    """A config on a GPU count: valid half the time, else mutated, else broken text."""
+    gpus = draw(CONFIG_GPUS)
+    config = draw(valid(gpus))
+    mode = draw(st.sampled_from(["valid", "valid", "valid", "mutated", "mutated", "text"]))
+    if mode == "valid":
+        return dump(config), gpus
+    if mode == "mutated":
+        return dump(draw(invalid(config))), gpus
+    return draw(st.one_of(text(dump(config)), BROKEN_FILES)), gpus
+
+
+# DeepSpeed JSON
+DS_OFFLOAD = st.fixed_dictionaries(
+    {"device": st.sampled_from(["cpu", "nvme", "none"])},
+    optional={"pin_memory": st.booleans(), "nvme_path": st.just("/local_nvme"),
+              "buffer_count": st.integers(1, 8), "fast_init": st.booleans()})
+DS_PRECISION = {
+    "bf16": {"bf16": {"enabled": True}},
+    "fp16": {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}},
+    "fp32": {"bf16": {"enabled": False}, "fp16": {"enabled": False}},
+    "auto": {"bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto", "hysteresis": 2}},
+    "unset": {},
+}
+"""How configs spell each precision (the HF guide's "auto" for both)."""
+DS_IMPOSSIBLE = st.sampled_from([4, -1, 0, "3", 2.5, "auto", "gpu", 1e30, float("nan"),
+                                 10**30, True, "bf16", {"device": "gpu"}, [], {}])
+DS_UNKNOWN: list[tuple[tuple[str, ...], Any]] = [
+    ((), "zero_optimisation"), ((), "activation_checkpointing"),
+    (("zero_optimization",), "stage3_prefetch_bucket"),
+    (("zero_optimization",), "offload_params"), (("zero_optimization",), "cpu_offload"),
+    (("zero_optimization",), "zero_hpz_partition_size"),
+    (("zero_optimization", "offload_optimizer"), "devices"),
+    (("zero_optimization", "offload_param"), "ratio"), (("bf16",), "enable"),
+    (("fp16",), "loss_scale_window"), (("optimizer",), "type")]
+"""Keys a config may gain (a typo, an unmodelled or unknown key), by section."""
+
+
+@st.composite
+def ds_config_dicts(draw: st.DrawFn, gpus: int) -> dict[str, Any]:
+    """A ds_config.json as users write them: stages 0-3 (0 is refused), bucket sizes,
+    overlap_comm, offload to cpu/nvme, "auto" values, bf16/fp16, batch sizes that mostly
+    agree with `gpus`."""
+    stage = draw(st.sampled_from([2, 3, 1, 0]))
+    zero: dict[str, Any] = {"stage": stage, **draw(st.fixed_dictionaries({}, optional={
+        "reduce_bucket_size": st.one_of(SIZES, st.just("auto")),
+        "allgather_bucket_size": st.one_of(SIZES, st.just(1)),
+        "overlap_comm": st.booleans(),
+        "contiguous_gradients": st.booleans(), "reduce_scatter": st.just(True),
+        "round_robin_gradients": st.booleans(), "sub_group_size": SIZES,
+        "stage3_gather_16bit_weights_on_model_save": st.booleans()}))}
+    if stage == 3:
+        zero.update(draw(st.fixed_dictionaries({}, optional={
+            "stage3_prefetch_bucket_size": st.one_of(SIZES, st.just("auto")),
+            "stage3_param_persistence_threshold": st.one_of(st.integers(0, 10**7),
+                                                            st.just("auto")),
+            "stage3_max_live_parameters": SIZES, "stage3_max_reuse_distance": SIZES})))
+    if draw(one_in(3)):
+        zero["offload_optimizer"] = draw(DS_OFFLOAD)
+        if stage == 3 and draw(st.booleans()):
+            zero["offload_param"] = draw(DS_OFFLOAD)
+    config: dict[str, Any] = {"zero_optimization": zero}
+    config.update(DS_PRECISION[draw(st.sampled_from(sorted(DS_PRECISION)))])
+    micro = draw(st.sampled_from(["auto", 1, 2, 4, None]))
+    accum = draw(st.sampled_from(["auto", 1, 2, None]))
+    for key, value in (("train_micro_batch_size_per_gpu", micro),
+                       ("gradient_accumulation_steps", accum)):
+        if value is not None:
+            config[key] = value
+    train = draw(st.sampled_from(["unset", "auto", "product", "any"]))
+    if train == "auto":
+        config["train_batch_size"] = "auto"
+    elif train == "product":
+        config["train_batch_size"] = ((micro if isinstance(micro, int) else 1)
+                                      * (accum if isinstance(accum, int) else 1) * gpus)
+    elif train == "any":
+        config["train_batch_size"] = draw(st.integers(1, MAX_ACCUM))
+    config.update(draw(st.fixed_dictionaries({}, optional={
+        "optimizer": st.fixed_dictionaries(
+            {"type": st.sampled_from(["AdamW", "Adam", "SGD", "Lion"]),
+             "params": st.just({"lr": "auto", "weight_decay": "auto"})}),
+        "communication_data_type": st.sampled_from(["fp32", "bf16", "fp16", "bfp16"]),
+        "gradient_clipping": st.sampled_from(["auto", 1.0]),
+        "steps_per_print": st.integers(1, 2000), "wall_clock_breakdown": st.booleans()})))
+    return config
+
+
+def _ds_text(text: str) -> st.SearchStrategy[str | bytes]:
+    """A config's JSON broken: cut, spliced, nested past any parser's depth."""
+    return st.one_of(
+        _mangled(text, [",", "}", "{", "]", '"', ":", "NaN", "-Infinity", "1e999", "//",
+                        '"stage": 3,', "\x00", "\ud800"]),
+        st.just('{"zero_optimization": ' * 100_000), st.just("[" * 100_000 + "]" * 100_000))
+
+
+@st.composite
+def ds_config_cases(draw: st.DrawFn) -> ConfigCase:
+    """A DeepSpeed config file's content and the GPUs it is simulated on."""
+    return _config_case(
+        draw, ds_config_dicts,
+        lambda c: _mutated(c, impossible=DS_IMPOSSIBLE, unknown=DS_UNKNOWN,
+                           bounded=BOUNDED_WEIRD),
+        lambda c: json.dumps(c, allow_nan=True), _ds_text)
+
+
+def check_ds_config_case(case: ConfigCase) -> str:
+    return _check_config_file("ds_config", "ds_config.json", *case)
+
+
+# accelerate FSDP YAML
+FSDP_IMPOSSIBLE = st.sampled_from([
+    "DEEPSPEED", 3, 0, -1, 2.0, "ZERO3", "NO_SHARD", "HYBRID_SHARD_ZERO2", "BACKWARD_AFTER",
+    "sometimes", "fp8", "yes", True, None, 10**30, float("inf"), {"fsdp_version": 2}, []])
+FSDP_UNKNOWN: list[tuple[tuple[str, ...], Any]] = [
+    ((), "fsdp_confg"), ((), "fsdp_version"), ((), "deepspeed_config"), ((), 7),
+    (("fsdp_config",), "fsdp_limit_all_gather"), (("fsdp_config",), "sharding_strategy"),
+    (("fsdp_config",), 1), (("fsdp_config",), None),
+    (("parallelism_config",), "parallelism_config_tp_size")]
+"""Keys a config may gain: top-level (accelerate rejects them), under fsdp_config
+(ignored, warned), non-string keys."""
+FSDP_FLAGS = st.sampled_from([False, True, "true", "false"])
+"""accelerate writes booleans; `accelerate launch` passes them on as strings."""
+
+
+@st.composite
+def fsdp_config_dicts(draw: st.DrawFn, gpus: int) -> dict[str, Any]:
+    """An accelerate FSDP config as `accelerate config` writes it: FSDP1 with a sharding
+    strategy (by name, number or under fsdp_reshard_after_forward) and prefetch, FSDP2
+    with reshard_after_forward, offload, recomputation, wrap policy, mixed precision,
+    sometimes parallelism_config's replicas and keys without the fsdp_ prefix."""
+    version = draw(st.sampled_from([1, 2, None]))
+    fsdp: dict[str, Any] = {} if version is None else {"fsdp_version": version}
+    if version == 2:
+        fsdp.update(draw(st.fixed_dictionaries({}, optional={
+            "fsdp_reshard_after_forward": FSDP_FLAGS,
+            "fsdp_offload_params": st.booleans()})))
+    else:
+        key = draw(st.sampled_from(["fsdp_sharding_strategy", "fsdp_reshard_after_forward",
+                                    "unset"]))
+        if key != "unset":
+            fsdp[key] = draw(st.sampled_from(["FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD",
+                                              "full_shard", 1, 2, 4, "NO_SHARD"]))
+        fsdp.update(draw(st.fixed_dictionaries({}, optional={
+            "fsdp_backward_prefetch": st.sampled_from(["BACKWARD_PRE", "BACKWARD_POST",
+                                                       "NO_PREFETCH", "backward_pre"]),
+            "fsdp_forward_prefetch": FSDP_FLAGS})))
+    fsdp.update(draw(st.fixed_dictionaries({}, optional={
+        "fsdp_activation_checkpointing": FSDP_FLAGS,
+        "fsdp_auto_wrap_policy": st.sampled_from(["TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP",
+                                                  "NO_WRAP"]),
+        "fsdp_transformer_layer_cls_to_wrap": st.just("LlamaDecoderLayer"),
+        "fsdp_min_num_params": st.integers(0, 10**8),
+        "fsdp_state_dict_type": st.sampled_from(["SHARDED_STATE_DICT", "FULL_STATE_DICT"]),
+        "fsdp_use_orig_params": st.booleans(), "fsdp_cpu_ram_efficient_loading": st.booleans(),
+        "fsdp_sync_module_states": st.booleans(),
+        "fsdp_activation_checkpointing_offload": st.booleans()})))
+    if draw(one_in(5)):
+        fsdp = {k.removeprefix("fsdp_"): v for k, v in fsdp.items()}
+    config: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE",
+                              "distributed_type": "FSDP", "fsdp_config": fsdp}
+    config.update(draw(st.fixed_dictionaries({}, optional={
+        "mixed_precision": st.sampled_from(["bf16", "no", "fp16"]),
+        "num_processes": st.sampled_from([gpus, 8, 1]), "num_machines": st.integers(1, 4),
+        "machine_rank": st.just(0), "debug": st.booleans(), "downcast_bf16": st.just("no"),
+        "main_training_function": st.just("main"),
+        "rdzv_backend": st.sampled_from(["static", "c10d"]), "same_network": st.booleans(),
+        "tpu_env": st.just([]), "use_cpu": st.just(False),
+        "main_process_port": st.integers(1024, 65535)})))
+    if draw(one_in(4)):
+        config["parallelism_config"] = {
+            "parallelism_config_dp_replicate_size": draw(st.sampled_from([1, 2, 4, 3, 8])),
+            "parallelism_config_dp_shard_size": draw(st.sampled_from([1, 2, 8]))}
+    return config
+
+
+YAML_ALIAS_BOMB = "".join(
+    f"  {k}: &{k} [{', '.join([f'*{p}' if p else 'lol'] * 9)}]\n"
+    for p, k in zip(["", *"abcdef"], "abcdefg", strict=True))
+"""Anchors nesting nine to the seventh power strings in seven indented lines (an alias
+is a reference: it loads at once, and spelt out takes 28 MB)."""
+
+
+def _fsdp_text(text: str) -> st.SearchStrategy[str | bytes]:
+    """A config's YAML broken: cut and spliced (tabs, anchors, tags, non-string and
+    unhashable keys), nested past the parser's depth, or aliases expanding to 4.8 million values."""
+    return st.one_of(
+        _mangled(text, [":", "\t", "- ", "{", "]", "&a ", "*a", "!!python/name:os.system ",
+                        "\n  ", "'", "? [1, 2]\n: 3\n", "1: x\n", "<<: *a\n", "~", "yes",
+                        "fsdp_version: 2\n", "distributed_type: FSDP\n", "\x85", "\ufeff"]),
+        st.just(text + "lol:\n" + YAML_ALIAS_BOMB),
+        st.just("distributed_type: FSDP\ntpu_env:\n" + YAML_ALIAS_BOMB + "fsdp_config: *g\n"),
+        st.just("distributed_type: FSDP\nfsdp_config: " + "[" * 600 + "]" * 600 + "\n"))
+
+
+@st.composite
+def fsdp_config_cases(draw: st.DrawFn) -> ConfigCase:
+    """An accelerate FSDP config file's content and the GPUs it is simulated on."""
+    return _config_case(
+        draw, fsdp_config_dicts,
+        lambda c: _mutated(c, impossible=FSDP_IMPOSSIBLE, unknown=FSDP_UNKNOWN),
+        lambda c: yaml.safe_dump(c, sort_keys=False), _fsdp_text)
+
+
+def check_fsdp_config_case(case: ConfigCase) -> str:
+    return _check_config_file("fsdp_config", "accelerate.yaml", *case)
+
+
+def _check_config_file(flag: str, name: str, content: str | bytes, gpus: int) -> str:
+    """Read a config as `zsim simulate --ds-config/--fsdp-config` does and simulate its
+    plan: rejected with a ConfigError naming the field and the file in one short line,
+    or a Result whose invariants hold."""
+    from zsim.api import config_plan
+    from zsim.spec.registry import resolve_hardware, resolve_model
+
+    model, hw = resolve_model(CONFIG_MODEL), resolve_hardware("dgx-h100")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / name
+        path.write_bytes(content.encode(errors="surrogatepass") if isinstance(content, str)
+                         else content)
+        configs = {"ds_config": None, "fsdp_config": None, flag: path}
+        try:
+            plan, _ = config_plan(model, hw, gpus=gpus, seq=CONFIG_SEQ, **configs)
+        except ConfigError as e:
+            _check_error(e)
+            assert str(path) in str(e), f"the file is not named: {e}"
+            assert len(str(e)) <= MAX_MESSAGE, f"a {len(str(e)):,}-character message"
+            return "rejected"
+    check_result(model, hw, plan, simulate(model, hw, plan))
+    return "valid"
+
+
+# command lines with configs
+CONFIG_FILE = "@config"
+"""Stands in a command line for the generated config file (written by the oracle)."""
+CONFIG_FLAG_VALUES: dict[str, st.SearchStrategy[str]] = {
+    **FLAG_VALUES,
+    "--model": _flag(["125m", "1.3b", "7b"], ["nope", "x.json"]),
+    "--gpus": _flag(["8", "16", "64", "1"], ["0", "-8", "x"]),
+    "--impl": _flag(["torch", "deepspeed", "fsdp1", "fsdp2"], ["fsdp3", "", "DeepSpeed"]),
+    "--strategy": _flag(["zero3", "zero3", *STRATEGIES], ["zero4", ""]),
+    "--precision": _flag(["bf16", "fp16", "fp32"], ["fp8"]),
+    "--shard-group": _flag(["8", "4"], ["3", "0"]),
+}
+SHIPPED = {"--ds-config": sorted(str(p) for p in CONFIG_DIR.glob("ds_*.json")),
+           "--fsdp-config": sorted(str(p) for p in CONFIG_DIR.glob("accelerate_*.yaml"))}
+CONFIG_COMMAND_FLAGS = {
+    "simulate": ["--strategy", "--impl", "--micro-batch", "--grad-accum", "--precision",
+                 "--offload", "--ac", "--shard-group", "--seq", "--format", "--fit-only"],
+    "plan": ["--micro-batch", "--grad-accum", "--precision", "--format"],
+}
+ConfigCommand = tuple[list[str], str | bytes | None]
+"""A command line and the content of the config file it names as CONFIG_FILE."""
+
+
+@st.composite
+def config_command_lines(draw: st.DrawFn) -> ConfigCommand:
+    """`zsim simulate` (with --impl, --strategy zero3 and the plan flags) or, one time in
+    ten, `zsim plan`, given a DeepSpeed or accelerate config: a generated one, a shipped
+    example, the other kind's example, a missing file or a folder; sometimes both
+    configs, or neither."""
+    command = draw(st.sampled_from(["simulate"] * 9 + ["plan"]))
+    argv = [command, "--model", draw(CONFIG_FLAG_VALUES["--model"]),
+            "--gpus", draw(CONFIG_FLAG_VALUES["--gpus"]), "--seq", "512"]
+    content: str | bytes | None = None
+    kinds = draw(st.sampled_from([["--ds-config"], ["--fsdp-config"]] * 6
+                                 + [[], ["--ds-config", "--fsdp-config"]]))
+    for kind in kinds:
+        source = draw(st.sampled_from(["generated", "generated", "shipped", "other",
+                                       "missing", "folder"]))
+        if source == "generated" and content is None:
+            cases = ds_config_cases() if kind == "--ds-config" else fsdp_config_cases()
+            content = draw(cases)[0]
+            path = CONFIG_FILE
+        elif source == "other":
+            path = draw(st.sampled_from(SHIPPED["--fsdp-config" if kind == "--ds-config"
+                                                else "--ds-config"]))
+        else:
+            path = {"missing": str(CONFIG_DIR / "nope.json"), "folder": str(CONFIG_DIR)}.get(
+                source, draw(st.sampled_from(SHIPPED[kind])))
+        argv += [kind, path]
+    for flag in draw(st.lists(st.sampled_from(CONFIG_COMMAND_FLAGS[command]), unique=True,
+                              max_size=4)):
+        argv += [flag] if flag == "--fit-only" else [flag, draw(CONFIG_FLAG_VALUES[flag])]
+    return argv, content
+
+
+def check_config_command_line(case: ConfigCommand) -> str:
+    """check_command_line, with the generated config written where the line names it."""
+    argv, content = case
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "config"
+        if content is not None:
+            path.write_bytes(content.encode(errors="surrogatepass")
+                             if isinstance(content, str) else content)
+        return check_command_line([str(path) if a == CONFIG_FILE else a for a in argv])
+
+
 # ---------------------------------------------------------------------- shared
 def _check_error(e: ConfigError) -> None:
     """A user error names its field on one line."""
@@ -513,5 +921,8 @@ TARGETS: dict[str, tuple[st.SearchStrategy[Any], Callable[[Any], str]]] = {
     "scenario": (scenario_texts(), check_scenario_text),
     "hf_config": (hf_config_texts(), check_hf_config_text),
     "cli": (command_lines(), check_command_line),
+    "ds_config": (ds_config_cases(), check_ds_config_case),
+    "fsdp_config": (fsdp_config_cases(), check_fsdp_config_case),
+    "cli_config": (config_command_lines(), check_config_command_line),
 }
 """Target name -> (input strategy, oracle)."""

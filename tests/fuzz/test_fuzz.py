@@ -11,7 +11,7 @@ from fuzz_inputs import TARGETS, time_bound
 from hypothesis import HealthCheck, given, settings
 
 EXAMPLES = {"model": 100, "hardware": 100, "plan": 100, "simulate": 30, "scenario": 30,
-            "hf_config": 100, "cli": 40}
+            "hf_config": 100, "cli": 40, "ds_config": 60, "fsdp_config": 60, "cli_config": 20}
 """Inputs per target in the suite (the simulating targets are the slow ones)."""
 
 

@@ -5,6 +5,7 @@ what zsim does not model, and the shipped configs in scenarios/configs/."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,11 @@ import pytest
 
 from zsim.api import simulate
 from zsim.errors import ConfigError
+from zsim.schedule.programs.deepspeed import _sub_groups
+from zsim.simulate import simulate as simulate_plan
+from zsim.spec.deepspeed import DeepSpeedZero
 from zsim.spec.ds_config import ZERO_KEYS, ds_plan, read_ds_config
+from zsim.spec.registry import resolve_hardware, resolve_model
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((REPO / "scenarios" / "configs").glob("*.json"))
@@ -171,3 +176,31 @@ def test_shipped_configs_simulate(path: Path) -> None:
     offloaded = config["zero_optimization"].get("offload_param", {}).get("device", "none")
     assert (result["plan"]["offload"] == "params") == (offloaded != "none")
     assert result["fits"]
+
+
+# Found by the fuzz campaign (bench/fuzz.py, target ds_config).
+@pytest.mark.parametrize(("text", "named"), [
+    ('{"zero_optimization": {"stage": 2}, "communication_data_type": ["fp16"]}',
+     "communication_data_type=['fp16']"),  # was TypeError: unhashable type: 'list'
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),  # was RecursionError
+])
+def test_fuzz_findings_are_config_errors(tmp_path: Path, text: str, named: str) -> None:
+    path = tmp_path / "ds_config.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(named)) as info:
+        read_ds_config(path, hidden_size=768)
+    assert str(path) in str(info.value)
+
+
+def test_tiny_sub_groups_are_whole_parameters(tmp_path: Path) -> None:
+    """sub_group_size 1 made one optimizer op per element (15.6 million for 125m on 8
+    GPUs: a hang); DeepSpeed's sub-groups are whole parameter partitions
+    (_create_fp16_sub_groups), so there is one per parameter at most."""
+    path = write(tmp_path, {"zero_optimization": {"stage": 3, "sub_group_size": 1}})
+    plan = ds_plan(read_ds_config(path, hidden_size=768), where="c", gpus=8, seq_len=512)
+    model = resolve_model("125m")
+    groups = _sub_groups(model, plan)
+    assert len(groups) == len(list(model.parameter_tensors()))
+    assert _sub_groups(model, plan.with_(ds=DeepSpeedZero())) == [sum(groups)]
+    result = simulate_plan(model, resolve_hardware("dgx-h100"), plan)
+    assert result.step_time_s is not None

@@ -4,6 +4,7 @@ configs in scenarios/configs/."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 import yaml
 
 from zsim.api import simulate
+from zsim.errors import ConfigError
 from zsim.spec.fsdp1 import Fsdp1Options
 from zsim.spec.fsdp_config import fsdp_plan, read_fsdp_config
 
@@ -103,7 +105,8 @@ def test_no_wrap_is_one_unit(tmp_path: Path) -> None:
     (lambda d: d["fsdp_config"].update(fsdp_offload_params="sometimes"),
      "fsdp_config.fsdp_offload_params='sometimes'"),
     (lambda d: d.update(mixed_precision="fp4"), "mixed_precision='fp4'"),
-    (lambda d: d["fsdp_config"].update(fsdp_offload_params=True), "plan.offload='params'"),
+    (lambda d: d["fsdp_config"].update(fsdp_offload_params=True),
+     "fsdp_config.fsdp_offload_params=True"),
 ])
 def test_bad_configs_are_one_line_naming_the_key(tmp_path: Path, change: Any,
                                                  named: str) -> None:
@@ -142,3 +145,62 @@ def test_shipped_configs_simulate(path: Path) -> None:
     result = simulate(model="1.3b", gpus=32, strategy=None, hardware="dgx-h100", seq=1024,
                       fsdp_config=path)
     assert result["fits"] and result["plan"]["impl"] in ("fsdp1", "fsdp2")
+
+
+# Found by the fuzz campaign (bench/fuzz.py, target fsdp_config): each was a traceback, a
+# silent wrong plan, an error not naming the config, or a message of millions of values.
+BOMB = "".join(f"  {k}: &{k} [{', '.join([f'*{p}' if p else 'lol'] * 9)}]\n"
+               for p, k in zip(["", *"abcdef"], "abcdefg", strict=True))
+
+
+@pytest.mark.parametrize(("text", "named"), [
+    ("distributed_type: FSDP\nfsdp_config:\n  1: x\n", "fsdp_config.1='x'"),  # AttributeError
+    ("distributed_type: FSDP\n? [1, 2]\n: 3\n", "found unhashable key"),  # TypeError
+    ("distributed_type: FSDP\nfsdp_config:\n  fsdp_version: true\n",  # plan.impl='fsdpTrue'
+     "fsdp_config.fsdp_version=True"),
+    ("distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2.0\n", "fsdp_version=2.0"),
+    ("distributed_type: FSDP\nfsdp_config: " + "[" * 600 + "]" * 600 + "\n",
+     "brackets nested 600 deep"),  # RecursionError
+    ("distributed_type: FSDP\nfsdp_config: " + "[" * 3000 + "]" * 3000 + "\n",
+     "brackets nested 3000 deep"),  # over 20 s in PyYAML's scanner
+    ("distributed_type: FSDP\nfsdp_config:\n" + "".join(
+        " " * i + f"k{i}:\n" for i in range(1, 1200)) + " " * 1200 + "v: 1\n",
+     "nested too deeply"),  # RecursionError in block style
+    ("distributed_type: FSDP\ntpu_env:\n" + BOMB + "fsdp_config: *g\n",  # 28 MB message
+     "fsdp_config=[[[...], [...], [...], [...], [...], [...], ...], "),
+])
+def test_fuzz_findings_are_short_config_errors(tmp_path: Path, text: str, named: str) -> None:
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(named)) as info:
+        read_fsdp_config(path)
+    assert str(path) in str(info.value) and len(str(info.value)) < 1000
+
+
+def test_a_file_not_utf8_is_a_config_error(tmp_path: Path) -> None:
+    """Was UnicodeDecodeError (zsim.spec.yaml_file read the text unguarded)."""
+    path = tmp_path / "accelerate.yaml"
+    path.write_bytes(b"distributed_type: FSDP\nfsdp_config: \xff\xfe\n")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        read_fsdp_config(path)
+
+
+@pytest.mark.parametrize("replicas", [3, 16])
+def test_replicas_must_divide_the_gpus(tmp_path: Path, replicas: int) -> None:
+    """dp_replicate_size 3 on 8 GPUs was simulated as 4 replicas of 2 (gpus // 3 = 2 per
+    shard group), and 16 failed on shard_group=0 without naming the config."""
+    path = write(tmp_path, {"fsdp_sharding_strategy": "HYBRID_SHARD"},
+                 parallelism_config={"parallelism_config_dp_replicate_size": replicas})
+    with pytest.raises(ConfigError, match=re.escape(
+            f"c:parallelism_config.dp_replicate_size={replicas}: must divide --gpus 8")):
+        fsdp_plan(read_fsdp_config(path), where="c", gpus=8, gpus_per_node=8, seq_len=512,
+                  num_layers=4)
+
+
+def test_hybrid_shard_on_gpus_a_node_does_not_divide(tmp_path: Path) -> None:
+    """HYBRID_SHARD on 12 GPUs of 8-GPU nodes failed on shard_group=8 without naming the
+    config."""
+    path = write(tmp_path, {"fsdp_sharding_strategy": "HYBRID_SHARD"})
+    with pytest.raises(ConfigError, match=re.escape("c:fsdp_config.fsdp_sharding_strategy")):
+        fsdp_plan(read_fsdp_config(path), where="c", gpus=12, gpus_per_node=8, seq_len=512,
+                  num_layers=4)

@@ -141,6 +141,8 @@ def read_ds_config(path: Path, *, hidden_size: int) -> DeepSpeedRun:
         raise ConfigError("ds_config", str(path), f"cannot read ({e.strerror})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConfigError("ds_config", str(path), f"not valid JSON ({e})") from None
+    except RecursionError:
+        raise ConfigError("ds_config", str(path), "nested too deeply to read") from None
     return DsConfigReader(str(path), hidden_size).read(data)
 
 
@@ -239,7 +241,7 @@ class DsConfigReader:
         names = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "bfp16": "bf16"}
         if value is None:
             return None
-        if value not in names:
+        if not isinstance(value, str) or value not in names:
             raise self.error("communication_data_type", value, "must be fp32, fp16 or bf16")
         return names[value]
 

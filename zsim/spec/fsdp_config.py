@@ -113,12 +113,14 @@ class _Reader:
         if not isinstance(fsdp, dict):
             raise self.error("fsdp_config", fsdp, "must be a mapping")
         for key in fsdp:
+            if not isinstance(key, str):
+                raise self.error(f"fsdp_config.{key}", fsdp[key], "keys are option names")
             name = key if key.startswith("fsdp_") else f"fsdp_{key}"  # launch adds fsdp_
             if name not in FSDP_KEYS:
                 self.unmodelled.append(f"fsdp_config.{key} (accelerate ignores it)")
         get = {(k if k.startswith("fsdp_") else f"fsdp_{k}"): v for k, v in fsdp.items()}
         version = get.get("fsdp_version", 1)
-        if version not in (1, 2):
+        if isinstance(version, bool) or not isinstance(version, int) or version not in (1, 2):
             raise self.error("fsdp_config.fsdp_version", version, "must be 1 or 2")
         strategy = self.strategy(get, version)
         prefetch = self.choice(get, "fsdp_backward_prefetch", PREFETCH, "NO_PREFETCH")
@@ -128,6 +130,10 @@ class _Reader:
         if version == 2 and forward_prefetch:
             raise self.error("fsdp_config.fsdp_forward_prefetch", True,
                              "accelerate refuses forward_prefetch with fsdp_version 2")
+        offload = self.flag(get, "fsdp_offload_params")
+        if version == 1 and offload:
+            raise self.error("fsdp_config.fsdp_offload_params", True,
+                             "FSDP1's CPUOffload is not modelled: use fsdp_version 2")
         wrap = self.choice(get, "fsdp_auto_wrap_policy",
                            {"TRANSFORMER_BASED_WRAP": "layer", "SIZE_BASED_WRAP": "size",
                             "NO_WRAP": "none"}, "TRANSFORMER_BASED_WRAP")
@@ -149,7 +155,7 @@ class _Reader:
             dp_replicate=self.replicas(data.get("parallelism_config")),
             precision=precision,
             recompute="full" if self.flag(get, "fsdp_activation_checkpointing") else "none",
-            offload="params" if self.flag(get, "fsdp_offload_params") else "none",
+            offload="params" if offload else "none",
             whole_model_unit=wrap == "none", num_processes=processes,
             fsdp1=Fsdp1Options(backward_prefetch=prefetch if version == 1 else "pre",
                                forward_prefetch=forward_prefetch),
@@ -237,9 +243,17 @@ def fsdp_plan(run: FsdpRun, *, where: str, gpus: int, gpus_per_node: int, seq_le
     if run.num_processes is not None and run.num_processes != gpus:
         warnings.append(f"{where}: num_processes {run.num_processes}, simulated on --gpus "
                         f"{gpus}")
-    if run.strategy == "hsdp" and shard_group is None:
-        shard_group = (gpus // run.dp_replicate if run.dp_replicate
-                       else min(gpus_per_node, gpus))
+    if run.strategy == "hsdp" and shard_group is None and run.dp_replicate:
+        if gpus % run.dp_replicate:
+            raise ConfigError(f"{where}:parallelism_config.dp_replicate_size",
+                              run.dp_replicate, f"must divide --gpus {gpus}")
+        shard_group = gpus // run.dp_replicate
+    elif run.strategy == "hsdp" and shard_group is None:
+        shard_group = min(gpus_per_node, gpus)
+        if gpus % shard_group:
+            raise ConfigError(f"{where}:fsdp_config.fsdp_sharding_strategy", "HYBRID_SHARD",
+                              f"shards within a node of {shard_group} GPUs, which does not "
+                              f"divide --gpus {gpus} (give --shard-group)")
     plan = Plan.for_strategy(
         run.strategy, gpus=gpus, seq_len=seq_len, micro_batch=micro_batch,
         grad_accum=grad_accum, shard_group=shard_group if run.strategy == "hsdp" else None,
