@@ -52,8 +52,10 @@ def simulate_all(model: ModelSpec, hw: HardwareProfile, plans: list[Plan]) -> li
     _job = (model, hw, plans)
     try:
         with mp.get_context("fork").Pool(workers) as pool:
-            return pool.map(_simulate_index, range(len(plans)),
-                            chunksize=max(1, len(plans) // (4 * workers)))
+            # One plan per task: plans differ fourfold in cost (a ZeRO-3 candidate's
+            # per-submodule schedule against an FSDP one), so workers take the next as
+            # they finish.
+            return pool.map(_simulate_index, range(len(plans)), chunksize=1)
     finally:
         _job = None
 
