@@ -21,6 +21,7 @@ from typing import Any
 
 from zsim.errors import ConfigError
 from zsim.spec.deepspeed import DeepSpeedZero
+from zsim.spec.json_file import read_json
 from zsim.spec.plan import Plan, precision_knobs
 
 ZERO_KEYS: frozenset[str] = frozenset({
@@ -133,17 +134,7 @@ def read_ds_config(path: Path, *, hidden_size: int) -> DeepSpeedRun:
         ConfigError: an unreadable file, malformed JSON, a zero_optimization key DeepSpeed
             would reject, a wrong type or an impossible value (named as FILE:key.path).
     """
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ConfigError("ds_config", str(path), "no such file") from None
-    except OSError as e:
-        raise ConfigError("ds_config", str(path), f"cannot read ({e.strerror})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError("ds_config", str(path), f"not valid JSON ({e})") from None
-    except RecursionError:
-        raise ConfigError("ds_config", str(path), "nested too deeply to read") from None
-    return DsConfigReader(str(path), hidden_size).read(data)
+    return DsConfigReader(str(path), hidden_size).read(read_json(path, field="ds_config"))
 
 
 class DsConfigReader:

@@ -9,10 +9,11 @@ HYBRID_SHARD). Imports only zsim.errors.
 
 from __future__ import annotations
 
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from zsim.errors import ConfigError
+from zsim.spec.strict import check_keys
 
 BackwardPrefetch = Literal["pre", "post", "none"]
 BACKWARD_PREFETCH: tuple[str, ...] = ("pre", "post", "none")
@@ -47,12 +48,4 @@ class Fsdp1Options:
     @classmethod
     def from_dict(cls, data: Any, *, where: str = "plan.fsdp1") -> Fsdp1Options:
         """Strict: unknown keys raise ConfigError naming the key."""
-        if not isinstance(data, dict):
-            raise ConfigError(where, data, "must be a mapping")
-        known = {f.name for f in fields(cls)}
-        for key in data:
-            if key not in known:
-                raise ConfigError(f"{where}.{key}", data[key],
-                                  f"unknown key; known keys: {', '.join(sorted(known))}")
-        assert all(f.default is not MISSING for f in fields(cls))
-        return cls(**data)
+        return cls(**check_keys(cls, data, where=where))

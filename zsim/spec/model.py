@@ -17,12 +17,12 @@ References:
 
 from __future__ import annotations
 
-import json
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
 from zsim.errors import ConfigError
+from zsim.spec.json_file import read_json
 
 Mlp = Literal["swiglu", "gelu"]
 Norm = Literal["rmsnorm", "layernorm"]
@@ -257,14 +257,7 @@ class ModelSpec:
                 key, or describes a shape ModelSpec cannot represent (a head_dim other than
                 hidden_size / num_attention_heads, attention_bias differing from mlp_bias).
         """
-        try:
-            cfg = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise ConfigError("model", str(path), "no such file") from None
-        except OSError as e:
-            raise ConfigError("model", str(path), f"cannot read ({e.strerror})") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ConfigError("model", str(path), f"not valid JSON ({e})") from None
+        cfg = read_json(path, field="model")
         if not isinstance(cfg, dict):
             raise ConfigError("model", str(path), "config.json must hold a JSON object")
 

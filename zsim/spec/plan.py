@@ -28,12 +28,13 @@ impl "fsdp1".
 
 from __future__ import annotations
 
-from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, get_args
 
 from zsim.errors import ConfigError
 from zsim.spec.deepspeed import DeepSpeedZero
 from zsim.spec.fsdp1 import Fsdp1Options
+from zsim.spec.strict import check_keys
 from zsim.units import DTYPES, MiB
 
 Strategy = Literal["ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-no-reshard", "hsdp"]
@@ -248,16 +249,7 @@ class Plan:
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, where: str = "plan") -> Plan:
         """Strict: unknown keys and missing required keys raise ConfigError naming the key."""
-        if not isinstance(data, dict):
-            raise ConfigError(where, data, "must be a mapping")
-        known = {f.name for f in fields(cls)}
-        for key in data:
-            if key not in known:
-                raise ConfigError(f"{where}.{key}", data[key],
-                                  f"unknown key; known keys: {', '.join(sorted(known))}")
-        for f in fields(cls):
-            if f.default is MISSING and f.default_factory is MISSING and f.name not in data:
-                raise ConfigError(f"{where}.{f.name}", None, "missing required key")
+        data = check_keys(cls, data, where=where)
         if "ds" in data and not isinstance(data["ds"], DeepSpeedZero):
             data = {**data, "ds": DeepSpeedZero.from_dict(data["ds"], where=f"{where}.ds")}
         if "fsdp1" in data and not isinstance(data["fsdp1"], Fsdp1Options):
