@@ -204,3 +204,12 @@ def test_hybrid_shard_on_gpus_a_node_does_not_divide(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=re.escape("c:fsdp_config.fsdp_sharding_strategy")):
         fsdp_plan(read_fsdp_config(path), where="c", gpus=12, gpus_per_node=8, seq_len=512,
                   num_layers=4)
+
+
+def test_no_gpus_is_a_config_error_not_a_division_by_zero(tmp_path: Path) -> None:
+    """HYBRID_SHARD on --gpus 0 divided by a shard group of min(8, 0) = 0 (found by the
+    cli_config fuzz target, seed 3)."""
+    path = write(tmp_path, {"fsdp_sharding_strategy": "HYBRID_SHARD"})
+    with pytest.raises(ConfigError, match=re.escape("gpus=0: must be a positive integer")):
+        fsdp_plan(read_fsdp_config(path), where="c", gpus=0, gpus_per_node=8, seq_len=512,
+                  num_layers=4)

@@ -239,6 +239,8 @@ def fsdp_plan(run: FsdpRun, *, where: str, gpus: int, gpus_per_node: int, seq_le
         raise conflict("mixed_precision", run.precision, "--precision", precision)
     if recompute != "none" and run.recompute != "none" and recompute != run.recompute:
         raise conflict("fsdp_config.fsdp_activation_checkpointing", True, "--ac", recompute)
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus <= 0:
+        raise ConfigError("gpus", gpus, "must be a positive integer")
     warnings = list(run.warnings)
     if run.num_processes is not None and run.num_processes != gpus:
         warnings.append(f"{where}: num_processes {run.num_processes}, simulated on --gpus "
