@@ -11,11 +11,11 @@ from typing import Any
 from zsim import planner
 from zsim.atomic import write_files
 from zsim.errors import ConfigError
-from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan, precision_knobs
 from zsim.spec.presets import ALIASES, PRESETS
 from zsim.spec.registry import hardware_names, resolve_hardware, resolve_model
+from zsim.spec.user_config import config_plan
 from zsim.units import GiB
 
 
@@ -103,45 +103,6 @@ def build_plan(spec: ModelSpec, *, gpus: int, strategy: str, shard_group: int | 
         seq_len=seq if seq is not None else spec.max_seq_len, micro_batch=micro_batch,
         grad_accum=grad_accum, recompute=ac, offload=offload, impl=impl or "",
         **precision_knobs(precision))
-
-
-def config_plan(spec: ModelSpec, hw: HardwareProfile, *, ds_config: Path | None,
-                fsdp_config: Path | None, gpus: int, strategy: str | None = None,
-                shard_group: int | None = None, seq: int | None = None,
-                micro_batch: int | None = None, grad_accum: int | None = None,
-                ac: str = "none", precision: str | None = None,
-                offload: str = "none") -> tuple[Plan, tuple[str, ...]]:
-    """The plan of a user's DeepSpeed JSON (zsim.spec.ds_config) or accelerate FSDP YAML
-    (zsim.spec.fsdp_config), the flags filling what it leaves "auto" (micro-batch 1, one
-    micro-batch per step and bf16 by default), with the config's warnings (keys read but
-    not modelled).
-
-    Raises:
-        ConfigError: both configs or neither, a bad config file, or a flag conflicting
-            with it.
-    """
-    seq_len = seq if seq is not None else spec.max_seq_len
-    if ds_config is not None and fsdp_config is not None:
-        raise ConfigError("fsdp_config", str(fsdp_config), "give one config, not a DeepSpeed "
-                          "and an FSDP config together")
-    if fsdp_config is not None:
-        from zsim.spec.fsdp_config import fsdp_plan, read_fsdp_config
-
-        return fsdp_plan(
-            read_fsdp_config(fsdp_config), where=str(fsdp_config), gpus=gpus,
-            gpus_per_node=hw.gpus_per_node, seq_len=seq_len, num_layers=spec.num_layers,
-            strategy=strategy, micro_batch=1 if micro_batch is None else micro_batch,
-            grad_accum=1 if grad_accum is None else grad_accum, precision=precision,
-            recompute=ac, shard_group=shard_group)
-    if ds_config is None:
-        raise ConfigError("ds_config", None, "give a DeepSpeed or an FSDP config")
-    from zsim.spec.ds_config import ds_plan, read_ds_config
-
-    config = read_ds_config(ds_config, hidden_size=spec.d_model)
-    plan = ds_plan(config, where=str(ds_config), gpus=gpus, seq_len=seq_len,
-                   strategy=strategy, micro_batch=micro_batch, grad_accum=grad_accum,
-                   precision=precision, recompute=ac, offload=offload)
-    return plan, config.warnings
 
 
 def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | None = None,

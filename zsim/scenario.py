@@ -344,30 +344,21 @@ def _config_plan(key: str, values: dict[str, Any], origin: dict[str, str],
                  base_dir: Path) -> tuple[Plan, tuple[str, ...]]:
     """The plan a run's ds_config or fsdp_config gives (a path beside the scenario), with
     the run's own keys filling it or checked against it, then its other knobs applied."""
-    from zsim.spec.ds_config import ds_plan, read_ds_config
-    from zsim.spec.fsdp_config import fsdp_plan, read_fsdp_config
+    from zsim.spec.user_config import config_plan
 
     value = values[key]
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(origin[key], value, "must be a path to the config file")
     path = base_dir / value
-    common = dict(gpus=values["gpus"], seq_len=seq_len, strategy=values.get("strategy"),
-                  precision=values.get("precision"),
-                  recompute=knobs.pop("recompute", "none"))
+    plan, warnings = config_plan(
+        model, hw, ds_config=path if key == "ds_config" else None,
+        fsdp_config=path if key == "fsdp_config" else None, where=value, gpus=values["gpus"],
+        strategy=values.get("strategy"), shard_group=values.get("shard_group"), seq=seq_len,
+        micro_batch=values.get("micro_batch"), grad_accum=values.get("grad_accum"),
+        ac=knobs.pop("recompute", "none"), precision=values.get("precision"),
+        offload=values.get("offload", "none"))
     consumed = ("micro_batch", "grad_accum", "offload", "impl")
     rest = {k: v for k, v in knobs.items() if k not in consumed}
-    if key == "ds_config":
-        run = read_ds_config(path, hidden_size=model.d_model)
-        plan = ds_plan(run, where=value, micro_batch=values.get("micro_batch"),
-                       grad_accum=values.get("grad_accum"), offload=values.get("offload"),
-                       **common)
-        warnings = run.warnings
-    else:
-        plan, warnings = fsdp_plan(
-            read_fsdp_config(path), where=value, gpus_per_node=hw.gpus_per_node,
-            num_layers=model.num_layers, micro_batch=values.get("micro_batch", 1),
-            grad_accum=values.get("grad_accum", 1), shard_group=values.get("shard_group"),
-            **common)
     if "impl" in values and values["impl"] != plan.impl:
         raise ConfigError(origin["impl"], values["impl"],
                           f"but {value} runs {plan.impl}")

@@ -15,6 +15,7 @@ from zsim import api, cli
 from zsim.simulate import simulate
 from zsim.spec.presets import PRESETS
 from zsim.spec.registry import resolve_hardware
+from zsim.spec.user_config import config_plan
 from zsim.units import GB, GiB
 
 CONFIGS = Path(__file__).resolve().parents[2] / "scenarios" / "configs"
@@ -112,7 +113,7 @@ def test_the_host_tail_of_an_offloaded_step_is_exposed() -> None:
     """DeepSpeed's CPU Adam runs after the last backward, when nothing is left for the
     GPU to do: the step is the compute stream's busy time plus what it waited for."""
     hw = resolve_hardware("dgx-h100")
-    plan = api.config_plan(MODEL, hw, ds_config=CONFIGS / "ds_zero3_offload.json",
+    plan = config_plan(MODEL, hw, ds_config=CONFIGS / "ds_zero3_offload.json",
                            fsdp_config=None, gpus=64, seq=2048)[0]
     r = simulate(MODEL, hw, plan)
     assert r.host_busy_s > 0.5 * r.step_time_s

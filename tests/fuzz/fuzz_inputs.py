@@ -810,8 +810,8 @@ def _check_config_file(flag: str, name: str, content: str | bytes, gpus: int) ->
     """Read a config as `zsim simulate --ds-config/--fsdp-config` does and simulate its
     plan: rejected with a ConfigError naming the field and the file in one short line,
     or a Result whose invariants hold."""
-    from zsim.api import config_plan
     from zsim.spec.registry import resolve_hardware, resolve_model
+    from zsim.spec.user_config import config_plan
 
     model, hw = resolve_model(CONFIG_MODEL), resolve_hardware("dgx-h100")
     with tempfile.TemporaryDirectory() as tmp:
