@@ -137,7 +137,8 @@ ShardGroupOpt = Annotated[int | None, typer.Option(help="HSDP shard group size."
 GradAccumOpt = Annotated[int, typer.Option(help="Micro-batches per optimizer step.")]
 AcOpt = Annotated[Recompute, typer.Option(help="Activation checkpointing.")]
 PrecisionOpt = Annotated[Precision, typer.Option(
-    help="Mixed bf16 or fp16 (fp32 master weights) or plain fp32.")]
+    help="Mixed bf16 or fp16 (fp32 master weights), plain fp32, or fp32 with TF32 "
+         "matmuls (tf32).")]
 OffloadOpt = Annotated[Offload, typer.Option(help="Offload to host memory.")]
 ImplOpt = Annotated[Impl | None, typer.Option(
     help="The program that runs the strategy: torch (ddp; zero1 as DDP + "

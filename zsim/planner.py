@@ -122,7 +122,7 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Candidate:
     model_flops, hw_flops = step_flops(model, micro_batch=plan.micro_batch,
                                        seq_len=plan.seq_len, grad_accum=plan.grad_accum,
                                        recompute=plan.recompute)
-    peak = hw.peak(plan.param_dtype)
+    peak = hw.peak(plan.compute_dtype)
     # Time from FLOPs at the achievable matmul rate (attention is a small share at the
     # sequence lengths planned here; the simulator splits the two).
     compute_s = hw_flops / (peak * hw.matmul_efficiency)

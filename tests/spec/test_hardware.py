@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import statistics
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,8 @@ def _raw(name: str) -> dict[str, Any]:
 def _leaves(data: Any, path: str = "") -> list[tuple[str, Any]]:
     if isinstance(data, dict):
         return [leaf for k, v in data.items() for leaf in _leaves(v, f"{path}.{k}")]
+    if isinstance(data, list):  # measured kernel rates: rows of numbers
+        return [leaf for i, v in enumerate(data) for leaf in _leaves(v, f"{path}[{i}]")]
     return [(path, data)]
 
 
@@ -338,3 +341,36 @@ def test_link_efficiency_matches_published_busbw(published_cases: dict, profile:
     if link == "inter_node":  # a node-level ring figure: one NIC per GPU
         busbw_bytes_per_s /= hw.gpus_per_node
     assert achievable == pytest.approx(busbw_bytes_per_s, rel=0.01)
+
+
+def test_offloaded_step_gets_its_share_of_the_node_cores() -> None:
+    """Amdahl by hand: hgx-h200 measured 765.7M params/s with 16 threads and serial
+    fraction 0.066; a rank of an 8-GPU node with 112 cores has 14 threads."""
+    hw = resolve_hardware("hgx-h200")
+
+    def speedup(t: int) -> float:
+        return t / (1 + 0.066 * (t - 1))
+
+    assert hw.rank_host_adam_params_per_s() == pytest.approx(
+        765677963 * speedup(14) / speedup(16))
+    # One rank alone on a 16-core host gets the rate as measured.
+    alone = replace(hw, cpu_cores=16 * hw.gpus_per_node)
+    assert alone.rank_host_adam_params_per_s() == pytest.approx(765677963)
+    # Without the cores, the node's rate is shared by its GPUs.
+    assert replace(hw, cpu_cores=0).rank_host_adam_params_per_s() == pytest.approx(
+        765677963 / 8)
+
+
+@pytest.mark.parametrize(("section", "key", "value", "field"), [
+    ("node", "cpu_cores", 0, "node.cpu_cores"),
+    ("efficiency", "host_adam_serial_fraction", 1.5, "efficiency.host_adam_serial_fraction"),
+    ("host", "optimizer_tensor_us", {"plain": 1}, "host.optimizer_tensor_us"),
+    ("host", "optimizer_tensor_us", {"plain": 1, "dtensor": -2},
+     "host.optimizer_tensor_us.dtensor"),
+])
+def test_bad_host_keys_name_the_field(section: str, key: str, value: Any, field: str) -> None:
+    data = _raw("hgx-h200")
+    data[section][key] = value
+    with pytest.raises(ConfigError) as e:
+        HardwareProfile.from_dict(data, name="hgx-h200")
+    assert e.value.field == field

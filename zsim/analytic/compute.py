@@ -39,9 +39,23 @@ from zsim.spec.model import ModelSpec
 FP32_BYTES = 4
 
 
+Gemm = tuple[int, int, int, float]
+"""A weight matmul (m x k) @ (k x n) and how many times it runs: (m, k, n, count)."""
+
+Attention = tuple[int, int, str, float]
+"""Causal attention calls: (seq, head_dim, phase "forward"/"backward", forward FLOPs)."""
+
+Traffic = tuple[str, str, float]
+"""Memory-bound bytes read + written: (kernel class, pass, bytes); classes as
+zsim.spec.kernel_rates.MEMORY_CLASSES."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Flops:
-    """Work of one pass over some ops, split by the rate it runs at."""
+    """Work of one pass over some ops, split by the rate it runs at. The totals drive the
+    flat-efficiency time (profiles without measured kernel rates) and model FLOPs; the
+    shapes (`gemms`, `attention_calls`, `traffic`) drive the time on a profile with
+    measured kernel rates (zsim.spec.kernel_rates)."""
 
     matmul: float
     """Weight-matmul FLOPs."""
@@ -52,6 +66,13 @@ class Flops:
     the optimizer); matmul and attention kernels' own traffic is inside their FLOP rate."""
     kernels: float = 0.0
     """Kernels launched (each costs the profile's kernel_overhead_s)."""
+    gemms: tuple[Gemm, ...] = ()
+    """The matmuls behind `matmul`, by shape."""
+    attention_calls: tuple[Attention, ...] = ()
+    """The attention calls behind `attention`."""
+    traffic: tuple[Traffic, ...] = ()
+    """`memory_bytes` by kernel class and pass, where known (copies and casts are not
+    classed: they run at the flat memory-bound rate)."""
 
     @property
     def total(self) -> float:
@@ -61,11 +82,17 @@ class Flops:
     def __add__(self, other: Flops) -> Flops:
         return Flops(matmul=self.matmul + other.matmul, attention=self.attention + other.attention,
                      memory_bytes=self.memory_bytes + other.memory_bytes,
-                     kernels=self.kernels + other.kernels)
+                     kernels=self.kernels + other.kernels, gemms=self.gemms + other.gemms,
+                     attention_calls=self.attention_calls + other.attention_calls,
+                     traffic=self.traffic + other.traffic)
 
     def scaled(self, factor: float) -> Flops:
         return Flops(matmul=self.matmul * factor, attention=self.attention * factor,
-                     memory_bytes=self.memory_bytes * factor, kernels=self.kernels * factor)
+                     memory_bytes=self.memory_bytes * factor, kernels=self.kernels * factor,
+                     gemms=tuple((m, k, n, c * factor) for m, k, n, c in self.gemms),
+                     attention_calls=tuple((s, h, ph, f * factor)
+                                           for s, h, ph, f in self.attention_calls),
+                     traffic=tuple((c, ph, b * factor) for c, ph, b in self.traffic))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,6 +102,17 @@ class Kernel:
     name: str
     read_bytes: float
     write_bytes: float
+
+    @property
+    def kernel_class(self) -> str:
+        """Its class of memory-bound kernel (zsim.spec.kernel_rates.MEMORY_CLASSES)."""
+        if self.name.startswith("rope."):
+            return "rope"
+        if self.name.split(".")[0].endswith("norm"):
+            return "norm"
+        if self.name in ("logits.float", "log_softmax", "nll_loss"):
+            return "cross_entropy"
+        return "elementwise"
 
 
 BACKWARD_FACTOR = 2.0
@@ -167,6 +205,14 @@ def _traffic(kernels: list[Kernel]) -> float:
     return sum(k.read_bytes + k.write_bytes for k in kernels)
 
 
+def _by_class(kernels: list[Kernel], phase: str, factor: float = 1.0) -> tuple[Traffic, ...]:
+    """Bytes of `kernels` per kernel class, in first-seen class order, times `factor`."""
+    out: dict[str, float] = {}
+    for k in kernels:
+        out[k.kernel_class] = out.get(k.kernel_class, 0.0) + k.read_bytes + k.write_bytes
+    return tuple((c, phase, b * factor) for c, b in out.items())
+
+
 def block_forward_flops(model: ModelSpec, *, micro_batch: int, seq_len: int,
                         act_bytes: int) -> Flops:
     """Forward work of one block for a micro-batch: its weight matmuls, causal attention
@@ -180,14 +226,33 @@ def block_forward_flops(model: ModelSpec, *, micro_batch: int, seq_len: int,
     mem = _block_forward_kernels(model, micro_batch=micro_batch, seq_len=seq_len,
                                  act_bytes=act_bytes)
     return Flops(matmul=matmul, attention=attention, memory_bytes=_traffic(mem),
-                 kernels=float(len(mem) + len(matmuls) + 1))
+                 kernels=float(len(mem) + len(matmuls) + 1),
+                 gemms=tuple((tokens, k, n, 1.0) for _, k, n in matmuls),
+                 attention_calls=((seq_len, model.head_dim, "forward", attention),),
+                 traffic=_by_class(mem, "forward"))
 
 
 def block_backward_flops(model: ModelSpec, *, micro_batch: int, seq_len: int,
                          act_bytes: int) -> Flops:
-    """Backward work of one block (without recomputation): BACKWARD_FACTOR x forward."""
-    return block_forward_flops(model, micro_batch=micro_batch, seq_len=seq_len,
-                               act_bytes=act_bytes).scaled(BACKWARD_FACTOR)
+    """Backward work of one block (without recomputation): BACKWARD_FACTOR x forward in
+    FLOPs, traffic and kernels; by shape, each matmul's input gradient (m x n) @ (n x k)
+    and weight gradient (k x m) @ (m x n), and attention's backward kernel."""
+    fwd = block_forward_flops(model, micro_batch=micro_batch, seq_len=seq_len,
+                              act_bytes=act_bytes)
+    return _backward_of(fwd)
+
+
+def _backward_of(fwd: Flops) -> Flops:
+    """The backward pass of a forward `fwd` (see block_backward_flops)."""
+    twice = fwd.scaled(BACKWARD_FACTOR)
+    return Flops(matmul=twice.matmul, attention=twice.attention,
+                 memory_bytes=twice.memory_bytes, kernels=twice.kernels,
+                 gemms=tuple(g for m, k, n, c in fwd.gemms
+                             for g in ((m, n, k, c), (k, m, n, c))),
+                 attention_calls=tuple((s, h, "backward", f)
+                                       for s, h, _, f in fwd.attention_calls),
+                 traffic=tuple((c, "backward", b * BACKWARD_FACTOR)
+                               for c, _, b in fwd.traffic))
 
 
 def head_forward_flops(model: ModelSpec, *, micro_batch: int, seq_len: int,
@@ -196,8 +261,19 @@ def head_forward_flops(model: ModelSpec, *, micro_batch: int, seq_len: int,
     lookups do none) and the memory-bound kernels of `_root_forward_kernels`."""
     mem = _root_forward_kernels(model, micro_batch=micro_batch, seq_len=seq_len,
                                 act_bytes=act_bytes)
-    return Flops(matmul=2.0 * micro_batch * seq_len * model.d_model * model.vocab_size,
-                 attention=0.0, memory_bytes=_traffic(mem), kernels=float(len(mem) + 1))
+    tokens = micro_batch * seq_len
+    return Flops(matmul=2.0 * tokens * model.d_model * model.vocab_size,
+                 attention=0.0, memory_bytes=_traffic(mem), kernels=float(len(mem) + 1),
+                 gemms=((tokens, model.d_model, model.vocab_size, 1.0),),
+                 traffic=_by_class(mem, "forward"))
+
+
+def head_backward_flops(model: ModelSpec, *, micro_batch: int, seq_len: int,
+                        act_bytes: int) -> Flops:
+    """Backward work of the root: twice its forward, the output projection's input and
+    weight gradients by shape."""
+    return _backward_of(head_forward_flops(model, micro_batch=micro_batch, seq_len=seq_len,
+                                           act_bytes=act_bytes))
 
 
 def optimizer_flops(local_params: float, *, optimizer: str, tensors: int, master_bytes: int,
@@ -230,19 +306,47 @@ def optimizer_flops(local_params: float, *, optimizer: str, tensors: int, master
         per_param += master_bytes + param_copy_bytes
         kernels += tensors
     return Flops(matmul=0.0, attention=0.0, memory_bytes=local_params * per_param,
-                 kernels=float(kernels))
+                 kernels=float(kernels),
+                 traffic=(("optimizer", "forward", local_params * per_param),))
 
 
 def compute_time_s(flops: Flops, hw: HardwareProfile, dtype: str) -> float:
     """Time of `flops` on one device, seconds: matmul and attention FLOPs at the profile's
     achievable rates, memory-bound bytes at its achievable memory bandwidth, plus the
     fixed cost of each kernel. The terms add (kernels of one stream run one after
-    another)."""
+    another). A profile with measured kernel rates (hw.kernels) times each matmul,
+    attention call and class of memory traffic at its measured rate instead; work without
+    a shape (or a dtype the rates lack) keeps the flat efficiencies."""
     peak = hw.peak(dtype)
-    return (flops.matmul / (peak * hw.matmul_efficiency)
-            + flops.attention / (peak * hw.attention_efficiency)
-            + flops.memory_bytes / (hw.hbm_bandwidth_bytes_per_s * hw.memory_bound_efficiency)
-            + flops.kernels * hw.kernel_overhead_s)
+    flat_matmul = peak * hw.matmul_efficiency
+    flat_attention = peak * hw.attention_efficiency
+    flat_memory = hw.hbm_bandwidth_bytes_per_s * hw.memory_bound_efficiency
+    rates = hw.kernels
+    if rates is None:
+        return (flops.matmul / flat_matmul + flops.attention / flat_attention
+                + flops.memory_bytes / flat_memory + flops.kernels * hw.kernel_overhead_s)
+    seconds, matmul, attention, memory = 0.0, flops.matmul, flops.attention, flops.memory_bytes
+    for m, k, n, count in flops.gemms:
+        rate = rates.matmul_flop_per_s(m, k, n, _matmul_dtype(dtype))
+        if rate is not None:
+            work = 2.0 * m * k * n * count
+            seconds += work / rate
+            matmul -= work
+    if dtype == "bf16":  # measured attention is bf16 flash attention
+        for seq, head_dim, phase, work in flops.attention_calls:
+            seconds += work / rates.attention_flop_per_s(seq, head_dim, phase)
+            attention -= work * (1.0 if phase == "forward" else BACKWARD_FACTOR)
+    for cls, phase, nbytes in flops.traffic:
+        seconds += nbytes / rates.memory_bytes_per_s[cls][phase]
+        memory -= nbytes
+    return (seconds + max(matmul, 0.0) / flat_matmul + max(attention, 0.0) / flat_attention
+            + max(memory, 0.0) / flat_memory + flops.kernels * hw.kernel_overhead_s)
+
+
+def _matmul_dtype(dtype: str) -> str:
+    """The matmul table a compute dtype runs on: fp16 runs at bf16's rates (same tensor
+    cores and peak)."""
+    return "bf16" if dtype == "fp16" else dtype
 
 
 def step_flops(model: ModelSpec, *, micro_batch: int, seq_len: int, grad_accum: int,
@@ -274,6 +378,9 @@ def recompute_forward_flops(model: ModelSpec, *, micro_batch: int, seq_len: int,
         return fwd
     recomputed = model.block_matmuls()[1::2]
     mem = _block_forward_kernels(model, **kw)
-    return Flops(matmul=2.0 * micro_batch * seq_len * sum(k * n for _, k, n in recomputed),
+    tokens = micro_batch * seq_len
+    return Flops(matmul=2.0 * tokens * sum(k * n for _, k, n in recomputed),
                  attention=0.0, memory_bytes=_traffic(mem),
-                 kernels=float(len(mem) + len(recomputed)))
+                 kernels=float(len(mem) + len(recomputed)),
+                 gemms=tuple((tokens, k, n, 1.0) for _, k, n in recomputed),
+                 traffic=_by_class(mem, "forward"))

@@ -31,6 +31,7 @@ from zsim.analytic.compute import (
     block_backward_flops,
     block_forward_flops,
     compute_time_s,
+    head_backward_flops,
     head_forward_flops,
     optimizer_flops,
     recompute_forward_flops,
@@ -142,7 +143,7 @@ class Builder:
                  acts: ActivationSizes) -> None:
         self.model, self.hw, self.plan = model, hw, plan
         self.ops: list[Op] = []
-        self.dtype = plan.param_dtype
+        self.dtype = plan.compute_dtype
         self.a = dtype_bytes(plan.param_dtype)
         self.shard = shard_group(plan, hw)
         self.repl = replicate_group(plan, hw)
@@ -176,9 +177,16 @@ class Builder:
         return seconds if self.hw.launch == "synchronous" else 0.0
 
     def copy(self, *, kind: str, nbytes: float, **kw: object) -> int:
-        """A pinned host<->device copy over this GPU's PCIe link (one direction)."""
+        """A host<->device copy over this GPU's PCIe link (one direction). From or to
+        pageable host memory (the plan's program does not pin its buffers) it runs at the
+        profile's pageable rate: it loads the link as many times as pinned copies outrun
+        pageable ones, so concurrent copies still share the link."""
+        hw, load = self.hw, 1.0
+        pageable = hw.pageable_pcie_bytes_per_s.get(kind)
+        if pageable and not self.plan.pinned_host_buffers:
+            load = max(1.0, hw.pcie_bytes_per_s * hw.pcie_efficiency / pageable)
         return self.add(kind=kind, stream=kind, size_bytes=nbytes, bus_bytes=nbytes,
-                        link="pcie", link_loads=((f"pcie_{kind}", 1.0),), **kw)
+                        link="pcie", link_loads=((f"pcie_{kind}", load),), **kw)
 
     def collective(self, *, kind: str, size_bytes: float, group: CommGroup, gname: str,
                    **kw: object) -> int:
@@ -258,7 +266,8 @@ def head_forward(b: Builder, mb: int, *, after: tuple[int, ...],
 def head_backward(b: Builder, mb: int, *, after: tuple[int, ...] = (),
                   grads: tuple[Buffer, ...] = (), frees: tuple[str, ...] = ()) -> int:
     """Output projection + loss backward of micro-batch mb (twice the forward's work)."""
-    bwd_flops = _head_flops(b).scaled(2.0)
+    bwd_flops = head_backward_flops(b.model, micro_batch=b.plan.micro_batch,
+                                    seq_len=b.plan.seq_len, act_bytes=b.a)
     return b.add(name=f"output+loss backward (mb {mb})", kind="backward", stream="compute",
                  microbatch=mb, after=after, compute_s=b.compute(bwd_flops),
                  flops=bwd_flops.total,
@@ -274,21 +283,31 @@ def _head_flops(b: Builder) -> Flops:
 
 def device_optimizer(b: Builder, *, after: tuple[int, ...], frees: tuple[str, ...],
                      local_params: float, tensors: int, master_bytes: int,
-                     grad_bytes: int) -> int:
+                     grad_bytes: int, dtensor: bool = False) -> int:
     """AdamW/SGD on the device over `local_params` parameters in `tensors` tensors:
     memory-bound, reads and writes the master weights (or the params without a master
     copy) and the optimizer states, reads the `grad_bytes`-wide gradient, and writes the
     compute-dtype params when a master copy exists (traffic and kernels counted by
-    zsim.analytic.compute.optimizer_flops); frees `frees` when done."""
+    zsim.analytic.compute.optimizer_flops); frees `frees` when done. On an async host the
+    step lasts at least the host's time to issue it (`optimizer_host_s`): nothing else
+    is queued ahead of it, so the device waits for the host."""
     p = b.plan
     seconds = b.compute(optimizer_flops(
         local_params, optimizer=p.optimizer, tensors=tensors, master_bytes=master_bytes,
         state_bytes_per_param=optimizer_bytes_per_param(p), grad_bytes=grad_bytes,
         param_copy_bytes=b.a if p.has_master_copy else 0))
+    if b.hw.launch == "async":
+        seconds = max(seconds, optimizer_host_s(b.hw, tensors, dtensor=dtensor))
     temp = _optimizer_temporaries(p, local_params)
     return b.add(name="optimizer step", kind="optimizer", stream="compute",
                  microbatch=p.grad_accum - 1, after=after, compute_s=seconds,
                  allocs=temp, frees=frees + tuple(t.name for t in temp))
+
+
+def optimizer_host_s(hw: HardwareProfile, tensors: int, *, dtensor: bool) -> float:
+    """Host time of an optimizer step over `tensors` parameter tensors, plain or DTensors
+    (the profile's optimizer_tensor_s)."""
+    return tensors * hw.optimizer_tensor_s["dtensor" if dtensor else "plain"]
 
 
 def _optimizer_temporaries(plan: Plan, local_params: float) -> tuple[Buffer, ...]:
@@ -302,16 +321,18 @@ def _optimizer_temporaries(plan: Plan, local_params: float) -> tuple[Buffer, ...
 
 
 def host_optimizer(b: Builder, *, after: tuple[int, ...], frees: tuple[str, ...],
-                   local_params: float) -> int:
+                   local_params: float, tensors: int = 0, dtensor: bool = False) -> int:
     """Offloaded step (ZeRO-Offload, Ren et al. 2021, Sec. 4): CPU AdamW on the local shard
-    at the node's host rate shared by its GPUs; with optimizer offload the updated
-    compute-dtype shard is copied back to the GPU (parameter offload keeps it on the host
-    until the next all-gather copies it in)."""
+    at one rank's host rate (HardwareProfile.rank_host_adam_params_per_s: its share of
+    the node's cores), plus the host's per-tensor cost of the step over `tensors`
+    parameter tensors; with optimizer offload the updated compute-dtype shard is copied
+    back to the GPU (parameter offload keeps it on the host until the next all-gather
+    copies it in)."""
     p, hw = b.plan, b.hw
-    per_gpu_params_per_s = hw.host_adam_params_per_s / hw.gpus_per_node
+    seconds = (local_params / hw.rank_host_adam_params_per_s()
+               + optimizer_host_s(hw, tensors, dtensor=dtensor))
     step = b.add(name="optimizer step (host)", kind="optimizer", stream="host",
-                 microbatch=p.grad_accum - 1, after=after,
-                 compute_s=local_params / per_gpu_params_per_s, frees=frees)
+                 microbatch=p.grad_accum - 1, after=after, compute_s=seconds, frees=frees)
     if p.offload != "optimizer":
         return step
     return b.copy(kind="h2d", nbytes=math.ceil(local_params) * b.a, name="params to GPU",

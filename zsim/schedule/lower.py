@@ -125,6 +125,6 @@ def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
         compute_comm_slowdown=hw.compute_comm_slowdown, hbm_bytes=hw.hbm_bytes,
         model_flops=model_flops, hardware_flops=sum(op.flops for op in b.ops),
         tokens_per_rank=plan.micro_batch * plan.seq_len * plan.grad_accum,
-        world_size=plan.world_size, peak_flop_per_s=hw.peak(plan.param_dtype),
+        world_size=plan.world_size, peak_flop_per_s=hw.peak(plan.compute_dtype),
         dp_shard=plan.dp_shard,
         notes=("gradients reduced once per step, on the last micro-batch",))

@@ -52,6 +52,9 @@ class DeepSpeedZero:
     offload_device: OffloadDevice = "none"
     """Where offload_optimizer / offload_param put their state ("cpu" or "nvme"); "none"
     when the plan offloads nothing. The plan's `offload` says what is offloaded."""
+    pin_memory: bool = False
+    """offload_optimizer.pin_memory: host buffers page-locked; DeepSpeed's default is
+    pageable memory, whose copies run at the profile's pageable PCIe rates."""
 
     def __post_init__(self) -> None:
         for f in ("reduce_bucket_size", "allgather_bucket_size", "prefetch_bucket_size",
@@ -65,6 +68,8 @@ class DeepSpeedZero:
                 raise ConfigError(f"plan.ds.{f}", 0, "must be > 0")
         if self.overlap_comm is not None and not isinstance(self.overlap_comm, bool):
             raise ConfigError("plan.ds.overlap_comm", self.overlap_comm, "must be true or false")
+        if not isinstance(self.pin_memory, bool):
+            raise ConfigError("plan.ds.pin_memory", self.pin_memory, "must be true or false")
         if not isinstance(self.contiguous_gradients, bool):
             raise ConfigError("plan.ds.contiguous_gradients", self.contiguous_gradients,
                               "must be true or false")

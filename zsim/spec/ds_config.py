@@ -250,6 +250,8 @@ class DsConfigReader:
                 continue
             if key in ("offload_optimizer", "offload_param"):
                 where = self.offload_device(path, value)
+                if key == "offload_optimizer" and "pin_memory" in value:
+                    knobs["pin_memory"] = self.flag(f"{path}.pin_memory", value["pin_memory"])
                 if where != "none":
                     offload = "params" if key == "offload_param" else (
                         "optimizer" if offload == "none" else offload)

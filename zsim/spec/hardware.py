@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from zsim.errors import ConfigError
+from zsim.spec.kernel_rates import KernelRates
 from zsim.spec.yaml_file import read_yaml
 from zsim.units import GB, US, GiB
 
@@ -35,6 +36,18 @@ _SCHEMA: dict[str, tuple[str, ...]] = {
              "checkpoint_overhead_us", "source"),
 }
 """Required keys of each section; no others are accepted."""
+
+OPTIONAL: dict[str, tuple[str, ...]] = {
+    "": ("kernels",), "node": ("cpu_cores", "pageable_pcie_gb_per_s"),
+    "efficiency": ("host_adam_threads", "host_adam_serial_fraction"),
+    "host": ("optimizer_tensor_us",)}
+"""Keys a section may leave out: measured kernel rates, the host's cores and how the host
+AdamW scales with threads, the host time of the optimizer step per parameter tensor (a
+profile without them keeps the simpler model their fields describe)."""
+
+TENSOR_KINDS: tuple[str, ...] = ("plain", "dtensor")
+"""Keys of host.optimizer_tensor_us: parameters as plain tensors (DDP, FSDP1's flat
+parameters, DeepSpeed's partitions) or as DTensors (FSDP2)."""
 
 COLLECTIVES: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce")
 """The collective kinds (keys of a link's collective_efficiency); zsim.schedule.ops keeps
@@ -172,6 +185,43 @@ class HardwareProfile:
     forward and again when it is recomputed. On the step's timeline only when launch is
     "synchronous"."""
 
+    cpu_cores: int = 0
+    """Host CPU cores per node (YAML node.cpu_cores, optional; 0 = not given): each of
+    the node's ranks gets cpu_cores // gpus_per_node threads for an offloaded step."""
+    pageable_pcie_bytes_per_s: dict[str, float] = field(default_factory=dict)
+    """Achieved host<->GPU rate of copies from or to pageable host memory, by direction
+    ("h2d", "d2h"), bytes/s (YAML node.pageable_pcie_gb_per_s, optional; absent: as
+    pinned). The driver stages them through a pinned buffer with a CPU memcpy."""
+    host_adam_threads: int = 0
+    """Threads host_adam_params_per_s was measured with (0 = it is the node's rate)."""
+    host_adam_serial_fraction: float = 0.0
+    """Amdahl serial fraction of the host AdamW: t threads run 1 + f (t - 1) times
+    slower than t times one thread."""
+    optimizer_tensor_s: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(TENSOR_KINDS, 0.0))
+    """Host time of a device optimizer step per parameter tensor, by TENSOR_KINDS,
+    seconds (YAML host.optimizer_tensor_us): the foreach ops' Python and dispatch (and
+    DTensor's unwrapping), the launches, zero_grad. The step takes at least this long
+    when the host issues it alone on an async host; 0 = not modelled."""
+    kernels: KernelRates | None = None
+    """Measured kernel rates by shape (YAML kernels, optional): with them a kernel's time
+    follows its shape (zsim.analytic.compute.compute_time_s); without, the flat
+    efficiencies above apply."""
+
+    def rank_host_adam_params_per_s(self) -> float:
+        """CPU AdamW rate of one rank's offloaded step: the node's rate shared by its GPUs,
+        or, with the node's cores and the threads the rate was measured with, the rate of
+        cpu_cores // gpus_per_node threads by Amdahl's law."""
+        if not (self.cpu_cores and self.host_adam_threads):
+            return self.host_adam_params_per_s / self.gpus_per_node
+
+        def speedup(threads: int) -> float:
+            return threads / (1.0 + self.host_adam_serial_fraction * (threads - 1))
+
+        threads = max(1, self.cpu_cores // self.gpus_per_node)
+        return (self.host_adam_params_per_s * speedup(threads)
+                / speedup(self.host_adam_threads))
+
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for a compute dtype.
 
@@ -238,6 +288,15 @@ class HardwareProfile:
             rank_skew=_non_negative(host, "host", "rank_skew"),
             fsdp_unit_overhead_s=_non_negative(host, "host", "fsdp_unit_overhead_us") * US,
             checkpoint_overhead_s=_checkpoint_overhead(host["checkpoint_overhead_us"]),
+            cpu_cores=_count(node, "node", "cpu_cores") if "cpu_cores" in node else 0,
+            pageable_pcie_bytes_per_s=_pageable(node.get("pageable_pcie_gb_per_s")),
+            host_adam_threads=(_count(eff, "efficiency", "host_adam_threads")
+                               if "host_adam_threads" in eff else 0),
+            host_adam_serial_fraction=(_fraction(eff, "host_adam_serial_fraction",
+                                                 allow_zero=True)
+                                       if "host_adam_serial_fraction" in eff else 0.0),
+            optimizer_tensor_s=_tensor_overhead(host.get("optimizer_tensor_us")),
+            kernels=KernelRates.from_dict(data["kernels"]) if "kernels" in data else None,
         )
         _check_rates(profile)
         return profile
@@ -273,7 +332,7 @@ def _check_rates(hw: HardwareProfile) -> None:
     rates.append(("efficiency.pcie", hw.pcie_efficiency,
                   hw.pcie_bytes_per_s * hw.pcie_efficiency))
     rates.append(("efficiency.host_adam_params_per_s", hw.host_adam_params_per_s,
-                  hw.host_adam_params_per_s / hw.gpus_per_node))
+                  hw.rank_host_adam_params_per_s()))
     for section, link in (("intra_node", hw.intra_node), ("inter_node", hw.inter_node)):
         for kind, value in link.kind_efficiency.items():
             rates.append((f"{section}.collective_efficiency.{kind}", value,
@@ -289,13 +348,14 @@ def _check_keys(data: Any, section: str) -> None:
     where = section or "hardware"
     if not isinstance(data, dict):
         raise ConfigError(where, data, "must be a mapping")
-    expected = _SCHEMA[section]
+    optional = OPTIONAL.get(section, ())
+    expected = _SCHEMA[section] + optional
     for key in data:
         if key not in expected:
             raise ConfigError(f"{section + '.' if section else ''}{key}", data[key],
                               f"unknown key; expected one of {', '.join(expected)}")
     for key in expected:
-        if key not in data:
+        if key not in data and key not in optional:
             raise ConfigError(f"{section + '.' if section else ''}{key}", None,
                               "missing required key")
 
@@ -354,6 +414,26 @@ def _checkpoint_overhead(d: Any) -> dict[str, dict[str, float]]:
                               f"must map exactly {', '.join(PHASES)} to numbers")
         out[mode] = {ph: _non_negative(phases, f"{where}.{mode}", ph) * US for ph in PHASES}
     return out
+
+
+def _pageable(d: Any) -> dict[str, float]:
+    """node.pageable_pcie_gb_per_s: {h2d, d2h} -> GB/s > 0 (absent: empty)."""
+    if d is None:
+        return {}
+    where = "node.pageable_pcie_gb_per_s"
+    if not isinstance(d, dict) or sorted(d) != ["d2h", "h2d"]:
+        raise ConfigError(where, d, "must map exactly h2d, d2h to GB/s")
+    return {k: _pos(d, where, k) * GB for k in ("h2d", "d2h")}
+
+
+def _tensor_overhead(d: Any) -> dict[str, float]:
+    """host.optimizer_tensor_us: {plain, dtensor} -> us >= 0 (absent: zeros)."""
+    if d is None:
+        return dict.fromkeys(TENSOR_KINDS, 0.0)
+    where = "host.optimizer_tensor_us"
+    if not isinstance(d, dict) or sorted(d) != sorted(TENSOR_KINDS):
+        raise ConfigError(where, d, f"must map exactly {', '.join(TENSOR_KINDS)} to numbers")
+    return {k: _non_negative(d, where, k) * US for k in TENSOR_KINDS}
 
 
 def _link(d: dict[str, Any], section: str) -> Link:

@@ -42,7 +42,7 @@ STRATEGIES: tuple[str, ...] = get_args(Strategy)
 Recompute = Literal["none", "selective", "full"]
 Optimizer = Literal["adamw", "sgd", "adamw8bit"]
 Offload = Literal["none", "optimizer", "params"]
-Precision = Literal["bf16", "fp16", "fp32"]
+Precision = Literal["bf16", "fp16", "fp32", "tf32"]
 Impl = Literal["torch", "fsdp2", "fsdp1", "deepspeed"]
 IMPLS: dict[str, tuple[str, ...]] = {
     "ddp": ("torch",),
@@ -105,6 +105,9 @@ class Plan:
     """Dtype of gradient reduce-scatter / all-reduce traffic (FSDP2 often uses fp32)."""
     master_dtype: str = "fp32"
     """Dtype of the master weights the optimizer updates; equal to param_dtype means none."""
+    tf32: bool = False
+    """fp32 matmuls run on TF32 tensor cores (torch.set_float32_matmul_precision("high")
+    or allow_tf32); only meaningful with fp32 parameters."""
     optimizer: Optimizer = "adamw"
     """adamw (2 states), sgd (momentum, 1 state) or adamw8bit (block-quantised states)."""
     optimizer_state_dtype: str = "fp32"
@@ -131,6 +134,8 @@ class Plan:
                 raise ConfigError(f"plan.{f}", v, "must be a positive integer")
         if not isinstance(self.prefetch, int) or self.prefetch < 0:
             raise ConfigError("plan.prefetch", self.prefetch, "must be an integer >= 0")
+        if not isinstance(self.tf32, bool):
+            raise ConfigError("plan.tf32", self.tf32, "must be true or false")
         for f in ("param_dtype", "grad_dtype", "reduce_dtype", "master_dtype",
                   "optimizer_state_dtype"):
             if getattr(self, f) not in DTYPES:
@@ -197,6 +202,18 @@ class Plan:
     def has_master_copy(self) -> bool:
         return self.master_dtype != self.param_dtype
 
+    @property
+    def pinned_host_buffers(self) -> bool:
+        """Whether the program's offload buffers on the host are page-locked: FSDP2's
+        CPUOffloadPolicy and FSDP1's CPUOffload pin them; DeepSpeed only with
+        offload_optimizer.pin_memory."""
+        return self.ds.pin_memory if self.impl == "deepspeed" else True
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype matmuls run at: the parameters' dtype, or "tf32" for fp32 with TF32."""
+        return "tf32" if self.tf32 and self.param_dtype == "fp32" else self.param_dtype
+
     # ------------------------------------------------------------------ builders
     @classmethod
     def for_strategy(cls, strategy: str, *, gpus: int, shard_group: int | None = None,
@@ -258,7 +275,7 @@ class Plan:
         return cls(**data)
 
 
-PRECISIONS: dict[str, dict[str, str]] = {
+PRECISIONS: dict[str, dict[str, Any]] = {
     # Mixed precision as the ZeRO paper counts it (Sec. 3.1): 16-bit params and grads,
     # fp32 master weights and Adam states. FSDP2 users often set reduce_dtype=fp32.
     "bf16": {"param_dtype": "bf16", "grad_dtype": "bf16", "reduce_dtype": "bf16",
@@ -269,11 +286,15 @@ PRECISIONS: dict[str, dict[str, str]] = {
              "master_dtype": "fp32", "optimizer_state_dtype": "fp32"},
     "fp32": {"param_dtype": "fp32", "grad_dtype": "fp32", "reduce_dtype": "fp32",
              "master_dtype": "fp32", "optimizer_state_dtype": "fp32"},
+    # fp32 storage throughout, matmuls on TF32 tensor cores (torch's
+    # set_float32_matmul_precision("high")): fp32's memory at a tensor-core rate.
+    "tf32": {"param_dtype": "fp32", "grad_dtype": "fp32", "reduce_dtype": "fp32",
+             "master_dtype": "fp32", "optimizer_state_dtype": "fp32", "tf32": True},
 }
 """Dtype fields set by the CLI's --precision."""
 
 
-def precision_knobs(precision: str) -> dict[str, str]:
+def precision_knobs(precision: str) -> dict[str, Any]:
     """The Plan dtype fields for a --precision name.
 
     Raises:

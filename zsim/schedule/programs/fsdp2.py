@@ -361,14 +361,16 @@ class _Step:
         offloaded."""
         b, p = self.b, self.p
         after, frees = tuple(self.last_reduce), tuple(self.grad_shards)
+        tensors = len(b.model.parameter_tensors())
         if p.offload != "none":
             host_optimizer(b, after=after, frees=frees,
-                           local_params=b.model.num_params / p.dp_shard)
+                           local_params=b.model.num_params / p.dp_shard, tensors=tensors,
+                           dtensor=True)
             return
         device_optimizer(b, after=after, frees=frees,
                          local_params=state_shard_elems(b.model, p.dp_shard),
-                         tensors=len(b.model.parameter_tensors()),
-                         master_bytes=_at_rest_bytes(p), grad_bytes=dtype_bytes(p.grad_dtype))
+                         tensors=tensors, master_bytes=_at_rest_bytes(p),
+                         grad_bytes=dtype_bytes(p.grad_dtype), dtensor=True)
 
 
 def _lower(b: Builder, root: Unit, blocks: list[Unit]) -> None:

@@ -1,0 +1,187 @@
+"""KernelRates: measured kernel rates of one GPU by shape, the optional `kernels:` section
+of a hardware profile.
+
+Owns the schema of that section and the rate lookups: a matmul's rate by its shape
+(m, k, n) and dtype, causal attention's forward and backward rates by sequence length and
+head dimension, and the bandwidth of each class of memory-bound kernel (norms, RoPE,
+elementwise, the loss, the optimizer) by pass. A profile without the section
+keeps its flat efficiencies (zsim.spec.hardware); one with it gets times that follow the
+shape of each kernel, as measured (shared/cases/h200-microbench.yaml for the H200).
+
+Interpolation between measured shapes: inverse-distance weighting in log2(m, k, n) over
+the nearest INTERP_NEIGHBOURS points of the dtype's table (exact at a measured shape);
+for attention, linear in log2(seq) between the measured sequence lengths of the closest
+head dimension, constant beyond the ends. tests/spec/test_kernel_rates.py holds the
+leave-one-out error of the matmul interpolation on the H200 table.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import Any
+
+from zsim.errors import ConfigError
+from zsim.units import GB
+
+MEMORY_CLASSES: tuple[str, ...] = ("norm", "rope", "elementwise", "cross_entropy",
+                                   "optimizer")
+"""Classes of memory-bound kernels: RMSNorm/LayerNorm, rotary embedding, elementwise
+(activations, residual adds, embedding gathers), the loss (logit upcast, log-softmax,
+NLL), the foreach optimizer step. Copies and casts (FSDP copy-in/out, gradient casts) run
+at the profile's flat memory-bound rate (efficiency.memory_bound)."""
+
+PASSES: tuple[str, ...] = ("forward", "backward")
+
+INTERP_NEIGHBOURS = 4
+"""Measured shapes weighted in a matmul rate lookup."""
+
+
+@dataclass(frozen=True, slots=True)
+class MatmulPoint:
+    """One measured matmul: (m x k) @ (k x n) at `flop_per_s` (2mkn / time)."""
+
+    m: int
+    k: int
+    n: int
+    flop_per_s: float
+
+    def distance2(self, m: int, k: int, n: int) -> float:
+        return ((math.log2(m) - math.log2(self.m)) ** 2
+                + (math.log2(k) - math.log2(self.k)) ** 2
+                + (math.log2(n) - math.log2(self.n)) ** 2)
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionPoint:
+    """One measured causal attention call: forward and backward rates in forward FLOPs
+    (4 * batch * heads * seq^2 * head_dim / 2) per second."""
+
+    seq: int
+    head_dim: int
+    forward_flop_per_s: float
+    backward_flop_per_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KernelRates:
+    """Measured rates of one GPU's kernels by shape."""
+
+    matmul: dict[str, tuple[MatmulPoint, ...]]
+    """Measured matmuls per compute dtype ("bf16", "tf32", ...)."""
+    attention: tuple[AttentionPoint, ...]
+    """Measured causal flash attention (bf16), by sequence length and head dimension."""
+    memory_bytes_per_s: dict[str, dict[str, float]]
+    """Bytes read + written per second by memory-bound kernel class (MEMORY_CLASSES) and
+    pass (PASSES)."""
+    source: str
+
+    def matmul_flop_per_s(self, m: int, k: int, n: int, dtype: str) -> float | None:
+        """Rate of an (m x k) @ (k x n) matmul in `dtype`; None: no table for the dtype."""
+        table = self.matmul.get(dtype)
+        if not table:
+            return None
+        nearest = sorted((p.distance2(m, k, n), p.flop_per_s) for p in table)
+        if nearest[0][0] == 0.0:
+            return nearest[0][1]
+        weights = [(1.0 / d2, rate) for d2, rate in nearest[:INTERP_NEIGHBOURS]]
+        return sum(w * r for w, r in weights) / sum(w for w, _ in weights)
+
+    def attention_flop_per_s(self, seq: int, head_dim: int, phase: str) -> float:
+        """Forward FLOPs per second of causal attention's `phase` ("forward" or
+        "backward") at this sequence length and head dimension."""
+        hd = min({p.head_dim for p in self.attention}, key=lambda h: (abs(h - head_dim), h))
+        pts = sorted((p.seq, p.forward_flop_per_s if phase == "forward"
+                      else p.backward_flop_per_s) for p in self.attention if p.head_dim == hd)
+        by_seq: dict[int, list[float]] = {}
+        for s, rate in pts:
+            by_seq.setdefault(s, []).append(rate)
+        xs = sorted(by_seq)
+        ys = [sum(by_seq[s]) / len(by_seq[s]) for s in xs]
+        if seq <= xs[0]:
+            return ys[0]
+        for (s0, r0), (s1, r1) in pairwise(zip(xs, ys, strict=True)):
+            if seq <= s1:
+                f = (math.log2(seq) - math.log2(s0)) / (math.log2(s1) - math.log2(s0))
+                return r0 + f * (r1 - r0)
+        return ys[-1]
+
+    @classmethod
+    def from_dict(cls, data: Any) -> KernelRates:
+        """Build from the profile's `kernels:` mapping.
+
+        Raises:
+            ConfigError: a key is unknown or missing, or a value is not a positive number.
+        """
+        where = "kernels"
+        _keys(data, where, ("matmul_tflops", "attention", "memory_gb_per_s", "source"))
+        if not isinstance(data["source"], str) or not data["source"].strip():
+            raise ConfigError("kernels.source", data["source"], "must be a non-empty string")
+        tables = data["matmul_tflops"]
+        if not isinstance(tables, dict) or not tables:
+            raise ConfigError("kernels.matmul_tflops", tables,
+                              "must map dtype names to lists of [m, k, n, tflops]")
+        matmul = {dtype: tuple(_matmul_point(row, f"kernels.matmul_tflops.{dtype}[{i}]")
+                               for i, row in enumerate(_rows(rows, f"kernels.matmul_tflops."
+                                                                    f"{dtype}")))
+                  for dtype, rows in tables.items()}
+        attention = tuple(_attention_point(row, f"kernels.attention[{i}]")
+                          for i, row in enumerate(_rows(data["attention"],
+                                                        "kernels.attention")))
+        mem = data["memory_gb_per_s"]
+        _keys(mem, "kernels.memory_gb_per_s", MEMORY_CLASSES)
+        rates = {}
+        for c in MEMORY_CLASSES:
+            _keys(mem[c], f"kernels.memory_gb_per_s.{c}", PASSES)
+            rates[c] = {p: _positive(mem[c][p], f"kernels.memory_gb_per_s.{c}.{p}") * GB
+                        for p in PASSES}
+        return cls(matmul=matmul, attention=attention, memory_bytes_per_s=rates,
+                   source=data["source"])
+
+
+def _keys(data: Any, where: str, expected: tuple[str, ...]) -> None:
+    if not isinstance(data, dict):
+        raise ConfigError(where, data, "must be a mapping")
+    for key in data:
+        if key not in expected:
+            raise ConfigError(f"{where}.{key}", data[key],
+                              f"unknown key; expected one of {', '.join(expected)}")
+    for key in expected:
+        if key not in data:
+            raise ConfigError(f"{where}.{key}", None, "missing required key")
+
+
+def _rows(rows: Any, where: str) -> list[Any]:
+    if not isinstance(rows, list) or not rows:
+        raise ConfigError(where, rows, "must be a non-empty list")
+    return rows
+
+
+def _positive(v: Any, where: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+        raise ConfigError(where, v, "must be a positive number")
+    return float(v)
+
+
+def _dim(v: Any, where: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise ConfigError(where, v, "must be a positive integer")
+    return v
+
+
+def _matmul_point(row: Any, where: str) -> MatmulPoint:
+    """[m, k, n, tflops]."""
+    if not isinstance(row, list) or len(row) != 4:
+        raise ConfigError(where, row, "must be [m, k, n, tflops]")
+    return MatmulPoint(_dim(row[0], where), _dim(row[1], where), _dim(row[2], where),
+                       _positive(row[3], where) * 1e12)
+
+
+def _attention_point(row: Any, where: str) -> AttentionPoint:
+    """[seq, head_dim, forward tflops, backward tflops] (forward FLOPs per second)."""
+    if not isinstance(row, list) or len(row) != 4:
+        raise ConfigError(where, row,
+                          "must be [seq, head_dim, forward_tflops, backward_tflops]")
+    return AttentionPoint(_dim(row[0], where), _dim(row[1], where),
+                          _positive(row[2], where) * 1e12, _positive(row[3], where) * 1e12)
