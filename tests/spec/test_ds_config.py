@@ -204,3 +204,16 @@ def test_tiny_sub_groups_are_whole_parameters(tmp_path: Path) -> None:
     assert _sub_groups(model, plan.with_(ds=DeepSpeedZero())) == [sum(groups)]
     result = simulate_plan(model, resolve_hardware("dgx-h100"), plan)
     assert result.step_time_s is not None
+
+
+def test_offload_pin_memory_is_read_and_defaults_to_pageable(tmp_path: Path) -> None:
+    """DeepSpeedZeroOffloadOptimizerConfig.pin_memory defaults to False."""
+    def run(offload: dict[str, Any]) -> DeepSpeedZero:
+        config = {"zero_optimization": {"stage": 2, "offload_optimizer": offload}}
+        return read_ds_config(write(tmp_path, config), hidden_size=64).ds
+
+    assert run({"device": "cpu"}).pin_memory is False
+    assert run({"device": "cpu", "pin_memory": True}).pin_memory is True
+    with pytest.raises(ConfigError) as e:
+        run({"device": "cpu", "pin_memory": "yes"})
+    assert e.value.field.endswith("zero_optimization.offload_optimizer.pin_memory")
