@@ -14,6 +14,7 @@ import typer
 from zsim import api
 from zsim.errors import ZsimError
 from zsim.report.tables import csv_text, json_text, text_table
+from zsim.spec.error_bands import band_pct
 from zsim.spec.plan import IMPLS, PRECISIONS, STRATEGIES
 from zsim.spec.plan import Offload as OffloadLiteral
 from zsim.spec.plan import Recompute as RecomputeLiteral
@@ -52,7 +53,8 @@ MicroBatchOpt = Annotated[int, typer.Option(help="Sequences per micro-batch per 
 FormatOpt = Annotated[Format, typer.Option(help="Output format.")]
 
 PLAN_COLUMNS = ("plan", "fits", "peak_gib", "model_state_gb", "activations_gib",
-                "comm_gb_per_step", "step_time_s", "tokens_per_s_per_gpu", "mfu", "why")
+                "comm_gb_per_step", "step_time_s", "step_time_band_pct", "tokens_per_s_per_gpu",
+                "mfu", "why")
 
 
 @app.command()
@@ -201,7 +203,9 @@ def simulate(
     if r["step_time_s"] is None:
         typer.echo(f"step time       not simulated ({r['evaluated']})")
     else:
-        typer.echo(f"step time       {r['step_time_s']:.4f} s   compute "
+        band = band_pct((r["step_time_s_low"], r["step_time_s_high"]), r["step_time_s"]) \
+            if r["step_time_s_low"] is not None else "no error band for this profile"
+        typer.echo(f"step time       {r['step_time_s']:.4f} s ({band})   compute "
                    f"{r['compute_time_s']:.4f} s   exposed comm {r['exposed_comm_s']:.4f} s")
         typer.echo(f"throughput      {r['tokens_per_s']:,.0f} tokens/s   MFU {r['mfu']:.1%}")
     verdict = "fits" if r["fits"] else "DOES NOT FIT"

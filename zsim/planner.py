@@ -19,6 +19,7 @@ from zsim.errors import ConfigError
 from zsim.fanout import simulate_all
 from zsim.result import Result
 from zsim.schedule.lower import state_at_rest_bytes
+from zsim.spec.error_bands import band_pct
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
@@ -267,6 +268,9 @@ def to_record(model: ModelSpec, choice: Choice, best: Choice) -> dict[str, objec
         "comm_gb_per_step": round(est.comm_bus_bytes / GB, 3),
         # Time figures only where simulated to the end of the step.
         "step_time_s": _rounded(r.step_time_s, 4),
+        "step_time_band_pct": band_pct(r.step_time_band_s, r.step_time_s),
+        "step_time_s_low": _rounded(r.step_time_band_s and r.step_time_band_s[0], 4),
+        "step_time_s_high": _rounded(r.step_time_band_s and r.step_time_band_s[1], 4),
         "compute_time_s": _rounded(r.compute_time_s, 4),
         "exposed_comm_s": _rounded(r.exposed_comm_s, 4),
         "tokens_per_s_per_gpu": _rounded(r.tokens_per_s_per_gpu, 1),

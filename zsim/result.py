@@ -116,6 +116,11 @@ class Result:
     step_time_p50_s: float | None = None
     """Rank-level mode: median step time over the sampled steps."""
     step_time_p99_s: float | None = None
+    step_time_band_s: tuple[float, float] | None = None
+    """Where the real step time lies given the profile's validation residuals for this
+    kind of plan (zsim.spec.error_bands); None where the profile has none."""
+    peak_memory_band_bytes: tuple[float, float] | None = None
+    """Likewise for the peak allocated memory."""
     spans: tuple[OpSpan, ...] = field(default=(), repr=False)
     """Every op's execution (for the Chrome trace)."""
     notes: tuple[str, ...] = ()
@@ -163,6 +168,8 @@ class Result:
             "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu, "hfu": self.hfu,
             "world_size": self.world_size,
             "step_time_p50_s": self.step_time_p50_s, "step_time_p99_s": self.step_time_p99_s,
+            **_band("step_time_s", self.step_time_band_s),
+            **_band("peak_memory_bytes", self.peak_memory_band_bytes),
             "top_waits": [
                 {"op": w.op, "blocking": w.blocking, "collective": w.collective,
                  "reason": w.reason, "link_shared": w.link_shared, "wait_s": w.wait_s}
@@ -304,6 +311,11 @@ def _no_time_figures() -> dict[str, object]:
                 host_busy_s=None, waits=(), comm_busy_s={}, comm_busy_total_s=None,
                 comm_bus_bytes={}, phase_time_s={}, phase_peak_bytes={}, tokens_per_s=None,
                 tokens_per_s_per_gpu=None, tflops_per_gpu=None, mfu=None, hfu=None)
+
+
+def _band(name: str, band: tuple[float, float] | None) -> dict[str, float | None]:
+    low, high = band if band is not None else (None, None)
+    return {f"{name}_low": low, f"{name}_high": high}
 
 
 def closed_form_result(*, model: str, hardware: str, plan_label: str,

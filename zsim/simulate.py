@@ -7,6 +7,7 @@ here does I/O.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from zsim.engine.simulate import Jitter, run
@@ -62,18 +63,32 @@ def simulate(model: ModelSpec, hw: HardwareProfile, plan: Plan, *, trace: bool =
     schedule = lower(model, hw, plan)
     if not rank_level:
         out = run(schedule, stop_at_oom=fit_only)
-        return summarize(schedule, out.trace, out.memory, model=model.name,
-                         hardware=hw.name, plan_label=plan.label, keep_spans=trace,
-                         stopped_at_oom=out.stopped_at_oom)
+        return with_bands(summarize(schedule, out.trace, out.memory, model=model.name,
+                                    hardware=hw.name, plan_label=plan.label, keep_spans=trace,
+                                    stopped_at_oom=out.stopped_at_oom), hw, plan)
     if rank_level_steps < 1:
         raise ConfigError("rank_level_steps", rank_level_steps, "must be >= 1")
     runs = [run(schedule, num_ranks=plan.world_size, seed=seed * 1_000_003 + i,
                 jitter=jitter, stop_at_oom=fit_only) for i in range(rank_level_steps)]
     first = runs[0]
-    return summarize(schedule, first.trace, first.memory, model=model.name,
-                     hardware=hw.name, plan_label=plan.label, keep_spans=trace,
-                     step_samples_s=[r.trace.step_time_s for r in runs],
-                     stopped_at_oom=first.stopped_at_oom)
+    return with_bands(summarize(schedule, first.trace, first.memory, model=model.name,
+                                hardware=hw.name, plan_label=plan.label, keep_spans=trace,
+                                step_samples_s=[r.trace.step_time_s for r in runs],
+                                stopped_at_oom=first.stopped_at_oom), hw, plan)
+
+
+def with_bands(result: Result, hw: HardwareProfile, plan: Plan) -> Result:
+    """The result with the intervals its profile's error bands give its step time and
+    peak (zsim.spec.error_bands); unchanged for a profile without bands."""
+    bands = hw.error_bands
+    if bands is None:
+        return result
+    step = result.step_time_s
+    return replace(
+        result,
+        step_time_band_s=None if step is None else bands.interval("step_time_s", plan, step),
+        peak_memory_band_bytes=bands.interval("peak_memory_bytes", plan,
+                                              result.peak_memory_bytes))
 
 
 def chrome_trace(result: Result) -> dict[str, Any]:

@@ -16,8 +16,8 @@ from zsim.cli import app
 
 PLAN_13B_128 = ["plan", "--model", "13b", "--gpus", "128"]
 
-LABEL_KEYS = {"plan", "strategy", "impl", "recompute", "evaluated", "why"}
-"""Text columns (no unit)."""
+LABEL_KEYS = {"plan", "strategy", "impl", "recompute", "evaluated", "why", "step_time_band_pct"}
+"""Text columns (no unit; the error band as text, e.g. "-5%..+13%", in percent)."""
 DIMENSIONLESS_KEYS = {"dp_shard", "dp_replicate", "micro_batch", "fits", "mfu", "yours"}
 """Counts, a flag and a fraction: no unit to name."""
 UNITS = ("gib", "gb", "bytes", "s", "flops", "model_sizes")

@@ -58,9 +58,10 @@ def hand_durations() -> Durations:
     ag_root = root_params * 2 / 2 / 100e9
     # Foreach AdamW on the local half (torch.optim.adam._multi_tensor_adam): fp32 master
     # read+written by weight decay and addcdiv (16), fp32 m, v and denom accessed 14 times
-    # (56), the bf16 grad read by lerp and addcmul (4), then the bf16 param copy written
-    # from the master (4 + 2) = 82 B/param at 1 TB/s.
-    opt = (2 * block_params + root_params) / 2 * 82 / 1e12
+    # (56), the sharded grad read by lerp and addcmul (fp32: foreach_reduce casts the
+    # reduced gradient to the sharded parameter's dtype, 8), then the bf16 param copy
+    # written from the master (4 + 2) = 86 B/param at 1 TB/s.
+    opt = (2 * block_params + root_params) / 2 * 86 / 1e12
     # Copy-out: split_with_sizes_copy reads the flat bf16 buffer and writes the unsharded
     # parameters, 2 x 2 B per parameter at 1 TB/s (the toy has no kernel overhead).
     copy_block = block_params * 2 * 2 / 1e12

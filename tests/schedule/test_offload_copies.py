@@ -58,3 +58,26 @@ def test_host_step_is_the_ranks_shard_at_its_threads_rate() -> None:
     more = replace(hw, cpu_cores=224)
     (faster,) = [op for op in lower(spec, more, plan).ops if op.stream == "host"]
     assert expected / 2 < faster.compute_s < expected
+
+
+def test_fp16_unscales_the_gradients_once_before_the_step() -> None:
+    """fp16 adds one read + write of each local gradient element (4 B fp32 shards) to the
+    optimizer step at the flat memory-bound rate, and one kernel per tensor; bf16 none."""
+    from dataclasses import replace as dc_replace
+
+    hw = dc_replace(resolve_hardware("hgx-h200"), optimizer_tensor_s={"plain": 0.0,
+                                                                       "dtensor": 0.0})
+    spec = resolve_model("1.3b")
+    bf16 = Plan.for_strategy("fsdp", gpus=8, seq_len=2048)
+    fp16 = bf16.with_(param_dtype="fp16", grad_dtype="fp16", reduce_dtype="fp16")
+
+    def step_s(plan: Plan) -> float:
+        (op,) = [o for o in lower(spec, hw, plan).ops if o.kind == "optimizer"]
+        return op.compute_s
+
+    from zsim.schedule.programs.fsdp2 import state_shard_elems
+
+    local = state_shard_elems(spec, 8)
+    flat = hw.hbm_bandwidth_bytes_per_s * hw.memory_bound_efficiency
+    extra = 2 * local * 4 / flat + len(spec.parameter_tensors()) * hw.kernel_overhead_s
+    assert step_s(fp16) - step_s(bf16) == pytest.approx(extra, rel=1e-9)

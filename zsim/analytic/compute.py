@@ -31,7 +31,7 @@ References:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
@@ -73,6 +73,9 @@ class Flops:
     traffic: tuple[Traffic, ...] = ()
     """`memory_bytes` by kernel class and pass, where known (copies and casts are not
     classed: they run at the flat memory-bound rate)."""
+    matmul_dtype: str = ""
+    """The dtype the matmuls run at when not the step's compute dtype ("fp8": torchao's
+    Float8Linear, see with_float8_linears); "" = the compute dtype."""
 
     @property
     def total(self) -> float:
@@ -80,11 +83,15 @@ class Flops:
         return self.matmul + self.attention
 
     def __add__(self, other: Flops) -> Flops:
+        dtypes = {f.matmul_dtype for f in (self, other) if f.matmul}
+        if len(dtypes) > 1:
+            raise ValueError(f"cannot add matmuls of different dtypes {sorted(dtypes)}")
         return Flops(matmul=self.matmul + other.matmul, attention=self.attention + other.attention,
                      memory_bytes=self.memory_bytes + other.memory_bytes,
                      kernels=self.kernels + other.kernels, gemms=self.gemms + other.gemms,
                      attention_calls=self.attention_calls + other.attention_calls,
-                     traffic=self.traffic + other.traffic)
+                     traffic=self.traffic + other.traffic,
+                     matmul_dtype=dtypes.pop() if dtypes else "")
 
     def scaled(self, factor: float) -> Flops:
         return Flops(matmul=self.matmul * factor, attention=self.attention * factor,
@@ -92,7 +99,8 @@ class Flops:
                      gemms=tuple((m, k, n, c * factor) for m, k, n, c in self.gemms),
                      attention_calls=tuple((s, h, ph, f * factor)
                                            for s, h, ph, f in self.attention_calls),
-                     traffic=tuple((c, ph, b * factor) for c, ph, b in self.traffic))
+                     traffic=tuple((c, ph, b * factor) for c, ph, b in self.traffic),
+                     matmul_dtype=self.matmul_dtype)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -252,7 +260,8 @@ def _backward_of(fwd: Flops) -> Flops:
                  attention_calls=tuple((s, h, "backward", f)
                                        for s, h, _, f in fwd.attention_calls),
                  traffic=tuple((c, "backward", b * BACKWARD_FACTOR)
-                               for c, _, b in fwd.traffic))
+                               for c, _, b in fwd.traffic),
+                 matmul_dtype=fwd.matmul_dtype)
 
 
 def head_forward_flops(model: ModelSpec, *, micro_batch: int, seq_len: int,
@@ -316,9 +325,15 @@ def compute_time_s(flops: Flops, hw: HardwareProfile, dtype: str) -> float:
     fixed cost of each kernel. The terms add (kernels of one stream run one after
     another). A profile with measured kernel rates (hw.kernels) times each matmul,
     attention call and class of memory traffic at its measured rate instead; work without
-    a shape (or a dtype the rates lack) keeps the flat efficiencies."""
+    a shape (or a dtype the rates lack) keeps the flat efficiencies. Matmuls run at
+    `flops.matmul_dtype` where it is set (fp8), everything else at `dtype`.
+
+    Raises:
+        ConfigError: the profile has no peak for the dtype (zsim.spec.hardware).
+    """
     peak = hw.peak(dtype)
-    flat_matmul = peak * hw.matmul_efficiency
+    mm_dtype = flops.matmul_dtype or dtype
+    flat_matmul = hw.peak(mm_dtype) * hw.matmul_efficiency
     flat_attention = peak * hw.attention_efficiency
     flat_memory = hw.hbm_bandwidth_bytes_per_s * hw.memory_bound_efficiency
     rates = hw.kernels
@@ -327,7 +342,7 @@ def compute_time_s(flops: Flops, hw: HardwareProfile, dtype: str) -> float:
                 + flops.memory_bytes / flat_memory + flops.kernels * hw.kernel_overhead_s)
     seconds, matmul, attention, memory = 0.0, flops.matmul, flops.attention, flops.memory_bytes
     for m, k, n, count in flops.gemms:
-        rate = rates.matmul_flop_per_s(m, k, n, _matmul_dtype(dtype))
+        rate = rates.matmul_flop_per_s(m, k, n, _matmul_dtype(mm_dtype))
         if rate is not None:
             work = 2.0 * m * k * n * count
             seconds += work / rate
@@ -341,6 +356,30 @@ def compute_time_s(flops: Flops, hw: HardwareProfile, dtype: str) -> float:
         memory -= nbytes
     return (seconds + max(matmul, 0.0) / flat_matmul + max(attention, 0.0) / flat_attention
             + max(memory, 0.0) / flat_memory + flops.kernels * hw.kernel_overhead_s)
+
+
+def with_float8_linears(work: Flops, forward: Flops, *, phase: str) -> Flops:
+    """`work` (a block's forward, backward or recomputed forward, whose forward matmul
+    shapes are `forward.gemms`) with its linear layers as torchao's Float8Linear runs
+    them (tensorwise dynamic scaling, the default Float8LinearConfig): the matmuls in fp8
+    (torch._scaled_mm, bf16 output), plus the casts they need, each an amax reduction
+    (read the bf16 tensor) and a scaled cast (read it, write 1 byte per element): 5 bytes
+    per element cast. Forward (m x k) @ (k x n): the input and the weight, 5 (mk + kn).
+    Backward: the output gradient, and the input and weight cast again from the bf16
+    copies autograd saved (Float8Linear saves the high-precision tensors), each used
+    transposed for one of the two matmuls (a 1-byte read + write): 7 mn + 7 mk + 5 kn.
+    Kernels: 2 per cast (+1 per transpose)."""
+    casts = kernels = 0.0
+    for m, k, n, count in forward.gemms:
+        if phase == "forward":
+            casts += count * 5.0 * (m * k + k * n)
+            kernels += count * 4
+        else:
+            casts += count * (7.0 * m * n + 7.0 * m * k + 5.0 * k * n)
+            kernels += count * 8
+    return replace(work, matmul_dtype="fp8", memory_bytes=work.memory_bytes + casts,
+                   kernels=work.kernels + kernels,
+                   traffic=(*work.traffic, ("elementwise", phase, casts)))
 
 
 def _matmul_dtype(dtype: str) -> str:

@@ -35,6 +35,7 @@ from zsim.analytic.compute import (
     head_forward_flops,
     optimizer_flops,
     recompute_forward_flops,
+    with_float8_linears,
 )
 from zsim.analytic.memory import optimizer_bytes_per_param
 from zsim.errors import ConfigError
@@ -151,11 +152,18 @@ class Builder:
         self._algorithms: dict[tuple[str, float, CommGroup], Algorithm] = {}
         """The library's choice per (kind, size, group): a model's units repeat."""
         kw = dict(micro_batch=plan.micro_batch, seq_len=plan.seq_len, act_bytes=self.a)
-        self.block_fwd = block_forward_flops(model, **kw)
+        fwd = block_forward_flops(model, **kw)
+        rerun = recompute_forward_flops(model, recompute=plan.recompute, **kw)
+        bwd = block_backward_flops(model, **kw)
+        if plan.fp8:
+            bwd = with_float8_linears(bwd, fwd, phase="backward")
+            rerun = with_float8_linears(rerun, rerun, phase="forward")
+            fwd = with_float8_linears(fwd, fwd, phase="forward")
+        self.block_fwd = fwd
         """Work of one block's forward for one micro-batch."""
-        self.block_recompute = recompute_forward_flops(model, recompute=plan.recompute, **kw)
+        self.block_recompute = rerun
         """Work of one block's forward re-run inside its backward."""
-        self.block_bwd_only = block_backward_flops(model, **kw)
+        self.block_bwd_only = bwd
         """Work of one block's backward for one micro-batch, recomputation excluded."""
         self.block_bwd = self.block_bwd_only + self.block_recompute
         """Work of one block's backward for one micro-batch, recomputation included."""
@@ -295,13 +303,27 @@ def device_optimizer(b: Builder, *, after: tuple[int, ...], frees: tuple[str, ..
     seconds = b.compute(optimizer_flops(
         local_params, optimizer=p.optimizer, tensors=tensors, master_bytes=master_bytes,
         state_bytes_per_param=optimizer_bytes_per_param(p), grad_bytes=grad_bytes,
-        param_copy_bytes=b.a if p.has_master_copy else 0))
+        param_copy_bytes=b.a if p.has_master_copy else 0) + loss_scaling_flops(
+            p, local_params, tensors=tensors, grad_bytes=grad_bytes))
     if b.hw.launch == "async":
         seconds = max(seconds, optimizer_host_s(b.hw, tensors, dtensor=dtensor))
     temp = _optimizer_temporaries(p, local_params)
     return b.add(name="optimizer step", kind="optimizer", stream="compute",
                  microbatch=p.grad_accum - 1, after=after, compute_s=seconds,
                  allocs=temp, frees=frees + tuple(t.name for t in temp))
+
+
+def loss_scaling_flops(plan: Plan, local_params: float, *, tensors: int,
+                       grad_bytes: int) -> Flops:
+    """fp16's dynamic loss scaling before the step: the scaler unscales the gradients and
+    checks them for inf/NaN in one foreach pass (torch.amp's
+    _amp_foreach_non_finite_check_and_unscale_, DeepSpeed's overflow check folded into
+    its unscale): each gradient element read and written once. It keeps no extra copy.
+    None for other precisions."""
+    if plan.param_dtype != "fp16":
+        return Flops(matmul=0.0, attention=0.0)
+    return Flops(matmul=0.0, attention=0.0, memory_bytes=2.0 * local_params * grad_bytes,
+                 kernels=float(tensors))
 
 
 def optimizer_host_s(hw: HardwareProfile, tensors: int, *, dtensor: bool) -> float:

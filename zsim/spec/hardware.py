@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from zsim.errors import ConfigError
+from zsim.spec.error_bands import ErrorBands
 from zsim.spec.kernel_rates import KernelRates
 from zsim.spec.yaml_file import read_yaml
 from zsim.units import GB, US, GiB
@@ -38,7 +39,7 @@ _SCHEMA: dict[str, tuple[str, ...]] = {
 """Required keys of each section; no others are accepted."""
 
 OPTIONAL: dict[str, tuple[str, ...]] = {
-    "": ("kernels",), "node": ("cpu_cores", "pageable_pcie_gb_per_s"),
+    "": ("kernels", "error_bands"), "node": ("cpu_cores", "pageable_pcie_gb_per_s"),
     "efficiency": ("host_adam_threads", "host_adam_serial_fraction"),
     "host": ("optimizer_tensor_us",)}
 """Keys a section may leave out: measured kernel rates, the host's cores and how the host
@@ -203,6 +204,9 @@ class HardwareProfile:
     seconds (YAML host.optimizer_tensor_us): the foreach ops' Python and dispatch (and
     DTensor's unwrapping), the launches, zero_grad. The step takes at least this long
     when the host issues it alone on an async host; 0 = not modelled."""
+    error_bands: ErrorBands | None = None
+    """How far its predictions were from real runs, by kind of plan (YAML error_bands,
+    optional): the interval each predicted step time and peak carries."""
     kernels: KernelRates | None = None
     """Measured kernel rates by shape (YAML kernels, optional): with them a kernel's time
     follows its shape (zsim.analytic.compute.compute_time_s); without, the flat
@@ -297,6 +301,8 @@ class HardwareProfile:
                                        if "host_adam_serial_fraction" in eff else 0.0),
             optimizer_tensor_s=_tensor_overhead(host.get("optimizer_tensor_us")),
             kernels=KernelRates.from_dict(data["kernels"]) if "kernels" in data else None,
+            error_bands=(ErrorBands.from_dict(data["error_bands"]) if "error_bands" in data
+                         else None),
         )
         _check_rates(profile)
         return profile

@@ -42,7 +42,7 @@ STRATEGIES: tuple[str, ...] = get_args(Strategy)
 Recompute = Literal["none", "selective", "full"]
 Optimizer = Literal["adamw", "sgd", "adamw8bit"]
 Offload = Literal["none", "optimizer", "params"]
-Precision = Literal["bf16", "fp16", "fp32", "tf32"]
+Precision = Literal["bf16", "fp16", "fp32", "tf32", "fp8"]
 Impl = Literal["torch", "fsdp2", "fsdp1", "deepspeed"]
 IMPLS: dict[str, tuple[str, ...]] = {
     "ddp": ("torch",),
@@ -108,6 +108,11 @@ class Plan:
     tf32: bool = False
     """fp32 matmuls run on TF32 tensor cores (torch.set_float32_matmul_precision("high")
     or allow_tf32); only meaningful with fp32 parameters."""
+    fp8: bool = False
+    """The blocks' linear layers in fp8 as torchao's Float8Linear runs them (bf16
+    parameters; zsim.analytic.compute.with_float8_linears), and with FSDP2 their weights
+    all-gathered in fp8 (enable_fsdp_float8_all_gather). The output projection stays
+    bf16, as torchtitan leaves it."""
     optimizer: Optimizer = "adamw"
     """adamw (2 states), sgd (momentum, 1 state) or adamw8bit (block-quantised states)."""
     optimizer_state_dtype: str = "fp32"
@@ -136,6 +141,11 @@ class Plan:
             raise ConfigError("plan.prefetch", self.prefetch, "must be an integer >= 0")
         if not isinstance(self.tf32, bool):
             raise ConfigError("plan.tf32", self.tf32, "must be true or false")
+        if not isinstance(self.fp8, bool):
+            raise ConfigError("plan.fp8", self.fp8, "must be true or false")
+        if self.fp8 and self.param_dtype != "bf16":
+            raise ConfigError("plan.fp8", self.fp8,
+                              f"fp8 linears train bf16 parameters, not {self.param_dtype}")
         for f in ("param_dtype", "grad_dtype", "reduce_dtype", "master_dtype",
                   "optimizer_state_dtype"):
             if getattr(self, f) not in DTYPES:
@@ -290,6 +300,10 @@ PRECISIONS: dict[str, dict[str, Any]] = {
     # set_float32_matmul_precision("high")): fp32's memory at a tensor-core rate.
     "tf32": {"param_dtype": "fp32", "grad_dtype": "fp32", "reduce_dtype": "fp32",
              "master_dtype": "fp32", "optimizer_state_dtype": "fp32", "tf32": True},
+    # bf16 mixed precision with the blocks' linear layers in fp8 (torchao Float8Linear,
+    # FSDP2 all-gathers their weights in fp8).
+    "fp8": {"param_dtype": "bf16", "grad_dtype": "bf16", "reduce_dtype": "bf16",
+            "master_dtype": "fp32", "optimizer_state_dtype": "fp32", "fp8": True},
 }
 """Dtype fields set by the CLI's --precision."""
 

@@ -104,7 +104,19 @@ def gathered_floor_bytes(model: ModelSpec, plan: Plan) -> float:
     plan = _reshard_view(plan)
     root, blocks = units(model, plan, shard_elems)
     gathered = [root] if plan.reshard_after_forward else [root, *blocks]
-    return float(sum(u.gathered_elems(plan) for u in gathered) * dtype_bytes(plan.param_dtype))
+    return float(sum(gathered_bytes(model, plan, u) for u in gathered))
+
+
+def gathered_bytes(model: ModelSpec, plan: Plan, u: Unit) -> int:
+    """Bytes of a unit's gathered parameters (all-gather output, unsharded parameters):
+    the compute dtype, except a block unit's linear weights under fp8, which torchao's
+    enable_fsdp_float8_all_gather gathers at 1 byte each (the norms stay bf16; the root,
+    with the output projection, is not fp8)."""
+    elems, a = u.gathered_elems(plan), dtype_bytes(plan.param_dtype)
+    if not plan.fp8 or u.index is None:
+        return elems * a
+    linear = sum(k * n for _, k, n in model.block_matmuls()) / model.params_per_block
+    return math.ceil(elems * (linear + (1.0 - linear) * a))
 
 
 def _grad_bytes(plan: Plan) -> int:
@@ -233,7 +245,7 @@ class _Step:
         place the copy-in's issue."""
         b, p = self.b, self.p
         key = -1 if u.index is None else u.index
-        size = u.gathered_elems(p) * b.a
+        size = gathered_bytes(b.model, p, u)
         name = f"mb{mb}/{u.name}/gathered/{phase}"
         gathered[key] = name
         frees: tuple[str, ...] = ()
@@ -273,7 +285,7 @@ class _Step:
         synchronous host)."""
         b = self.b
         name = gathered[-1 if u.index is None else u.index]
-        size = u.gathered_elems(self.p) * b.a
+        size = gathered_bytes(b.model, self.p, u)
         copy = Flops(matmul=0.0, attention=0.0, memory_bytes=2.0 * size, kernels=1)
         host_s = b.host(b.hw.fsdp_unit_overhead_s) if hooks else 0.0
         return b.add(name=f"{u.name} copy-out {phase} (mb {mb})", kind=phase,
@@ -370,7 +382,7 @@ class _Step:
         device_optimizer(b, after=after, frees=frees,
                          local_params=state_shard_elems(b.model, p.dp_shard),
                          tensors=tensors, master_bytes=_at_rest_bytes(p),
-                         grad_bytes=dtype_bytes(p.grad_dtype), dtensor=True)
+                         grad_bytes=_grad_bytes(p), dtensor=True)
 
 
 def _lower(b: Builder, root: Unit, blocks: list[Unit]) -> None:

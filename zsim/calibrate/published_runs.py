@@ -1,0 +1,149 @@
+"""The published real FSDP2 steps on one H200 (shared/cases/h200-fsdp2-runs.yaml) replayed
+in the simulator: each run's model and plan, the simulator's figures for what was
+measured, and the residuals (predicted / measured - 1) that issue 11's targets and the
+profile's error bands (zsim.spec.error_bands) are made of.
+
+    python -m zsim.calibrate.published_runs --cases PATH [--hardware hgx-h200] [--bands]
+
+prints the per-run table of errors (percent) and, with --bands, the `error_bands:` section
+those residuals give, to paste into the profile (tests/golden/test_h200_runs.py checks that
+the committed section is what the current model gives).
+
+The runs are rank 0 of N on a fake process group, so they have no communication: the
+comparable figure is the simulated step less its exposed collective waits (offload
+copies are real and stay in). The run's process had the host's 16 cores to itself, so
+the profile is taken with that many cores per rank (HardwareProfile.cpu_cores). Imports
+no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from zsim.schedule.ops import COLLECTIVE_KINDS
+from zsim.simulate import simulate
+from zsim.spec.error_bands import bands_yaml, plan_kind
+from zsim.spec.hardware import HardwareProfile
+from zsim.spec.model import ModelSpec
+from zsim.spec.plan import Plan
+from zsim.spec.registry import resolve_hardware
+from zsim.spec.yaml_file import read_yaml
+from zsim.units import GiB
+
+HOST_CORES = 16
+"""Cores of the host the runs were measured on (the file's setup.gpu line), all of them
+the measured rank's."""
+
+METRICS: dict[str, str] = {
+    "step_time_s": "step_time_s", "forward_time_s": "fwd_time_s",
+    "backward_time_s": "bwd_time_s", "optimizer_time_s": "opt_time_s",
+    "peak_memory_bytes": "peak_allocated_gib", "reserved_memory_bytes": "peak_reserved_gib"}
+"""Simulator figure -> the run's measured field (memory in GiB there)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PublishedRun:
+    """One measured run: its model, plan and measured figures (SI units)."""
+
+    name: str
+    spec: ModelSpec
+    plan: Plan
+    measured: dict[str, float]
+    """By simulator figure (METRICS keys)."""
+
+
+def load_runs(path: Path) -> list[PublishedRun]:
+    """The runs of h200-fsdp2-runs.yaml that completed (status ok), with their plans as
+    the file's setup describes them: FSDP2 per block and root, bf16 with fp32 reduction
+    (or fp32 with TF32 matmuls), AdamW(foreach), full recomputation of every block,
+    CPUOffloadPolicy."""
+    data = read_yaml(path, field="cases")
+    runs = []
+    for r in data["runs"]:
+        m, p, x = r["model"], r["plan"], r["measured"]
+        if x.get("status") != "ok":
+            continue
+        spec = ModelSpec(name=r["name"], num_layers=m["layers"], d_model=m["d_model"],
+                         num_heads=m["heads"], num_kv_heads=m["kv_heads"],
+                         ffn_hidden=m["ffn_hidden"], vocab_size=m["vocab"],
+                         max_seq_len=p["seq"])
+        strategy = ("hsdp" if p["replicate_group"] > 1 else
+                    "fsdp" if p["reshard_after_forward"] else "fsdp-no-reshard")
+        knobs: dict[str, Any] = {"seq_len": p["seq"], "micro_batch": p["micro_batch"],
+                                 "reduce_dtype": "fp32",
+                                 "recompute": p["activation_checkpointing"]}
+        if p["precision"] == "fp32":  # run with set_float32_matmul_precision("high")
+            knobs.update(param_dtype="fp32", grad_dtype="fp32", tf32=True)
+        if p["cpu_offload"]:
+            knobs["offload"] = "params"
+        plan = Plan.for_strategy(strategy, gpus=p["world_size"],
+                                 shard_group=p["shard_group"] if strategy == "hsdp" else None,
+                                 **knobs)
+        measured = {k: float(x[v]) * (GiB if v.endswith("_gib") else 1.0)
+                    for k, v in METRICS.items()}
+        runs.append(PublishedRun(name=r["name"], spec=spec, plan=plan, measured=measured))
+    return runs
+
+
+def as_measured(hw: HardwareProfile) -> HardwareProfile:
+    """The profile with the measured host: one rank on HOST_CORES cores."""
+    return replace(hw, cpu_cores=HOST_CORES * hw.gpus_per_node)
+
+
+def predict(run: PublishedRun, hw: HardwareProfile) -> dict[str, float]:
+    """The simulator's figures for the run's measured ones."""
+    r = simulate(run.spec, as_measured(hw), run.plan)
+    assert r.step_time_s is not None, f"{run.name} did not simulate to its end"
+    comm = sum(r.exposed_by_kind_s.get(k, 0.0) for k in COLLECTIVE_KINDS)
+    return {"step_time_s": r.step_time_s - comm,
+            "forward_time_s": r.phase_time_s["forward"],
+            "backward_time_s": r.phase_time_s["backward"],
+            "optimizer_time_s": r.phase_time_s.get("optimizer", r.host_busy_s or 0.0),
+            "peak_memory_bytes": float(r.peak_memory_bytes),
+            "reserved_memory_bytes": float(r.reserved_memory_bytes)}
+
+
+def residuals(runs: list[PublishedRun], hw: HardwareProfile) -> list[dict[str, Any]]:
+    """Per run: its name, kind (zsim.spec.error_bands.plan_kind) and predicted /
+    measured - 1 per metric."""
+    out = []
+    for run in runs:
+        pred = predict(run, hw)
+        out.append({"run": run.name, "kind": plan_kind(run.plan),
+                    **{k: pred[k] / run.measured[k] - 1.0 for k in METRICS}})
+    return out
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    head = f"{'run':22s} {'kind':10s}" + "".join(f" {k[:-2]:>14s}" for k in METRICS)
+    lines = [head]
+    for r in rows:
+        lines.append(f"{r['run']:22s} {r['kind']:10s}"
+                     + "".join(f" {100 * r[k]:+14.1f}" for k in METRICS))
+    for name, fn in (("mean |err|", statistics.mean), ("max |err|", max)):
+        lines.append(f"{name:33s}" + "".join(
+            f" {100 * fn(abs(r[k]) for r in rows):14.1f}" for k in METRICS))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m zsim.calibrate.published_runs",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", type=Path, required=True,
+                        help="shared/cases/h200-fsdp2-runs.yaml")
+    parser.add_argument("--hardware", default="hgx-h200")
+    parser.add_argument("--bands", action="store_true",
+                        help="print the error_bands: section these residuals give")
+    args = parser.parse_args(argv)
+    rows = residuals(load_runs(args.cases), resolve_hardware(args.hardware))
+    print(bands_yaml(rows, source=f"python -m zsim.calibrate.published_runs --cases "
+                                  f"{args.cases.name} --bands") if args.bands else _table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
