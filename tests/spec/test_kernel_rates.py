@@ -23,7 +23,7 @@ from zsim.spec.registry import resolve_hardware, resolve_model
 
 TOY: dict[str, Any] = {
     "matmul_tflops": {"bf16": [[1024, 1024, 1024, 100.0], [4096, 4096, 4096, 400.0]]},
-    "attention": [[1024, 128, 50.0, 20.0], [4096, 128, 200.0, 80.0]],
+    "attention": {"bf16": [[1024, 128, 50.0, 20.0], [4096, 128, 200.0, 80.0]]},
     "memory_gb_per_s": {c: {"forward": 1000, "backward": 500}
                         for c in ("norm", "rope", "elementwise", "cross_entropy", "optimizer")},
     "source": "hand-made for the test",
@@ -40,10 +40,12 @@ def test_matmul_rate_is_exact_at_a_measured_shape_and_between_neighbours() -> No
 
 def test_attention_rate_interpolates_in_log_seq_and_holds_beyond_the_ends() -> None:
     rates = KernelRates.from_dict(TOY)
-    assert rates.attention_flop_per_s(2048, 128, "forward") == pytest.approx(125e12)
-    assert rates.attention_flop_per_s(2048, 128, "backward") == pytest.approx(50e12)
-    assert rates.attention_flop_per_s(512, 128, "forward") == 50e12
-    assert rates.attention_flop_per_s(65536, 64, "backward") == 80e12  # nearest head_dim
+    assert rates.attention_flop_per_s(2048, 128, "forward", "bf16") == pytest.approx(125e12)
+    assert rates.attention_flop_per_s(2048, 128, "backward", "bf16") == pytest.approx(50e12)
+    assert rates.attention_flop_per_s(512, 128, "forward", "bf16") == 50e12
+    # The nearest head_dim; no table for a dtype: None.
+    assert rates.attention_flop_per_s(65536, 64, "backward", "bf16") == 80e12
+    assert rates.attention_flop_per_s(2048, 128, "forward", "fp32") is None
 
 
 def test_time_with_rates_by_hand() -> None:
@@ -87,10 +89,10 @@ def test_backward_shapes_carry_the_same_flops_as_twice_forward() -> None:
 
 
 def test_h200_matmul_table_predicts_its_own_points_left_out() -> None:
-    """Leave-one-out over the 48 bf16 shapes of shared/cases/h200-microbench.yaml (copied
-    into hardware_profiles/hgx-h200.yaml): the interpolation's error where nothing was
-    measured. Measured: mean 5.4%, median 3.3%, worst 49% at the table's smallest shape
-    (2048 x 4096 x 1024), an edge where the rate falls faster than its neighbours say."""
+    """Leave-one-out over the bf16 shapes of hardware_profiles/hgx-h200.yaml (the matmuls
+    of real FSDP2 steps and of reports/validation-h200/kernels.csv): the interpolation's
+    error where nothing was measured. Measured: mean 7.4%, median 5.4%, worst 66% at the
+    smallest shape (1024^3), an edge where the rate falls faster than its neighbours say."""
     rates = resolve_hardware("hgx-h200").kernels
     assert rates is not None
     points = rates.matmul["bf16"]
@@ -98,15 +100,16 @@ def test_h200_matmul_table_predicts_its_own_points_left_out() -> None:
     for i, p in enumerate(points):
         rest = replace(rates, matmul={"bf16": points[:i] + points[i + 1:]})
         errors.append(abs(rest.matmul_flop_per_s(p.m, p.k, p.n, "bf16") / p.flop_per_s - 1))
-    assert len(points) == 48
-    assert statistics.mean(errors) < 0.06
-    assert statistics.median(errors) < 0.04
+    assert len(points) == 42
+    assert statistics.mean(errors) < 0.08
+    assert statistics.median(errors) < 0.06
 
 
 @pytest.mark.parametrize(("change", "field"), [
     ({"matmul_tflops": {"bf16": [[1024, 1024, 1024]]}}, "kernels.matmul_tflops.bf16[0]"),
     ({"matmul_tflops": {"bf16": [[1024, 1024, 1024, -1]]}}, "kernels.matmul_tflops.bf16[0]"),
     ({"attention": []}, "kernels.attention"),
+    ({"attention": {"bf16": [[1, 2, 3]]}}, "kernels.attention.bf16[0]"),
     ({"memory_gb_per_s": {"norm": {"forward": 1}}}, "kernels.memory_gb_per_s.norm.backward"),
     ({"typo": 1}, "kernels.typo"),
 ])

@@ -347,9 +347,10 @@ def compute_time_s(flops: Flops, hw: HardwareProfile, dtype: str) -> float:
             work = 2.0 * m * k * n * count
             seconds += work / rate
             matmul -= work
-    if dtype == "bf16":  # measured attention is bf16 flash attention
-        for seq, head_dim, phase, work in flops.attention_calls:
-            seconds += work / rates.attention_flop_per_s(seq, head_dim, phase)
+    for seq, head_dim, phase, work in flops.attention_calls:
+        rate = rates.attention_flop_per_s(seq, head_dim, phase, _matmul_dtype(dtype))
+        if rate is not None:
+            seconds += work / rate
             attention -= work * (1.0 if phase == "forward" else BACKWARD_FACTOR)
     for cls, phase, nbytes in flops.traffic:
         seconds += nbytes / rates.memory_bytes_per_s[cls][phase]
@@ -383,7 +384,7 @@ def with_float8_linears(work: Flops, forward: Flops, *, phase: str) -> Flops:
 
 
 def _matmul_dtype(dtype: str) -> str:
-    """The matmul table a compute dtype runs on: fp16 runs at bf16's rates (same tensor
+    """The table of rates a compute dtype runs on: fp16 runs at bf16's rates (same tensor
     cores and peak)."""
     return "bf16" if dtype == "fp16" else dtype
 

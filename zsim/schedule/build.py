@@ -229,29 +229,32 @@ class Builder:
 
 # ---------------------------------------------------------------------- shared ops
 def block_forward(b: Builder, u: Unit, mb: int, *, after: tuple[int, ...] = (),
-                  frees: tuple[str, ...] = ()) -> int:
+                  frees: tuple[str, ...] = (), host_s: float = 0.0) -> int:
     """The forward of unit `u`'s blocks for micro-batch mb: allocates what they save for
-    backward (`mb<mb>/<unit>/saved`)."""
+    backward (`mb<mb>/<unit>/saved`). On an async host it lasts at least `host_s`, the
+    host's time to issue it (the program's own figure: the device waits for the host)."""
     flops = b.block_fwd.scaled(u.blocks)
     return b.add(
         name=f"{u.name} forward (mb {mb})", kind="forward", stream="compute", unit=u.index,
         microbatch=mb, after=after, flops=flops.total,
-        compute_s=b.compute(flops) + b.checkpoint_host_s("forward", u.blocks),
+        compute_s=max(b.compute(flops) + b.checkpoint_host_s("forward", u.blocks), host_s),
         allocs=(Buffer(name=f"mb{mb}/{u.name}/saved", category="activations",
                        bytes=b.acts.saved_per_block * u.blocks),),
         frees=frees)
 
 
 def block_backward(b: Builder, u: Unit, mb: int, *, after: tuple[int, ...] = (),
-                   grads: tuple[Buffer, ...] = (), frees: tuple[str, ...] = ()) -> int:
+                   grads: tuple[Buffer, ...] = (), frees: tuple[str, ...] = (),
+                   host_s: float = 0.0) -> int:
     """The backward of unit `u`'s blocks for micro-batch mb (recomputation included):
-    a working set for its duration, `grads` allocated, the saved tensors freed."""
+    a working set for its duration, `grads` allocated, the saved tensors freed; at least
+    `host_s` long (see block_forward)."""
     flops = b.block_bwd.scaled(u.blocks)
     work = f"mb{mb}/{u.name}/backward_working"
     return b.add(
         name=f"{u.name} backward (mb {mb})", kind="backward", stream="compute",
         unit=u.index, microbatch=mb, after=after,
-        compute_s=b.compute(flops) + b.checkpoint_host_s("backward", u.blocks),
+        compute_s=max(b.compute(flops) + b.checkpoint_host_s("backward", u.blocks), host_s),
         flops=flops.total,
         allocs=(Buffer(name=work, category="activations", bytes=b.acts.block_transient),
                 *grads),

@@ -2,17 +2,19 @@
 of a hardware profile.
 
 Owns the schema of that section and the rate lookups: a matmul's rate by its shape
-(m, k, n) and dtype, causal attention's forward and backward rates by sequence length and
-head dimension, and the bandwidth of each class of memory-bound kernel (norms, RoPE,
+(m, k, n) and dtype, causal attention's forward and backward rates by sequence length,
+head dimension and dtype, and the bandwidth of each class of memory-bound kernel (norms, RoPE,
 elementwise, the loss, the optimizer) by pass. A profile without the section
 keeps its flat efficiencies (zsim.spec.hardware); one with it gets times that follow the
-shape of each kernel, as measured (shared/cases/h200-microbench.yaml for the H200).
+shape of each kernel, as measured (for the H200: kernels inside real FSDP2 steps and
+micro-benchmarks, reports/validation-h200/).
 
 Interpolation between measured shapes: inverse-distance weighting in log2(m, k, n) over
 the nearest INTERP_NEIGHBOURS points of the dtype's table (exact at a measured shape);
 for attention, linear in log2(seq) between the measured sequence lengths of the closest
-head dimension, constant beyond the ends. tests/spec/test_kernel_rates.py holds the
-leave-one-out error of the matmul interpolation on the H200 table.
+head dimension in the step's dtype, constant beyond the ends.
+tests/spec/test_kernel_rates.py holds the leave-one-out error of the matmul interpolation
+on the H200 table.
 """
 
 from __future__ import annotations
@@ -70,8 +72,9 @@ class KernelRates:
 
     matmul: dict[str, tuple[MatmulPoint, ...]]
     """Measured matmuls per compute dtype ("bf16", "tf32", ...)."""
-    attention: tuple[AttentionPoint, ...]
-    """Measured causal flash attention (bf16), by sequence length and head dimension."""
+    attention: dict[str, tuple[AttentionPoint, ...]]
+    """Measured causal attention per compute dtype, by sequence length and head
+    dimension."""
     memory_bytes_per_s: dict[str, dict[str, float]]
     """Bytes read + written per second by memory-bound kernel class (MEMORY_CLASSES) and
     pass (PASSES)."""
@@ -88,12 +91,17 @@ class KernelRates:
         weights = [(1.0 / d2, rate) for d2, rate in nearest[:INTERP_NEIGHBOURS]]
         return sum(w * r for w, r in weights) / sum(w for w, _ in weights)
 
-    def attention_flop_per_s(self, seq: int, head_dim: int, phase: str) -> float:
+    def attention_flop_per_s(self, seq: int, head_dim: int, phase: str,
+                             dtype: str) -> float | None:
         """Forward FLOPs per second of causal attention's `phase` ("forward" or
-        "backward") at this sequence length and head dimension."""
-        hd = min({p.head_dim for p in self.attention}, key=lambda h: (abs(h - head_dim), h))
+        "backward") at this sequence length and head dimension in `dtype`; None: no
+        measurement in that dtype."""
+        table = self.attention.get(dtype)
+        if not table:
+            return None
+        hd = min({p.head_dim for p in table}, key=lambda h: (abs(h - head_dim), h))
         pts = sorted((p.seq, p.forward_flop_per_s if phase == "forward"
-                      else p.backward_flop_per_s) for p in self.attention if p.head_dim == hd)
+                      else p.backward_flop_per_s) for p in table if p.head_dim == hd)
         by_seq: dict[int, list[float]] = {}
         for s, rate in pts:
             by_seq.setdefault(s, []).append(rate)
@@ -126,9 +134,14 @@ class KernelRates:
                                for i, row in enumerate(_rows(rows, f"kernels.matmul_tflops."
                                                                     f"{dtype}")))
                   for dtype, rows in tables.items()}
-        attention = tuple(_attention_point(row, f"kernels.attention[{i}]")
-                          for i, row in enumerate(_rows(data["attention"],
-                                                        "kernels.attention")))
+        by_dtype = data["attention"]
+        if not isinstance(by_dtype, dict) or not by_dtype:
+            raise ConfigError("kernels.attention", by_dtype,
+                              "must map dtype names to lists of [seq, head_dim, fwd, bwd]")
+        attention = {dtype: tuple(_attention_point(row, f"kernels.attention.{dtype}[{i}]")
+                                  for i, row in enumerate(_rows(rows, f"kernels.attention."
+                                                                      f"{dtype}")))
+                     for dtype, rows in by_dtype.items()}
         mem = data["memory_gb_per_s"]
         _keys(mem, "kernels.memory_gb_per_s", MEMORY_CLASSES)
         rates = {}

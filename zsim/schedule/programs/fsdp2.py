@@ -196,7 +196,8 @@ class _Step:
                     self.backward_prefetch(blocks, mb, gathered, issued, below=k, after=copy)
                     after = (copy,)
                 bwd[k] = block_backward(b, u, mb, after=after, grads=grad_alloc(u, u.params),
-                                        frees=(gathered[k],))
+                                        frees=(gathered[k],),
+                                        host_s=self.block_host_s("backward", u))
                 if last_mb:
                     self.reduce(u, bwd[k], final=False)
             emb_b = b.add(name=f"embedding backward (mb {mb})", kind="backward",
@@ -232,8 +233,27 @@ class _Step:
                         issued[j] = self.all_gather(blocks[j], mb, gathered,
                                                     phase="forward", issue_after=(copy,))
             fwd.append(block_forward(b, u, mb, after=(copy,),
-                                     frees=(gathered[k],) if p.reshard_after_forward else ()))
+                                     frees=(gathered[k],) if p.reshard_after_forward else (),
+                                     host_s=self.block_host_s("forward", u)))
         return fwd
+
+    def block_host_s(self, phase: str, u: Unit) -> float:
+        """Host time to issue unit `u`'s blocks in `phase` on an async host (the profile's
+        fsdp2_block_host_s: base + per rank of the shard group, per block; a checkpointed
+        block adds its extra in forward, and its backward re-issues the forward too);
+        0 on a synchronous host or without the figures."""
+        hw, p = self.b.hw, self.p
+        if hw.launch != "async" or not hw.fsdp2_block_host_s:
+            return 0.0
+
+        def issue(ph: str) -> float:
+            base, per_rank = hw.fsdp2_block_host_s[ph]
+            return base + per_rank * p.dp_shard
+
+        checkpoint = hw.fsdp2_block_host_s["checkpoint"][0] if p.recompute != "none" else 0.0
+        per_block = (issue("forward") + checkpoint if phase == "forward"
+                     else issue("backward") + (issue("forward") if checkpoint else 0.0))
+        return per_block * u.blocks
 
     # ------------------------------------------------------------------ gathers
     def all_gather(self, u: Unit, mb: int, gathered: dict[int, str], *, phase: str,
