@@ -5,8 +5,10 @@ optional extra of zsim); calling its functions does.
 Modules: model (the reference Llama), fsdp2 (Plan -> fully_shard / DDP / ZeRO), runner
 (N processes), measure (instruments), step (one plan's measured run), microbench, fit,
 profile (`calibrate`), validate (`validate`, the report), gpu_report and gpu_bench (the
-GPU validation report and its measurements), deepspeed_zero and fsdp1 (the other
-libraries' programs), training (the library-neutral training step)."""
+GPU validation report and its measurements), gpu_phases (where a real GPU step's time
+goes, by phase and kernel class), published_runs (the published H200 runs replayed in the
+simulator; no torch), deepspeed_zero and fsdp1 (the other libraries' programs), training
+(the library-neutral training step)."""
 
 from __future__ import annotations
 
