@@ -50,7 +50,7 @@ def error(data: dict[str, Any], tmp_path: Path) -> ConfigError:
      "fp7"),
     (lambda d: d.update(gpus=0), "gpus", 0),
     (lambda d: d.pop("gpus"), "plans.fsdp.gpus", None),
-    (lambda d: d.update(precision="fp8"), "precision", "fp8"),
+    (lambda d: d.update(precision="fp4"), "precision", "fp4"),
     (lambda d: d.update(precision={}), "precision", {}),  # fuzz: was a TypeError
     (lambda d: d.update(plans=["fsdp"]), "plans", ["fsdp"]),
     (lambda d: d["plans"].update(ddp="ddp"), "plans.ddp", "ddp"),

@@ -124,8 +124,9 @@ def test_precision_knobs() -> None:
     assert precision_knobs("bf16")["param_dtype"] == "bf16"
     assert set(precision_knobs("fp32").values()) == {"fp32"}
     with pytest.raises(ConfigError) as e:
-        precision_knobs("fp8")
-    assert (e.value.field, e.value.value) == ("precision", "fp8")
+        precision_knobs("fp4")
+    assert (e.value.field, e.value.value) == ("precision", "fp4")
+    assert precision_knobs("tf32")["tf32"] is True and precision_knobs("fp8")["fp8"] is True
 
 
 # ------------------------------------------------------------------ round trips
