@@ -2,7 +2,9 @@
 `python -m zsim.calibrate.validate --out reports/validation`, batches of it with --only)
 against the error bounds of issues 4 and 10: a row above its bound fails (the bounds are
 never widened), and the programs of issue 10 have rows on a Llama and a GPT model at
-world 2 and 4."""
+world 2 and 4. The library rows with step time measured on another host
+(reports/validation-library-cpu16/, from bench/device/library_cpu_rows.sh) are held to
+the same step-time bound (a strict xfail while they miss it)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,11 @@ from pathlib import Path
 
 import pytest
 
-REPORT = Path(__file__).resolve().parents[2] / "reports" / "validation" / "validation.csv"
+REPORTS = Path(__file__).resolve().parents[2] / "reports"
+REPORT = REPORTS / "validation" / "validation.csv"
+LIBRARY_CPU_REPORT = REPORTS / "validation-library-cpu16" / "validation.csv"
+"""The library plans timed on a 16-core host with native bf16 (this repository's host has
+none, so REPORT's library rows carry no step time)."""
 BOUNDS_PCT = {
     "activation_bytes_blocks": 3.0,
     "activation_bytes_root": 3.0,
@@ -23,20 +29,36 @@ BOUNDS_PCT = {
 restated here, independent of the code."""
 
 
-def _rows() -> list[dict[str, str]]:
-    if not REPORT.is_file():
-        pytest.skip(f"{REPORT} not generated yet")
-    with REPORT.open() as f:
+def _rows(report: Path = REPORT) -> list[dict[str, str]]:
+    if not report.is_file():
+        pytest.skip(f"{report} not generated yet")
+    with report.open() as f:
         return list(csv.DictReader(f))
+
+
+def _over_bound(rows: list[dict[str, str]], metric: str) -> list[str]:
+    """The rows of `metric` whose |error| exceeds its bound, named."""
+    return [f"{r['model']} {r['plan']} n={r['nproc']}: {float(r['error_pct']):+.1f}%"
+            for r in rows
+            if r["metric"] == metric and abs(float(r["error_pct"])) > BOUNDS_PCT[metric]]
 
 
 @pytest.mark.parametrize("metric", list(BOUNDS_PCT))
 def test_committed_rows_within_bound(metric: str) -> None:
     rows = [r for r in _rows() if r["metric"] == metric]
     assert len(rows) >= 8, f"the report needs >= 8 plans for {metric}"
-    over = [f"{r['model']} {r['plan']} n={r['nproc']}: {float(r['error_pct']):+.1f}%"
-            for r in rows if abs(float(r["error_pct"])) > BOUNDS_PCT[metric]]
+    over = _over_bound(rows, metric)
     assert not over, f"{metric} above {BOUNDS_PCT[metric]}%: " + "; ".join(over)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 10 not reached: DeepSpeed and FSDP1 step "
+                   "times on gloo/CPU are under-predicted by 15-68% (ZeRO-3 -60%, -68%; "
+                   "ZeRO-2 CPU offload -49%, -52%; ZeRO-1/2 -26% to -38%; FSDP1 -15% to -22%)")
+def test_library_cpu_step_time_within_bound() -> None:
+    rows = [r for r in _rows(LIBRARY_CPU_REPORT) if r["metric"] == "step_time_s"]
+    assert len(rows) == 12  # the n2 cases: 6 programs x 2 models
+    over = _over_bound(rows, "step_time_s")
+    assert not over, f"step_time_s above {BOUNDS_PCT['step_time_s']}%: " + "; ".join(over)
 
 
 @pytest.mark.parametrize("program", [

@@ -251,24 +251,30 @@ def case_key(spec: ModelSpec, plan: Plan) -> str:
     return f"{spec.name} {plan.label} n{plan.world_size}"
 
 
-def regenerate_report(profile: HardwareProfile, *, out_dir: Path, steps: int = 8,
+def regenerate_report(profile: HardwareProfile | None, *, out_dir: Path, steps: int = 8,
                       runs: int = REPORT_RUNS, only: tuple[str, ...] = (),
-                      keep_time: bool = True) -> Path:
+                      keep_time: bool = True, min_timed_s: float = MIN_TIMED_S,
+                      calibration_rounds: int | None = None) -> Path:
     """Run (model, plan) cases of the grid for real `runs` times (one pass over the cases
     per run) and in the simulator; write `validation.csv` (step time: the median over all
     runs' timed steps; the other measurements from the first run), `step_time_runs.csv`
     (each run's median step time, the host's run-to-run spread), one
     predicted-vs-measured plot per metric and `provenance.yaml`. Plans at a world size
     other than `profile`'s gpus_per_node are predicted with a profile calibrated at that
-    world size (see _profiles_per_world).
+    world size (see _profiles_per_world); with `profile` None, every world size is (the
+    command's --calibrate-here: a host other than the committed profiles' measures a
+    batch consistent with itself); those calibrations run `calibration_rounds` rounds
+    of the benchmarks (None: BenchConfig's default). Each timed run fills at least
+    `min_timed_s` seconds.
 
     With `only`, a batch: just the cases whose case_key matches one of the fnmatch
     patterns are measured; their rows replace theirs in the existing report, the other
     rows stay, rows of cases no longer in the grid go, and the batch is appended to the
     provenance's batches. Without `keep_time` the batch runs the two memory steps only
     (no timed step), keeps the host-independent metrics (memory, state, activations) and
-    predicts with the profiles already in out_dir: for a host other than the one the
-    profiles were calibrated on, whose step times say nothing about the simulator.
+    predicts with the profiles already in out_dir (with `profile` None, with ones
+    calibrated anew): for a host other than the one the profiles were calibrated on,
+    whose step times say nothing about the simulator.
 
     Returns:
         The CSV path.
@@ -290,7 +296,8 @@ def regenerate_report(profile: HardwareProfile, *, out_dir: Path, steps: int = 8
         raise ConfigError("only", " ".join(only), "matches no case of the grid")
     profiles = _profiles_per_world(profile, sorted({p.world_size for _, p in cases}), out_dir,
                                    backend="nccl" if device == "cuda" else "gloo",
-                                   reuse=not keep_time)
+                                   reuse=not keep_time and profile is not None,
+                                   rounds=calibration_rounds)
     measured: list[list[PlanMeasurement]] = [[] for _ in cases]
     for run in range(runs):
         for (spec, plan), done in zip(cases, measured, strict=True):
@@ -298,7 +305,7 @@ def regenerate_report(profile: HardwareProfile, *, out_dir: Path, steps: int = 8
             done.append(measure_plan(spec, plan, nproc=plan.world_size,
                                      steps=steps if keep_time else 0,
                                      warmup_steps=1 if keep_time else 0,
-                                     min_timed_s=MIN_TIMED_S if keep_time else 0.0))
+                                     min_timed_s=min_timed_s if keep_time else 0.0))
             print(f"run {run + 1}/{runs}: measured {case_key(spec, plan)}", flush=True)
     rows: list[dict[str, Any]] = []
     for (spec, plan), done in zip(cases, measured, strict=True):
@@ -319,13 +326,18 @@ def regenerate_report(profile: HardwareProfile, *, out_dir: Path, steps: int = 8
     batch = {
         "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": f"python -m zsim.calibrate.validate --out {out_dir} --runs {runs}"
+                   + (" --calibrate-here" if profile is None else "")
+                   + (f" --calibration-rounds {calibration_rounds}"
+                      if calibration_rounds is not None else "")
                    + (f" --steps {steps}" if keep_time else " --no-time")
+                   + (f" --min-timed-s {min_timed_s:g}"
+                      if keep_time and min_timed_s != MIN_TIMED_S else "")
                    + "".join(f" --only '{pat}'" for pat in only),
         "torch": str(torch.__version__),
         "machine": f"{platform.node()} {platform.machine()}",
         "profiles": {n: p.name for n, p in profiles.items()},
         "runs_per_plan": runs,
-        "min_timed_s_per_run": MIN_TIMED_S if keep_time else 0.0,
+        "min_timed_s_per_run": min_timed_s if keep_time else 0.0,
         "metrics": "all" if keep_time else "host-independent only (memory, state, "
                                             "activations; no step, forward or comm time)",
         "cases": [case_key(spec, plan) for spec, plan in cases] if only else len(cases),
@@ -397,22 +409,26 @@ def _merge(old: list[dict[str, Any]], new: list[dict[str, Any]], order: list[str
     return sorted(kept + new, key=lambda r: rank[_row_key(r)])
 
 
-def _profiles_per_world(profile: HardwareProfile, world_sizes: list[int], out_dir: Path, *,
-                        backend: str, reuse: bool = False) -> dict[int, HardwareProfile]:
+def _profiles_per_world(profile: HardwareProfile | None, world_sizes: list[int],
+                        out_dir: Path, *, backend: str, reuse: bool = False,
+                        rounds: int | None = None) -> dict[int, HardwareProfile]:
     """`profile` for the world size it was measured at (its gpus_per_node); for other
-    world sizes a profile calibrated here at that many ranks (written to out_dir), since
-    on one host the ranks share its cores and links, so per-rank rates depend on N. With
-    `reuse`, one already in out_dir is read instead of calibrated again."""
+    world sizes, or every one when `profile` is None, a profile calibrated here at that
+    many ranks (written to out_dir), since on one host the ranks share its cores and
+    links, so per-rank rates depend on N; `rounds` of the benchmarks (None: BenchConfig's
+    default). With `reuse`, one already in out_dir is read instead of calibrated again."""
+    from zsim.calibrate.microbench import BenchConfig
     from zsim.calibrate.profile import calibrate
 
     out: dict[int, HardwareProfile] = {}
     for n in world_sizes:
         path = out_dir / f"calibrated-{backend}-n{n}.yaml"
-        if n == profile.gpus_per_node:
+        if profile is not None and n == profile.gpus_per_node:
             out[n] = profile
             continue
         if not (reuse and path.is_file()):
-            path = calibrate(backend, n, path)
+            path = calibrate(backend, n, path,
+                             config=None if rounds is None else BenchConfig(rounds=rounds))
         out[n] = HardwareProfile.from_yaml(path)
     return out
 
@@ -459,10 +475,14 @@ def _plot(rows: list[dict[str, Any]], out_dir: Path) -> None:
     fig.savefig(out_dir / "predicted_vs_measured.png", dpi=100)
 
 
-if __name__ == "__main__":
-    import argparse
+def main(argv: list[str] | None = None) -> Path:
+    """`python -m zsim.calibrate.validate`: parse `argv` (default sys.argv[1:]) and
+    regenerate the report, or the batch of it that --only names.
 
-    from zsim.spec.registry import resolve_hardware
+    Returns:
+        The CSV path.
+    """
+    import argparse
 
     parser = argparse.ArgumentParser(
         prog="python -m zsim.calibrate.validate",
@@ -470,7 +490,14 @@ if __name__ == "__main__":
                     "of them with --only, for real and in the simulator).")
     parser.add_argument("--out", type=Path, required=True,
                         help="report folder (the repository's is reports/validation)")
-    parser.add_argument("--profile", default="local-cpu", help="calibrated hardware profile")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--profile", default="local-cpu",
+                       help="calibrated hardware profile (name or YAML path) of its world "
+                            "size; the batch's other world sizes are calibrated here")
+    where.add_argument("--calibrate-here", action="store_true",
+                       help="calibrate every world size of the batch on this host (into "
+                            "--out) instead of using --profile: for a host other than the "
+                            "committed profiles'")
     parser.add_argument("--only", action="append", default=[], metavar="PATTERN",
                         help="measure only the cases whose '<model> <plan label> n<N>' "
                              "matches this fnmatch pattern (repeatable); their rows replace "
@@ -480,7 +507,27 @@ if __name__ == "__main__":
                              "activations): for a host other than the profiles'")
     parser.add_argument("--runs", type=int, default=REPORT_RUNS, help="runs of each case")
     parser.add_argument("--steps", type=int, default=8, help="timed steps per run, at least")
-    args = parser.parse_args()
-    print(regenerate_report(resolve_hardware(args.profile), out_dir=args.out,
-                            steps=args.steps, runs=args.runs, only=tuple(args.only),
-                            keep_time=not args.no_time))
+    parser.add_argument("--calibration-rounds", type=int, metavar="N",
+                        help="rounds of the benchmarks of each profile calibrated here "
+                             "(default: zsim.calibrate.microbench.BenchConfig's)")
+    parser.add_argument("--min-timed-s", type=float, default=MIN_TIMED_S, metavar="SECONDS",
+                        help="time more steps until each run's timed steps fill this many "
+                             "seconds (default %(default)g)")
+    args = parser.parse_args(argv)
+    if args.min_timed_s < 0:
+        parser.error("--min-timed-s must be >= 0")
+    if args.calibration_rounds is not None and args.calibration_rounds < 1:
+        parser.error("--calibration-rounds must be >= 1")
+    profile = None
+    if not args.calibrate_here:
+        from zsim.spec.registry import resolve_hardware
+
+        profile = resolve_hardware(args.profile)
+    return regenerate_report(profile, out_dir=args.out, steps=args.steps, runs=args.runs,
+                             only=tuple(args.only), keep_time=not args.no_time,
+                             min_timed_s=args.min_timed_s,
+                             calibration_rounds=args.calibration_rounds)
+
+
+if __name__ == "__main__":
+    print(main())
