@@ -1,5 +1,6 @@
 """Benchmark of zsim's own speed (not a timed test): simulated events per second, one step
-of a 70B model on 1,024 GPUs in symmetric mode, and the simulation of 13B/128 candidates.
+of a 70B model on 1,024 GPUs in symmetric mode, each candidate of `zsim plan --model 13b
+--gpus 128` (lowering, engine, summary), and the simulation of 13B/128 candidates.
 
 Run: python bench/bench_engine.py
 Targets (issue 3): >= 200k events/s; 70B/1024 < 1 s; `zsim plan --model 13b --gpus 128`
@@ -19,8 +20,11 @@ from typing import TypeVar
 from zsim.engine.simulate import run
 from zsim.fanout import workers_for
 from zsim.planner import candidate_plans
-from zsim.schedule.lower import lower
+from zsim.result import summarize
+from zsim.schedule.lower import lower, memory_floor_bytes
 from zsim.simulate import simulate
+from zsim.spec.hardware import HardwareProfile
+from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 from zsim.spec.registry import resolve_hardware, resolve_model
 
@@ -35,6 +39,31 @@ def _timed(fn: Callable[[], T], repeat: int = 3) -> tuple[float, T]:
         out = fn()
         best = min(best, time.perf_counter() - t0)
     return best, out
+
+
+def _plan_candidates(model: ModelSpec, hw: HardwareProfile) -> None:
+    """Where `zsim plan --model 13b --gpus 128` spends its simulation time: each candidate's
+    lowering, engine run and summary (best of 3, one process), and the engine's events/s
+    over all of them."""
+    print(f"{'13b/128 planner candidate':44s} {'ops':>5s} {'events':>6s} {'lower ms':>8s} "
+          f"{'engine ms':>9s} {'summary ms':>10s}")
+    totals = [0.0, 0.0, 0.0]
+    events = 0
+    for plan in candidate_plans(hw, gpus=128, seq_len=model.max_seq_len):
+        if sum(memory_floor_bytes(model, plan).values()) > hw.hbm_bytes:
+            continue  # the closed form answers: nothing simulated
+        t_lower, schedule = _timed(lambda p=plan: lower(model, hw, p))
+        t_run, out = _timed(lambda s=schedule: run(s))
+        t_sum, _ = _timed(lambda s=schedule, o=out: summarize(
+            s, o.trace, o.memory, model=model.name, hardware=hw.name, plan_label=""))
+        for i, t in enumerate((t_lower, t_run, t_sum)):
+            totals[i] += t
+        events += out.trace.events
+        print(f"{plan.label:44s} {len(schedule.ops):5d} {out.trace.events:6d} "
+              f"{t_lower * 1e3:8.1f} {t_run * 1e3:9.1f} {t_sum * 1e3:10.1f}")
+    print(f"{'total (one core)':44s} {'':5s} {events:6d} {totals[0] * 1e3:8.1f} "
+          f"{totals[1] * 1e3:9.1f} {totals[2] * 1e3:10.1f}; engine {events / totals[1]:,.0f} "
+          "events/s")
 
 
 def main() -> None:
@@ -56,6 +85,8 @@ def main() -> None:
     wall, r = _timed(lambda: simulate(m70, hw, plan))
     print(f"simulate() 70b fsdp on 1024 GPUs, grad_accum 8 (lower + engine + summary): "
           f"{wall:.3f} s; simulated step {r.step_time_s:.2f} s, mfu {r.mfu:.3f}")
+
+    _plan_candidates(m13, hw)
 
     candidates = [Plan.for_strategy(s, gpus=128, seq_len=8192, shard_group=g, recompute=ac,
                                     micro_batch=mb)

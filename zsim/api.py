@@ -15,7 +15,6 @@ from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan, precision_knobs
 from zsim.spec.presets import ALIASES, PRESETS
 from zsim.spec.registry import hardware_names, resolve_hardware, resolve_model
-from zsim.spec.user_config import config_plan
 from zsim.units import GiB
 
 
@@ -42,6 +41,8 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
     warnings: tuple[str, ...] = ()
     yours: Plan | None = None
     if ds_config is not None or fsdp_config is not None:
+        from zsim.spec.user_config import config_plan  # its readers: only with a config
+
         yours, warnings = config_plan(spec, hw, ds_config=ds_config, fsdp_config=fsdp_config,
                                       gpus=gpus, seq=seq, micro_batch=micro_batch,
                                       grad_accum=grad_accum, precision=precision)
@@ -132,6 +133,8 @@ def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | 
     hw = resolve_hardware(hardware)
     warnings: tuple[str, ...] = ()
     if ds_config is not None or fsdp_config is not None:
+        from zsim.spec.user_config import config_plan  # its readers: only with a config
+
         plan, warnings = config_plan(spec, hw, ds_config=ds_config, fsdp_config=fsdp_config,
                                      gpus=gpus, strategy=strategy, shard_group=shard_group,
                                      seq=seq, micro_batch=micro_batch, grad_accum=grad_accum,

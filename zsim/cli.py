@@ -3,6 +3,8 @@ api function, and renders; a ZsimError becomes one line on stderr and exit code 
 
 from __future__ import annotations
 
+import atexit
+import gc
 import sys
 from collections.abc import Callable, Iterable
 from enum import Enum
@@ -233,6 +235,10 @@ _UsageError: type[Exception] = typer.BadParameter.__mro__[1]
 def main() -> None:
     """Console entry point: like `app()`, but a usage error (unknown option, bad choice,
     unparsable value) is one line naming the option and value, with exit code 2."""
+    # The process ends with the command: at exit, skip the interpreter's last full garbage
+    # collection over every object still alive (30 ms of `zsim plan`'s wall time).
+    atexit.unregister(gc.freeze)
+    atexit.register(gc.freeze)
     command = typer.main.get_command(app)
     args = sys.argv[1:] or ["--help"]
     try:

@@ -79,8 +79,11 @@ class Result:
     peak_memory_bytes: int
     """Peak allocated HBM (what torch.cuda.max_memory_allocated reports); until OOM, the
     level the first allocation over HBM reached; from the closed form, the floor."""
-    reserved_memory_bytes: int
-    """Estimated peak reserved by a caching allocator with per-stream pools."""
+    reserved_memory_bytes: int | None
+    """Peak reserved (torch.cuda.max_memory_reserved) of a steady-state step, from the
+    step's allocations replayed on a model of the CUDA caching allocator
+    (zsim.engine.allocator); None where not asked for (the planner ranks on allocated
+    memory and skips the replay)."""
     memory_at_peak: dict[str, int]
     """Bytes live at the peak, by category."""
     peak_time_s: float | None
@@ -219,13 +222,16 @@ def _oom_message(memory: MemoryPool) -> str | None:
 
 def summarize(schedule: Schedule, trace: Trace, memory: MemoryPool, *, model: str,
               hardware: str, plan_label: str, step_samples_s: list[float] | None = None,
-              keep_spans: bool = True, stopped_at_oom: bool = False) -> Result:
+              keep_spans: bool = True, stopped_at_oom: bool = False,
+              reserved: bool = True) -> Result:
     """Reduce an engine run to a Result (rank 0's view; memory of rank 0). A run
-    `stopped_at_oom` keeps its memory figures and has no time figures."""
+    `stopped_at_oom` keeps its memory figures and has no time figures; without
+    `reserved`, the allocator replay is skipped (reserved_memory_bytes None)."""
     spans0 = [sp for sp in trace.spans if sp.rank == 0]
     memory_fields = dict(
         model=model, hardware=hardware, plan_label=plan_label,
-        peak_memory_bytes=memory.peak_bytes, reserved_memory_bytes=memory.reserved_bytes,
+        peak_memory_bytes=memory.peak_bytes,
+        reserved_memory_bytes=memory.reserved_bytes if reserved else None,
         memory_at_peak=dict(memory.peak_by_category), peak_time_s=memory.peak_time_s,
         peak_op=memory.peak_where,
         baseline_memory_bytes=sum(b.bytes for b in schedule.baseline),

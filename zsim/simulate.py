@@ -26,7 +26,8 @@ RANK_LEVEL_STEPS = 16
 
 def simulate(model: ModelSpec, hw: HardwareProfile, plan: Plan, *, trace: bool = False,
              rank_level: bool = False, seed: int = 0, jitter: Jitter | None = None,
-             rank_level_steps: int = RANK_LEVEL_STEPS, fit_only: bool = False) -> Result:
+             rank_level_steps: int = RANK_LEVEL_STEPS, fit_only: bool = False,
+             reserved: bool = True) -> Result:
     """Simulate one optimizer step of `plan` for `model` on `hw`.
 
     Args:
@@ -41,6 +42,9 @@ def simulate(model: ModelSpec, hw: HardwareProfile, plan: Plan, *, trace: bool =
         rank_level_steps: steps sampled in rank-level mode.
         fit_only: stop at the first allocation over HBM (a plan that fits still runs to
             the end of its step); the Result then says where, with no time figures.
+        reserved: replay the step's allocations on the caching-allocator model for the
+            peak reserved (off: reserved_memory_bytes None, the replay costs about as
+            much as the engine).
 
     Returns:
         The Result; `result.fits` is False and `result.oom` says where when the memory
@@ -65,7 +69,8 @@ def simulate(model: ModelSpec, hw: HardwareProfile, plan: Plan, *, trace: bool =
         out = run(schedule, stop_at_oom=fit_only)
         return with_bands(summarize(schedule, out.trace, out.memory, model=model.name,
                                     hardware=hw.name, plan_label=plan.label, keep_spans=trace,
-                                    stopped_at_oom=out.stopped_at_oom), hw, plan)
+                                    stopped_at_oom=out.stopped_at_oom, reserved=reserved),
+                          hw, plan)
     if rank_level_steps < 1:
         raise ConfigError("rank_level_steps", rank_level_steps, "must be >= 1")
     runs = [run(schedule, num_ranks=plan.world_size, seed=seed * 1_000_003 + i,
@@ -74,7 +79,8 @@ def simulate(model: ModelSpec, hw: HardwareProfile, plan: Plan, *, trace: bool =
     return with_bands(summarize(schedule, first.trace, first.memory, model=model.name,
                                 hardware=hw.name, plan_label=plan.label, keep_spans=trace,
                                 step_samples_s=[r.trace.step_time_s for r in runs],
-                                stopped_at_oom=first.stopped_at_oom), hw, plan)
+                                stopped_at_oom=first.stopped_at_oom, reserved=reserved),
+                      hw, plan)
 
 
 def with_bands(result: Result, hw: HardwareProfile, plan: Plan) -> Result:

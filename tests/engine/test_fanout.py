@@ -4,6 +4,7 @@ the order asked, and a plan the simulator rejects raises the same ConfigError.""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -29,7 +30,7 @@ def test_workers_give_the_serial_results_in_order(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("ZSIM_WORKERS", "2")
     assert 1 <= fanout.workers_for(len(PLANS)) <= 2  # the cap holds
     parallel = fanout.simulate_all(MODEL, HW, PLANS)
-    serial = [simulate(MODEL, HW, p) for p in PLANS]
+    serial = [simulate(MODEL, HW, p, reserved=False) for p in PLANS]  # as simulate_all does
     assert _dump(parallel) == _dump(serial)
 
 
@@ -46,3 +47,21 @@ def test_a_rejected_plan_raises_its_config_error(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(ConfigError) as info:
         fanout.simulate_all(MODEL, HW, bad)
     assert info.value.field.endswith("seq_len")
+
+
+def test_a_worker_that_dies_is_an_error_not_a_hang(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker killed mid-batch (out of memory, a signal) fails the batch at once, with
+    its exit code."""
+    monkeypatch.setenv("ZSIM_WORKERS", "2")
+    if fanout.workers_for(len(PLANS)) < 2:
+        pytest.skip("one core: nothing is forked")
+    parent = os.getpid()
+
+    def dies_in_a_worker(*args: object, **kwargs: object) -> object:
+        if os.getpid() != parent:
+            os._exit(3)
+        return simulate(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fanout, "simulate", dies_in_a_worker)
+    with pytest.raises(RuntimeError, match="exit code 3"):
+        fanout.simulate_all(MODEL, HW, PLANS)

@@ -5,8 +5,9 @@ re-evaluated at every start and finish (processor sharing: k transfers on one li
 get bandwidth / k; a compute kernel runs at 1 - comm_compute_slowdown of its rate while a
 collective is active on its rank, and a collective at 1 - compute_comm_slowdown of its
 rate while a compute kernel runs on one of its ranks), and `MemoryPool`, a counter with
-peak, per-category breakdown at the peak, the memory curve and out-of-memory detection.
-Imports only simpy.
+peak, per-category breakdown at the peak, the memory curve, out-of-memory detection and
+the reserved bytes PyTorch's caching allocator would hold for its sequence
+(zsim.engine.allocator). Imports simpy and zsim.engine.allocator.
 
 Never a blocking `simpy.Container` for memory: it would deadlock silently and end the run
 early with a short, wrong step time (STYLE.md section 5). The pool records the first
@@ -21,22 +22,23 @@ from dataclasses import dataclass
 
 import simpy
 
+from zsim.engine.allocator import Request, steady_reserved
+
 
 class _Task:
     """One fluid task: a transfer over links, or a compute kernel on a rank's SMs."""
 
-    __slots__ = ("done", "finish_s", "keys", "label", "rank", "ranks", "rate", "remaining",
-                 "weights")
+    __slots__ = ("done", "finish_s", "label", "links", "rank", "ranks", "rate", "remaining")
 
-    def __init__(self, done: simpy.Event, work: float, keys: tuple[Hashable, ...],
-                 weights: tuple[float, ...], rank: Hashable | None,
+    def __init__(self, done: simpy.Event, work: float,
+                 links: tuple[tuple[Hashable, float, float], ...], rank: Hashable | None,
                  ranks: tuple[Hashable, ...], label: str) -> None:
         self.done = done
         self.ranks = ranks
         """A transfer's ranks whose compute slows it."""
         self.remaining = work
-        self.keys = keys
-        self.weights = weights
+        self.links = links
+        """A transfer's (link, weight, link capacity) for each link it loads."""
         self.rank = rank
         self.label = label
         """The op the task belongs to (named when the engine stalls)."""
@@ -60,6 +62,10 @@ class Fabric:
     thus ends at the next timer, at `now`, instead of being re-timed forever with
     `remaining` left over; every timer that is not superseded ends at least one task, so
     the events per task are bounded whatever the clock value and the task size.
+
+    Every start, finish and change of a rank's collective count re-evaluates the rate of
+    every running task (a handful at a time); the transfers on each link and the compute
+    kernels on each rank are counted as tasks come and go, not recounted.
     """
 
     def __init__(self, env: simpy.Environment, link_bytes_per_s: dict[Hashable, float], *,
@@ -69,17 +75,23 @@ class Fabric:
         self._slowdown = comm_compute_slowdown
         self._comm_slowdown = compute_comm_slowdown
         self._tasks: list[_Task] = []
+        self._on_link: dict[Hashable, int] = {}
+        """Transfers running on each link."""
+        self._computing: dict[Hashable, int] = {}
+        """Compute kernels running on each rank."""
         self._comm_active: dict[Hashable, int] = {}
         self._last_s = 0.0
-        self._generation = 0
+        self._timer: simpy.Event | None = None
+        """The timer that fires next; older ones are superseded."""
         self._pending_at: float | None = None
 
     def transfer(self, loads: tuple[tuple[Hashable, float], ...], work_bytes: float, *,
                  ranks: tuple[Hashable, ...] = (), label: str = "") -> simpy.Event:
         """Start moving `work_bytes` over the links in `loads` ((key, weight) pairs); the
         event fires when done. Compute running on any of `ranks` slows it."""
-        return self._add(tuple(k for k, _ in loads), tuple(w for _, w in loads),
-                         work_bytes, None, ranks, label)
+        cap = self._capacity
+        return self._add(tuple((k, w, cap[k]) for k, w in loads), work_bytes, None, ranks,
+                         label)
 
     def alone_rate(self, loads: tuple[tuple[Hashable, float], ...]) -> float:
         """Progress rate of a transfer with these loads if it had its links to itself."""
@@ -87,7 +99,7 @@ class Fabric:
 
     def compute(self, rank: Hashable, work_s: float, *, label: str = "") -> simpy.Event:
         """Start a compute kernel of `work_s` seconds at full rate on `rank`."""
-        return self._add((), (), work_s, rank, (), label)
+        return self._add((), work_s, rank, (), label)
 
     def comm_started(self, rank: Hashable) -> None:
         """A collective became active on `rank` (its compute slows down)."""
@@ -99,30 +111,32 @@ class Fabric:
 
     def _comm_changed(self, rank: Hashable, delta: int) -> None:
         # Only a compute kernel running on that rank changes rate.
-        affected = self._slowdown > 0 and any(t.rank == rank for t in self._tasks)
+        affected = self._slowdown > 0 and self._computing.get(rank, 0) > 0
         if affected:
             self._advance()
         self._comm_active[rank] = self._comm_active.get(rank, 0) + delta
         if affected:
             self._reschedule()
 
-    def shared(self, key: Hashable) -> int:
-        """Transfers currently on link `key`."""
-        return sum(1 for t in self._tasks if key in t.keys)
-
     def in_flight(self) -> list[str]:
         """Labels of the running tasks, the next to end first."""
         return [t.label for t in sorted(self._tasks, key=lambda t: t.finish_s)]
 
     # ------------------------------------------------------------------ internals
-    def _add(self, keys: tuple[Hashable, ...], weights: tuple[float, ...], work: float,
+    def _add(self, links: tuple[tuple[Hashable, float, float], ...], work: float,
              rank: Hashable | None, ranks: tuple[Hashable, ...], label: str) -> simpy.Event:
         done = self._env.event()
         if work <= 0:
             done.succeed()
             return done
         self._advance()
-        self._tasks.append(_Task(done, work, keys, weights, rank, ranks, label))
+        self._tasks.append(_Task(done, work, links, rank, ranks, label))
+        if rank is None:
+            on_link = self._on_link
+            for k, _, _ in links:
+                on_link[k] = on_link.get(k, 0) + 1
+        else:
+            self._computing[rank] = self._computing.get(rank, 0) + 1
         self._reschedule()
         return done
 
@@ -132,49 +146,61 @@ class Fabric:
         now = self._env.now
         dt = now - self._last_s
         self._last_s = now
+        tasks = self._tasks
         if dt > 0:
-            for t in self._tasks:
+            for t in tasks:
                 t.remaining -= t.rate * dt
-        if any(t.finish_s <= now for t in self._tasks):
-            finished = [t for t in self._tasks if t.finish_s <= now]
-            self._tasks = [t for t in self._tasks if t.finish_s > now]
-            for t in finished:
-                t.done.succeed()
+        for t in tasks:
+            if t.finish_s <= now:
+                break
+        else:
+            return  # none ends now (the common case)
+        finished = [t for t in tasks if t.finish_s <= now]
+        self._tasks = [t for t in tasks if t.finish_s > now]
+        on_link, computing = self._on_link, self._computing
+        for t in finished:
+            if t.rank is None:
+                for k, _, _ in t.links:
+                    on_link[k] -= 1
+            else:
+                computing[t.rank] -= 1
+        for t in finished:
+            t.done.succeed()
 
     def _reschedule(self) -> None:
-        if not self._tasks:
+        tasks = self._tasks
+        if not tasks:
             return
-        counts: dict[Hashable, int] = {}
-        for t in self._tasks:
-            for k in t.keys:
-                counts[k] = counts.get(k, 0) + 1
-        computing = {t.rank for t in self._tasks if t.rank is not None} \
-            if self._comm_slowdown > 0 else set()
+        on_link, computing, comm_active = self._on_link, self._computing, self._comm_active
+        comm_slowdown = self._comm_slowdown
         now = self._env.now
         at, delay = float("inf"), 0.0
-        for t in self._tasks:
+        for t in tasks:
             if t.rank is not None:
-                t.rate = 1.0 - self._slowdown if self._comm_active.get(t.rank, 0) else 1.0
+                t.rate = 1.0 - self._slowdown if comm_active.get(t.rank, 0) else 1.0
             else:
-                t.rate = min(self._capacity[k] / (counts[k] * w)
-                             for k, w in zip(t.keys, t.weights, strict=True))
-                if any(r in computing for r in t.ranks):
-                    t.rate *= 1.0 - self._comm_slowdown
-            t_delay = max(t.remaining, 0.0) / t.rate
+                rate = min([cap / (on_link[k] * w) for k, w, cap in t.links])
+                if comm_slowdown > 0:
+                    for r in t.ranks:
+                        if computing.get(r, 0):
+                            rate *= 1.0 - comm_slowdown
+                            break
+                t.rate = rate
+            left = t.remaining
+            t_delay = (0.0 if left < 0.0 else left) / t.rate
             # The float SimPy computes for a timeout of this delay, so the timer fires
             # exactly at the task's end.
-            t.finish_s = now + t_delay
-            if t.finish_s < at:
-                at, delay = t.finish_s, t_delay
+            finish = t.finish_s = now + t_delay
+            if finish < at:
+                at, delay = finish, t_delay
         if self._pending_at is not None and now <= self._pending_at <= at:
             return  # the pending timer fires first and re-evaluates then
-        self._generation += 1
         self._pending_at = at
-        gen = self._generation
-        self._env.timeout(delay).callbacks.append(lambda _ev: self._on_timer(gen))
+        timer = self._timer = self._env.timeout(delay)
+        timer.callbacks.append(self._on_timer)
 
-    def _on_timer(self, generation: int) -> None:
-        if generation != self._generation:
+    def _on_timer(self, timer: simpy.Event) -> None:
+        if timer is not self._timer:
             return  # superseded by an earlier completion
         self._pending_at = None
         self._advance()
@@ -196,7 +222,8 @@ class OomEvent:
 
 class MemoryPool:
     """HBM ledger of one rank: every allocation and free, with its category and the
-    stream (allocator pool) it came from."""
+    stream (allocator pool) it came from; and the reserved bytes PyTorch's CUDA caching
+    allocator would hold for that sequence (zsim.engine.allocator)."""
 
     def __init__(self, capacity_bytes: float) -> None:
         self.capacity_bytes = capacity_bytes
@@ -206,23 +233,33 @@ class MemoryPool:
         self.peak_where = ""
         self.by_category: dict[str, int] = {}
         self.peak_by_category: dict[str, int] = {}
-        self.pool_bytes: dict[str, int] = {}
-        self.pool_peak_bytes: dict[str, int] = {}
         self.curve: list[tuple[float, int]] = []
         self.oom: OomEvent | None = None
-        self._live: dict[str, tuple[int, str, str]] = {}
+        self._live: dict[str, tuple[int, str]] = {}
+        self._state: list[tuple[Request, str]] = []
+        """Buffers live before the step (pool "baseline"), with their categories."""
+        self._step: list[Request | str] = []
+        """The step's allocations and frees (by buffer name), in order."""
+        self._states_made_at: int | None = None
+        """Index in _step of the step's first optimizer-state allocation."""
+        self._reserved: tuple[int, int] | None = None
+        """(events replayed, reserved bytes): the last replay."""
 
     def alloc(self, name: str, category: str, nbytes: int, *, pool: str, time_s: float,
-              where: str) -> None:
-        """Record an allocation of `nbytes` made by op `where` on stream `pool`."""
+              where: str, pieces: tuple[int, ...] = ()) -> None:
+        """Record an allocation of `nbytes` made by op `where` on stream `pool`; `pieces`
+        are the tensors it stands for (zsim.schedule.ops.Buffer.pieces)."""
         assert name not in self._live, f"buffer {name} allocated twice"
-        self._live[name] = (nbytes, category, pool)
+        self._live[name] = (nbytes, category)
+        if pool == "baseline":
+            # Model state is created on the default (compute) stream.
+            self._state.append((Request(name, nbytes, pieces, "compute"), category))
+        else:
+            if category == "optimizer_states" and self._states_made_at is None:
+                self._states_made_at = len(self._step)
+            self._step.append(Request(name, nbytes, pieces, pool))
         self.current_bytes += nbytes
         self.by_category[category] = self.by_category.get(category, 0) + nbytes
-        pb = self.pool_bytes.get(pool, 0) + nbytes
-        self.pool_bytes[pool] = pb
-        if pb > self.pool_peak_bytes.get(pool, 0):
-            self.pool_peak_bytes[pool] = pb
         self.curve.append((time_s, self.current_bytes))
         if self.current_bytes > self.peak_bytes:
             self.peak_bytes = self.current_bytes
@@ -236,15 +273,29 @@ class MemoryPool:
 
     def free(self, name: str, *, time_s: float) -> None:
         """Release a live buffer."""
-        nbytes, category, pool = self._live.pop(name)
+        nbytes, category = self._live.pop(name)
         self.current_bytes -= nbytes
         self.by_category[category] -= nbytes
-        self.pool_bytes[pool] -= nbytes
+        self._step.append(name)
         self.curve.append((time_s, self.current_bytes))
 
     @property
     def reserved_bytes(self) -> int:
-        """What a caching allocator with one block pool per stream would hold: the sum of
-        each stream's own peak (cached blocks freed on one stream are not handed to
-        another; PyTorch CUDACachingAllocator keys blocks by stream)."""
-        return sum(self.pool_peak_bytes.values())
+        """`max_memory_reserved` of a steady-state step: the recorded step replayed on a
+        model of the CUDA caching allocator (zsim.engine.allocator.steady_reserved) after
+        the model state, until its segments stop growing. The optimizer states are
+        created by the first step's optimizer, right before its first allocation of
+        category optimizer_states, as torch.optim creates them lazily (into blocks the
+        first step's activations left cached; a step with no such allocation finds them
+        made before it). Never below the ledger's peak (the allocator hands out at least
+        what is asked)."""
+        events = len(self._state) + len(self._step)
+        if self._reserved is None or self._reserved[0] != events:
+            first = self._states_made_at
+            states = [r for r, c in self._state if c == "optimizer_states"]
+            lazy = first is not None and bool(states)
+            reserved = steady_reserved(
+                [r for r, c in self._state if not lazy or c != "optimizer_states"],
+                self._step, created_in_first_step={first: states} if lazy else {})
+            self._reserved = (events, max(reserved, self.peak_bytes))
+        return self._reserved[1]

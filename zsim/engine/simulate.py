@@ -100,8 +100,8 @@ class _Run:
                              compute_comm_slowdown=schedule.compute_comm_slowdown)
         self.memory = MemoryPool(schedule.hbm_bytes)
         for b in schedule.baseline:
-            self.memory.alloc(b.name, b.category, b.bytes, pool="baseline", time_s=0.0,
-                              where="model state")
+            self.memory.alloc(b.name, b.category, b.bytes, pieces=b.pieces, pool="baseline",
+                              time_s=0.0, where="model state")
         n = len(schedule.ops)
         self.end_ev = [[self.env.event() for _ in range(n)] for _ in range(num_ranks)]
         needs_start = {d for op in schedule.ops for d in op.after_start}
@@ -110,7 +110,12 @@ class _Run:
         self.start_s = [[0.0] * n for _ in range(num_ranks)]
         self.end_s = [[0.0] * n for _ in range(num_ranks)]
         self.spans: list[OpSpan] = []
-        self.span_of: dict[tuple[int, int], OpSpan] = {}
+        self.span_of: list[dict[int, OpSpan]] = [{} for _ in range(num_ranks)]
+        """Per rank, each finished op's span by op index."""
+        self.ends_after = [op.after + op.issue_after for op in schedule.ops]
+        """Per op, the ops whose end it waits for (data dependencies and issue points)."""
+        self.is_transfer = [op.is_transfer for op in schedule.ops]
+        """Per op, Op.is_transfer (asked once per op, not once per op per rank)."""
         self.host_busy: dict[int, list[tuple[float, float]]] = {}
         self.waits: list[Wait] = []
         self.collectives: dict[tuple[int, str, int], _Collective] = {}
@@ -144,15 +149,21 @@ class _Run:
 
     # ------------------------------------------------------------------ processes
     def stream(self, rank: int, ops: list[Op]) -> Generator[simpy.Event, Any, None]:
-        env, mem = self.env, self.memory
+        env, mem, fabric = self.env, self.memory, self.fabric
         ends, starts = self.end_ev[rank], self.start_ev[rank]
         start_s, end_s = self.start_s[rank], self.end_s[rank]
+        span_of, ends_after, is_transfer = self.span_of[rank], self.ends_after, self.is_transfer
         ops_all = self.s.ops
+        scale = None if self.scale is None else self.scale[rank]
+        ledger = rank == 0  # ranks are alike in memory: the ledger follows rank 0
         prev: Op | None = None
         for op in ops:
+            i = op.index
             t_free = env.now
-            pending = [ends[d] for d in op.after + op.issue_after if not ends[d].processed]
-            pending += [starts[d] for d in op.after_start if not starts[d].processed]
+            # An event not processed yet still has its callback list.
+            pending = [ends[d] for d in ends_after[i] if ends[d].callbacks is not None]
+            if op.after_start:
+                pending += [starts[d] for d in op.after_start if starts[d].callbacks is not None]
             gate, gated_by = "", ""
             if pending:
                 yield pending[0] if len(pending) == 1 else env.all_of(pending)
@@ -168,63 +179,61 @@ class _Run:
                 if start_s[d] > last_t:
                     last_t, last_dep, last_kind = start_s[d], d, "issue"
             if last_dep is not None and last_t >= t_free:
-                gate, gated_by = last_kind, ops_all[last_dep].name
                 feeder = ops_all[last_dep]
-                if last_kind == "data" and feeder.stream == op.stream and not feeder.is_transfer:
+                gate, gated_by = last_kind, feeder.name
+                if last_kind == "data" and feeder.stream == op.stream \
+                        and not is_transfer[last_dep]:
                     # Held by its own stream's preparation (an all-gather's copy-in):
                     # what held that back held this one.
-                    span = self.span_of[(rank, last_dep)]
+                    span = span_of[last_dep]
                     gate, gated_by = span.gate, span.gated_by
             elif prev is not None:
                 gate, gated_by = "stream", prev.name
-            if op.stream == "compute" and env.now > t_free and last_dep is not None:
+            t0 = env.now
+            if op.stream == "compute" and t0 > t_free and last_dep is not None:
                 self._record_wait(rank, op, t_free, last_dep)
             # Start: memory effects, then the issue event other streams may wait on.
-            t0 = env.now
-            start_s[op.index] = t0
-            if rank == 0:  # ranks are alike in memory: the ledger follows rank 0
+            start_s[i] = t0
+            if ledger:
                 for name in op.frees_at_start:
                     mem.free(name, time_s=t0)
                 for b in op.allocs:
-                    mem.alloc(b.name, b.category, b.bytes, pool=op.stream, time_s=t0,
-                              where=op.name)
-            if op.index in starts:
-                starts[op.index].succeed()
+                    mem.alloc(b.name, b.category, b.bytes, pieces=b.pieces, pool=op.stream,
+                              time_s=t0, where=op.name)
+            if i in starts:
+                starts[i].succeed()
             shared = False
-            if op.is_collective:
-                shared, waited_rank = yield from self._collective(rank, op)
-                if waited_rank is not None:
-                    gate, gated_by = "straggler", f"rank {waited_rank}"
-            elif op.is_copy:
-                shared = yield from self._transfer(op, [rank])
+            if is_transfer[i]:
+                if op.is_collective and self.num_ranks > 1:
+                    shared, waited_rank = yield from self._collective(rank, op)
+                    if waited_rank is not None:
+                        gate, gated_by = "straggler", f"rank {waited_rank}"
+                else:
+                    shared = yield from self._transfer(op, [rank])
             elif op.stream == "host":
                 yield env.timeout(op.compute_s)
                 self.host_busy.setdefault(rank, []).append((t0, env.now))
             elif op.compute_s > 0:
-                work = op.compute_s if self.scale is None else \
-                    op.compute_s * self.scale[rank][op.index]
-                yield self.fabric.compute(rank, work, label=op.name)
+                work = op.compute_s if scale is None else op.compute_s * scale[i]
+                yield fabric.compute(rank, work, label=op.name)
             t1 = env.now
-            end_s[op.index] = t1
-            if rank == 0:
+            end_s[i] = t1
+            if ledger:
                 for name in op.frees:
                     mem.free(name, time_s=t1)
-            ends[op.index].succeed()
-            span = OpSpan(index=op.index, name=op.name, kind=op.kind, stream=op.stream,
-                          rank=rank, start_s=t0, end_s=t1, bus_bytes=op.bus_bytes,
-                          link=op.link, algorithm=op.algorithm, link_shared=shared,
-                          gate=gate, gated_by=gated_by)
+            ends[i].succeed()
+            # Positional, in OpSpan's field order (keywords cost a third of the span).
+            span = OpSpan(i, op.name, op.kind, op.stream, rank, t0, t1, op.bus_bytes, op.link,
+                          op.algorithm, shared, gate, gated_by)
             self.spans.append(span)
-            self.span_of[(rank, op.index)] = span
+            span_of[i] = span
             prev = op
 
     def _collective(self, rank: int, op: Op
                     ) -> Generator[simpy.Event, Any, tuple[bool, int | None]]:
-        """Run a collective; returns (link shared, rank waited for at the barrier)."""
+        """Run a collective of a multi-rank run; returns (link shared, rank waited for at
+        the barrier)."""
         env = self.env
-        if self.num_ranks == 1:
-            shared = yield from self._transfer(op, [rank])
-            return shared, None
         members = self._group_members(op, rank)
         key = self._group_key(op, rank)
         found = self.collectives.get(key)
@@ -306,7 +315,7 @@ class _Run:
         if host_s > 0:
             self._append_wait(rank, op, t_free, t_free + host_s, "host", "host",
                               "host_optimizer")
-        span = self.span_of[(rank, blocking.index)]
+        span = self.span_of[rank][blocking.index]
         reason = {"issue": "prefetch_too_shallow", "stream": "queued",
                   "straggler": "straggler"}.get(span.gate, "critical_path")
         if self.s.launch == "synchronous" and blocking.is_collective and not blocking.async_op:
@@ -340,21 +349,23 @@ def run(schedule: Schedule, *, num_ranks: int = 1, seed: int | None = None,
     """
     rng = random.Random(seed) if seed is not None and num_ranks > 1 else None
     state = _Run(schedule, num_ranks=num_ranks, rng=rng, jitter=jitter or Jitter())
-    env = state.env
+    env, memory = state.env, state.memory
+    streams = schedule.by_stream().values()
     for rank in range(num_ranks):
-        for ops in schedule.by_stream().values():
+        for ops in streams:
             env.process(state.stream(rank, ops))
     budget = EVENTS_PER_OP * max(1, len(schedule.ops)) * num_ranks
     events = 0
+    step = env.step
     while True:
         try:
-            env.step()
+            step()
         except simpy.core.EmptySchedule:
             break
         events += 1
         if events > budget:
             raise EngineStalled(env.now, events, state.fabric.in_flight())
-        if stop_at_oom and state.memory.oom is not None:
+        if stop_at_oom and memory.oom is not None:
             return EngineRun(trace=state.trace(env.now, events), memory=state.memory,
                              stopped_at_oom=True)
     unfinished = [op.name for op in schedule.ops if not state.end_ev[0][op.index].processed]

@@ -11,16 +11,17 @@ never writes files.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from zsim.schedule.ops import STREAMS
 
 US_PER_S = 1e6
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OpSpan:
-    """One op's execution."""
+class OpSpan(NamedTuple):
+    """One op's execution. A NamedTuple rather than a frozen dataclass: the engine makes
+    one for every op of every rank, and the dataclass's __init__ (an object.__setattr__ per
+    field) took a fifth of the engine's time."""
 
     index: int
     """Op index in the schedule."""

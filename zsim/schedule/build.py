@@ -16,6 +16,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
+from zsim.analytic import allocations
 from zsim.analytic.activations import (
     STATE_ALIASES,
     block_activation_bytes,
@@ -239,7 +240,10 @@ def block_forward(b: Builder, u: Unit, mb: int, *, after: tuple[int, ...] = (),
         microbatch=mb, after=after, flops=flops.total,
         compute_s=max(b.compute(flops) + b.checkpoint_host_s("forward", u.blocks), host_s),
         allocs=(Buffer(name=f"mb{mb}/{u.name}/saved", category="activations",
-                       bytes=b.acts.saved_per_block * u.blocks),),
+                       bytes=b.acts.saved_per_block * u.blocks,
+                       pieces=allocations.block_saved_pieces(
+                           b.model, b.plan, saved_per_block=b.acts.saved_per_block,
+                           blocks=u.blocks)),),
         frees=frees)
 
 
@@ -256,7 +260,10 @@ def block_backward(b: Builder, u: Unit, mb: int, *, after: tuple[int, ...] = (),
         unit=u.index, microbatch=mb, after=after,
         compute_s=max(b.compute(flops) + b.checkpoint_host_s("backward", u.blocks), host_s),
         flops=flops.total,
-        allocs=(Buffer(name=work, category="activations", bytes=b.acts.block_transient),
+        allocs=(Buffer(name=work, category="activations", bytes=b.acts.block_transient,
+                       pieces=allocations.block_backward_pieces(
+                           b.model, b.plan, saved_per_block=b.acts.saved_per_block,
+                           blocks=u.blocks)),
                 *grads),
         frees=(work, f"mb{mb}/{u.name}/saved", *frees))
 
@@ -267,10 +274,14 @@ def head_forward(b: Builder, mb: int, *, after: tuple[int, ...],
     head = _head_flops(b)
     return b.add(name=f"output+loss forward (mb {mb})", kind="forward", stream="compute",
                  microbatch=mb, after=after, compute_s=b.compute(head), flops=head.total,
-                 allocs=(Buffer(name=f"mb{mb}/root/saved", category="activations",
-                                bytes=b.acts.root_saved),
-                         Buffer(name=f"mb{mb}/loss/fwd", category="activations",
-                                bytes=b.acts.loss_working)),
+                 allocs=(Buffer(name=f"mb{mb}/loss/fwd", category="activations",
+                                bytes=b.acts.loss_working,
+                                pieces=allocations.loss_forward_pieces(
+                                    b.model, b.plan, saved_per_block=b.acts.saved_per_block)),
+                         Buffer(name=f"mb{mb}/root/saved", category="activations",
+                                bytes=b.acts.root_saved,
+                                pieces=allocations.root_saved_pieces(
+                                    b.model, b.plan, root_saved=b.acts.root_saved))),
                  frees=(f"mb{mb}/loss/fwd", *frees))
 
 
@@ -283,7 +294,10 @@ def head_backward(b: Builder, mb: int, *, after: tuple[int, ...] = (),
                  microbatch=mb, after=after, compute_s=b.compute(bwd_flops),
                  flops=bwd_flops.total,
                  allocs=(Buffer(name=f"mb{mb}/loss/bwd", category="activations",
-                                bytes=b.acts.loss_working), *grads),
+                                bytes=b.acts.loss_working,
+                                pieces=allocations.loss_backward_pieces(
+                                    b.model, b.plan, saved_per_block=b.acts.saved_per_block)),
+                         *grads),
                  frees=(f"mb{mb}/loss/bwd", f"mb{mb}/root/saved", *frees))
 
 
@@ -294,14 +308,17 @@ def _head_flops(b: Builder) -> Flops:
 
 def device_optimizer(b: Builder, *, after: tuple[int, ...], frees: tuple[str, ...],
                      local_params: float, tensors: int, master_bytes: int,
-                     grad_bytes: int, dtensor: bool = False) -> int:
+                     grad_bytes: int, dtensor: bool = False,
+                     tensor_elems: tuple[int, ...] = ()) -> int:
     """AdamW/SGD on the device over `local_params` parameters in `tensors` tensors:
     memory-bound, reads and writes the master weights (or the params without a master
     copy) and the optimizer states, reads the `grad_bytes`-wide gradient, and writes the
     compute-dtype params when a master copy exists (traffic and kernels counted by
     zsim.analytic.compute.optimizer_flops); frees `frees` when done. On an async host the
     step lasts at least the host's time to issue it (`optimizer_host_s`): nothing else
-    is queued ahead of it, so the device waits for the host."""
+    is queued ahead of it, so the device waits for the host. `tensor_elems`: the
+    elements of each parameter tensor the optimizer steps, when it holds one state
+    tensor per parameter (the pieces of its working memory)."""
     p = b.plan
     seconds = b.compute(optimizer_flops(
         local_params, optimizer=p.optimizer, tensors=tensors, master_bytes=master_bytes,
@@ -310,7 +327,7 @@ def device_optimizer(b: Builder, *, after: tuple[int, ...], frees: tuple[str, ..
             p, local_params, tensors=tensors, grad_bytes=grad_bytes))
     if b.hw.launch == "async":
         seconds = max(seconds, optimizer_host_s(b.hw, tensors, dtensor=dtensor))
-    temp = _optimizer_temporaries(p, local_params)
+    temp = _optimizer_temporaries(p, local_params, tensor_elems)
     return b.add(name="optimizer step", kind="optimizer", stream="compute",
                  microbatch=p.grad_accum - 1, after=after, compute_s=seconds,
                  allocs=temp, frees=frees + tuple(t.name for t in temp))
@@ -335,14 +352,18 @@ def optimizer_host_s(hw: HardwareProfile, tensors: int, *, dtensor: bool) -> flo
     return tensors * hw.optimizer_tensor_s["dtensor" if dtensor else "plain"]
 
 
-def _optimizer_temporaries(plan: Plan, local_params: float) -> tuple[Buffer, ...]:
+def _optimizer_temporaries(plan: Plan, local_params: float,
+                           tensor_elems: tuple[int, ...] = ()) -> tuple[Buffer, ...]:
     """Working memory of the foreach optimizer step: torch.optim's _multi_tensor_adam
     builds one new list, exp_avg_sq_sqrt = _foreach_sqrt(exp_avg_sq) (the size of the
-    second moment), and updates everything else in place; foreach SGD works in place."""
+    second moment, one tensor per parameter of `tensor_elems` when given), and updates
+    everything else in place; foreach SGD works in place."""
     if plan.optimizer != "adamw":
         return ()
+    elems, state = math.ceil(local_params), dtype_bytes(plan.optimizer_state_dtype)
+    pieces = tuple(e * state for e in tensor_elems) if sum(tensor_elems) == elems else ()
     return (Buffer(name="optimizer/exp_avg_sq_sqrt", category="optimizer_states",
-                   bytes=math.ceil(local_params) * dtype_bytes(plan.optimizer_state_dtype)),)
+                   bytes=elems * state, pieces=pieces),)
 
 
 def host_optimizer(b: Builder, *, after: tuple[int, ...], frees: tuple[str, ...],

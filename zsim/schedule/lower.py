@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 
+from zsim.analytic.allocations import fitted
 from zsim.analytic.collectives import link_bandwidths
 from zsim.analytic.compute import step_flops
 from zsim.errors import ConfigError
@@ -102,11 +103,16 @@ def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
     b = Builder(model, hw, plan, acts=activation_sizes(model, plan,
                                                        autocast=prog.autocast(plan)))
     root, blocks = units(model, plan, prog.shard_elems)
-    baseline = tuple(Buffer(name=f"state/{c}", category=c, bytes=math.ceil(v))
+    pieces = prog.state_pieces(model, plan)
+    baseline = tuple(Buffer(name=f"state/{c}", category=c, bytes=math.ceil(v),
+                            pieces=fitted(pieces.get(c, ()), math.ceil(v)))
                      for c, v in prog.state_at_rest_bytes(model, plan).items() if v > 0)
     if model.buffer_bytes:
-        # Module buffers (RoPE tables) live with the parameters, replicated on every rank.
-        baseline += (Buffer(name="state/buffers", category="params", bytes=model.buffer_bytes),)
+        # Module buffers (RoPE tables, cos and sin) live with the parameters, replicated
+        # on every rank.
+        half = model.buffer_bytes // 2
+        baseline += (Buffer(name="state/buffers", category="params", bytes=model.buffer_bytes,
+                            pieces=(half, model.buffer_bytes - half)),)
     prog.lower(b, root, blocks)
     last_per_stream: dict[str, int] = {}
     for op in b.ops:

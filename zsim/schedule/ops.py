@@ -38,6 +38,13 @@ class Buffer:
     """A memory category of zsim.analytic.memory.CATEGORIES."""
     bytes: int
     """Size in bytes."""
+    pieces: tuple[int, ...] = ()
+    """The real tensors the buffer stands for, as the CUDA caching allocator sees them
+    (zsim.engine.allocator), in program order: an entry n >= 0 allocates a tensor of n
+    bytes, an entry ~i (= -i - 1) frees the tensor of entry i, a transient of the op
+    that allocates the buffer. What the entries leave allocated is freed with the
+    buffer. Empty: one tensor of `bytes`. The ledger's allocated bytes count `bytes`
+    whatever the pieces."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -24,6 +24,11 @@ from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 
 
+def no_state_pieces(model: ModelSpec, plan: Plan) -> dict[str, tuple[int, ...]]:
+    """A program whose state at rest is one tensor per category (flat buffers)."""
+    return {}
+
+
 def offloaded_state_bytes(model: ModelSpec, plan: Plan) -> float:
     """Host bytes of an offloading plan by the closed form of zsim.analytic.memory: the
     state that offload moves off the device (0 without offload)."""
@@ -55,4 +60,7 @@ class Program:
     host_state_bytes: Callable[[ModelSpec, Plan], float] = offloaded_state_bytes
     """Bytes a rank keeps in host memory between steps (offloaded state and its
     staging buffers); the device's figures exclude them."""
+    state_pieces: Callable[[ModelSpec, Plan], dict[str, tuple[int, ...]]] = no_state_pieces
+    """The tensors of each category of the state at rest, as the CUDA caching allocator
+    sees them (zsim.schedule.ops.Buffer.pieces); a category missing is one tensor."""
 

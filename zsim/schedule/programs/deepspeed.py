@@ -393,6 +393,8 @@ class _Step3:
         """Parameter -> the all-gather op that brought it."""
         self.fetches = 0
         self.grads_made: set[str] = set()
+        self.shares: dict[tuple[str, float], tuple[float, float]] = {}
+        """(phase, share of a block) -> its FLOPs and kernel time (block_share)."""
 
     # ------------------------------------------------------------------ trace
     def trace(self, blocks: list[Unit]) -> list[_Call]:
@@ -425,18 +427,18 @@ class _Step3:
                                        (u.index or 0) * p.unit_size + u.blocks)
                     for s in block]
             per_unit.append(subs)
-            calls += [replace(c, phase="forward", first=i == 0) for i, c in enumerate(subs)]
+            calls += [c.in_phase("forward", first=i == 0) for i, c in enumerate(subs)]
         head_calls = [_Call(name=s[0], params=names("", s)) for s in head]
         calls += head_calls
-        calls += [replace(c, phase="backward") for c in reversed(head_calls)]
+        calls += [c.in_phase("backward") for c in reversed(head_calls)]
         for subs in reversed(per_unit):
             if p.recompute != "none":
-                calls += [replace(c, phase="recompute", first=i == 0)
+                calls += [c.in_phase("recompute", first=i == 0)
                           for i, c in enumerate(subs)]
             back = list(reversed(subs))
-            calls += [replace(c, phase="backward", first=i == 0, last=i == len(back) - 1)
+            calls += [c.in_phase("backward", first=i == 0, last=i == len(back) - 1)
                       for i, c in enumerate(back)]
-        calls += [replace(c, phase="backward") for c in reversed(emb_calls)]
+        calls += [c.in_phase("backward") for c in reversed(emb_calls)]
         return calls
 
     # ------------------------------------------------------------------ fetches
@@ -530,8 +532,7 @@ class _Step3:
                 return head_backward(b, mb, after=waits, grads=grads, frees=frees + grad_frees)
             return b.add(name=f"{call.name} {phase} (mb {mb})", kind=kind, stream="compute",
                          microbatch=mb, after=waits, allocs=grads, frees=frees + grad_frees)
-        work = {"forward": b.block_fwd, "recompute": b.block_recompute,
-                "backward": b.block_bwd_only}[phase].scaled(call.share)
+        flops, kernel_s = self.block_share(phase, call.share)
         allocs: list[Buffer] = list(grads)
         unit_frees: list[str] = []
         saved, working = f"mb{mb}/{u.name}/saved", f"mb{mb}/{u.name}/backward_working"
@@ -546,10 +547,23 @@ class _Step3:
         if phase == "backward" and call.last:
             unit_frees += [saved, working]
         return b.add(name=f"{call.name} {phase} (mb {mb})", kind=kind, stream="compute",
-                     unit=u.index, microbatch=mb, after=waits, flops=work.total,
-                     compute_s=b.compute(work) + (b.checkpoint_host_s(kind, u.blocks)
-                                                  if call.first else 0.0),
+                     unit=u.index, microbatch=mb, after=waits, flops=flops,
+                     compute_s=kernel_s + (b.checkpoint_host_s(kind, u.blocks)
+                                           if call.first else 0.0),
                      allocs=tuple(allocs), frees=frees + grad_frees + tuple(unit_frees))
+
+    def block_share(self, phase: str, share: float) -> tuple[float, float]:
+        """FLOPs and kernel time of `share` of one block's work in `phase` (forward,
+        recompute or backward): every block has the same submodule shares, so each is
+        worked out once per step."""
+        key = (phase, share)
+        found = self.shares.get(key)
+        if found is None:
+            b = self.b
+            work = {"forward": b.block_fwd, "recompute": b.block_recompute,
+                    "backward": b.block_bwd_only}[phase].scaled(share)
+            found = self.shares[key] = (work.total, b.compute(work))
+        return found
 
     def grad(self, call: _Call, mb: int) -> tuple[Buffer, ...]:
         """The gradient autograd allocates for the call's parameters (a tied weight's
@@ -598,6 +612,12 @@ class _Call:
     """The unit's first call of this phase."""
     last: bool = False
     """The unit's last backward call."""
+
+    def in_phase(self, phase: str, *, first: bool = False, last: bool = False) -> _Call:
+        """The same submodule called in `phase` (what dataclasses.replace gives for a
+        call of the plain trace, without its walk over the fields)."""
+        return _Call(name=self.name, params=self.params, unit=self.unit, share=self.share,
+                     phase=phase, first=first, last=last)
 
 
 class _Reducer3:

@@ -57,9 +57,12 @@ def replay(trace: list[tuple[str, ...]], params: dict[str, Param], *, prefetch_b
     # use: a parameter is reused soon when the submodules between the next one and its
     # next use hold fewer than max_reuse elements (__params_to_release walks the trace
     # from the next submodule on, stopping once it has passed max_reuse elements).
+    numel = {name: p.numel for name, p in params.items()}
+    fetched = {name for name, p in params.items() if not p.persistent}
+    """The parameters the coordinator gathers (persistent ones stay whole)."""
     before = [0]
     for names in trace:
-        before.append(before[-1] + sum(params[n].numel for n in names))
+        before.append(before[-1] + sum(numel[n] for n in names))
     next_use: list[dict[str, int]] = [{} for _ in trace]
     seen: dict[str, int] = {}
     for t in range(len(trace) - 1, -1, -1):
@@ -76,16 +79,15 @@ def replay(trace: list[tuple[str, ...]], params: dict[str, Param], *, prefetch_b
     fetched_for: dict[str, int] = {}
     """Per parameter, the last trace step its current gather covers (a prefetch covers
     the uses it skipped)."""
-    queue = [(t, name) for t, names in enumerate(trace) for name in names
-             if not params[name].persistent]
+    queue = [(t, name) for t, names in enumerate(trace) for name in names if name in fetched]
     head = 0
     out = []
     for t, names in enumerate(trace):
-        wanted = [n for n in names if not params[n].persistent]
-        on_demand = tuple(n for n in dict.fromkeys(wanted) if n not in available)
+        wanted = dict.fromkeys(n for n in names if n in fetched)
+        on_demand = tuple(n for n in wanted if n not in available)
         for n in on_demand:
             available.add(n)
-            n_available += params[n].numel
+            n_available += numel[n]
         # Pop this submodule's own uses off the queue (they may have been popped by an
         # earlier prefetch already).
         while head < len(queue) and queue[head][0] <= t:
@@ -94,23 +96,23 @@ def replay(trace: list[tuple[str, ...]], params: dict[str, Param], *, prefetch_b
             head += 1
         budget = min(max_live - n_available, prefetch_bucket)
         prefetch: list[str] = []
-        numel = 0
-        while head < len(queue) and numel < budget:
+        in_flight = 0
+        while head < len(queue) and in_flight < budget:
             use_t, n = queue[head]
             head += 1
             fetched_for[n] = max(fetched_for.get(n, -1), use_t)
             if n not in available and n not in prefetch:
                 prefetch.append(n)
-                numel += params[n].numel
+                in_flight += numel[n]
         for n in prefetch:
             available.add(n)
-            n_available += params[n].numel
+            n_available += numel[n]
         # A use at t + 1 or earlier does not hold a parameter back; a later prefetched
         # use does (the step counter has moved on by one when the post-hook runs).
-        release = tuple(n for n in dict.fromkeys(wanted)
+        release = tuple(n for n in wanted
                         if fetched_for.get(n, -1) <= t + 1 and not reused_soon(n, t))
         for n in release:
             available.discard(n)
-            n_available -= params[n].numel
+            n_available -= numel[n]
         out.append(FetchStep(on_demand=on_demand, prefetch=tuple(prefetch), release=release))
     return out

@@ -12,8 +12,11 @@ _fsdp_param_group.py):
   gathered once per micro-batch) and blocks grouped by `plan.unit_size`. Each unit's
   all-gather is preceded on its stream by a copy-in that allocates the flat buffer, casts
   the shard to the compute dtype and copies it in; a copy-out op on the compute stream,
-  right before the unit runs, allocates the gathered parameters and frees the flat
-  buffer (wait_for_unshard in the unit's pre-hook).
+  right before the unit runs, allocates the gathered parameters (wait_for_unshard in
+  the unit's pre-hook) and frees the flat buffer, in forward the previous unit's
+  (AllGatherState defers a forward flat buffer's free to the next copy-out; the
+  forward's end frees the last). Each parameter is its own tensor, as the allocator
+  sees them (zsim.analytic.allocations).
 - Forward prefetch is implicit (p = `plan.prefetch` >= 1): an async host reaches unit k's
   pre-forward, and issues its all-gather, when unit k-1 starts computing; p >= 2 adds
   set_modules_to_forward_prefetch of the next units from each pre-forward; p = 0 issues a
@@ -37,6 +40,15 @@ from __future__ import annotations
 
 import math
 
+from zsim.analytic.allocations import (
+    all_gather_pieces,
+    fitted,
+    gathered_pieces,
+    gradient_pieces,
+    module_order,
+    shard_rows,
+    sharded_pieces,
+)
 from zsim.analytic.compute import Flops
 from zsim.analytic.memory import model_state_bytes, optimizer_bytes_per_param
 from zsim.schedule.build import (
@@ -93,6 +105,20 @@ def state_at_rest_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
             "optimizer_states": shard * optimizer_bytes_per_param(plan)}
 
 
+def state_pieces(model: ModelSpec, plan: Plan) -> dict[str, tuple[int, ...]]:
+    """The tensors of the state at rest: one padded shard per parameter (the DTensor's
+    local data), and torch.optim's states one tensor each per parameter (exp_avg,
+    exp_avg_sq), in module order; offloaded plans hold theirs on the host."""
+    state_bytes = dtype_bytes(plan.optimizer_state_dtype)
+    copies = optimizer_bytes_per_param(plan) / state_bytes
+    if plan.offload != "none" or copies != int(copies):
+        return {}
+    shapes, n = module_order(model), plan.dp_shard
+    return {"master_params" if plan.has_master_copy else "params":
+            sharded_pieces(shapes, n, _at_rest_bytes(plan)),
+            "optimizer_states": sharded_pieces(shapes, n, state_bytes, int(copies))}
+
+
 def _reshard_view(plan: Plan) -> Plan:
     """zero2 runs as fully_shard(reshard_after_forward=False): the plan of that name."""
     return plan.with_(strategy="fsdp-no-reshard") if plan.strategy == "zero2" else plan
@@ -141,6 +167,9 @@ class _Step:
         """Per unit, the unsharded gradient buffers its reduce-scatter consumes."""
         self.held_rs_input: str | None = None
         """The reduce-scatter input still held for the previous unit."""
+        self.held_all_gather: str | None = None
+        """The flat output of the last forward all-gather, held until the next forward
+        copy-out or the end of the forward (FSDP2's AllGatherState)."""
         self.grad_shards: list[str] = []
         """Sharded gradients the optimizer step reads and frees."""
         self.last_reduce: list[int] = []
@@ -174,10 +203,15 @@ class _Step:
                     return ()  # accumulating into the buffers of micro-batch 0
                 name = f"{u.name}/unsharded_grad{part}"
                 self.unsharded_grads.setdefault(u.name, []).append(name)
-                return (Buffer(name=name, category="gathered_grads", bytes=params * acc_bytes),)
+                shapes = u.shapes if u.index is not None else [
+                    s for n, s in b.model.root_tensors()
+                    if n.endswith("embeddings.weight") == bool(part)]
+                return (Buffer(name=name, category="gathered_grads", bytes=params * acc_bytes,
+                               pieces=fitted(gradient_pieces(shapes, acc_bytes),
+                                             params * acc_bytes)),)
 
             emb_grad = 0 if b.model.tied_embeddings else b.model.embedding_params
-            head_f = head_forward(b, mb, after=(fwd[-1],))
+            head_f = head_forward(b, mb, after=(fwd[-1],), frees=self.release_all_gather())
             issued: dict[int, int] = {}
             if reshard:
                 self.backward_prefetch(blocks, mb, gathered, issued, below=len(blocks),
@@ -277,7 +311,9 @@ class _Step:
             h2d = b.copy(kind="h2d", nbytes=nbytes,
                          name=f"{u.name} shard to GPU {phase} (mb {mb})", unit=u.index,
                          microbatch=mb,
-                         allocs=(Buffer(name=shard, category="comm_buffers", bytes=nbytes),),
+                         allocs=(Buffer(name=shard, category="comm_buffers", bytes=nbytes,
+                                        pieces=fitted(sharded_pieces(
+                                            u.shapes, p.dp_shard, _at_rest_bytes(p)), nbytes)),),
                          **deps)
             deps = {"after": (h2d,)}
             frees += (shard,)
@@ -288,7 +324,9 @@ class _Step:
                       stream="all_gather", unit=u.index, microbatch=mb,
                       compute_s=b.compute(copy_in),
                       allocs=(Buffer(name=f"{name}/flat", category="comm_buffers",
-                                     bytes=size),),
+                                     bytes=size, pieces=all_gather_pieces(
+                                         u.shard * b.a if p.has_master_copy
+                                         and p.offload == "none" else 0, size)),),
                       **deps)
         return b.collective(
             kind="all_gather", size_bytes=size, group=b.shard, gname="shard",
@@ -311,8 +349,20 @@ class _Step:
         return b.add(name=f"{u.name} copy-out {phase} (mb {mb})", kind=phase,
                      stream="compute", unit=u.index, microbatch=mb, after=(gather,),
                      compute_s=b.compute(copy) + host_s,
-                     allocs=(Buffer(name=name, category="gathered_params", bytes=size),),
-                     frees=(f"{name}/flat",))
+                     allocs=(Buffer(name=name, category="gathered_params", bytes=size,
+                                    pieces=fitted(gathered_pieces(
+                                        u.shapes, self.p.dp_shard, b.a), size)),),
+                     frees=(self.release_all_gather(hold=f"{name}/flat")
+                            if phase == "forward" else (f"{name}/flat",)))
+
+    def release_all_gather(self, hold: str | None = None) -> tuple[str, ...]:
+        """The held forward all-gather output, released; `hold` is held in its place.
+        In forward, wait_for_unshard defers freeing a unit's flat all-gather output to
+        overlap its copy-out with the next all-gather (AllGatherState): the next forward
+        copy-out frees it once it has allocated its own unsharded parameters, and the
+        end of the forward frees the last one."""
+        held, self.held_all_gather = self.held_all_gather, hold
+        return (held,) if held else ()
 
     def backward_prefetch(self, blocks: list[Unit], mb: int, gathered: dict[int, str],
                           issued: dict[int, int], *, below: int, after: int) -> None:
@@ -402,7 +452,9 @@ class _Step:
         device_optimizer(b, after=after, frees=frees,
                          local_params=state_shard_elems(b.model, p.dp_shard),
                          tensors=tensors, master_bytes=_at_rest_bytes(p),
-                         grad_bytes=_grad_bytes(p), dtensor=True)
+                         grad_bytes=_grad_bytes(p), dtensor=True,
+                         tensor_elems=tuple(shard_rows(s, p.dp_shard)
+                                            for s in module_order(b.model)))
 
 
 def _lower(b: Builder, root: Unit, blocks: list[Unit]) -> None:
@@ -410,5 +462,5 @@ def _lower(b: Builder, root: Unit, blocks: list[Unit]) -> None:
 
 
 PROGRAM = Program(name="fsdp2", shard_elems=shard_elems, autocast=lambda plan: False,
-                  state_at_rest_bytes=state_at_rest_bytes,
+                  state_at_rest_bytes=state_at_rest_bytes, state_pieces=state_pieces,
                   gathered_floor_bytes=gathered_floor_bytes, lower=_lower)

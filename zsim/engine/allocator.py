@@ -1,0 +1,220 @@
+"""PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp, default settings),
+replayed on the sizes and streams of a rank's allocations, for `max_memory_reserved`
+(read at pytorch/pytorch 001074d25084fdb87a799823e395a50f5ec044d3; torch 2.11's
+allocator behaves the same on the traces below).
+
+Owns the block and segment bookkeeping of `DeviceCachingAllocator`: what cudaMalloc'd
+segments the allocator would hold after a sequence of `malloc(size, stream)` and `free`
+calls. The rules, as that file states them (function names of the C++ source):
+
+- `round_size`: a request is rounded up to a multiple of kMinBlockSize (512 B), and is
+  at least 512 B (roundup_power2_divisions is off by default).
+- `get_pool`: rounded sizes up to kSmallSize (1 MiB) go to the small pool, larger ones to
+  the large pool; each pool keeps its free blocks ordered by (stream, size, address)
+  (`BlockComparatorSize`), so a block freed on one stream is never handed to another
+  stream's request.
+- `get_free_block`: best fit, the smallest free block of the request's stream and pool
+  that holds the rounded size, the lowest address among equals (`lower_bound`).
+- `get_allocation_size`: with no such block, a new segment is cudaMalloc'd
+  (`alloc_block`): kSmallBuffer (2 MiB) for a small request, kLargeBuffer (20 MiB) for a
+  large one under kMinLargeAlloc (10 MiB), else the size rounded up to kRoundLarge
+  (2 MiB).
+- `should_split`: the block found is split when what remains is at least kMinBlockSize
+  (small pool) or more than kSmallSize (large pool); the remainder stays cached, and an
+  unsplit block is handed out whole.
+- `free_block` / `try_merge_blocks`: a freed block merges with its free neighbours in its
+  segment and goes back to its pool.
+- Segments are never released: no `empty_cache`, no `release_cached_blocks` on a failed
+  cudaMalloc (zsim reports the out-of-memory instead), expandable_segments off,
+  max_split_size unlimited (the oversize rules of `get_free_block` never apply). So the
+  reserved bytes only grow, and `max_memory_reserved` is the final `reserved_bytes`.
+
+Blocks live in a virtual address space: each segment gets a fresh range with a gap after
+it, so two blocks are neighbours exactly when one ends where the other starts. Each pool's
+free blocks are a sorted list of (size, address), searched with bisect. Fed the alloc and
+free events of torch.cuda.memory._record_memory_history from real FSDP2 steps on an H200
+(torch 2.11), it reproduces their reserved bytes exactly (tests/engine/test_allocator.py
+has the rules by hand).
+
+`steady_reserved` replays a training step until the allocator's segments stop growing:
+what `max_memory_reserved` reads in a steady-state step, whose allocations the first
+steps have already cached. Imports only the standard library.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+K_MIN_BLOCK_SIZE = 512
+"""kMinBlockSize: every request is rounded up to a multiple of this, bytes."""
+K_SMALL_SIZE = 1 << 20
+"""kSmallSize: the largest request of the small pool, bytes."""
+K_SMALL_BUFFER = 2 << 20
+"""kSmallBuffer: the segment size of the small pool, bytes."""
+K_MIN_LARGE_ALLOC = 10 << 20
+"""kMinLargeAlloc: large requests below this share kLargeBuffer segments, bytes."""
+K_LARGE_BUFFER = 20 << 20
+"""kLargeBuffer: the segment size for large requests below kMinLargeAlloc, bytes."""
+K_ROUND_LARGE = 2 << 20
+"""kRoundLarge: larger requests get a segment of their size rounded up to this, bytes."""
+
+
+def round_size(nbytes: int) -> int:
+    """The block size a request of `nbytes` is served with (`round_size`)."""
+    if nbytes < K_MIN_BLOCK_SIZE:
+        return K_MIN_BLOCK_SIZE
+    return -(-nbytes // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE
+
+
+def allocation_size(size: int) -> int:
+    """The segment cudaMalloc'd for a rounded request of `size` bytes that no cached block
+    holds (`get_allocation_size`)."""
+    if size <= K_SMALL_SIZE:
+        return K_SMALL_BUFFER
+    if size < K_MIN_LARGE_ALLOC:
+        return K_LARGE_BUFFER
+    return -(-size // K_ROUND_LARGE) * K_ROUND_LARGE
+
+
+class CachingAllocator:
+    """The segments and blocks of one device's caching allocator.
+
+    `malloc` returns a handle (the block's address) that `free` takes back. A stream is
+    any hashable; requests on different streams never share a cached block.
+    """
+
+    __slots__ = ("_free", "_free_by_end", "_live", "_next_address", "_pools",
+                 "allocated_bytes", "reserved_bytes", "segments")
+
+    def __init__(self) -> None:
+        self._pools: dict[tuple[Hashable, bool], list[tuple[int, int]]] = {}
+        """(stream, small pool) -> its free blocks as sorted (size, address)."""
+        self._free: dict[int, tuple[int, list[tuple[int, int]]]] = {}
+        """Free block address -> (size, the pool list holding it)."""
+        self._free_by_end: dict[int, int] = {}
+        """Free block end address -> its start, to merge with a block freed after it."""
+        self._live: dict[int, tuple[int, list[tuple[int, int]]]] = {}
+        """Allocated block address -> (size, the pool list it returns to)."""
+        self._next_address = 0
+        self.reserved_bytes = 0
+        """Bytes in cudaMalloc'd segments (`reserved_bytes` of the allocator's stats);
+        never decreases here, so it is also `max_memory_reserved`."""
+        self.allocated_bytes = 0
+        """Bytes in allocated blocks (rounded sizes, `allocated_bytes`)."""
+        self.segments = 0
+        """Segments cudaMalloc'd."""
+
+    def malloc(self, nbytes: int, stream: Hashable) -> int:
+        """Serve a request of `nbytes` on `stream`; returns the block's handle."""
+        size = round_size(nbytes)
+        small = size <= K_SMALL_SIZE
+        pool = self._pools.get((stream, small))
+        if pool is None:
+            pool = self._pools[(stream, small)] = []
+        i = bisect_left(pool, (size, -1))
+        if i < len(pool):
+            block_size, address = pool.pop(i)
+            del self._free[address]
+            del self._free_by_end[address + block_size]
+        else:
+            block_size = allocation_size(size)
+            address = self._next_address
+            self._next_address += block_size + K_MIN_BLOCK_SIZE  # a gap: no neighbour
+            self.reserved_bytes += block_size
+            self.segments += 1
+        remaining = block_size - size
+        if remaining >= K_MIN_BLOCK_SIZE if small else remaining > K_SMALL_SIZE:
+            rest = address + size
+            insort(pool, (remaining, rest))
+            self._free[rest] = (remaining, pool)
+            self._free_by_end[rest + remaining] = rest
+            block_size = size
+        self._live[address] = (block_size, pool)
+        self.allocated_bytes += block_size
+        return address
+
+    def free(self, handle: int) -> None:
+        """Return an allocated block to its pool, merged with its free neighbours."""
+        address = handle
+        size, pool = self._live.pop(address)
+        self.allocated_bytes -= size
+        free, free_by_end = self._free, self._free_by_end
+        before = free_by_end.pop(address, None)
+        if before is not None:  # merge with the free block ending here
+            before_size = free.pop(before)[0]
+            del pool[bisect_left(pool, (before_size, before))]
+            address, size = before, size + before_size
+        after = free.pop(address + size, None)
+        if after is not None:  # merge with the free block starting at its end
+            del pool[bisect_left(pool, (after[0], address + size))]
+            del free_by_end[address + size + after[0]]
+            size += after[0]
+        insort(pool, (size, address))
+        free[address] = (size, pool)
+        free_by_end[address + size] = address
+
+    def allocate(self, nbytes: int, pieces: tuple[int, ...], stream: Hashable) -> list[int]:
+        """Run one buffer's pieces (zsim.schedule.ops.Buffer.pieces: n >= 0 allocates,
+        ~i frees entry i's tensor; none: one tensor of `nbytes`) on `stream`; returns the
+        handles of the tensors left allocated."""
+        if not pieces:
+            return [self.malloc(nbytes, stream)]
+        malloc, free = self.malloc, self.free
+        handles: list[int] = []  # -1: freed by the script (addresses are >= 0)
+        for p in pieces:
+            if p >= 0:
+                handles.append(malloc(p, stream))
+            else:
+                free(handles[~p])
+                handles[~p] = -1
+                handles.append(-1)
+        return [h for h in handles if h >= 0]
+
+    def release(self, handles: list[int]) -> None:
+        """Free the tensors `allocate` left allocated."""
+        for h in handles:
+            self.free(h)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One buffer's allocation as the allocator replays it."""
+
+    key: str
+    """The buffer's name, which its free refers to."""
+    nbytes: int
+    pieces: tuple[int, ...]
+    stream: Hashable
+
+
+def steady_reserved(state: Sequence[Request], step: Sequence[Request | str], *,
+                    created_in_first_step: dict[int, Sequence[Request]],
+                    max_steps: int = 4) -> int:
+    """Reserved bytes of a steady-state step: `state` allocated first (what exists
+    before the first step), then the step's events (a Request allocates, a str frees
+    the buffer of that key) replayed until a whole step cudaMallocs no new segment, at
+    most `max_steps` times. `created_in_first_step` maps an event index to buffers the
+    first step creates right before that event and keeps (torch.optim creates its
+    states in its first step()); later steps find them allocated, and whatever else a
+    step leaves allocated."""
+    alloc = CachingAllocator()
+    kept: dict[str, list[int]] = {}
+    for r in state:
+        kept[r.key] = alloc.allocate(r.nbytes, r.pieces, r.stream)
+    for n in range(max_steps):
+        segments = alloc.segments
+        live: dict[str, list[int]] = {}
+        for i, e in enumerate(step):
+            if n == 0 and i in created_in_first_step:
+                for r in created_in_first_step[i]:
+                    kept[r.key] = alloc.allocate(r.nbytes, r.pieces, r.stream)
+            if isinstance(e, str):
+                alloc.release(live.pop(e) if e in live else kept.pop(e))
+            else:
+                live[e.key] = alloc.allocate(e.nbytes, e.pieces, e.stream)
+        kept.update(live)  # what the step leaves allocated, the next step finds so
+        if n > 0 and alloc.segments == segments:
+            break
+    return alloc.reserved_bytes
