@@ -10,6 +10,7 @@ losing plan. No I/O; the CLI renders what this returns.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from zsim.analytic.collectives import bus_bytes
 from zsim.analytic.comm import step_comm
@@ -115,14 +116,22 @@ class Candidate:
         return self.memory.peak_bytes <= self.hbm_bytes
 
 
+@lru_cache(maxsize=64)
+def _step_flops(model: ModelSpec, micro_batch: int, seq_len: int, grad_accum: int,
+                recompute: str) -> tuple[float, float]:
+    """zsim.analytic.compute.step_flops, worked out once per model, batch shape and
+    recomputation policy (the candidates of one model share three: half of `evaluate`)."""
+    return step_flops(model, micro_batch=micro_batch, seq_len=seq_len, grad_accum=grad_accum,
+                      recompute=recompute)
+
+
 def evaluate(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Candidate:
     """Closed-form memory, communication and step-time estimate of one plan."""
     validate(model, hw, plan)
     mem = estimate_memory(model, plan)
     comm = step_comm(model, plan, hw)
-    model_flops, hw_flops = step_flops(model, micro_batch=plan.micro_batch,
-                                       seq_len=plan.seq_len, grad_accum=plan.grad_accum,
-                                       recompute=plan.recompute)
+    model_flops, hw_flops = _step_flops(model, plan.micro_batch, plan.seq_len,
+                                        plan.grad_accum, plan.recompute)
     peak = hw.peak(plan.compute_dtype)
     # Time from FLOPs at the achievable matmul rate (attention is a small share at the
     # sequence lengths planned here; the simulator splits the two).

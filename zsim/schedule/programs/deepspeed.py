@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from zsim.analytic.compute import Flops
 from zsim.analytic.memory import model_state_bytes, optimizer_bytes_per_param
@@ -97,8 +98,23 @@ def shard_elems(shapes: Shapes, n: int) -> int:
 def _partition_elems(model: ModelSpec, plan: Plan) -> int:
     """Elements of the rank's partition of the model: the fp32 master and moment size."""
     if _stage(plan) == 3:
-        return sum(shard_elems([s], plan.dp_shard) for _, s in model.parameter_tensors())
+        return _stage3_elems(model, plan.dp_shard, plan.ds.param_persistence_threshold)[0]
     return _flat_elems(model, plan.dp_shard) // plan.dp_shard
+
+
+@lru_cache(maxsize=64)
+def _stage3_elems(model: ModelSpec, n: int, persistence_threshold: int) -> tuple[int, int]:
+    """Stage 3 on n ranks: (elements of the rank's partition of the model, elements of
+    its 16-bit parameters: each parameter's partition, persistent ones whole). A walk
+    over every parameter, asked for several times per plan (memory floor, lowering, the
+    planner's row), so worked out once per model and degree."""
+    part = params = 0
+    for _, shape in model.parameter_tensors():
+        numel = math.prod(shape)
+        shard = shard_elems([shape], n)
+        part += shard
+        params += numel if numel <= persistence_threshold else shard
+    return part, params
 
 
 def _sub_groups(model: ModelSpec, plan: Plan) -> list[int]:
@@ -164,9 +180,8 @@ def state_at_rest_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
     if _stage(plan) < 3:
         out["params"] = float(_flat_elems(model, plan.dp_shard)) * a
         return out
-    n = plan.dp_shard
-    out["params"] = float(sum(math.prod(s) if _persistent(math.prod(s), plan)
-                              else shard_elems([s], n) for _, s in model.parameter_tensors()))
+    out["params"] = float(_stage3_elems(model, plan.dp_shard,
+                                        plan.ds.param_persistence_threshold)[1])
     out["params"] *= a
     out["grads"] = part * a
     if plan.ds.contiguous_gradients:
