@@ -133,6 +133,16 @@ class Result:
         return self.oom is None
 
     @property
+    def step_time_without_comm_s(self) -> float | None:
+        """The step less the compute stream's waits on collectives (offload copies and
+        the host stay in): what a run without communication (the fake process group)
+        measures."""
+        if self.step_time_s is None:
+            return None
+        return self.step_time_s - sum(self.exposed_by_kind_s.get(k, 0.0)
+                                      for k in COLLECTIVE_KINDS)
+
+    @property
     def simulated(self) -> bool:
         """The whole step ran in the engine: every figure is filled in."""
         return self.evaluated == "simulated"

@@ -35,7 +35,7 @@ def test_small_blocks_on_many_ranks_wait_for_the_host() -> None:
     assert ac["unit 3 forward (mb 0)"] == pytest.approx(fwd + 399 * US)
     assert ac["unit 3 backward (mb 0)"] == pytest.approx(bwd + fwd)
     # Without the host figures the same ops are the kernels alone, shorter.
-    bare = _ops("125m", plan, replace(hw, fsdp2_block_host_s={}))
+    bare = _ops("125m", plan, replace(hw, fsdp2_block_host=None))
     assert bare["unit 3 forward (mb 0)"] < fwd
 
 
@@ -43,7 +43,7 @@ def test_large_blocks_stay_device_bound() -> None:
     hw = resolve_hardware("hgx-h200")
     plan = Plan.for_strategy("fsdp", gpus=128, seq_len=8192)
     with_host = _ops("13b", plan, hw)
-    without = _ops("13b", plan, replace(hw, fsdp2_block_host_s={}))
+    without = _ops("13b", plan, replace(hw, fsdp2_block_host=None))
     assert with_host["unit 5 forward (mb 0)"] == without["unit 5 forward (mb 0)"]
 
 

@@ -60,7 +60,6 @@ from zsim.calibrate.step import _Job, _memory_step, _Meter, _NoTracking
 from zsim.calibrate.validate import FIELDS as CPU_FIELDS
 from zsim.calibrate.validate import backend_knobs, predicted_activation_bytes, write_csv
 from zsim.errors import ConfigError
-from zsim.schedule.ops import COLLECTIVE_KINDS
 from zsim.simulate import simulate
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
@@ -297,12 +296,9 @@ def _measure_run(ctx: RankContext, run: Run, steps: Steps) -> dict[str, Any]:
 def predict(spec: ModelSpec, plan: Plan, hw: HardwareProfile) -> dict[str, float | None]:
     """The simulator's figures for the metrics of validation.csv (None: no prediction)."""
     r = simulate(spec, hw, plan)
-    step = None
-    if r.step_time_s is not None:
-        step = r.step_time_s - sum(r.exposed_by_kind_s.get(k, 0.0) for k in COLLECTIVE_KINDS)
     blocks, root = predicted_activation_bytes(spec, plan)
     return {
-        "step_time_s": step,
+        "step_time_s": r.step_time_without_comm_s,
         "forward_time_s": r.phase_time_s.get("forward"),
         "backward_time_s": r.phase_time_s.get("backward"),
         "optimizer_time_s": r.phase_time_s.get("optimizer", r.host_busy_s),

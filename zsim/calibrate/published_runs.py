@@ -24,7 +24,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from zsim.schedule.ops import COLLECTIVE_KINDS
 from zsim.simulate import simulate
 from zsim.spec.error_bands import bands_yaml, plan_kind
 from zsim.spec.hardware import HardwareProfile
@@ -97,9 +96,10 @@ def as_measured(hw: HardwareProfile) -> HardwareProfile:
 def predict(run: PublishedRun, hw: HardwareProfile) -> dict[str, float]:
     """The simulator's figures for the run's measured ones."""
     r = simulate(run.spec, as_measured(hw), run.plan)
-    assert r.step_time_s is not None, f"{run.name} did not simulate to its end"
-    comm = sum(r.exposed_by_kind_s.get(k, 0.0) for k in COLLECTIVE_KINDS)
-    return {"step_time_s": r.step_time_s - comm,
+    step = r.step_time_without_comm_s
+    assert step is not None and r.reserved_memory_bytes is not None, \
+        f"{run.name} did not simulate to its end"
+    return {"step_time_s": step,
             "forward_time_s": r.phase_time_s["forward"],
             "backward_time_s": r.phase_time_s["backward"],
             "optimizer_time_s": r.phase_time_s.get("optimizer", r.host_busy_s or 0.0),

@@ -79,15 +79,12 @@ class ErrorBands:
             if not isinstance(kinds, dict) or "plain" not in kinds:
                 raise ConfigError(f"{where}.{metric}", kinds,
                                   "must map kinds of plan (plain at least) to [low, high] %")
-            residuals[metric] = {k: _range(v, f"{where}.{metric}.{k}")
-                                 for k, v in kinds.items() if _kind(k, f"{where}.{metric}")}
+            for kind in kinds:
+                if kind not in KINDS:
+                    raise ConfigError(f"{where}.{metric}.{kind}", kind,
+                                      f"unknown kind; expected {', '.join(KINDS)}")
+            residuals[metric] = {k: _range(v, f"{where}.{metric}.{k}") for k, v in kinds.items()}
         return cls(residuals=residuals, runs=runs, source=source)
-
-
-def _kind(kind: str, where: str) -> bool:
-    if kind not in KINDS:
-        raise ConfigError(f"{where}.{kind}", kind, f"unknown kind; expected {', '.join(KINDS)}")
-    return True
 
 
 def _range(v: Any, where: str) -> tuple[float, float]:

@@ -109,6 +109,21 @@ class Link:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class BlockHost:
+    """Host time to issue one transformer block: its own ops and the wrapper's hooks
+    around it, seconds."""
+
+    per_phase: dict[str, tuple[float, float]]
+    """By phase (PHASES): (base, per rank of the shard group)."""
+    checkpoint_s: float
+    """Extra forward time of a checkpointed block (torch.utils.checkpoint's set-up)."""
+
+    def issue_s(self, phase: str, shard_ranks: int) -> float:
+        base, per_rank = self.per_phase[phase]
+        return base + per_rank * shard_ranks
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class HardwareProfile:
     """A homogeneous GPU cluster."""
 
@@ -207,12 +222,10 @@ class HardwareProfile:
     error_bands: ErrorBands | None = None
     """How far its predictions were from real runs, by kind of plan (YAML error_bands,
     optional): the interval each predicted step time and peak carries."""
-    fsdp2_block_host_s: dict[str, tuple[float, float]] = field(default_factory=dict)
-    """Host time to issue one FSDP2-wrapped block's forward or backward on an async host,
-    by phase ("forward", "backward": (base, per rank of the shard group) seconds, the
-    block's own ops and FSDP2's hooks around it) and "checkpoint" ((extra forward time of
-    a checkpointed block, 0)); YAML host.fsdp2_block_host_us, optional (empty: the host
-    keeps ahead). A block's kernels cannot run faster than the host issues them."""
+    fsdp2_block_host: BlockHost | None = None
+    """Host time to issue one FSDP2-wrapped block on an async host (YAML
+    host.fsdp2_block_host_us, optional; None: the host keeps ahead). A block's kernels
+    cannot run faster than the host issues them."""
     kernels: KernelRates | None = None
     """Measured kernel rates by shape (YAML kernels, optional): with them a kernel's time
     follows its shape (zsim.analytic.compute.compute_time_s); without, the flat
@@ -306,7 +319,7 @@ class HardwareProfile:
                                                  allow_zero=True)
                                        if "host_adam_serial_fraction" in eff else 0.0),
             optimizer_tensor_s=_tensor_overhead(host.get("optimizer_tensor_us")),
-            fsdp2_block_host_s=_block_host(host.get("fsdp2_block_host_us")),
+            fsdp2_block_host=_block_host(host.get("fsdp2_block_host_us")),
             kernels=KernelRates.from_dict(data["kernels"]) if "kernels" in data else None,
             error_bands=(ErrorBands.from_dict(data["error_bands"]) if "error_bands" in data
                          else None),
@@ -439,23 +452,24 @@ def _pageable(d: Any) -> dict[str, float]:
     return {k: _pos(d, where, k) * GB for k in ("h2d", "d2h")}
 
 
-def _block_host(d: Any) -> dict[str, tuple[float, float]]:
+def _block_host(d: Any) -> BlockHost | None:
     """host.fsdp2_block_host_us: {forward: [base, per_rank], backward: [base, per_rank],
-    checkpoint: us} -> seconds (absent: empty)."""
+    checkpoint: us} (absent: None)."""
     if d is None:
-        return {}
+        return None
     where = "host.fsdp2_block_host_us"
     if not isinstance(d, dict) or sorted(d) != ["backward", "checkpoint", "forward"]:
         raise ConfigError(where, d, "must map forward, backward ([base, per_rank] us) and "
                                     "checkpoint (us)")
-    out = {"checkpoint": (_non_negative(d, where, "checkpoint") * US, 0.0)}
+    per_phase = {}
     for phase in PHASES:
         v = d[phase]
         if not (isinstance(v, list) and len(v) == 2 and all(
                 isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 for x in v)):
             raise ConfigError(f"{where}.{phase}", v, "must be [base, per_rank] us >= 0")
-        out[phase] = (v[0] * US, v[1] * US)
-    return out
+        per_phase[phase] = (v[0] * US, v[1] * US)
+    return BlockHost(per_phase=per_phase,
+                     checkpoint_s=_non_negative(d, where, "checkpoint") * US)
 
 
 def _tensor_overhead(d: Any) -> dict[str, float]:

@@ -20,9 +20,10 @@ on the H200 table.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Any
+from typing import Any, TypeVar
 
 from zsim.errors import ConfigError
 from zsim.units import GB
@@ -64,6 +65,9 @@ class AttentionPoint:
     head_dim: int
     forward_flop_per_s: float
     backward_flop_per_s: float
+
+
+Point = TypeVar("Point", MatmulPoint, AttentionPoint)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,22 +130,10 @@ class KernelRates:
         _keys(data, where, ("matmul_tflops", "attention", "memory_gb_per_s", "source"))
         if not isinstance(data["source"], str) or not data["source"].strip():
             raise ConfigError("kernels.source", data["source"], "must be a non-empty string")
-        tables = data["matmul_tflops"]
-        if not isinstance(tables, dict) or not tables:
-            raise ConfigError("kernels.matmul_tflops", tables,
-                              "must map dtype names to lists of [m, k, n, tflops]")
-        matmul = {dtype: tuple(_matmul_point(row, f"kernels.matmul_tflops.{dtype}[{i}]")
-                               for i, row in enumerate(_rows(rows, f"kernels.matmul_tflops."
-                                                                    f"{dtype}")))
-                  for dtype, rows in tables.items()}
-        by_dtype = data["attention"]
-        if not isinstance(by_dtype, dict) or not by_dtype:
-            raise ConfigError("kernels.attention", by_dtype,
-                              "must map dtype names to lists of [seq, head_dim, fwd, bwd]")
-        attention = {dtype: tuple(_attention_point(row, f"kernels.attention.{dtype}[{i}]")
-                                  for i, row in enumerate(_rows(rows, f"kernels.attention."
-                                                                      f"{dtype}")))
-                     for dtype, rows in by_dtype.items()}
+        matmul = _tables(data["matmul_tflops"], "kernels.matmul_tflops", _matmul_point,
+                         "[m, k, n, tflops]")
+        attention = _tables(data["attention"], "kernels.attention", _attention_point,
+                            "[seq, head_dim, fwd, bwd]")
         mem = data["memory_gb_per_s"]
         _keys(mem, "kernels.memory_gb_per_s", MEMORY_CLASSES)
         rates = {}
@@ -151,6 +143,16 @@ class KernelRates:
                         for p in PASSES}
         return cls(matmul=matmul, attention=attention, memory_bytes_per_s=rates,
                    source=data["source"])
+
+
+def _tables(data: Any, where: str, point: Callable[[Any, str], Point],
+            row: str) -> dict[str, tuple[Point, ...]]:
+    """A mapping of dtype -> non-empty list of rows, each read by `point`."""
+    if not isinstance(data, dict) or not data:
+        raise ConfigError(where, data, f"must map dtype names to lists of {row}")
+    return {dtype: tuple(point(r, f"{where}.{dtype}[{i}]")
+                         for i, r in enumerate(_rows(rows, f"{where}.{dtype}")))
+            for dtype, rows in data.items()}
 
 
 def _keys(data: Any, where: str, expected: tuple[str, ...]) -> None:

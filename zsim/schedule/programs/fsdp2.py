@@ -273,20 +273,19 @@ class _Step:
 
     def block_host_s(self, phase: str, u: Unit) -> float:
         """Host time to issue unit `u`'s blocks in `phase` on an async host (the profile's
-        fsdp2_block_host_s: base + per rank of the shard group, per block; a checkpointed
-        block adds its extra in forward, and its backward re-issues the forward too);
-        0 on a synchronous host or without the figures."""
+        fsdp2_block_host, per block: a checkpointed block adds its extra in forward, and
+        its backward issues the forward again); 0 on a synchronous host or without the
+        figures."""
         hw, p = self.b.hw, self.p
-        if hw.launch != "async" or not hw.fsdp2_block_host_s:
+        host = hw.fsdp2_block_host
+        if hw.launch != "async" or host is None:
             return 0.0
-
-        def issue(ph: str) -> float:
-            base, per_rank = hw.fsdp2_block_host_s[ph]
-            return base + per_rank * p.dp_shard
-
-        checkpoint = hw.fsdp2_block_host_s["checkpoint"][0] if p.recompute != "none" else 0.0
-        per_block = (issue("forward") + checkpoint if phase == "forward"
-                     else issue("backward") + (issue("forward") if checkpoint else 0.0))
+        forward = host.issue_s("forward", p.dp_shard)
+        checkpointed = p.recompute != "none"
+        if phase == "forward":
+            per_block = forward + (host.checkpoint_s if checkpointed else 0.0)
+        else:
+            per_block = host.issue_s("backward", p.dp_shard) + (forward if checkpointed else 0.0)
         return per_block * u.blocks
 
     # ------------------------------------------------------------------ gathers
