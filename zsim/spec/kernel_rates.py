@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any, TypeVar
 
@@ -83,9 +83,19 @@ class KernelRates:
     """Bytes read + written per second by memory-bound kernel class (MEMORY_CLASSES) and
     pass (PASSES)."""
     source: str
+    _looked_up: dict[tuple[int, int, int, str], float | None] = field(
+        default_factory=dict, init=False, compare=False, repr=False)
+    """Matmul rates already interpolated: a model's few shapes are asked for by every op
+    of every plan (the lowering's hot path)."""
 
     def matmul_flop_per_s(self, m: int, k: int, n: int, dtype: str) -> float | None:
         """Rate of an (m x k) @ (k x n) matmul in `dtype`; None: no table for the dtype."""
+        key = (m, k, n, dtype)
+        if key not in self._looked_up:
+            self._looked_up[key] = self._interpolate(m, k, n, dtype)
+        return self._looked_up[key]
+
+    def _interpolate(self, m: int, k: int, n: int, dtype: str) -> float | None:
         table = self.matmul.get(dtype)
         if not table:
             return None
