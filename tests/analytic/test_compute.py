@@ -15,6 +15,7 @@ from zsim.analytic.compute import (
     block_backward_flops,
     block_forward_flops,
     compute_time_s,
+    head_backward_flops,
     head_forward_flops,
     optimizer_flops,
     recompute_forward_flops,
@@ -96,6 +97,24 @@ def test_root_forward_traffic_by_hand(small: ModelSpec) -> None:
     assert head.memory_bytes == expect
     assert head.kernels == 5 + 1  # 5 memory-bound kernels + the output matmul
     assert head.matmul == 2.0 * t * d * v
+
+
+def test_root_backward_splits_at_the_logits_gradient_by_hand(small: ModelSpec) -> None:
+    # Autograd runs the loss's backward (NLL, log-softmax, the upcast) before the output
+    # projection's: the first part is memory-bound only, twice its forward traffic; the
+    # second holds both matmul gradients and the embedding and final norm kernels; the
+    # two add up to twice the root's forward.
+    t, d, v, a = 32, 64, 100, 2
+    loss, output = head_backward_flops(small, micro_batch=2, seq_len=16, act_bytes=a)
+    assert loss.matmul == 0.0 and loss.gemms == ()
+    assert loss.memory_bytes == 2 * (t * v * (a + 4) + t * v * 8 + t * 4 + 4)
+    assert loss.kernels == 2 * 3
+    assert output.matmul == 2 * 2.0 * t * d * v
+    assert sorted(output.gemms) == sorted([(t, v, d, 1.0), (d, t, v, 1.0)])
+    assert output.memory_bytes == 2 * (t * d * 2 * a + t * d * 2 * a)
+    head = head_forward_flops(small, micro_batch=2, seq_len=16, act_bytes=a)
+    assert loss.memory_bytes + output.memory_bytes == 2 * head.memory_bytes
+    assert loss.kernels + output.kernels == 2 * head.kernels
 
 
 def test_selective_recompute_reruns_every_memory_bound_kernel(small: ModelSpec) -> None:

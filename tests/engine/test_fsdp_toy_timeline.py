@@ -23,6 +23,9 @@ class Durations:
     fwd: float
     bwd: float
     head: float
+    """Output projection + loss forward."""
+    loss: float
+    """The loss's share of head (its backward runs apart, before the output projection's)."""
     ag_block: float
     ag_root: float
     opt: float
@@ -49,7 +52,8 @@ def hand_durations() -> Durations:
     bwd = 2 * fwd                                          # backward = 2 x forward
     # Root: embedding gather and final norm (2d bf16 each), logits.float() (2 + 4 B per
     # logit), fp32 log_softmax (4 + 4), nll_loss (4 B per token read, 4 B written).
-    root_bytes = tokens * 256 * 2 * 2 * 2 + tokens * 1000 * (6 + 8) + tokens * 4 + 4
+    loss_bytes = tokens * 1000 * (6 + 8) + tokens * 4 + 4
+    root_bytes = tokens * 256 * 2 * 2 * 2 + loss_bytes
     head = 2 * tokens * 256 * 1000 / 1e12 + root_bytes / 1e12  # output projection + loss
     block_params = matmul_params + 2 * 256                 # + 2 RMSNorm weights
     root_params = 2 * 1000 * 256 + 256                     # embedding, output, final norm
@@ -72,8 +76,8 @@ def hand_durations() -> Durations:
     # 5 B per parameter of the unit; the reduce-scatter copy-in reads the bf16 gradient
     # and writes the bf16 flat input (4 B); the bf16 output half is cast to the fp32
     # gradient shard (2 + 4 per shard element, 3 B per parameter).
-    return Durations(fwd=fwd, bwd=bwd, head=head, ag_block=ag_block, ag_root=ag_root,
-                     opt=opt, copy_block=copy_block, copy_root=copy_root,
+    return Durations(fwd=fwd, bwd=bwd, head=head, loss=loss_bytes / 1e12, ag_block=ag_block,
+                     ag_root=ag_root, opt=opt, copy_block=copy_block, copy_root=copy_root,
                      copy_in_block=block_params * 5 / 1e12, copy_in_root=root_params * 5 / 1e12,
                      rs_copy_in_block=block_params * 4 / 1e12,
                      rs_copy_in_root=root_params * 4 / 1e12,
@@ -106,7 +110,8 @@ def test_fsdp_step_without_prefetch_by_hand(tiny_model: ModelSpec) -> None:
         (t[0], after(copy_block), "compute", "unit 1 copy-out forward (mb 0)"),
         (t[0], after(fwd), "compute", "unit 1 forward (mb 0)"),
         (t[0], after(head), "compute", "output+loss forward (mb 0)"),
-        (t[0], after(2 * head), "compute", "output+loss backward (mb 0)"),
+        (t[0], after(2 * d.loss), "compute", "loss backward (mb 0)"),
+        (t[0], after(2 * (head - d.loss)), "compute", "output backward (mb 0)"),
         (t[0], after(d.copy_in_block), "all_gather", "unit 1 copy-in backward (mb 0)"),
         (t[0], after(ag_block), "all_gather", "unit 1 all-gather backward (mb 0)"),
         (t[0], after(copy_block), "compute", "unit 1 copy-out backward (mb 0)"),
@@ -166,6 +171,7 @@ def test_fsdp_step_on_a_synchronous_host_runs_every_op_alone_in_host_order(
     d = hand_durations()
     skew, hooks, call = 1.5, 20 * US, 1 * US
     fwd, bwd, head, opt = skew * d.fwd, skew * d.bwd, skew * d.head, skew * d.opt
+    loss = skew * d.loss
     copy_block, copy_root = skew * d.copy_block, skew * d.copy_root
     ag_block, ag_root = d.ag_block + call, d.ag_root + call
     rs_block, rs_root = ag_block, ag_root  # reduced in bf16: the same bytes
@@ -186,10 +192,11 @@ def test_fsdp_step_on_a_synchronous_host_runs_every_op_alone_in_host_order(
         ("compute", "unit 1 copy-out forward (mb 0)", copy_block + hooks),
         ("compute", "unit 1 forward (mb 0)", fwd),
         ("compute", "output+loss forward (mb 0)", head),
-        # the root's pre-backward prefetches unit 1
+        ("compute", "loss backward (mb 0)", 2 * loss),
+        # the root's pre-backward, on the logits' gradient, prefetches unit 1
         ("all_gather", "unit 1 copy-in backward (mb 0)", cin_block),
         ("all_gather", "unit 1 all-gather backward (mb 0)", ag_block),
-        ("compute", "output+loss backward (mb 0)", 2 * head),
+        ("compute", "output backward (mb 0)", 2 * (head - loss)),
         ("compute", "unit 1 copy-out backward (mb 0)", copy_block),
         # unit 1's pre-backward prefetches unit 0
         ("all_gather", "unit 0 copy-in backward (mb 0)", cin_block),

@@ -50,8 +50,9 @@ def test_guard_step_time_without_communication(rows: list[dict[str, Any]]) -> No
 
 
 def test_guard_peak_allocated(rows: list[dict[str, Any]]) -> None:
+    """Today's level (mean 0.7%, max 3.0%: full recomputation 3% short) is not lost."""
     mean, worst = _stats(rows, "peak_memory_bytes")
-    assert mean < 0.015 and worst < 0.04
+    assert mean < 0.01 and worst < 0.035
 
 
 @pytest.mark.xfail(strict=True, reason="issue 11 target not reached: mean 5.0%, max 13.7%")
@@ -60,12 +61,12 @@ def test_target_step_time(rows: list[dict[str, Any]]) -> None:
     assert mean <= 0.03 and worst <= 0.06
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11 target not reached: mean 1.4%, max 3.8%")
+@pytest.mark.xfail(strict=True, reason="issue 11 target not reached: mean 0.7%, max 3.0%")
 def test_target_peak_allocated(rows: list[dict[str, Any]]) -> None:
     mean, worst = _stats(rows, "peak_memory_bytes")
     assert mean <= 0.005 and worst <= 0.015
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11 target not reached: reserved within 28%")
+@pytest.mark.xfail(strict=True, reason="issue 11 target not reached: reserved within 8.5%")
 def test_target_peak_reserved(rows: list[dict[str, Any]]) -> None:
     assert _stats(rows, "reserved_memory_bytes")[1] <= 0.03

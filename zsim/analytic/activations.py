@@ -37,6 +37,9 @@ INDEX_BYTES = 8
 STATE_ALIASES = frozenset({"rope.cos_sin_buffers"})
 """Saved tensors that are the model's own buffers (ModelSpec.buffer_bytes): autograd
 references them, but they are state, not new allocations."""
+LOSS_PREFIX = "loss."
+"""Names of the root's saved tensors that the loss saves (root_saved_tensors): its
+backward frees them before the output projection's runs."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -258,6 +261,18 @@ def loss_working_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int,
     forward = bsv * act_bytes + (bsv * logit if model.logits_upcast else 0)
     backward = 2 * bsv * logit
     return max(forward, backward)
+
+
+def head_backward_working_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int,
+                                act_bytes: int = 2) -> tuple[int, int]:
+    """Transient bytes of the root's backward, in its two parts: the loss's (the
+    gradients of the NLL and of the log-softmax output, fp32 when upcast, exist
+    together), then the output projection's (the logits' gradient in compute dtype and
+    the final norm's output gradient)."""
+    bs = micro_batch * seq_len
+    logit = FP32_BYTES if model.logits_upcast else act_bytes
+    return (2 * bs * model.vocab_size * logit,
+            bs * (model.vocab_size + model.d_model) * act_bytes)
 
 
 def korthikanti_bytes_per_layer(*, seq_len: int, micro_batch: int, d_model: int,

@@ -31,6 +31,7 @@ from functools import lru_cache
 
 from zsim.analytic.activations import (
     FP32_BYTES,
+    LOSS_PREFIX,
     STATE_ALIASES,
     block_saved_tensors,
     root_saved_tensors,
@@ -203,41 +204,56 @@ def _forward(s: _Script, z: _Sizes, *, grad: bool, to_output: bool = True
     return saved
 
 
-def _backward(s: _Script, z: _Sizes, saved: dict[str, int | None]) -> None:
-    """One block's backward, weight gradients aside (their own buffers): each
-    activation gradient as autograd makes it, each saved tensor freed as its node ends
-    (`saved` entries; missing ones belong to another buffer). The residual stream's
-    gradient is accumulated in place and allocates nothing."""
+def _backward(s: _Script, z: _Sizes, saved: dict[str, int | None],
+              weights: dict[str, int] | None = None) -> None:
+    """One block's backward: each activation gradient as autograd makes it, each saved
+    tensor freed as its node ends (`saved` entries; missing ones belong to another
+    buffer), and with `weights` (bytes by weight, `_weight_elems` names) each weight's
+    gradient allocated by its node (else they are their own buffers). The residual
+    stream's gradient is accumulated in place and allocates nothing."""
     def sv(name: str) -> int | None:
         return saved.get(name)
 
+    def grad(*names: str) -> None:
+        for name in names if weights else ():
+            s.alloc(weights[name])
+
+    grad("w2")
     g_prod = s.alloc(z.f)
     s.free(sv("prod"))
     g_silu, g_w3 = s.alloc(z.f), s.alloc(z.f)
     s.free(sv("silu"), sv("w3"), g_prod)
+    grad("w3")
     g_n2a = s.alloc(z.d)
     s.free(g_w3)
     g_w1 = s.alloc(z.f)
     s.free(sv("w1"), g_silu)
+    grad("w1")
     g_n2b = s.alloc(z.d)
     s.free(sv("n2"), g_w1)
     g_n2 = s.alloc(z.d)
     s.free(g_n2a, g_n2b)
+    grad("ffn_norm")
     g_h = s.alloc(z.d)
     s.free(sv("r2"), sv("h"), g_n2, g_h)
+    grad("wo")
     g_out = s.alloc(z.d)
     dq, dk, dv = s.alloc(z.d), s.alloc(z.kv), s.alloc(z.kv)
     s.free(s.alloc(z.d * FP32_BYTES // z.a + z.lse))  # fp32 dq accumulator, softmax_d
     s.free(sv("out"), sv("lse"), sv("qr"), sv("kr"), sv("v"), g_out)
     g_q, g_k = _rope_backward(s, dq, z.d), _rope_backward(s, dk, z.kv)
+    grad("wv")
     g_v1 = s.alloc(z.d)
     s.free(dv)
+    grad("wk")
     g_k1 = s.alloc(z.d)
     s.free(g_k)
     g_sum = s.alloc(z.d)
     s.free(g_v1, g_k1)
+    grad("wq")
     g_q1 = s.alloc(z.d)
     s.free(sv("n1"), g_q, g_q1)
+    grad("attention_norm")
     g_x = s.alloc(z.d)
     s.free(sv("r1"), g_sum, g_x)
 
@@ -306,14 +322,58 @@ def block_backward_pieces(model: ModelSpec, plan: Plan, *, saved_per_block: int,
     return repeat(_backward_script(model, plan), blocks)
 
 
-def root_saved_pieces(model: ModelSpec, plan: Plan, *, root_saved: int) -> tuple[int, ...]:
+def backward_transient_bytes(model: ModelSpec, plan: Plan, *, saved_per_block: int,
+                             blocks: int, grad_bytes_per_param: float) -> int | None:
+    """What a unit's backward (zsim.schedule.build.block_backward) holds at its most
+    beyond its saved tensors and its weight gradients, both of which the ledger holds
+    for the whole op: the peak of the blocks' scripts run in reverse, each weight's
+    gradient (`grad_bytes_per_param` per element, 0 when the program allocates none)
+    made by its node and each saved tensor freed as its node ends, less those saved
+    tensors and gradients; 0 when the ledger's whole-op view holds more than that peak.
+    None off the reference step (the closed form applies)."""
+    if not _scripted(model, plan, saved_per_block):
+        return None
+    z, s = _Sizes(model, plan), _Script()
+    s.alloc(z.d)  # the block's input
+    saved = _forward(s, z, grad=plan.recompute == "none")
+    start = len(s.entries)
+    if plan.recompute == "full":
+        saved = _forward(s, z, grad=True, to_output=False)
+    weights = {n: round(e * grad_bytes_per_param) for n, e in _weight_elems(model).items()}
+    _backward(s, z, saved, weights)
+    saved_bytes, grad_bytes = net_bytes(s.entries[:start]), sum(weights.values())
+    peak = _peak_bytes(s.entries)
+    # The unit's blocks run one after the other: the first holds the others' saved
+    # tensors, the last the others' gradients.
+    held = (blocks - 1) * max(saved_bytes, grad_bytes)
+    return max(0, held + peak - blocks * (saved_bytes + grad_bytes))
+
+
+def _weight_elems(model: ModelSpec) -> dict[str, int]:
+    """Elements of one reference block's weights, by the names `_backward` uses."""
+    d, kv, f = model.d_model, model.kv_dim, model.ffn_hidden
+    return {"attention_norm": d, "wq": d * d, "wk": d * kv, "wv": d * kv, "wo": d * d,
+            "ffn_norm": d, "w1": d * f, "w3": d * f, "w2": f * d}
+
+
+def _peak_bytes(pieces: Sequence[int]) -> int:
+    """The most a script holds at once."""
+    live = peak = 0
+    for p in pieces:
+        live += p if p >= 0 else -pieces[~p]
+        peak = max(peak, live)
+    return peak
+
+
+def root_saved_pieces(model: ModelSpec, plan: Plan, *, root_saved: int,
+                      loss: bool) -> tuple[int, ...]:
     """What the root saves (zsim.analytic.activations.root_saved_tensors, the model's
-    own buffers excluded), one tensor each, the RoPE tables two (cos, sin); () unless
-    they add up to `root_saved`."""
+    own buffers excluded), one tensor each, the RoPE tables two (cos, sin): the loss's
+    tensors (`loss`) or the others; () unless they add up to `root_saved`."""
     out: list[int] = []
     for t in root_saved_tensors(model, micro_batch=plan.micro_batch, seq_len=plan.seq_len,
                                 act_bytes=dtype_bytes(plan.param_dtype)):
-        if t.name in STATE_ALIASES:
+        if t.name in STATE_ALIASES or t.name.startswith(LOSS_PREFIX) != loss:
             continue
         out += [t.bytes // 2, t.bytes - t.bytes // 2] if t.name == "rope.cos_sin" else [t.bytes]
     return fitted(out, root_saved)
@@ -333,15 +393,24 @@ def loss_forward_pieces(model: ModelSpec, plan: Plan, *,
 def loss_backward_pieces(model: ModelSpec, plan: Plan, *,
                          saved_per_block: int) -> tuple[int, ...]:
     """The loss's backward working buffer: the fp32 gradients of the NLL and of the
-    log-softmax, the 16-bit logits' gradient, the final norm's output and input
-    gradients; () off the reference step."""
+    log-softmax; () off the reference step."""
     if not _scripted(model, plan, saved_per_block):
         return ()
     z, s = _Sizes(model, plan), _Script()
     g_nll, g_logsm = s.alloc(z.logits * FP32_BYTES), s.alloc(z.logits * FP32_BYTES)
-    s.free(g_nll)
+    s.free(g_nll, g_logsm)
+    return tuple(s.entries)
+
+
+def output_backward_pieces(model: ModelSpec, plan: Plan, *,
+                           saved_per_block: int) -> tuple[int, ...]:
+    """The output projection's backward working buffer: the 16-bit logits' gradient
+    (the loss's backward output), the final norm's output and input gradients; () off
+    the reference step."""
+    if not _scripted(model, plan, saved_per_block):
+        return ()
+    z, s = _Sizes(model, plan), _Script()
     g_logits = s.alloc(z.logits * z.a)
-    s.free(g_logsm)
     g_norm = s.alloc(z.d)
     s.free(g_logits)
     g_x = s.alloc(z.d)

@@ -186,20 +186,34 @@ def _block_forward_kernels(model: ModelSpec, *, micro_batch: int, seq_len: int,
 
 def _root_forward_kernels(model: ModelSpec, *, micro_batch: int, seq_len: int,
                           act_bytes: int) -> list[Kernel]:
-    """Memory-bound kernels of the root's forward: embedding gather (reads one row per
-    token, writes the activation), with learned positions their gather (one row per
-    position) and its broadcast add, final norm, and the loss: logits.float() (when
-    upcast), log_softmax over the vocabulary (reads and writes the logits), nll_loss
-    (reads one value per token)."""
-    t, a, d, v = micro_batch * seq_len, act_bytes, model.d_model, model.vocab_size
+    """Memory-bound kernels of the root's forward: `_root_kernels`, then the loss's
+    (`_loss_kernels`)."""
+    kw = dict(micro_batch=micro_batch, seq_len=seq_len, act_bytes=act_bytes)
+    return _root_kernels(model, **kw) + _loss_kernels(model, **kw)
+
+
+def _root_kernels(model: ModelSpec, *, micro_batch: int, seq_len: int,
+                  act_bytes: int) -> list[Kernel]:
+    """The root's kernels outside the loss: embedding gather (reads one row per token,
+    writes the activation), with learned positions their gather (one row per position)
+    and its broadcast add, and the final norm."""
+    t, a, d = micro_batch * seq_len, act_bytes, model.d_model
     out = [Kernel(name="tok_embeddings", read_bytes=t * d * a, write_bytes=t * d * a)]
     if model.learned_pos_emb:
         rows = seq_len * d * a
         out += [Kernel(name="pos_embeddings", read_bytes=rows, write_bytes=rows),
                 Kernel(name="pos_embeddings.add", read_bytes=t * d * a + rows,
                        write_bytes=t * d * a)]
-    out += _norm_kernels(model, "norm", t, a)
+    return out + _norm_kernels(model, "norm", t, a)
+
+
+def _loss_kernels(model: ModelSpec, *, micro_batch: int, seq_len: int,
+                  act_bytes: int) -> list[Kernel]:
+    """The loss's kernels: logits.float() (when upcast), log_softmax over the vocabulary
+    (reads and writes the logits), nll_loss (reads one value per token)."""
+    t, a, v = micro_batch * seq_len, act_bytes, model.vocab_size
     logit_bytes = FP32_BYTES if model.logits_upcast else a
+    out: list[Kernel] = []
     if model.logits_upcast:
         out.append(Kernel(name="logits.float", read_bytes=t * v * a,
                           write_bytes=t * v * FP32_BYTES))
@@ -278,11 +292,21 @@ def head_forward_flops(model: ModelSpec, *, micro_batch: int, seq_len: int,
 
 
 def head_backward_flops(model: ModelSpec, *, micro_batch: int, seq_len: int,
-                        act_bytes: int) -> Flops:
-    """Backward work of the root: twice its forward, the output projection's input and
-    weight gradients by shape."""
-    return _backward_of(head_forward_flops(model, micro_batch=micro_batch, seq_len=seq_len,
-                                           act_bytes=act_bytes))
+                        act_bytes: int) -> tuple[Flops, Flops]:
+    """Backward work of the root in the two parts autograd runs one after the other: the
+    loss's (twice the traffic of `_loss_kernels`, down to the logits' gradient), then
+    the rest (the output projection's input and weight gradients by shape, the final
+    norm's and the embeddings' kernels). Together twice the root's forward."""
+    kw = dict(micro_batch=micro_batch, seq_len=seq_len, act_bytes=act_bytes)
+    loss = _loss_kernels(model, **kw)
+    fwd = head_forward_flops(model, **kw)
+    rest = _root_kernels(model, **kw)
+    loss_fwd = Flops(matmul=0.0, attention=0.0, memory_bytes=_traffic(loss),
+                     kernels=float(len(loss)), traffic=_by_class(loss, "forward"))
+    rest_fwd = Flops(matmul=fwd.matmul, attention=0.0, memory_bytes=_traffic(rest),
+                     kernels=float(len(rest) + 1), gemms=fwd.gemms,
+                     traffic=_by_class(rest, "forward"))
+    return _backward_of(loss_fwd), _backward_of(rest_fwd)
 
 
 def optimizer_flops(local_params: float, *, optimizer: str, tensors: int, master_bytes: int,

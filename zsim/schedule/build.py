@@ -18,10 +18,12 @@ from dataclasses import dataclass, replace
 
 from zsim.analytic import allocations
 from zsim.analytic.activations import (
+    LOSS_PREFIX,
     STATE_ALIASES,
     block_activation_bytes,
     block_backward_working_bytes,
     block_recompute_bytes,
+    head_backward_working_bytes,
     loss_working_bytes,
     root_saved_tensors,
 )
@@ -110,10 +112,14 @@ class ActivationSizes:
     block_transient: int
     """A block's backward working set, with what recomputation re-materialises."""
     root_saved: int
-    """Tensors the root (embedding, final norm, output) saves, those that alias the
+    """Tensors the root (embedding, final norm, output, loss) saves, those that alias the
     model's buffers excluded (they are state)."""
+    loss_saved: int
+    """Of root_saved, the loss's (its backward frees them)."""
     loss_working: int
-    """Working memory of the output projection and loss."""
+    """Working memory of the output projection and loss forward."""
+    head_backward_working: tuple[int, int]
+    """Working memory of the loss's backward, then of the output projection's."""
 
     def floor_bytes(self, model: ModelSpec) -> int:
         """Live when the loss's forward starts: every block's and the root's saved
@@ -127,14 +133,17 @@ def activation_sizes(model: ModelSpec, plan: Plan, *, autocast: bool) -> Activat
     (it then saves casts of weights and inputs too)."""
     kw = dict(micro_batch=plan.micro_batch, seq_len=plan.seq_len,
               act_bytes=dtype_bytes(plan.param_dtype))
+    root = [t for t in root_saved_tensors(model, autocast=autocast, **kw)
+            if t.name not in STATE_ALIASES]
     return ActivationSizes(
         saved_per_block=block_activation_bytes(model, recompute=plan.recompute,
                                                autocast=autocast, **kw),
         block_transient=block_backward_working_bytes(model, **kw) + block_recompute_bytes(
             model, recompute=plan.recompute, autocast=autocast, **kw),
-        root_saved=sum(t.bytes for t in root_saved_tensors(model, autocast=autocast, **kw)
-                       if t.name not in STATE_ALIASES),
-        loss_working=loss_working_bytes(model, **kw))
+        root_saved=sum(t.bytes for t in root),
+        loss_saved=sum(t.bytes for t in root if t.name.startswith(LOSS_PREFIX)),
+        loss_working=loss_working_bytes(model, **kw),
+        head_backward_working=head_backward_working_bytes(model, **kw))
 
 
 # ---------------------------------------------------------------------- builder
@@ -255,12 +264,16 @@ def block_backward(b: Builder, u: Unit, mb: int, *, after: tuple[int, ...] = (),
     `host_s` long (see block_forward)."""
     flops = b.block_bwd.scaled(u.blocks)
     work = f"mb{mb}/{u.name}/backward_working"
+    transient = allocations.backward_transient_bytes(
+        b.model, b.plan, saved_per_block=b.acts.saved_per_block, blocks=u.blocks,
+        grad_bytes_per_param=sum(g.bytes for g in grads) / u.params if u.params else 0.0)
     return b.add(
         name=f"{u.name} backward (mb {mb})", kind="backward", stream="compute",
         unit=u.index, microbatch=mb, after=after,
         compute_s=max(b.compute(flops) + b.checkpoint_host_s("backward", u.blocks), host_s),
         flops=flops.total,
-        allocs=(Buffer(name=work, category="activations", bytes=b.acts.block_transient,
+        allocs=(Buffer(name=work, category="activations",
+                       bytes=b.acts.block_transient if transient is None else transient,
                        pieces=allocations.block_backward_pieces(
                            b.model, b.plan, saved_per_block=b.acts.saved_per_block,
                            blocks=u.blocks)),
@@ -272,33 +285,54 @@ def head_forward(b: Builder, mb: int, *, after: tuple[int, ...],
                  frees: tuple[str, ...] = ()) -> int:
     """Output projection + loss forward of micro-batch mb."""
     head = _head_flops(b)
+    acts, loss_saved = b.acts, b.acts.loss_saved
     return b.add(name=f"output+loss forward (mb {mb})", kind="forward", stream="compute",
                  microbatch=mb, after=after, compute_s=b.compute(head), flops=head.total,
                  allocs=(Buffer(name=f"mb{mb}/loss/fwd", category="activations",
-                                bytes=b.acts.loss_working,
+                                bytes=acts.loss_working,
                                 pieces=allocations.loss_forward_pieces(
-                                    b.model, b.plan, saved_per_block=b.acts.saved_per_block)),
+                                    b.model, b.plan, saved_per_block=acts.saved_per_block)),
                          Buffer(name=f"mb{mb}/root/saved", category="activations",
-                                bytes=b.acts.root_saved,
+                                bytes=acts.root_saved - loss_saved,
                                 pieces=allocations.root_saved_pieces(
-                                    b.model, b.plan, root_saved=b.acts.root_saved))),
+                                    b.model, b.plan, root_saved=acts.root_saved - loss_saved,
+                                    loss=False)),
+                         Buffer(name=f"mb{mb}/loss/saved", category="activations",
+                                bytes=loss_saved,
+                                pieces=allocations.root_saved_pieces(
+                                    b.model, b.plan, root_saved=loss_saved, loss=True))),
                  frees=(f"mb{mb}/loss/fwd", *frees))
 
 
 def head_backward(b: Builder, mb: int, *, after: tuple[int, ...] = (),
-                  grads: tuple[Buffer, ...] = (), frees: tuple[str, ...] = ()) -> int:
-    """Output projection + loss backward of micro-batch mb (twice the forward's work)."""
-    bwd_flops = head_backward_flops(b.model, micro_batch=b.plan.micro_batch,
-                                    seq_len=b.plan.seq_len, act_bytes=b.a)
-    return b.add(name=f"output+loss backward (mb {mb})", kind="backward", stream="compute",
-                 microbatch=mb, after=after, compute_s=b.compute(bwd_flops),
-                 flops=bwd_flops.total,
+                  grads: tuple[Buffer, ...] = (), frees: tuple[str, ...] = (),
+                  on_logits_grad: Callable[..., object] | None = None) -> int:
+    """Loss backward, then output projection backward, of micro-batch mb (together twice
+    the forward's work); returns the second. Between the two the logits' gradient
+    exists: a hook on the root's output (FSDP's root pre-backward) runs there,
+    `on_logits_grad(after=loss_op)` adding its ops after the loss's backward."""
+    loss_flops, output_flops = head_backward_flops(
+        b.model, micro_batch=b.plan.micro_batch, seq_len=b.plan.seq_len, act_bytes=b.a)
+    acts, kw = b.acts, dict(saved_per_block=b.acts.saved_per_block)
+    loss_bytes, output_bytes = acts.head_backward_working
+    loss = b.add(name=f"loss backward (mb {mb})", kind="backward", stream="compute",
+                 microbatch=mb, after=after, compute_s=b.compute(loss_flops),
+                 flops=loss_flops.total,
                  allocs=(Buffer(name=f"mb{mb}/loss/bwd", category="activations",
-                                bytes=b.acts.loss_working,
-                                pieces=allocations.loss_backward_pieces(
-                                    b.model, b.plan, saved_per_block=b.acts.saved_per_block)),
+                                bytes=loss_bytes,
+                                pieces=allocations.loss_backward_pieces(b.model, b.plan, **kw)),),
+                 frees=(f"mb{mb}/loss/bwd", f"mb{mb}/loss/saved"))
+    if on_logits_grad is not None:
+        on_logits_grad(after=loss)
+    return b.add(name=f"output backward (mb {mb})", kind="backward", stream="compute",
+                 microbatch=mb, after=(loss,), compute_s=b.compute(output_flops),
+                 flops=output_flops.total,
+                 allocs=(Buffer(name=f"mb{mb}/output/bwd", category="activations",
+                                bytes=output_bytes,
+                                pieces=allocations.output_backward_pieces(
+                                    b.model, b.plan, **kw)),
                          *grads),
-                 frees=(f"mb{mb}/loss/bwd", f"mb{mb}/root/saved", *frees))
+                 frees=(f"mb{mb}/output/bwd", f"mb{mb}/root/saved", *frees))
 
 
 def _head_flops(b: Builder) -> Flops:

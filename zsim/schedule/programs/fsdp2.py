@@ -39,6 +39,7 @@ _fsdp_param_group.py):
 from __future__ import annotations
 
 import math
+from functools import partial
 
 from zsim.analytic.allocations import (
     all_gather_pieces,
@@ -211,12 +212,14 @@ class _Step:
                                              params * acc_bytes)),)
 
             emb_grad = 0 if b.model.tied_embeddings else b.model.embedding_params
-            head_f = head_forward(b, mb, after=(fwd[-1],), frees=self.release_all_gather())
+            head_forward(b, mb, after=(fwd[-1],), frees=self.release_all_gather())
             issued: dict[int, int] = {}
-            if reshard:
-                self.backward_prefetch(blocks, mb, gathered, issued, below=len(blocks),
-                                       after=head_f)
-            head_b = head_backward(b, mb, grads=grad_alloc(root, root.params - emb_grad))
+            # The root's pre-backward hook runs on the logits' gradient: it prefetches the
+            # last units.
+            head_b = head_backward(
+                b, mb, grads=grad_alloc(root, root.params - emb_grad),
+                on_logits_grad=partial(self.backward_prefetch, blocks, mb, gathered, issued,
+                                       below=len(blocks)) if reshard else None)
             bwd: dict[int, int] = {}
             for k in reversed(range(len(blocks))):
                 u = blocks[k]
