@@ -107,6 +107,25 @@ def test_backward_prefetch_hides_the_next_all_gather(h100: HardwareProfile) -> N
     assert none.memory_at_peak["gathered_params"] < pre.memory_at_peak["gathered_params"]
 
 
+@pytest.mark.parametrize("impl", ["fsdp2", "fsdp1"])
+def test_the_roots_pre_backward_prefetch_follows_the_losss_backward(
+        h100: HardwareProfile, impl: str) -> None:
+    """Both programs hook the root's pre-backward on its output, the logits: it runs
+    once the loss's backward has made their gradient, and only then prefetches the last
+    unit, so the loss's fp32 gradients and that unit's gathered parameters are never
+    live together."""
+    model = resolve_model("7b")
+    r = simulate(model, h100, Plan.for_strategy("fsdp", gpus=64, seq_len=4096, impl=impl),
+                 trace=True)
+    spans = {sp.name: sp for sp in r.spans}
+    last = model.num_layers - 1
+    gather = next(sp for name, sp in spans.items()
+                  if name.startswith(f"unit {last} ") and " backward (mb 0)" in name
+                  and sp.stream == "all_gather")
+    assert gather.start_s >= spans["loss backward (mb 0)"].end_s
+    assert gather.start_s < spans["output backward (mb 0)"].end_s  # still a prefetch
+
+
 def test_one_nccl_stream_runs_the_shard_groups_collectives_in_order(
         h100: HardwareProfile) -> None:
     model = resolve_model("125m")

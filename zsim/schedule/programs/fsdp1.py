@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from functools import partial
 
 from zsim.analytic.compute import Flops
 from zsim.analytic.memory import optimizer_bytes_per_param
@@ -155,11 +156,12 @@ class _Step:
                 if reshard:
                     self.limiter.enqueue(prev)
             head_f = head_forward(b, mb, after=(prev,))
-            # ---- backward: the root's pre-backward may prefetch the last unit
-            if opt.backward_prefetch == "pre":
-                self.unshard(blocks[-1], mb, "backward")
-            prev = head_backward(b, mb, after=(head_f,),
-                                 grads=self.grads(root, mb, root.params - emb_params))
+            # ---- backward: the root's pre-backward (on the logits' gradient, after the
+            # loss's backward) may prefetch the last unit
+            prev = head_backward(
+                b, mb, after=(head_f,), grads=self.grads(root, mb, root.params - emb_params),
+                on_logits_grad=partial(self.unshard, blocks[-1], mb, "backward")
+                if opt.backward_prefetch == "pre" else None)
             for k in reversed(range(len(blocks))):
                 u = blocks[k]
                 self.unshard(u, mb, "backward")
@@ -178,18 +180,19 @@ class _Step:
         self.optimizer()
 
     # ------------------------------------------------------------------ unshard
-    def unshard(self, u: Unit, mb: int, phase: str) -> None:
+    def unshard(self, u: Unit, mb: int, phase: str, *, after: int | None = None) -> None:
         """`_unshard` of unit u unless it is gathered (prefetched, not resharded, or the
         root before its post-backward): the cast of the fp32 shard to a compute-dtype
         shard (pre-unshard stream), the limiter's wait, then the all-gather into the
-        newly allocated padded FlatParameter, which frees the cast shard."""
+        newly allocated padded FlatParameter, which frees the cast shard; issued once op
+        `after` has finished (the hook that unshards runs there) when given."""
         if u.name in self.gathered:
             return
         b, p = self.b, self.p
         name = f"mb{mb}/{u.name}/gathered/{phase}"
         self.gathered[u.name] = name
         size = u.gathered_elems(p) * b.a
-        wait = self.limiter.wait()
+        wait = self.limiter.wait() + (() if after is None else (after,))
         after: tuple[int, ...] = self.nccl
         frees: tuple[str, ...] = ()
         if p.has_master_copy:
