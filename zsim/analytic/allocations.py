@@ -284,6 +284,7 @@ def _block_script(model: ModelSpec, plan: Plan) -> tuple[int, ...]:
     return tuple(s.entries)
 
 
+@lru_cache(maxsize=256)
 def _scripted(model: ModelSpec, plan: Plan, saved_per_block: int) -> bool:
     """The scripts describe the program: the reference step, whose block saves what the
     program's does (a program under autocast saves more)."""
@@ -322,6 +323,7 @@ def block_backward_pieces(model: ModelSpec, plan: Plan, *, saved_per_block: int,
     return repeat(_backward_script(model, plan), blocks)
 
 
+@lru_cache(maxsize=256)
 def backward_transient_bytes(model: ModelSpec, plan: Plan, *, saved_per_block: int,
                              blocks: int, grad_bytes_per_param: float) -> int | None:
     """What a unit's backward (zsim.schedule.build.block_backward) holds at its most
