@@ -90,20 +90,44 @@ def hardware() -> list[dict[str, Any]]:
     return rows
 
 
+PARALLEL_FIELDS: tuple[str, ...] = ("tp", "pp", "cp", "sp", "async_tp", "tp_across_nodes",
+                                    "pp_schedule", "virtual_stages")
+"""The Plan's model-parallel fields the CLI's --tp, --pp, --cp, --sp, --async-tp,
+--tp-across-nodes, --pp-schedule and --virtual-stages set."""
+
+
 def build_plan(spec: ModelSpec, *, gpus: int, strategy: str, shard_group: int | None,
                seq: int | None, micro_batch: int, grad_accum: int, ac: str,
-               precision: str, offload: str, impl: str | None = None) -> Plan:
+               precision: str, offload: str, impl: str | None = None,
+               parallel: dict[str, Any] | None = None) -> Plan:
     """The Plan the CLI's plan flags describe (shared by simulate and validate); `impl`
-    None runs the strategy's default program.
+    None runs the strategy's default program; `parallel` holds the model-parallel fields
+    (PARALLEL_FIELDS) that differ from their defaults, the data-parallel size being what
+    they leave of `gpus`.
 
     Raises:
         ConfigError: an invalid flag value or combination.
     """
+    parallel = dict(parallel or {})
+    for key in parallel:
+        if key not in PARALLEL_FIELDS:
+            raise ConfigError("parallel", key, f"must be one of {', '.join(PARALLEL_FIELDS)}")
     return Plan.for_strategy(
         strategy, gpus=gpus, shard_group=shard_group,
         seq_len=seq if seq is not None else spec.max_seq_len, micro_batch=micro_batch,
         grad_accum=grad_accum, recompute=ac, offload=offload, impl=impl or "",
-        **precision_knobs(precision))
+        **precision_knobs(precision), **parallel)
+
+
+def default_shard_group(gpus_per_node: int, gpus: int, parallel: dict[str, Any]) -> int:
+    """HSDP's usual shard group: the data-parallel ranks of one node (all of them when
+    fewer), given the model-parallel degrees in `parallel` (1 where absent)."""
+    model_parallel = 1
+    for axis in ("tp", "cp", "pp"):
+        degree = parallel.get(axis, 1)
+        model_parallel *= degree if isinstance(degree, int) and degree > 0 else 1
+    dp = max(1, gpus // model_parallel)
+    return max(1, min(gpus_per_node // model_parallel, dp))
 
 
 def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | None = None,
@@ -111,9 +135,11 @@ def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | 
              grad_accum: int | None = None, ac: str = "none", precision: str | None = None,
              offload: str = "none", impl: str | None = None, trace: Path | None = None,
              fit_only: bool = False, ds_config: Path | None = None,
-             fsdp_config: Path | None = None) -> dict[str, Any]:
+             fsdp_config: Path | None = None,
+             parallel: dict[str, Any] | None = None) -> dict[str, Any]:
     """Simulate one plan; optionally write its Chrome trace (Perfetto) to `trace`. HSDP
-    shards within a node unless `shard_group` says otherwise. With `fit_only` the engine
+    shards within a node unless `shard_group` says otherwise. `parallel`: the plan's
+    model-parallel fields (build_plan), not with a config file. With `fit_only` the engine
     stops at the first allocation over HBM (zsim.simulate.simulate). With `ds_config`
     the plan is the DeepSpeed config's (zsim.spec.ds_config), the other arguments filling
     what it leaves "auto" (micro-batch 1, one micro-batch per step and bf16 by default);
@@ -135,6 +161,10 @@ def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | 
     if ds_config is not None or fsdp_config is not None:
         from zsim.spec.user_config import config_plan  # its readers: only with a config
 
+        if parallel:
+            key = next(iter(parallel))
+            raise ConfigError(key, parallel[key], "model-parallel flags are not read "
+                              "together with --ds-config/--fsdp-config")
         plan, warnings = config_plan(spec, hw, ds_config=ds_config, fsdp_config=fsdp_config,
                                      gpus=gpus, strategy=strategy, shard_group=shard_group,
                                      seq=seq, micro_batch=micro_batch, grad_accum=grad_accum,
@@ -144,11 +174,13 @@ def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | 
             raise ConfigError("strategy", None,
                               "give --strategy (or a --ds-config or --fsdp-config)")
         if strategy == "hsdp" and shard_group is None:
-            shard_group = min(hw.gpus_per_node, gpus)  # shard within a node, the usual HSDP
+            # Shard within a node, the usual HSDP.
+            shard_group = default_shard_group(hw.gpus_per_node, gpus, parallel or {})
         plan = build_plan(spec, gpus=gpus, strategy=strategy, shard_group=shard_group,
                           seq=seq, micro_batch=1 if micro_batch is None else micro_batch,
                           grad_accum=1 if grad_accum is None else grad_accum, ac=ac,
-                          precision=precision or "bf16", offload=offload, impl=impl)
+                          precision=precision or "bf16", offload=offload, impl=impl,
+                          parallel=parallel)
     result = run(spec, hw, plan, trace=trace is not None, fit_only=fit_only)
     if trace is not None and not result.spans:
         raise ConfigError("trace", str(trace), "the plan was not simulated (its memory floor "

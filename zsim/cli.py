@@ -17,7 +17,7 @@ from zsim import api
 from zsim.errors import ZsimError
 from zsim.report.tables import csv_text, json_text, text_table
 from zsim.spec.error_bands import band_pct
-from zsim.spec.plan import IMPLS, PRECISIONS, STRATEGIES
+from zsim.spec.plan import IMPLS, PIPELINE_SCHEDULES, PRECISIONS, STRATEGIES
 from zsim.spec.plan import Offload as OffloadLiteral
 from zsim.spec.plan import Recompute as RecomputeLiteral
 from zsim.spec.registry import DEFAULT_HARDWARE
@@ -133,6 +133,7 @@ Recompute = _choices("Recompute", get_args(RecomputeLiteral))
 Precision = _choices("Precision", PRECISIONS)
 Offload = _choices("Offload", get_args(OffloadLiteral))
 Impl = _choices("Impl", sorted({i for impls in IMPLS.values() for i in impls}))
+PipelineSchedule = _choices("PipelineSchedule", PIPELINE_SCHEDULES)
 
 
 PlanModelOpt = Annotated[str, typer.Option(help="Preset name or a config.json path.")]
@@ -148,6 +149,28 @@ ImplOpt = Annotated[Impl | None, typer.Option(
     help="The program that runs the strategy: torch (ddp; zero1 as DDP + "
          "ZeroRedundancyOptimizer), fsdp2 (fsdp, fsdp-no-reshard, hsdp), deepspeed (zero1, "
          "zero2, zero3). Default: the strategy's own.")]
+
+
+TpOpt = Annotated[int, typer.Option(help="Tensor-parallel degree (inside a node).")]
+PpOpt = Annotated[int, typer.Option(help="Pipeline-parallel degree (stages).")]
+CpOpt = Annotated[int, typer.Option(help="Context-parallel degree (ring attention).")]
+SpOpt = Annotated[bool, typer.Option(help="Sequence parallelism with TP.")]
+AsyncTpOpt = Annotated[bool, typer.Option(help="Async TP: TP collectives overlap the matmuls "
+                                                "(needs --sp).")]
+TpAcrossNodesOpt = Annotated[bool, typer.Option(help="Allow a TP group larger than a node.")]
+PpScheduleOpt = Annotated[PipelineSchedule, typer.Option(help="Pipeline schedule.")]
+VirtualStagesOpt = Annotated[int, typer.Option(help="Pipeline stages per rank (interleaved).")]
+
+
+def _parallel(*, tp: int, pp: int, cp: int, sp: bool, async_tp: bool, tp_across_nodes: bool,
+              pp_schedule: Any, virtual_stages: int) -> dict[str, Any]:
+    """The model-parallel flags that differ from their defaults (zsim.api.PARALLEL_FIELDS)."""
+    given = {"tp": tp, "pp": pp, "cp": cp, "sp": sp, "async_tp": async_tp,
+             "tp_across_nodes": tp_across_nodes, "pp_schedule": pp_schedule.value,
+             "virtual_stages": virtual_stages}
+    defaults = {"tp": 1, "pp": 1, "cp": 1, "sp": False, "async_tp": False,
+                "tp_across_nodes": False, "pp_schedule": "1f1b", "virtual_stages": 1}
+    return {k: v for k, v in given.items() if v != defaults[k]}
 
 
 class SimFormat(str, Enum):
@@ -174,6 +197,14 @@ def simulate(
              "config's).")] = None,
     offload: OffloadOpt = Offload.none,
     impl: ImplOpt = None,
+    tp: TpOpt = 1,
+    pp: PpOpt = 1,
+    cp: CpOpt = 1,
+    sp: SpOpt = False,
+    async_tp: AsyncTpOpt = False,
+    tp_across_nodes: TpAcrossNodesOpt = False,
+    pp_schedule: PpScheduleOpt = PipelineSchedule["1f1b"],
+    virtual_stages: VirtualStagesOpt = 1,
     ds_config: Annotated[Path | None, typer.Option(
         help="A DeepSpeed ds_config.json: the ZeRO stage and its settings, batch sizes and "
              "precision come from it; flags fill its \"auto\" values.")] = None,
@@ -192,7 +223,10 @@ def simulate(
         shard_group=shard_group, hardware=hardware, seq=seq, micro_batch=micro_batch,
         grad_accum=grad_accum, ac=ac.value, precision=precision.value if precision else None,
         offload=offload.value, impl=impl.value if impl else None, trace=trace,
-        fit_only=fit_only, ds_config=ds_config, fsdp_config=fsdp_config))
+        fit_only=fit_only, ds_config=ds_config, fsdp_config=fsdp_config,
+        parallel=_parallel(tp=tp, pp=pp, cp=cp, sp=sp, async_tp=async_tp,
+                           tp_across_nodes=tp_across_nodes, pp_schedule=pp_schedule,
+                           virtual_stages=virtual_stages)))
     for warning in r["warnings"]:
         typer.echo(f"warning: {warning}", err=True)
     if format is SimFormat.json:

@@ -14,7 +14,7 @@ from zsim.engine.simulate import Jitter, run
 from zsim.engine.trace import chrome_trace_events
 from zsim.errors import ConfigError
 from zsim.result import Result, closed_form_result, summarize
-from zsim.schedule.lower import lower, memory_floor_bytes
+from zsim.schedule.lower import check_modelled, lower, memory_floor_bytes
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
@@ -56,9 +56,11 @@ def simulate(model: ModelSpec, hw: HardwareProfile, plan: Plan, *, trace: bool =
     Raises:
         ConfigError: a plan that breaks a cross-object rule (zsim.spec.validate: world
             size, head/layer divisibility, unit size, sequence length), or one the
-            simulator does not model (tp/pp, parameter offload without sharded parameters).
+            simulator does not model (zsim.schedule.lower.check_modelled, parameter
+            offload without sharded parameters).
     """
     validate(model, hw, plan)
+    check_modelled(plan)
     floor = memory_floor_bytes(model, plan)
     if sum(floor.values()) > hw.hbm_bytes:
         return closed_form_result(model=model.name, hardware=hw.name, plan_label=plan.label,

@@ -84,17 +84,26 @@ def memory_floor_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
     return floor
 
 
+def check_modelled(plan: Plan) -> None:
+    """Refuse a plan the simulator does not model yet: pipeline or context parallelism.
+
+    Raises:
+        ConfigError: naming the first such axis.
+    """
+    for f in ("tp", "pp", "cp"):
+        if getattr(plan, f) != 1:
+            raise ConfigError(f"plan.{f}", getattr(plan, f),
+                              "the simulator models data parallelism only (tp = pp = cp = 1)")
+
+
 def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
     """Build the schedule of one optimizer step of a representative rank.
 
     Raises:
-        ConfigError: a plan the simulator does not model (tp or pp, parameter offload
-            without sharded parameters), or a unit size larger than the model.
+        ConfigError: a plan the simulator does not model (check_modelled, parameter
+            offload without sharded parameters), or a unit size larger than the model.
     """
-    for f in ("tp", "pp"):
-        if getattr(plan, f) != 1:
-            raise ConfigError(f"plan.{f}", getattr(plan, f),
-                              "the simulator models data parallelism only (tp = pp = 1)")
+    check_modelled(plan)
     if plan.offload == "params" and not plan.shards_params:
         raise ConfigError("plan.offload", plan.offload,
                           "parameter offload needs sharded parameters "
