@@ -21,7 +21,7 @@ from typing import Any
 
 from zsim.engine.resources import MemoryPool
 from zsim.engine.trace import OpSpan, Trace, Wait
-from zsim.schedule.ops import COLLECTIVE_KINDS, COPY_KINDS, Schedule
+from zsim.schedule.ops import COLLECTIVE_KINDS, TRANSFER_STREAMS, Schedule
 from zsim.units import GiB
 
 EVALUATED: tuple[str, ...] = ("simulated", "simulated until OOM", "closed form")
@@ -259,13 +259,15 @@ def summarize(schedule: Schedule, trace: Trace, memory: MemoryPool, *, model: st
     # Each collective kind and copy direction has its own stream (named after it); its
     # busy time includes the kernels that prepare or finish its transfers there (FSDP2's
     # all-gather copy-in, the reduce-scatter output cast).
-    transfers = COLLECTIVE_KINDS + COPY_KINDS
-    for kind in transfers:
+    # Tensor parallelism's collectives share one stream ("tp"), counted under its name.
+    for kind in TRANSFER_STREAMS:
         iv = [(sp.start_s, sp.end_s) for sp in spans0 if sp.stream == kind]
         if iv:
             busy[kind] = _union_s(iv)
-            bus[kind] = sum(sp.bus_bytes for sp in spans0 if sp.kind == kind)
-    comm_total = _union_s([(sp.start_s, sp.end_s) for sp in spans0 if sp.stream in transfers])
+            bus[kind] = sum(sp.bus_bytes for sp in spans0 if sp.stream == kind
+                            and (sp.kind == kind or kind == "tp"))
+    comm_total = _union_s([(sp.start_s, sp.end_s) for sp in spans0
+                           if sp.stream in TRANSFER_STREAMS])
     waits0 = [w for w in trace.waits if w.rank == 0]
     host_waits = [w for w in waits0 if w.collective == "host"]
     comm_waits = [w for w in waits0 if w.collective != "host"]

@@ -39,6 +39,7 @@ from zsim.analytic.compute import (
     with_float8_linears,
 )
 from zsim.analytic.memory import optimizer_bytes_per_param
+from zsim.analytic.placement import place
 from zsim.errors import ConfigError
 from zsim.schedule.ops import Buffer, Op
 from zsim.spec.hardware import HardwareProfile
@@ -149,6 +150,9 @@ class Builder:
         self.a = dtype_bytes(plan.param_dtype)
         self.shard = shard_group(plan, hw)
         self.repl = replicate_group(plan, hw)
+        self.tp = place(plan, hw).group("tp")
+        self.tp_wait: int | None = None
+        """The last blocking TP collective: the next compute-stream op waits for it."""
         self.acts = acts
         self._algorithms: dict[tuple[str, float, CommGroup], Algorithm] = {}
         """The library's choice per (kind, size, group): a model's units repeat."""
@@ -171,6 +175,10 @@ class Builder:
 
     def add(self, **kw: object) -> int:
         index = len(self.ops)
+        if self.tp_wait is not None and kw.get("stream") == "compute":
+            # DTensor's collectives return a tensor the next kernel reads (wait_tensor).
+            kw["after"] = (*kw.get("after", ()), self.tp_wait)  # type: ignore[misc]
+            self.tp_wait = None
         self.ops.append(Op(index=index, **kw))  # type: ignore[arg-type]
         return index
 
@@ -208,7 +216,8 @@ class Builder:
         key = (kind, size_bytes, group)
         algo = self._algorithms.get(key) or self._algorithms.setdefault(
             key, choose(kind, size_bytes, group, hw))
-        return self.add(kind=kind, stream=kind, size_bytes=size_bytes,
+        stream = kw.pop("stream", kind)
+        return self.add(kind=kind, stream=stream, size_bytes=size_bytes,
                         bus_bytes=bus_bytes(kind, size_bytes, group.ranks),
                         latency_s=algo.latency_s + call_s, algorithm=algo.name,
                         link="inter_node" if group.spans_nodes else "intra_node",
@@ -226,6 +235,50 @@ class Builder:
         if not per_kernel_s:  # GPU profiles: no block work to count
             return 0.0
         return per_kernel_s * self.block_fwd.kernels * blocks
+
+
+# ---------------------------------------------------------------------- tensor parallel
+TP_ENTER = {(False, "forward"): (), (True, "forward"): ("all_gather",),
+            (False, "backward"): ("all_reduce",), (True, "backward"): ("reduce_scatter",)}
+"""Collectives where activations enter a TP region (the input of a ColwiseParallel
+linear), by (sequence parallel, pass): none forward and an all-reduce of the input
+gradient backward (Megatron-LM's f operator, Shoeybi et al. 2019, Fig. 3); with sequence
+parallelism an all-gather forward and a reduce-scatter backward (Korthikanti et al. 2022,
+Fig. 5, g-bar)."""
+TP_EXIT = {(False, "forward"): ("all_reduce",), (True, "forward"): ("reduce_scatter",),
+           (False, "backward"): (), (True, "backward"): ("all_gather",)}
+"""Collectives where activations leave a TP region (the output of a RowwiseParallel
+linear or embedding): Megatron's g operator, or with SP a reduce-scatter forward and an
+all-gather backward."""
+
+
+def tensor_parallel(b: Builder, *, after: int, phase: str, regions: int, name: str,
+                    mb: int, unit: int | None = None,
+                    boundaries: tuple[dict[tuple[bool, str], tuple[str, ...]], ...] = (
+                        TP_ENTER, TP_EXIT)) -> None:
+    """The TP collectives of `regions` parallel regions (one attention or one MLP each:
+    two per block) in `phase`, each region's `boundaries` (entry and exit by default)
+    on the TP group's link, over one micro-batch's activations (micro_batch x seq_len x
+    d_model in the compute dtype, the full tensor as nccl-tests sizes it). They run on
+    the "tp" stream after op `after`, the block's kernels, and the next compute kernel
+    waits for the last: in the blocking case their time adds to the block's, as when
+    each runs between the matmuls it sits between. Async TP (torch's micro-pipelined
+    fused all-gather-matmul and matmul-reduce-scatter) starts them with the block's
+    kernels, so they overlap them. Nothing with tp = 1."""
+    p = b.plan
+    if p.tp == 1:
+        return
+    size = p.micro_batch * p.seq_len * b.model.d_model * b.a
+    deps = {"after_start": (after,)} if p.async_tp else {"after": (after,)}
+    last = None
+    for _ in range(regions):
+        for boundary in boundaries:
+            for kind in boundary[(p.sp, phase)]:
+                last = b.collective(kind=kind, size_bytes=size, group=b.tp, gname="tp",
+                                    stream="tp", name=f"{name} TP {kind} {phase} (mb {mb})",
+                                    unit=unit, microbatch=mb, **deps)
+    if last is not None:
+        b.tp_wait = last
 
 
 # ---------------------------------------------------------------------- shared ops

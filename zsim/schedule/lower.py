@@ -55,14 +55,14 @@ def runs_autocast(plan: Plan) -> bool:
 def state_at_rest_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
     """Bytes per memory category a rank holds between steps in the plan's program (module
     buffers excluded)."""
-    return PROGRAMS[plan.impl].state_at_rest_bytes(model, plan)
+    return PROGRAMS[plan.impl].state_at_rest_bytes(rank_model(model, plan), plan)
 
 
 def host_state_bytes(model: ModelSpec, plan: Plan) -> float:
     """Bytes a rank of the plan's program keeps in host memory between steps (what
     offload moves there); on a CPU backend they share the memory the device's figures
     count."""
-    return PROGRAMS[plan.impl].host_state_bytes(model, plan)
+    return PROGRAMS[plan.impl].host_state_bytes(rank_model(model, plan), plan)
 
 
 def memory_floor_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
@@ -72,8 +72,9 @@ def memory_floor_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
     loss's working memory, and the gathered parameters the program keeps then (FSDP2:
     the root, and every unit without resharding). The simulated peak is never below their
     sum (tested), so a plan whose floor exceeds HBM cannot fit, whatever the schedule
-    around it."""
+    around it. Under TP, of the rank's shard of the model."""
     prog = PROGRAMS[plan.impl]
+    model = rank_model(model, plan)
     floor = dict(prog.state_at_rest_bytes(model, plan))
     floor["params"] = floor.get("params", 0.0) + model.buffer_bytes
     gathered = prog.gathered_floor_bytes(model, plan)
@@ -85,15 +86,29 @@ def memory_floor_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
 
 
 def check_modelled(plan: Plan) -> None:
-    """Refuse a plan the simulator does not model yet: pipeline or context parallelism.
+    """Refuse a plan the simulator does not model yet: pipeline or context parallelism,
+    and tensor parallelism with a program other than FSDP2 (torch's parallelize_module
+    composes with fully_shard on a 2-D mesh; DDP, FSDP1 and DeepSpeed with TP are not
+    modelled).
 
     Raises:
         ConfigError: naming the first such axis.
     """
-    for f in ("tp", "pp", "cp"):
+    for f in ("pp", "cp"):
         if getattr(plan, f) != 1:
             raise ConfigError(f"plan.{f}", getattr(plan, f),
-                              "the simulator models data parallelism only (tp = pp = cp = 1)")
+                              "the simulator does not model pipeline or context parallelism "
+                              "yet (pp = cp = 1)")
+    if plan.tp > 1 and plan.impl != "fsdp2":
+        raise ConfigError("plan.tp", plan.tp,
+                          f"tensor parallelism is modelled with FSDP2 (fsdp, fsdp-no-reshard, "
+                          f"hsdp), not with {plan.impl}")
+
+
+def rank_model(model: ModelSpec, plan: Plan) -> ModelSpec:
+    """The part of the model one rank holds and computes: its tensor-parallel shard
+    (ModelSpec.tp_shard), the model itself without TP."""
+    return model.tp_shard(plan.tp, sequence_parallel=plan.sp)
 
 
 def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
@@ -104,6 +119,7 @@ def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
             offload without sharded parameters), or a unit size larger than the model.
     """
     check_modelled(plan)
+    model = rank_model(model, plan)
     if plan.offload == "params" and not plan.shards_params:
         raise ConfigError("plan.offload", plan.offload,
                           "parameter offload needs sharded parameters "
@@ -139,7 +155,8 @@ def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
         comm_compute_slowdown=hw.comm_compute_slowdown,
         compute_comm_slowdown=hw.compute_comm_slowdown, hbm_bytes=hw.hbm_bytes,
         model_flops=model_flops, hardware_flops=sum(op.flops for op in b.ops),
-        tokens_per_rank=plan.micro_batch * plan.seq_len * plan.grad_accum,
+        # The ranks of one data-parallel rank's model-parallel group share its tokens.
+        tokens_per_rank=plan.micro_batch * plan.seq_len * plan.grad_accum / plan.model_parallel,
         world_size=plan.world_size, peak_flop_per_s=hw.peak(plan.compute_dtype),
         dp_shard=plan.dp_shard,
         notes=("gradients reduced once per step, on the last micro-batch",))
