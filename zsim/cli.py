@@ -247,6 +247,9 @@ def simulate(
     verdict = "fits" if r["fits"] else "DOES NOT FIT"
     if r["evaluated"] == "closed form":
         typer.echo(f"peak memory     at least {r['peak_memory_bytes'] / gib:.2f} GiB -> {verdict}")
+    elif r["reserved_memory_bytes"] is None:
+        typer.echo(f"peak memory     {r['peak_memory_bytes'] / gib:.2f} GiB allocated -> "
+                   f"{verdict}")
     else:
         typer.echo(f"peak memory     {r['peak_memory_bytes'] / gib:.2f} GiB allocated, "
                    f"{r['reserved_memory_bytes'] / gib:.2f} GiB reserved -> {verdict}")
@@ -260,6 +263,13 @@ def simulate(
         typer.echo(f"algorithms      {algos}")
     rows = [{"category": k, "gib_at_peak": v / gib} for k, v in r["memory_at_peak"].items()]
     typer.echo(text_table(rows, ("category", "gib_at_peak")))
+    if r.get("pipeline_stages"):
+        stages = [{**st, "stages": ",".join(map(str, st["stages"])),
+                   "peak_gib": st["peak_memory_bytes"] / gib}
+                  for st in r["pipeline_stages"]]
+        typer.echo("\n" + text_table(stages, ("rank", "stages", "step_time_s", "busy_s",
+                                              "bubble_fraction", "in_flight_microbatches",
+                                              "peak_gib")))
 
 
 # click's UsageError, whether typer vendors click (typer >= 0.29) or imports it.

@@ -32,6 +32,26 @@ exceeds HBM, so no time figures and memory from the closed form."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class StageFigures:
+    """One pipeline rank's figures (zsim.engine.pipeline)."""
+
+    rank: int
+    """Pipeline rank (0 holds the embeddings, pp - 1 the loss)."""
+    stages: tuple[int, ...]
+    """The stages it holds (one, or one per virtual stage)."""
+    step_time_s: float
+    """When its last work of the step ends, seconds."""
+    busy_s: float
+    """Time its forwards and backwards ran, seconds."""
+    bubble_fraction: float
+    """Share of the step it is idle while the pipeline fills and drains."""
+    in_flight_microbatches: float
+    """The most micro-batches whose activations it holds at once (in stages' worth)."""
+    peak_memory_bytes: int
+    """Its peak allocated HBM."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Result:
     """One simulated optimizer step of one plan (per GPU unless the name says otherwise).
 
@@ -127,6 +147,9 @@ class Result:
     spans: tuple[OpSpan, ...] = field(default=(), repr=False)
     """Every op's execution (for the Chrome trace)."""
     notes: tuple[str, ...] = ()
+    pipeline_stages: tuple[StageFigures, ...] = ()
+    """With pipeline parallelism, every pipeline rank's figures (the Result's own are
+    the worst rank's: the step ends with the last, the peak is the highest)."""
 
     @property
     def fits(self) -> bool:
@@ -188,6 +211,13 @@ class Result:
                  "reason": w.reason, "link_shared": w.link_shared, "wait_s": w.wait_s}
                 for w in sorted(self.waits, key=lambda w: -w.wait_s)[:5]],
         }
+        if self.pipeline_stages:
+            out["pipeline_stages"] = [
+                {"rank": st.rank, "stages": list(st.stages), "step_time_s": st.step_time_s,
+                 "busy_s": st.busy_s, "bubble_fraction": st.bubble_fraction,
+                 "in_flight_microbatches": st.in_flight_microbatches,
+                 "peak_memory_bytes": st.peak_memory_bytes}
+                for st in self.pipeline_stages]
         if curve:
             out["memory_curve"] = [list(p) for p in self.memory_curve]
         return out

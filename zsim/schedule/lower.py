@@ -86,23 +86,22 @@ def memory_floor_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
 
 
 def check_modelled(plan: Plan) -> None:
-    """Refuse a plan the simulator does not model yet: pipeline or context parallelism,
-    and tensor parallelism with a program other than FSDP2 (torch's parallelize_module
-    composes with fully_shard on a 2-D mesh; DDP, FSDP1 and DeepSpeed with TP are not
-    modelled).
+    """Refuse a plan the simulator does not model yet: context parallelism, and tensor
+    or pipeline parallelism with a program other than FSDP2 (torch's parallelize_module
+    and pipelining compose with fully_shard on a 2-D or 3-D mesh; DDP, FSDP1 and
+    DeepSpeed with them are not modelled).
 
     Raises:
         ConfigError: naming the first such axis.
     """
-    for f in ("pp", "cp"):
-        if getattr(plan, f) != 1:
+    if plan.cp != 1:
+        raise ConfigError("plan.cp", plan.cp,
+                          "the simulator does not model context parallelism yet (cp = 1)")
+    for f in ("tp", "pp"):
+        if getattr(plan, f) > 1 and plan.impl != "fsdp2":
             raise ConfigError(f"plan.{f}", getattr(plan, f),
-                              "the simulator does not model pipeline or context parallelism "
-                              "yet (pp = cp = 1)")
-    if plan.tp > 1 and plan.impl != "fsdp2":
-        raise ConfigError("plan.tp", plan.tp,
-                          f"tensor parallelism is modelled with FSDP2 (fsdp, fsdp-no-reshard, "
-                          f"hsdp), not with {plan.impl}")
+                              f"tensor and pipeline parallelism are modelled with FSDP2 "
+                              f"(fsdp, fsdp-no-reshard, hsdp), not with {plan.impl}")
 
 
 def rank_model(model: ModelSpec, plan: Plan) -> ModelSpec:
@@ -119,6 +118,9 @@ def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
             offload without sharded parameters), or a unit size larger than the model.
     """
     check_modelled(plan)
+    if plan.pp > 1:
+        raise ConfigError("plan.pp", plan.pp, "a pipeline step is replayed by "
+                          "zsim.engine.pipeline (zsim.simulate), not lowered as one rank's ops")
     model = rank_model(model, plan)
     if plan.offload == "params" and not plan.shards_params:
         raise ConfigError("plan.offload", plan.offload,
