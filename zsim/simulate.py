@@ -85,9 +85,9 @@ def simulate(model: ModelSpec, hw: HardwareProfile, plan: Plan, *, trace: bool =
                           hw, plan)
     if rank_level_steps < 1:
         raise ConfigError("rank_level_steps", rank_level_steps, "must be >= 1")
-    if plan.tp > 1:
+    if plan.tp > 1 or plan.cp > 1:
         raise ConfigError("rank_level", True, "rank-level mode builds data-parallel groups "
-                          "only: simulate a TP plan in symmetric mode")
+                          "only: simulate a TP or CP plan in symmetric mode")
     runs = [run(schedule, num_ranks=plan.world_size, seed=seed * 1_000_003 + i,
                 jitter=jitter, stop_at_oom=fit_only) for i in range(rank_level_steps)]
     first = runs[0]

@@ -120,7 +120,8 @@ def _block_all(model: ModelSpec, b: int, s: int, a: int, autocast: bool) -> list
         out += [
             SavedTensor(name="attention.sdpa.q_scaled", bytes=bs * q * a),
             SavedTensor(name="attention.sdpa.k_scaled", bytes=bs * q * a),
-            SavedTensor(name="attention.sdpa.softmax", bytes=b * h * s * s * a),
+            SavedTensor(name="attention.sdpa.softmax",
+                        bytes=b * h * s * s * model.context_parallel * a),
             SavedTensor(name="attention.sdpa.v", bytes=bs * q * a),
             # (b, h, s, d) output: .contiguous() copies it before wo.
             SavedTensor(name="attention.wo.input", bytes=bs * q * a),

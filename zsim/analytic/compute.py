@@ -232,7 +232,10 @@ def block_forward_flops(model: ModelSpec, *, micro_batch: int, seq_len: int,
     matmuls = model.block_matmuls()
     matmul = 2.0 * tokens * sum(k * n for _, k, n in matmuls)
     # QK^T and AV: 2 * b * s^2 * d each, half of the scores masked.
-    attention = 2 * (2.0 * micro_batch * seq_len * seq_len * model.q_dim) / 2
+    # With context parallelism each of the rank's queries attends to cp x seq_len keys
+    # (causal, load-balanced: torch's _HeadTailLoadBalancer gives every rank as much).
+    attention = 2 * (2.0 * micro_batch * seq_len * seq_len * model.context_parallel
+                     * model.q_dim) / 2
     mem = _block_forward_kernels(model, micro_batch=micro_batch, seq_len=seq_len,
                                  act_bytes=act_bytes)
     return Flops(matmul=matmul, attention=attention, memory_bytes=_traffic(mem),

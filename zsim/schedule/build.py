@@ -151,8 +151,10 @@ class Builder:
         self.shard = shard_group(plan, hw)
         self.repl = replicate_group(plan, hw)
         self.tp = place(plan, hw).group("tp")
-        self.tp_wait: int | None = None
-        """The last blocking TP collective: the next compute-stream op waits for it."""
+        self.cp = place(plan, hw).group("cp")
+        self.waits: list[int] = []
+        """TP and CP collectives the next compute-stream op waits for (DTensor's and
+        ring attention's collectives return tensors the next kernel reads)."""
         self.acts = acts
         self._algorithms: dict[tuple[str, float, CommGroup], Algorithm] = {}
         """The library's choice per (kind, size, group): a model's units repeat."""
@@ -175,10 +177,9 @@ class Builder:
 
     def add(self, **kw: object) -> int:
         index = len(self.ops)
-        if self.tp_wait is not None and kw.get("stream") == "compute":
-            # DTensor's collectives return a tensor the next kernel reads (wait_tensor).
-            kw["after"] = (*kw.get("after", ()), self.tp_wait)  # type: ignore[misc]
-            self.tp_wait = None
+        if self.waits and kw.get("stream") == "compute":
+            kw["after"] = (*kw.get("after", ()), *self.waits)  # type: ignore[misc]
+            self.waits = []
         self.ops.append(Op(index=index, **kw))  # type: ignore[arg-type]
         return index
 
@@ -278,7 +279,32 @@ def tensor_parallel(b: Builder, *, after: int, phase: str, regions: int, name: s
                                     stream="tp", name=f"{name} TP {kind} {phase} (mb {mb})",
                                     unit=unit, microbatch=mb, **deps)
     if last is not None:
-        b.tp_wait = last
+        b.waits.append(last)
+
+
+def context_parallel(b: Builder, *, after: int, phase: str, blocks: int, name: str,
+                     mb: int, unit: int | None = None) -> None:
+    """Ring attention's K/V exchange for `blocks` blocks in `phase`, as torch's
+    context_parallel runs it (_templated_ring_attention with its default all-gather
+    rotater): forward, each block's local K and V all-gathered over the CP group;
+    backward, gathered again and their gradients reduce-scattered back. Started with the
+    block's kernels (the exchange is issued before the attention and overlaps it; here
+    it may overlap the whole block) on the "cp" stream; the next kernel waits for it.
+    Sizes: the whole sequence's K and V of the rank's kv heads (nccl-tests' all_gather
+    output). Nothing with cp = 1."""
+    p, m = b.plan, b.model
+    if m.context_parallel == 1:
+        return
+    size = p.micro_batch * p.seq_len * m.context_parallel * 2 * m.kv_dim * b.a
+    kinds = ("all_gather",) if phase == "forward" else ("all_gather", "reduce_scatter")
+    last = None
+    for _ in range(blocks):
+        for kind in kinds:
+            last = b.collective(kind=kind, size_bytes=size, group=b.cp, gname="cp",
+                                stream="cp", name=f"{name} CP K/V {kind} {phase} (mb {mb})",
+                                unit=unit, microbatch=mb, after_start=(after,))
+    if last is not None:
+        b.waits.append(last)
 
 
 # ---------------------------------------------------------------------- shared ops

@@ -15,15 +15,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-Stream = Literal["compute", "all_gather", "reduce_scatter", "all_reduce", "tp", "h2d", "d2h",
-                 "host"]
+Stream = Literal["compute", "all_gather", "reduce_scatter", "all_reduce", "tp", "cp", "h2d",
+                 "d2h", "host"]
 STREAMS: tuple[str, ...] = ("compute", "all_gather", "reduce_scatter", "all_reduce", "tp",
-                            "h2d", "d2h", "host")
+                            "cp", "h2d", "d2h", "host")
 """Streams of one rank, in display order: the GPU's compute and data-parallel collective
-streams, tensor parallelism's collectives, the host<->device copy streams (offload) and
-the host CPU (offloaded optimizer step)."""
+streams, tensor and context parallelism's collectives, the host<->device copy streams
+(offload) and the host CPU (offloaded optimizer step)."""
 TRANSFER_STREAMS: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce", "tp",
-                                     "h2d", "d2h")
+                                     "cp", "h2d", "d2h")
 """Streams whose busy time is communication."""
 
 OpKind = Literal["forward", "backward", "optimizer", "sync",
@@ -99,8 +99,8 @@ class Op:
     """Ranks in the collective's process group."""
     group: str = ""
     """Which process group: "shard" (ranks sharing one sharded copy, consecutive),
-    "replicate" (ranks holding the same shard, one per shard group) or "tp" (the
-    tensor-parallel group)."""
+    "replicate" (ranks holding the same shard, one per shard group), "tp" or "cp" (the
+    tensor- and context-parallel groups)."""
     async_op: bool = False
     """Issued with async_op=True (DDP's reducer, DeepSpeed's reduce buckets): the host
     gets a Work back and goes on. FSDP2 issues its collectives without it, which on a

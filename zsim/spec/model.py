@@ -82,10 +82,14 @@ class ModelSpec:
     sequence_parallel: bool = False
     """With tp > 1: the norms and the residual stream are sharded on the sequence over
     the TP group (Korthikanti et al. 2022, Sec. 4.2.2)."""
+    context_parallel: int = 1
+    """Context-parallel degree this spec computes one rank's share of: its sequence is
+    1/cp of the whole, and each of its queries attends to cp times as many keys (ring
+    attention); 1 means none."""
 
     def __post_init__(self) -> None:
         for f in ("num_layers", "d_model", "num_heads", "num_kv_heads", "ffn_hidden",
-                  "vocab_size", "max_seq_len", "tp"):
+                  "vocab_size", "max_seq_len", "tp", "context_parallel"):
             value = getattr(self, f)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"model.{f}", value, "must be a positive integer")
@@ -109,6 +113,11 @@ class ModelSpec:
                                   f"must be one of {', '.join(choices)}")
 
     # ---------------------------------------------------------------- shapes
+    def cp_share(self, cp: int) -> ModelSpec:
+        """This spec as one rank of a context-parallel group of `cp` computes it: the
+        sequence it is given is its 1/cp share, attending to the whole (`cp` 1: itself)."""
+        return self if cp == 1 else replace(self, context_parallel=cp)
+
     def tp_shard(self, tp: int, *, sequence_parallel: bool = False) -> ModelSpec:
         """One rank's shard of the model under tensor parallelism of degree `tp`, as
         torchtitan's Llama plan divides it (parallelize_module with ColwiseParallel on
@@ -259,7 +268,7 @@ class ModelSpec:
     def attention_flops_per_token(self, seq_len: int, *, causal: bool = True) -> float:
         """Forward + backward attention score/value FLOPs per token: 12 * L * s * d
         (PaLM App. B), halved when the causal mask lets the kernel skip half the scores."""
-        flops = 12.0 * self.num_layers * seq_len * self.q_dim
+        flops = 12.0 * self.num_layers * seq_len * self.context_parallel * self.q_dim
         return flops / 2 if causal else flops
 
     def flops_per_token(self, seq_len: int, *, causal: bool = True) -> float:

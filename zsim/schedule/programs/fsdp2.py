@@ -59,6 +59,7 @@ from zsim.schedule.build import (
     Unit,
     block_backward,
     block_forward,
+    context_parallel,
     device_optimizer,
     head_backward,
     head_forward,
@@ -243,6 +244,8 @@ class _Step:
                 bwd[k] = block_backward(b, u, mb, after=after, grads=grad_alloc(u, u.params),
                                         frees=(gathered[k],),
                                         host_s=self.block_host_s("backward", u))
+                context_parallel(b, after=bwd[k], phase="backward", blocks=u.blocks,
+                                 name=u.name, mb=mb, unit=u.index)
                 if p.recompute == "full":  # the re-run forward's collectives
                     tensor_parallel(b, after=bwd[k], phase="forward", regions=2 * u.blocks,
                                     name=f"{u.name} recompute", mb=mb, unit=u.index)
@@ -287,6 +290,8 @@ class _Step:
             fwd.append(block_forward(b, u, mb, after=(copy,),
                                      frees=(gathered[k],) if p.reshard_after_forward else (),
                                      host_s=self.block_host_s("forward", u)))
+            context_parallel(b, after=fwd[-1], phase="forward", blocks=u.blocks, name=u.name,
+                             mb=mb, unit=u.index)
             tensor_parallel(b, after=fwd[-1], phase="forward", regions=2 * u.blocks,
                             name=u.name, mb=mb, unit=u.index)
         return fwd
