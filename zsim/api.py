@@ -21,16 +21,23 @@ from zsim.units import GiB
 def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
          seq: int | None, micro_batch: int | None = None, grad_accum: int | None = None,
          precision: str | None = None, ds_config: Path | None = None,
-         fsdp_config: Path | None = None) -> dict[str, Any]:
+         fsdp_config: Path | None = None, global_batch: str | None = None,
+         parallel: dict[str, Any] | None = None) -> dict[str, Any]:
     """Rank candidate plans for a model on `gpus` GPUs of a hardware profile: every
     strategy and program (zsim.planner.candidate_plans), or, given a user's DeepSpeed or
     accelerate FSDP config, that config and its variations (zsim.planner.config_variations).
+    When the world spans nodes, or given `global_batch` or model-parallel degrees in
+    `parallel` (tp, pp, cp: only factorizations with those), also every 2-D and 3-D
+    factorization (zsim.parallel_planner), for a global batch of `global_batch` (default:
+    one sequence per GPU).
 
     Returns:
         {"model", "num_params", "hardware", "gpus", "seq_len", "micro_batch",
         "recommended", "yours" (the config's plan label, or None), "warnings",
-        "candidates": [record, ...]} with records from zsim.planner.to_record, each with
-        "yours" (whether it is the config's own plan).
+        "candidates": [record, ...], "parallel": None or {"global_batch_sequences",
+        "recommended", "candidates": [record, ...]}} with records from
+        zsim.planner.to_record, each with "yours" (whether it is the config's own plan),
+        and zsim.parallel_planner.parallel_record.
 
     Raises:
         ConfigError: unknown model/hardware, invalid sizes, or a bad config file.
@@ -53,7 +60,12 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
                                 grad_accum=1 if grad_accum is None else grad_accum,
                                 **precision_knobs(precision or "bf16"))
     best = ranked[0]
+    searched = _parallel_search(spec, hw, gpus=gpus, seq_len=seq_len,
+                                micro_batch=1 if micro_batch is None else micro_batch,
+                                precision=precision, global_batch=global_batch,
+                                parallel=parallel or {})
     return {
+        "parallel": searched,
         "model": spec.name,
         "num_params": spec.num_params,
         "hardware": hw.name,
@@ -66,6 +78,34 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
         "candidates": [{**planner.to_record(spec, c, best), "yours": c.plan == yours}
                        for c in ranked],
     }
+
+
+def _parallel_search(spec: ModelSpec, hw: Any, *, gpus: int, seq_len: int, micro_batch: int,
+                     precision: str | None, global_batch: str | None,
+                     parallel: dict[str, Any]) -> dict[str, Any] | None:
+    """The 2-D and 3-D plans of `api.plan`, or None where not asked for (one node, no
+    --global-batch, no model-parallel degree)."""
+    from zsim import parallel_planner as pp
+
+    for key in parallel:
+        if key not in ("tp", "pp", "cp"):
+            raise ConfigError(key, parallel[key], "zsim plan fixes only tp, pp and cp")
+    if gpus <= hw.gpus_per_node and global_batch is None and not parallel:
+        return None
+    sequences = gpus if global_batch is None else pp.parse_global_batch(global_batch, seq_len)
+    plans = [p for p in pp.parallel_plans(spec, hw, gpus=gpus, seq_len=seq_len,
+                                          global_batch=sequences, micro_batch=micro_batch,
+                                          **precision_knobs(precision or "bf16"))
+             if all(getattr(p, k) == v for k, v in parallel.items())]
+    if not plans:
+        raise ConfigError("gpus", gpus, f"no 2-D or 3-D factorization of {gpus} GPUs runs "
+                          f"a global batch of {sequences} sequences of {spec.name}"
+                          + (f" with {parallel}" if parallel else ""))
+    ranked = pp.choose_parallel(spec, hw, plans)
+    best = ranked[0]
+    return {"global_batch_sequences": sequences,
+            "recommended": best.plan.label if best.fits else None,
+            "candidates": [pp.parallel_record(c, best) for c in ranked]}
 
 
 def models() -> list[dict[str, Any]]:

@@ -54,6 +54,10 @@ SeqOpt = Annotated[int | None, typer.Option(help="Sequence length, tokens (defau
 MicroBatchOpt = Annotated[int, typer.Option(help="Sequences per micro-batch per GPU.")]
 FormatOpt = Annotated[Format, typer.Option(help="Output format.")]
 
+PARALLEL_COLUMNS = ("plan", "evaluated", "fits", "peak_gib", "step_time_s",
+                    "tokens_per_s_per_gpu", "mfu", "bubble_fraction", "grad_accum", "why")
+PARALLEL_ROWS = 20
+"""2-D/3-D plans the table shows (JSON and CSV give them all)."""
 PLAN_COLUMNS = ("plan", "fits", "peak_gib", "model_state_gb", "activations_gib",
                 "comm_gb_per_step", "step_time_s", "step_time_band_pct", "tokens_per_s_per_gpu",
                 "mfu", "why")
@@ -79,13 +83,23 @@ def plan(
     fsdp_config: Annotated[Path | None, typer.Option(
         help="Rank your accelerate FSDP config and its variations (resharding, HSDP x "
              "recomputation, every other setting kept).")] = None,
+    global_batch: Annotated[str | None, typer.Option(
+        help="Global batch of the 2-D/3-D plan search: sequences (512) or tokens (4Mt); "
+             "default one sequence per GPU.")] = None,
+    tp: Annotated[int | None, typer.Option(help="Only 2-D/3-D plans with this TP.")] = None,
+    pp: Annotated[int | None, typer.Option(help="Only 2-D/3-D plans with this PP.")] = None,
+    cp: Annotated[int | None, typer.Option(help="Only 2-D/3-D plans with this CP.")] = None,
     format: FormatOpt = Format.table,
 ) -> None:
-    """Rank candidate plans: memory per GPU, fit, communication, step time, and why each loses."""
+    """Rank candidate plans: memory per GPU, fit, communication, step time, and why each
+    loses; across nodes (or with --global-batch, --tp, --pp, --cp) also the 2-D and 3-D
+    plans."""
+    fixed = {k: v for k, v in (("tp", tp), ("pp", pp), ("cp", cp)) if v is not None}
     result = _run(lambda: api.plan(model=model, params=params, gpus=gpus, hardware=hardware,
                                    seq=seq, micro_batch=micro_batch, grad_accum=grad_accum,
                                    precision=precision, ds_config=ds_config,
-                                   fsdp_config=fsdp_config))
+                                   fsdp_config=fsdp_config, global_batch=global_batch,
+                                   parallel=fixed))
     for warning in result["warnings"]:
         typer.echo(f"warning: {warning}", err=True)
     rows: list[dict[str, Any]] = result["candidates"]
@@ -104,6 +118,17 @@ def plan(
             typer.echo(f"\n* your config: {result['yours']}")
         best = result["recommended"]
         typer.echo(f"\nrecommended: {best}" if best else "\nno candidate fits in HBM")
+        searched = result["parallel"]
+        if searched:
+            typer.echo(f"\n2-D and 3-D plans (FSDP2 over the data-parallel ranks), global "
+                       f"batch {searched['global_batch_sequences']} sequences")
+            typer.echo(text_table(searched["candidates"][:PARALLEL_ROWS], PARALLEL_COLUMNS))
+            more = len(searched["candidates"]) - PARALLEL_ROWS
+            if more > 0:
+                typer.echo(f"... {more} more (--format json lists them all)")
+            pick = searched["recommended"]
+            typer.echo(f"\nrecommended 2-D/3-D plan: {pick}" if pick
+                       else "\nno 2-D/3-D plan fits in HBM")
 
 
 @app.command()

@@ -67,6 +67,9 @@ class PipelineWork:
     """Per rank, the most micro-batches (in stages' worth of its layers) it holds."""
     tp_bytes_per_rank: float
     """TP collective bytes (bus) one rank moves per step."""
+    gather_s: float
+    """One all-gather of all of a rank's units over the shard group, each running alone
+    (what FSDP2 re-gathers per micro-batch without PP, per pass)."""
 
 
 def _tp_time_s(b: Builder, phase: str, boundaries: tuple[dict[tuple[bool, str],
@@ -162,6 +165,7 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
                  for k in bd[(p.sp, phase)]]
         tp_bus = calls * sum((2.0 if k == "all_reduce" else 1.0) * (p.tp - 1) / p.tp * size
                              for k in kinds)
+    units = max(1, layers * len(rank_stages(p, 0)) // p.unit_size)
     return PipelineWork(forward_s=forward, backward_s=backward, send_s=send_s, head_s=head_s,
                         tail_s=tail_s, memory_bytes=memory, in_flight=in_flight,
-                        tp_bytes_per_rank=tp_bus)
+                        tp_bytes_per_rank=tp_bus, gather_s=units * first_ag)
