@@ -15,7 +15,7 @@ from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan, precision_knobs
 from zsim.spec.presets import ALIASES, PRESETS
 from zsim.spec.registry import hardware_names, resolve_hardware, resolve_model
-from zsim.units import GiB
+from zsim.units import GiB, dtype_bytes
 
 
 def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
@@ -26,10 +26,11 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
     """Rank candidate plans for a model on `gpus` GPUs of a hardware profile: every
     strategy and program (zsim.planner.candidate_plans), or, given a user's DeepSpeed or
     accelerate FSDP config, that config and its variations (zsim.planner.config_variations).
-    When the world spans nodes, or given `global_batch` or model-parallel degrees in
-    `parallel` (tp, pp, cp: only factorizations with those), also every 2-D and 3-D
-    factorization (zsim.parallel_planner), for a global batch of `global_batch` (default:
-    one sequence per GPU).
+    When the world spans nodes and the model's parameters (compute dtype) exceed one
+    GPU's HBM, or given `global_batch` or model-parallel degrees in `parallel` (tp, pp,
+    cp: only factorizations with those), also every 2-D and 3-D factorization
+    (zsim.parallel_planner), for a global batch of `global_batch` (default: one sequence
+    per GPU).
 
     Returns:
         {"model", "num_params", "hardware", "gpus", "seq_len", "micro_batch",
@@ -90,7 +91,12 @@ def _parallel_search(spec: ModelSpec, hw: Any, *, gpus: int, seq_len: int, micro
     for key in parallel:
         if key not in ("tp", "pp", "cp"):
             raise ConfigError(key, parallel[key], "zsim plan fixes only tp, pp and cp")
-    if gpus <= hw.gpus_per_node and global_batch is None and not parallel:
+    # Asked for, or the usual case for TP and PP: a multi-node world whose model's
+    # parameters alone (compute dtype) outgrow one GPU.
+    params_bytes = spec.num_params * dtype_bytes(precision_knobs(precision or "bf16")[
+        "param_dtype"])
+    needed = gpus > hw.gpus_per_node and params_bytes > hw.hbm_bytes
+    if global_batch is None and not parallel and not needed:
         return None
     sequences = gpus if global_batch is None else pp.parse_global_batch(global_batch, seq_len)
     plans = [p for p in pp.parallel_plans(spec, hw, gpus=gpus, seq_len=seq_len,

@@ -92,8 +92,8 @@ def plan(
     format: FormatOpt = Format.table,
 ) -> None:
     """Rank candidate plans: memory per GPU, fit, communication, step time, and why each
-    loses; across nodes (or with --global-batch, --tp, --pp, --cp) also the 2-D and 3-D
-    plans."""
+    loses; for a model larger than one GPU on several nodes (or with --global-batch, --tp,
+    --pp, --cp) also the 2-D and 3-D plans."""
     fixed = {k: v for k, v in (("tp", tp), ("pp", pp), ("cp", cp)) if v is not None}
     result = _run(lambda: api.plan(model=model, params=params, gpus=gpus, hardware=hardware,
                                    seq=seq, micro_batch=micro_batch, grad_accum=grad_accum,
@@ -118,7 +118,7 @@ def plan(
             typer.echo(f"\n* your config: {result['yours']}")
         best = result["recommended"]
         typer.echo(f"\nrecommended: {best}" if best else "\nno candidate fits in HBM")
-        searched = result["parallel"]
+        searched = result.get("parallel")
         if searched:
             typer.echo(f"\n2-D and 3-D plans (FSDP2 over the data-parallel ranks), global "
                        f"batch {searched['global_batch_sequences']} sequences")
