@@ -327,6 +327,7 @@ class Plan:
             if (isinstance(shard_group, bool) or not isinstance(shard_group, int)
                     or shard_group <= 0 or dp % shard_group):
                 raise ConfigError("shard_group", shard_group,
+                                  f"must divide gpus={gpus}" if dp == gpus else
                                   f"must divide the data-parallel size {dp}")
             return cls(strategy="hsdp", dp_shard=shard_group,
                        dp_replicate=dp // shard_group, **knobs)
