@@ -15,22 +15,30 @@ from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan, precision_knobs
 from zsim.spec.presets import ALIASES, PRESETS
 from zsim.spec.registry import hardware_names, resolve_hardware, resolve_model
-from zsim.units import GiB
+from zsim.units import GiB, dtype_bytes
 
 
 def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
          seq: int | None, micro_batch: int | None = None, grad_accum: int | None = None,
          precision: str | None = None, ds_config: Path | None = None,
-         fsdp_config: Path | None = None) -> dict[str, Any]:
+         fsdp_config: Path | None = None, global_batch: str | None = None,
+         parallel: dict[str, Any] | None = None) -> dict[str, Any]:
     """Rank candidate plans for a model on `gpus` GPUs of a hardware profile: every
     strategy and program (zsim.planner.candidate_plans), or, given a user's DeepSpeed or
     accelerate FSDP config, that config and its variations (zsim.planner.config_variations).
+    When the world spans nodes and the model's parameters (compute dtype) exceed one
+    GPU's HBM, or given `global_batch` or model-parallel degrees in `parallel` (tp, pp,
+    cp: only factorizations with those), also every 2-D and 3-D factorization
+    (zsim.parallel_planner), for a global batch of `global_batch` (default: one sequence
+    per GPU).
 
     Returns:
         {"model", "num_params", "hardware", "gpus", "seq_len", "micro_batch",
         "recommended", "yours" (the config's plan label, or None), "warnings",
-        "candidates": [record, ...]} with records from zsim.planner.to_record, each with
-        "yours" (whether it is the config's own plan).
+        "candidates": [record, ...], "parallel": None or {"global_batch_sequences",
+        "recommended", "candidates": [record, ...]}} with records from
+        zsim.planner.to_record, each with "yours" (whether it is the config's own plan),
+        and zsim.parallel_planner.parallel_record.
 
     Raises:
         ConfigError: unknown model/hardware, invalid sizes, or a bad config file.
@@ -53,7 +61,12 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
                                 grad_accum=1 if grad_accum is None else grad_accum,
                                 **precision_knobs(precision or "bf16"))
     best = ranked[0]
+    searched = _parallel_search(spec, hw, gpus=gpus, seq_len=seq_len,
+                                micro_batch=1 if micro_batch is None else micro_batch,
+                                precision=precision, global_batch=global_batch,
+                                parallel=parallel or {})
     return {
+        "parallel": searched,
         "model": spec.name,
         "num_params": spec.num_params,
         "hardware": hw.name,
@@ -66,6 +79,39 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
         "candidates": [{**planner.to_record(spec, c, best), "yours": c.plan == yours}
                        for c in ranked],
     }
+
+
+def _parallel_search(spec: ModelSpec, hw: Any, *, gpus: int, seq_len: int, micro_batch: int,
+                     precision: str | None, global_batch: str | None,
+                     parallel: dict[str, Any]) -> dict[str, Any] | None:
+    """The 2-D and 3-D plans of `api.plan`, or None where not asked for (one node, no
+    --global-batch, no model-parallel degree)."""
+    from zsim import parallel_planner as pp
+
+    for key in parallel:
+        if key not in ("tp", "pp", "cp"):
+            raise ConfigError(key, parallel[key], "zsim plan fixes only tp, pp and cp")
+    # Asked for, or the usual case for TP and PP: a multi-node world whose model's
+    # parameters alone (compute dtype) outgrow one GPU.
+    params_bytes = spec.num_params * dtype_bytes(precision_knobs(precision or "bf16")[
+        "param_dtype"])
+    needed = gpus > hw.gpus_per_node and params_bytes > hw.hbm_bytes
+    if global_batch is None and not parallel and not needed:
+        return None
+    sequences = gpus if global_batch is None else pp.parse_global_batch(global_batch, seq_len)
+    plans = [p for p in pp.parallel_plans(spec, hw, gpus=gpus, seq_len=seq_len,
+                                          global_batch=sequences, micro_batch=micro_batch,
+                                          **precision_knobs(precision or "bf16"))
+             if all(getattr(p, k) == v for k, v in parallel.items())]
+    if not plans:
+        raise ConfigError("gpus", gpus, f"no 2-D or 3-D factorization of {gpus} GPUs runs "
+                          f"a global batch of {sequences} sequences of {spec.name}"
+                          + (f" with {parallel}" if parallel else ""))
+    ranked = pp.choose_parallel(spec, hw, plans)
+    best = ranked[0]
+    return {"global_batch_sequences": sequences,
+            "recommended": best.plan.label if best.fits else None,
+            "candidates": [pp.parallel_record(c, best) for c in ranked]}
 
 
 def models() -> list[dict[str, Any]]:
@@ -90,20 +136,44 @@ def hardware() -> list[dict[str, Any]]:
     return rows
 
 
+PARALLEL_FIELDS: tuple[str, ...] = ("tp", "pp", "cp", "sp", "async_tp", "tp_across_nodes",
+                                    "pp_schedule", "virtual_stages")
+"""The Plan's model-parallel fields the CLI's --tp, --pp, --cp, --sp, --async-tp,
+--tp-across-nodes, --pp-schedule and --virtual-stages set."""
+
+
 def build_plan(spec: ModelSpec, *, gpus: int, strategy: str, shard_group: int | None,
                seq: int | None, micro_batch: int, grad_accum: int, ac: str,
-               precision: str, offload: str, impl: str | None = None) -> Plan:
+               precision: str, offload: str, impl: str | None = None,
+               parallel: dict[str, Any] | None = None) -> Plan:
     """The Plan the CLI's plan flags describe (shared by simulate and validate); `impl`
-    None runs the strategy's default program.
+    None runs the strategy's default program; `parallel` holds the model-parallel fields
+    (PARALLEL_FIELDS) that differ from their defaults, the data-parallel size being what
+    they leave of `gpus`.
 
     Raises:
         ConfigError: an invalid flag value or combination.
     """
+    parallel = dict(parallel or {})
+    for key in parallel:
+        if key not in PARALLEL_FIELDS:
+            raise ConfigError("parallel", key, f"must be one of {', '.join(PARALLEL_FIELDS)}")
     return Plan.for_strategy(
         strategy, gpus=gpus, shard_group=shard_group,
         seq_len=seq if seq is not None else spec.max_seq_len, micro_batch=micro_batch,
         grad_accum=grad_accum, recompute=ac, offload=offload, impl=impl or "",
-        **precision_knobs(precision))
+        **precision_knobs(precision), **parallel)
+
+
+def default_shard_group(gpus_per_node: int, gpus: int, parallel: dict[str, Any]) -> int:
+    """HSDP's usual shard group: the data-parallel ranks of one node (all of them when
+    fewer), given the model-parallel degrees in `parallel` (1 where absent)."""
+    model_parallel = 1
+    for axis in ("tp", "cp", "pp"):
+        degree = parallel.get(axis, 1)
+        model_parallel *= degree if isinstance(degree, int) and degree > 0 else 1
+    dp = max(1, gpus // model_parallel)
+    return max(1, min(gpus_per_node // model_parallel, dp))
 
 
 def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | None = None,
@@ -111,9 +181,11 @@ def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | 
              grad_accum: int | None = None, ac: str = "none", precision: str | None = None,
              offload: str = "none", impl: str | None = None, trace: Path | None = None,
              fit_only: bool = False, ds_config: Path | None = None,
-             fsdp_config: Path | None = None) -> dict[str, Any]:
+             fsdp_config: Path | None = None,
+             parallel: dict[str, Any] | None = None) -> dict[str, Any]:
     """Simulate one plan; optionally write its Chrome trace (Perfetto) to `trace`. HSDP
-    shards within a node unless `shard_group` says otherwise. With `fit_only` the engine
+    shards within a node unless `shard_group` says otherwise. `parallel`: the plan's
+    model-parallel fields (build_plan), not with a config file. With `fit_only` the engine
     stops at the first allocation over HBM (zsim.simulate.simulate). With `ds_config`
     the plan is the DeepSpeed config's (zsim.spec.ds_config), the other arguments filling
     what it leaves "auto" (micro-batch 1, one micro-batch per step and bf16 by default);
@@ -135,6 +207,10 @@ def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | 
     if ds_config is not None or fsdp_config is not None:
         from zsim.spec.user_config import config_plan  # its readers: only with a config
 
+        if parallel:
+            key = next(iter(parallel))
+            raise ConfigError(key, parallel[key], "model-parallel flags are not read "
+                              "together with --ds-config/--fsdp-config")
         plan, warnings = config_plan(spec, hw, ds_config=ds_config, fsdp_config=fsdp_config,
                                      gpus=gpus, strategy=strategy, shard_group=shard_group,
                                      seq=seq, micro_batch=micro_batch, grad_accum=grad_accum,
@@ -144,11 +220,13 @@ def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | 
             raise ConfigError("strategy", None,
                               "give --strategy (or a --ds-config or --fsdp-config)")
         if strategy == "hsdp" and shard_group is None:
-            shard_group = min(hw.gpus_per_node, gpus)  # shard within a node, the usual HSDP
+            # Shard within a node, the usual HSDP.
+            shard_group = default_shard_group(hw.gpus_per_node, gpus, parallel or {})
         plan = build_plan(spec, gpus=gpus, strategy=strategy, shard_group=shard_group,
                           seq=seq, micro_batch=1 if micro_batch is None else micro_batch,
                           grad_accum=1 if grad_accum is None else grad_accum, ac=ac,
-                          precision=precision or "bf16", offload=offload, impl=impl)
+                          precision=precision or "bf16", offload=offload, impl=impl,
+                          parallel=parallel)
     result = run(spec, hw, plan, trace=trace is not None, fit_only=fit_only)
     if trace is not None and not result.spans:
         raise ConfigError("trace", str(trace), "the plan was not simulated (its memory floor "

@@ -17,7 +17,7 @@ from zsim import api
 from zsim.errors import ZsimError
 from zsim.report.tables import csv_text, json_text, text_table
 from zsim.spec.error_bands import band_pct
-from zsim.spec.plan import IMPLS, PRECISIONS, STRATEGIES
+from zsim.spec.plan import IMPLS, PIPELINE_SCHEDULES, PRECISIONS, STRATEGIES
 from zsim.spec.plan import Offload as OffloadLiteral
 from zsim.spec.plan import Recompute as RecomputeLiteral
 from zsim.spec.registry import DEFAULT_HARDWARE
@@ -54,6 +54,10 @@ SeqOpt = Annotated[int | None, typer.Option(help="Sequence length, tokens (defau
 MicroBatchOpt = Annotated[int, typer.Option(help="Sequences per micro-batch per GPU.")]
 FormatOpt = Annotated[Format, typer.Option(help="Output format.")]
 
+PARALLEL_COLUMNS = ("plan", "evaluated", "fits", "peak_gib", "step_time_s",
+                    "tokens_per_s_per_gpu", "mfu", "bubble_fraction", "grad_accum", "why")
+PARALLEL_ROWS = 20
+"""2-D/3-D plans the table shows (JSON and CSV give them all)."""
 PLAN_COLUMNS = ("plan", "fits", "peak_gib", "model_state_gb", "activations_gib",
                 "comm_gb_per_step", "step_time_s", "step_time_band_pct", "tokens_per_s_per_gpu",
                 "mfu", "why")
@@ -79,13 +83,23 @@ def plan(
     fsdp_config: Annotated[Path | None, typer.Option(
         help="Rank your accelerate FSDP config and its variations (resharding, HSDP x "
              "recomputation, every other setting kept).")] = None,
+    global_batch: Annotated[str | None, typer.Option(
+        help="Global batch of the 2-D/3-D plan search: sequences (512) or tokens (4Mt); "
+             "default one sequence per GPU.")] = None,
+    tp: Annotated[int | None, typer.Option(help="Only 2-D/3-D plans with this TP.")] = None,
+    pp: Annotated[int | None, typer.Option(help="Only 2-D/3-D plans with this PP.")] = None,
+    cp: Annotated[int | None, typer.Option(help="Only 2-D/3-D plans with this CP.")] = None,
     format: FormatOpt = Format.table,
 ) -> None:
-    """Rank candidate plans: memory per GPU, fit, communication, step time, and why each loses."""
+    """Rank candidate plans: memory per GPU, fit, communication, step time, and why each
+    loses; for a model larger than one GPU on several nodes (or with --global-batch, --tp,
+    --pp, --cp) also the 2-D and 3-D plans."""
+    fixed = {k: v for k, v in (("tp", tp), ("pp", pp), ("cp", cp)) if v is not None}
     result = _run(lambda: api.plan(model=model, params=params, gpus=gpus, hardware=hardware,
                                    seq=seq, micro_batch=micro_batch, grad_accum=grad_accum,
                                    precision=precision, ds_config=ds_config,
-                                   fsdp_config=fsdp_config))
+                                   fsdp_config=fsdp_config, global_batch=global_batch,
+                                   parallel=fixed))
     for warning in result["warnings"]:
         typer.echo(f"warning: {warning}", err=True)
     rows: list[dict[str, Any]] = result["candidates"]
@@ -104,6 +118,17 @@ def plan(
             typer.echo(f"\n* your config: {result['yours']}")
         best = result["recommended"]
         typer.echo(f"\nrecommended: {best}" if best else "\nno candidate fits in HBM")
+        searched = result.get("parallel")
+        if searched:
+            typer.echo(f"\n2-D and 3-D plans (FSDP2 over the data-parallel ranks), global "
+                       f"batch {searched['global_batch_sequences']} sequences")
+            typer.echo(text_table(searched["candidates"][:PARALLEL_ROWS], PARALLEL_COLUMNS))
+            more = len(searched["candidates"]) - PARALLEL_ROWS
+            if more > 0:
+                typer.echo(f"... {more} more (--format json lists them all)")
+            pick = searched["recommended"]
+            typer.echo(f"\nrecommended 2-D/3-D plan: {pick}" if pick
+                       else "\nno 2-D/3-D plan fits in HBM")
 
 
 @app.command()
@@ -133,6 +158,7 @@ Recompute = _choices("Recompute", get_args(RecomputeLiteral))
 Precision = _choices("Precision", PRECISIONS)
 Offload = _choices("Offload", get_args(OffloadLiteral))
 Impl = _choices("Impl", sorted({i for impls in IMPLS.values() for i in impls}))
+PipelineSchedule = _choices("PipelineSchedule", PIPELINE_SCHEDULES)
 
 
 PlanModelOpt = Annotated[str, typer.Option(help="Preset name or a config.json path.")]
@@ -148,6 +174,28 @@ ImplOpt = Annotated[Impl | None, typer.Option(
     help="The program that runs the strategy: torch (ddp; zero1 as DDP + "
          "ZeroRedundancyOptimizer), fsdp2 (fsdp, fsdp-no-reshard, hsdp), deepspeed (zero1, "
          "zero2, zero3). Default: the strategy's own.")]
+
+
+TpOpt = Annotated[int, typer.Option(help="Tensor-parallel degree (inside a node).")]
+PpOpt = Annotated[int, typer.Option(help="Pipeline-parallel degree (stages).")]
+CpOpt = Annotated[int, typer.Option(help="Context-parallel degree (ring attention).")]
+SpOpt = Annotated[bool, typer.Option(help="Sequence parallelism with TP.")]
+AsyncTpOpt = Annotated[bool, typer.Option(help="Async TP: TP collectives overlap the matmuls "
+                                                "(needs --sp).")]
+TpAcrossNodesOpt = Annotated[bool, typer.Option(help="Allow a TP group larger than a node.")]
+PpScheduleOpt = Annotated[PipelineSchedule, typer.Option(help="Pipeline schedule.")]
+VirtualStagesOpt = Annotated[int, typer.Option(help="Pipeline stages per rank (interleaved).")]
+
+
+def _parallel(*, tp: int, pp: int, cp: int, sp: bool, async_tp: bool, tp_across_nodes: bool,
+              pp_schedule: Any, virtual_stages: int) -> dict[str, Any]:
+    """The model-parallel flags that differ from their defaults (zsim.api.PARALLEL_FIELDS)."""
+    given = {"tp": tp, "pp": pp, "cp": cp, "sp": sp, "async_tp": async_tp,
+             "tp_across_nodes": tp_across_nodes, "pp_schedule": pp_schedule.value,
+             "virtual_stages": virtual_stages}
+    defaults = {"tp": 1, "pp": 1, "cp": 1, "sp": False, "async_tp": False,
+                "tp_across_nodes": False, "pp_schedule": "1f1b", "virtual_stages": 1}
+    return {k: v for k, v in given.items() if v != defaults[k]}
 
 
 class SimFormat(str, Enum):
@@ -174,6 +222,14 @@ def simulate(
              "config's).")] = None,
     offload: OffloadOpt = Offload.none,
     impl: ImplOpt = None,
+    tp: TpOpt = 1,
+    pp: PpOpt = 1,
+    cp: CpOpt = 1,
+    sp: SpOpt = False,
+    async_tp: AsyncTpOpt = False,
+    tp_across_nodes: TpAcrossNodesOpt = False,
+    pp_schedule: PpScheduleOpt = PipelineSchedule["1f1b"],
+    virtual_stages: VirtualStagesOpt = 1,
     ds_config: Annotated[Path | None, typer.Option(
         help="A DeepSpeed ds_config.json: the ZeRO stage and its settings, batch sizes and "
              "precision come from it; flags fill its \"auto\" values.")] = None,
@@ -192,7 +248,10 @@ def simulate(
         shard_group=shard_group, hardware=hardware, seq=seq, micro_batch=micro_batch,
         grad_accum=grad_accum, ac=ac.value, precision=precision.value if precision else None,
         offload=offload.value, impl=impl.value if impl else None, trace=trace,
-        fit_only=fit_only, ds_config=ds_config, fsdp_config=fsdp_config))
+        fit_only=fit_only, ds_config=ds_config, fsdp_config=fsdp_config,
+        parallel=_parallel(tp=tp, pp=pp, cp=cp, sp=sp, async_tp=async_tp,
+                           tp_across_nodes=tp_across_nodes, pp_schedule=pp_schedule,
+                           virtual_stages=virtual_stages)))
     for warning in r["warnings"]:
         typer.echo(f"warning: {warning}", err=True)
     if format is SimFormat.json:
@@ -213,6 +272,9 @@ def simulate(
     verdict = "fits" if r["fits"] else "DOES NOT FIT"
     if r["evaluated"] == "closed form":
         typer.echo(f"peak memory     at least {r['peak_memory_bytes'] / gib:.2f} GiB -> {verdict}")
+    elif r["reserved_memory_bytes"] is None:
+        typer.echo(f"peak memory     {r['peak_memory_bytes'] / gib:.2f} GiB allocated -> "
+                   f"{verdict}")
     else:
         typer.echo(f"peak memory     {r['peak_memory_bytes'] / gib:.2f} GiB allocated, "
                    f"{r['reserved_memory_bytes'] / gib:.2f} GiB reserved -> {verdict}")
@@ -226,6 +288,13 @@ def simulate(
         typer.echo(f"algorithms      {algos}")
     rows = [{"category": k, "gib_at_peak": v / gib} for k, v in r["memory_at_peak"].items()]
     typer.echo(text_table(rows, ("category", "gib_at_peak")))
+    if r.get("pipeline_stages"):
+        stages = [{**st, "stages": ",".join(map(str, st["stages"])),
+                   "peak_gib": st["peak_memory_bytes"] / gib}
+                  for st in r["pipeline_stages"]]
+        typer.echo("\n" + text_table(stages, ("rank", "stages", "step_time_s", "busy_s",
+                                              "bubble_fraction", "in_flight_microbatches",
+                                              "peak_gib")))
 
 
 # click's UsageError, whether typer vendors click (typer >= 0.29) or imports it.

@@ -21,7 +21,7 @@ from typing import Any
 
 from zsim.engine.resources import MemoryPool
 from zsim.engine.trace import OpSpan, Trace, Wait
-from zsim.schedule.ops import COLLECTIVE_KINDS, COPY_KINDS, Schedule
+from zsim.schedule.ops import COLLECTIVE_KINDS, TRANSFER_STREAMS, Schedule
 from zsim.units import GiB
 
 EVALUATED: tuple[str, ...] = ("simulated", "simulated until OOM", "closed form")
@@ -29,6 +29,26 @@ EVALUATED: tuple[str, ...] = ("simulated", "simulated until OOM", "closed form")
 first allocation over HBM (asked for fit only), so no time figures; or not simulated
 because the program's memory floor (zsim.schedule.lower.memory_floor_bytes) already
 exceeds HBM, so no time figures and memory from the closed form."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageFigures:
+    """One pipeline rank's figures (zsim.engine.pipeline)."""
+
+    rank: int
+    """Pipeline rank (0 holds the embeddings, pp - 1 the loss)."""
+    stages: tuple[int, ...]
+    """The stages it holds (one, or one per virtual stage)."""
+    step_time_s: float
+    """When its last work of the step ends, seconds."""
+    busy_s: float
+    """Time its forwards and backwards ran, seconds."""
+    bubble_fraction: float
+    """Share of the step it is idle while the pipeline fills and drains."""
+    in_flight_microbatches: float
+    """The most micro-batches whose activations it holds at once (in stages' worth)."""
+    peak_memory_bytes: int
+    """Its peak allocated HBM."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -127,6 +147,9 @@ class Result:
     spans: tuple[OpSpan, ...] = field(default=(), repr=False)
     """Every op's execution (for the Chrome trace)."""
     notes: tuple[str, ...] = ()
+    pipeline_stages: tuple[StageFigures, ...] = ()
+    """With pipeline parallelism, every pipeline rank's figures (the Result's own are
+    the worst rank's: the step ends with the last, the peak is the highest)."""
 
     @property
     def fits(self) -> bool:
@@ -188,6 +211,13 @@ class Result:
                  "reason": w.reason, "link_shared": w.link_shared, "wait_s": w.wait_s}
                 for w in sorted(self.waits, key=lambda w: -w.wait_s)[:5]],
         }
+        if self.pipeline_stages:
+            out["pipeline_stages"] = [
+                {"rank": st.rank, "stages": list(st.stages), "step_time_s": st.step_time_s,
+                 "busy_s": st.busy_s, "bubble_fraction": st.bubble_fraction,
+                 "in_flight_microbatches": st.in_flight_microbatches,
+                 "peak_memory_bytes": st.peak_memory_bytes}
+                for st in self.pipeline_stages]
         if curve:
             out["memory_curve"] = [list(p) for p in self.memory_curve]
         return out
@@ -259,13 +289,16 @@ def summarize(schedule: Schedule, trace: Trace, memory: MemoryPool, *, model: st
     # Each collective kind and copy direction has its own stream (named after it); its
     # busy time includes the kernels that prepare or finish its transfers there (FSDP2's
     # all-gather copy-in, the reduce-scatter output cast).
-    transfers = COLLECTIVE_KINDS + COPY_KINDS
-    for kind in transfers:
+    # Tensor and context parallelism's collectives have a stream each ("tp", "cp"),
+    # counted under its name.
+    for kind in TRANSFER_STREAMS:
         iv = [(sp.start_s, sp.end_s) for sp in spans0 if sp.stream == kind]
         if iv:
             busy[kind] = _union_s(iv)
-            bus[kind] = sum(sp.bus_bytes for sp in spans0 if sp.kind == kind)
-    comm_total = _union_s([(sp.start_s, sp.end_s) for sp in spans0 if sp.stream in transfers])
+            bus[kind] = sum(sp.bus_bytes for sp in spans0 if sp.stream == kind
+                            and (sp.kind == kind or kind in ("tp", "cp")))
+    comm_total = _union_s([(sp.start_s, sp.end_s) for sp in spans0
+                           if sp.stream in TRANSFER_STREAMS])
     waits0 = [w for w in trace.waits if w.rank == 0]
     host_waits = [w for w in waits0 if w.collective == "host"]
     comm_waits = [w for w in waits0 if w.collective != "host"]

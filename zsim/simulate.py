@@ -7,14 +7,19 @@ here does I/O.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
+from zsim.analytic.compute import step_flops
+from zsim.engine.pipeline import run_pipeline
 from zsim.engine.simulate import Jitter, run
 from zsim.engine.trace import chrome_trace_events
 from zsim.errors import ConfigError
-from zsim.result import Result, closed_form_result, summarize
-from zsim.schedule.lower import lower, memory_floor_bytes
+from zsim.result import Result, StageFigures, closed_form_result, summarize
+from zsim.schedule.lower import check_modelled, lower, memory_floor_bytes, rank_model
+from zsim.schedule.pipeline import rank_actions, rank_stages
+from zsim.schedule.pipeline_work import pipeline_work
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
@@ -56,9 +61,16 @@ def simulate(model: ModelSpec, hw: HardwareProfile, plan: Plan, *, trace: bool =
     Raises:
         ConfigError: a plan that breaks a cross-object rule (zsim.spec.validate: world
             size, head/layer divisibility, unit size, sequence length), or one the
-            simulator does not model (tp/pp, parameter offload without sharded parameters).
+            simulator does not model (zsim.schedule.lower.check_modelled, parameter
+            offload without sharded parameters).
     """
     validate(model, hw, plan)
+    check_modelled(plan)
+    if plan.pp > 1:
+        if rank_level:
+            raise ConfigError("rank_level", True, "a pipeline is replayed per pipeline rank "
+                              "already: simulate it in symmetric mode")
+        return with_bands(simulate_pipeline(model, hw, plan), hw, plan)
     floor = memory_floor_bytes(model, plan)
     if sum(floor.values()) > hw.hbm_bytes:
         return closed_form_result(model=model.name, hardware=hw.name, plan_label=plan.label,
@@ -73,6 +85,9 @@ def simulate(model: ModelSpec, hw: HardwareProfile, plan: Plan, *, trace: bool =
                           hw, plan)
     if rank_level_steps < 1:
         raise ConfigError("rank_level_steps", rank_level_steps, "must be >= 1")
+    if plan.tp > 1 or plan.cp > 1:
+        raise ConfigError("rank_level", True, "rank-level mode builds data-parallel groups "
+                          "only: simulate a TP or CP plan in symmetric mode")
     runs = [run(schedule, num_ranks=plan.world_size, seed=seed * 1_000_003 + i,
                 jitter=jitter, stop_at_oom=fit_only) for i in range(rank_level_steps)]
     first = runs[0]
@@ -81,6 +96,61 @@ def simulate(model: ModelSpec, hw: HardwareProfile, plan: Plan, *, trace: bool =
                                 step_samples_s=[r.trace.step_time_s for r in runs],
                                 stopped_at_oom=first.stopped_at_oom, reserved=reserved),
                       hw, plan)
+
+
+def simulate_pipeline(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Result:
+    """One step of a pipeline-parallel plan: every pipeline rank's forwards and backwards
+    replayed in its schedule's order (zsim.engine.pipeline) with the work of each stage
+    (zsim.schedule.pipeline_work), the rank's data-parallel work before and after. The
+    Result's figures are the worst rank's (the last to finish, the highest peak); each
+    rank's are in `pipeline_stages`."""
+    local = rank_model(model, plan)
+    work = pipeline_work(local, hw, plan)
+    actions = [rank_actions(plan, r) for r in range(plan.pp)]
+    timeline = run_pipeline(actions, forward_s=work.forward_s, backward_s=work.backward_s,
+                            send_s=work.send_s)
+    head = max(work.head_s)
+    ends = [head + timeline.spans[r][-1][2] + work.tail_s[r] for r in range(plan.pp)]
+    step = max(ends)
+    peaks = [math.ceil(sum(m.values())) + local.buffer_bytes for m in work.memory_bytes]
+    worst_mem = max(range(plan.pp), key=lambda r: peaks[r])
+    slowest = max(range(plan.pp), key=lambda r: ends[r])
+    stages = tuple(StageFigures(
+        rank=r, stages=rank_stages(plan, r), step_time_s=ends[r],
+        busy_s=timeline.busy_s(r), bubble_fraction=1.0 - timeline.busy_s(r) / step,
+        in_flight_microbatches=work.in_flight[r], peak_memory_bytes=peaks[r])
+        for r in range(plan.pp))
+    busy = timeline.busy_s(slowest) + work.tail_s[slowest]
+    tokens_per_gpu = plan.micro_batch * plan.seq_len * plan.grad_accum / plan.model_parallel
+    model_flops, hw_flops = step_flops(local, micro_batch=plan.micro_batch,
+                                       seq_len=plan.seq_len, grad_accum=plan.grad_accum,
+                                       recompute=plan.recompute)
+    peak = hw.peak(plan.compute_dtype)
+    tflops = model_flops / plan.pp / step / 1e12
+    at_peak = {c: math.ceil(v) for c, v in work.memory_bytes[worst_mem].items() if v > 0}
+    at_peak["params"] = at_peak.get("params", 0) + local.buffer_bytes
+    oom = None if peaks[worst_mem] <= hw.hbm_bytes else (
+        f"pipeline rank {worst_mem} holds {peaks[worst_mem] / 2**30:.2f} GiB at its peak > "
+        f"{hw.hbm_bytes / 2**30:.2f} GiB HBM")
+    bubble = step - busy
+    state = sum(v for c, v in at_peak.items()
+                if c in ("params", "master_params", "optimizer_states"))
+    return Result(
+        model=model.name, hardware=hw.name, plan_label=plan.label, step_time_s=step,
+        compute_time_s=busy, exposed_comm_s=head, exposed_by_reason_s={
+            "pipeline_bubble": max(0.0, bubble - head)},
+        exposed_by_kind_s={}, exposed_host_s=0.0, host_busy_s=0.0, waits=(),
+        comm_busy_s={}, comm_busy_total_s=None, comm_bus_bytes={"tp": work.tp_bytes_per_rank},
+        peak_memory_bytes=peaks[worst_mem], reserved_memory_bytes=None, memory_at_peak=at_peak,
+        peak_time_s=None, peak_op=f"pipeline rank {worst_mem}", baseline_memory_bytes=state,
+        end_memory_bytes=state, hbm_bytes=hw.hbm_bytes, phase_time_s={}, phase_peak_bytes={},
+        memory_curve=(), oom=oom, tokens_per_s=tokens_per_gpu * plan.world_size / step,
+        tokens_per_s_per_gpu=tokens_per_gpu / step, tflops_per_gpu=tflops,
+        mfu=tflops * 1e12 / peak, hfu=hw_flops / plan.pp / step / peak,
+        world_size=plan.world_size, events=sum(len(a) for a in actions), num_ops=0,
+        pipeline_stages=stages,
+        notes=("pipeline replayed per rank (zsim.engine.pipeline); data-parallel collectives "
+               "other than the first all-gather and last reduce-scatter taken as hidden",))
 
 
 def with_bands(result: Result, hw: HardwareProfile, plan: Plan) -> Result:

@@ -168,7 +168,9 @@ def test_a_one_byte_bucket_holds_one_tensor(tiny_model: ModelSpec,
 @pytest.mark.parametrize("strategy,change,field", [
     ("zero2", {"offload": "params"}, "plan.offload"),
     ("fsdp", {"unit_size": 3}, "plan.unit_size"),
-    ("fsdp", {"tp": 2, "dp_shard": 4}, "plan.tp")])
+    ("zero3", {"tp": 2, "dp_shard": 4}, "plan.tp"),       # TP is modelled with FSDP2 only
+    ("fsdp", {"pp": 2, "dp_shard": 4, "grad_accum": 2}, "plan.pp"),
+    ("zero3", {"cp": 2, "dp_shard": 4}, "plan.cp")])
 def test_unsupported_plans_raise_config_error(tiny_model: ModelSpec, h100: HardwareProfile,
                                               strategy: str, change: dict[str, object],
                                               field: str) -> None:

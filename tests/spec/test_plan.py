@@ -79,8 +79,9 @@ def test_for_strategy_bad_input_names_field(kwargs: dict, field: str, value: obj
     assert (e.value.field, e.value.value) == (field, value)
 
 
-@pytest.mark.parametrize("field", ["dp_shard", "dp_replicate", "tp", "pp", "micro_batch",
-                                   "grad_accum", "seq_len", "unit_size", "bucket_bytes"])
+@pytest.mark.parametrize("field", ["dp_shard", "dp_replicate", "tp", "pp", "cp", "micro_batch",
+                                   "grad_accum", "seq_len", "unit_size", "bucket_bytes",
+                                   "virtual_stages"])
 @pytest.mark.parametrize("value", [0, -1, 2.5])
 def test_non_positive_sizes_raise(field: str, value: object) -> None:
     base = {"strategy": "fsdp", "dp_shard": 8, "seq_len": 1024}
@@ -185,3 +186,42 @@ def test_with_replaces_without_mutating() -> None:
     assert (p.micro_batch, q.micro_batch) == (1, 4)
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.micro_batch = 2  # type: ignore[misc]
+
+
+# ---------------------------------------------------------------- 2-D and 3-D plans (issue 12)
+@pytest.mark.parametrize(("knobs", "field"), [
+    ({"sp": True}, "plan.sp"),                                       # SP needs tp > 1
+    ({"tp": 2, "async_tp": True}, "plan.async_tp"),                  # async TP needs SP
+    ({"pp_schedule": "zero-bubble"}, "plan.pp_schedule"),
+    ({"pp_schedule": "interleaved", "virtual_stages": 2}, "plan.pp_schedule"),  # pp = 1
+    ({"pp": 2, "pp_schedule": "interleaved"}, "plan.virtual_stages"),           # 1 stage
+    ({"pp": 2, "virtual_stages": 2}, "plan.virtual_stages"),          # 1f1b with 2 stages
+    ({"tp_across_nodes": "yes"}, "plan.tp_across_nodes"),
+])
+def test_model_parallel_fields_that_disagree_raise(knobs: dict, field: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        Plan(**{"strategy": "fsdp", "dp_shard": 8, "seq_len": 1024, **knobs})
+    assert e.value.field == field
+
+
+def test_world_and_label_count_every_axis() -> None:
+    p = Plan(strategy="hsdp", dp_shard=4, dp_replicate=2, tp=8, pp=4, cp=2, sp=True,
+             pp_schedule="interleaved", virtual_stages=2, grad_accum=8, seq_len=8192)
+    assert p.world_size == 4 * 2 * 8 * 4 * 2
+    assert p.model_parallel == 64 and p.dp_degree == 8
+    assert p.label == "hsdp(4x2) tp=8+sp pp=4(interleaved x2) cp=2 ac=none mb=1"
+    assert Plan.from_dict(p.to_dict()) == p
+
+
+def test_for_strategy_leaves_the_model_parallel_ranks_out_of_dp() -> None:
+    p = Plan.for_strategy("hsdp", gpus=256, shard_group=8, tp=8, pp=2, grad_accum=2,
+                          seq_len=8192)
+    assert (p.dp_shard, p.dp_replicate, p.world_size) == (8, 2, 256)
+    assert Plan.for_strategy("ddp", gpus=64, tp=4, cp=2, seq_len=4096).dp_replicate == 8
+    with pytest.raises(ConfigError) as e:
+        Plan.for_strategy("fsdp", gpus=100, tp=8, seq_len=4096)
+    assert (e.value.field, e.value.value) == ("gpus", 100)
+    assert "tp*cp*pp = 8*1*1 = 8" in e.value.reason
+    with pytest.raises(ConfigError) as e:
+        Plan.for_strategy("hsdp", gpus=64, shard_group=16, tp=8, seq_len=4096)
+    assert (e.value.field, e.value.value) == ("shard_group", 16)

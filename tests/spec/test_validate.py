@@ -47,7 +47,8 @@ def test_world_size_must_equal_gpus() -> None:
 
 
 def test_world_size_counts_every_degree() -> None:
-    plan = Plan(strategy="fsdp", dp_shard=8, dp_replicate=2, tp=2, pp=2, seq_len=4096)
+    plan = Plan(strategy="fsdp", dp_shard=8, dp_replicate=2, tp=2, pp=2, grad_accum=2,
+                seq_len=4096)
     assert validate(LLAMA2_7B, H100, plan, gpus=64) is None
     assert _error(plan=plan, gpus=128).field == "gpus"
 
@@ -78,7 +79,8 @@ def test_hsdp_group_must_divide_gpus() -> None:
 ])
 def test_heads_and_kv_heads_divide_by_tp(name: str, tp: int, ok: bool) -> None:
     model = PRESETS[name]
-    plan = Plan(strategy="fsdp", dp_shard=8, tp=tp, seq_len=2048)
+    # Across nodes allowed, so that only the head rules are at stake.
+    plan = Plan(strategy="fsdp", dp_shard=8, tp=tp, seq_len=2048, tp_across_nodes=True)
     if ok:
         assert validate(model, H100, plan, gpus=8 * tp) is None
         return
@@ -90,7 +92,7 @@ def test_heads_and_kv_heads_divide_by_tp(name: str, tp: int, ok: bool) -> None:
 
 @pytest.mark.parametrize(("pp", "ok"), [(2, True), (4, True), (3, False), (5, False)])
 def test_layers_divide_by_pp(pp: int, ok: bool) -> None:
-    plan = Plan(strategy="zero1", dp_shard=8, pp=pp, seq_len=4096)
+    plan = Plan(strategy="zero1", dp_shard=8, pp=pp, grad_accum=pp, seq_len=4096)
     if ok:
         assert validate(LLAMA2_7B, H100, plan, gpus=8 * pp) is None
         return
@@ -132,14 +134,101 @@ def test_micro_batch_times_seq_positive_is_guaranteed_by_plan() -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(tp=st.integers(1, 16), pp=st.integers(1, 8), dp=st.integers(1, 16),
-       unit=st.integers(1, 40))
-def test_rules_match_arithmetic(tp: int, pp: int, dp: int, unit: int) -> None:
+       unit=st.integers(1, 40), across=st.booleans(), accum=st.integers(1, 8))
+def test_rules_match_arithmetic(tp: int, pp: int, dp: int, unit: int, across: bool,
+                                accum: int) -> None:
     """validate() passes exactly when every divisibility rule holds (GPT-3 13B: 40 layers,
-    40 heads)."""
-    plan = Plan(strategy="fsdp", dp_shard=dp, tp=tp, pp=pp, unit_size=unit, seq_len=2048)
-    ok = GPT3_13B.num_heads % tp == 0 and GPT3_13B.num_layers % pp == 0 and unit <= 40
+    40 heads; H100 nodes of 8 GPUs; 1F1B needs pp micro-batches)."""
+    plan = Plan(strategy="fsdp", dp_shard=dp, tp=tp, pp=pp, unit_size=unit, seq_len=2048,
+                tp_across_nodes=across, grad_accum=accum)
+    ok = (GPT3_13B.num_heads % tp == 0 and GPT3_13B.num_layers % pp == 0
+          and unit <= 40 // pp and (across or 8 % tp == 0) and (pp == 1 or accum >= pp))
     if ok:
         assert validate(GPT3_13B, H100, plan, gpus=dp * tp * pp) is None
     else:
         with pytest.raises(ConfigError):
             validate(GPT3_13B, H100, plan, gpus=dp * tp * pp)
+
+
+# ---------------------------------------------------------------- 2-D and 3-D plans (issue 12)
+def test_world_counts_cp() -> None:
+    plan = _fsdp(dp_shard=8, tp=4, cp=2)
+    assert validate(LLAMA2_7B, H100, plan, gpus=64) is None
+    e = _error(plan=_fsdp(dp_shard=16, tp=4, cp=2), gpus=64)
+    assert e.field == "gpus" and "cp*tp*pp" in e.reason and "= 128" in e.reason
+
+
+def test_tp_across_nodes_needs_saying_so() -> None:
+    plan = _fsdp(dp_shard=4, tp=16)
+    e = _error(plan=plan)
+    assert (e.field, e.value) == ("plan.tp", 16)
+    assert "tp_across_nodes" in e.reason and "8 GPUs" in e.reason
+    assert validate(LLAMA2_7B, H100, _fsdp(dp_shard=4, tp=16, tp_across_nodes=True),
+                    gpus=64) is None
+
+
+def test_tp_must_not_straddle_a_node() -> None:
+    # tp=4 of llama2-7b's 32 heads, on H100 nodes of 8: fine; tp=32 across 8-GPU nodes and
+    # a made-up 12-GPU node, where tp=8 would straddle two nodes: not without saying so.
+    assert validate(LLAMA2_7B, H100, _fsdp(dp_shard=16, tp=4)) is None
+    twelve = dataclasses.replace(H100, gpus_per_node=12)
+    e = _error(hw=twelve, plan=_fsdp(dp_shard=8, tp=8))
+    assert (e.field, e.value) == ("plan.tp", 8)
+    assert "gpus_per_node=12" in e.reason
+
+
+@pytest.mark.parametrize(("pp", "virtual", "ok"), [(2, 2, True), (4, 4, True), (8, 4, True),
+                                                     (8, 8, False), (2, 3, False), (4, 3, False)])
+def test_layers_divide_by_pp_times_virtual_stages(pp: int, virtual: int, ok: bool) -> None:
+    # llama2-7b: 32 layers.
+    plan = _fsdp(dp_shard=64 // pp, pp=pp, pp_schedule="interleaved", virtual_stages=virtual,
+                 grad_accum=pp)
+    if ok:
+        assert validate(LLAMA2_7B, H100, plan) is None
+        return
+    e = _error(plan=plan)
+    assert (e.field, e.value) == ("plan.virtual_stages", virtual)
+    assert "num_layers=32" in e.reason
+
+
+def test_unit_fits_in_a_stage() -> None:
+    assert validate(LLAMA2_7B, H100, _fsdp(dp_shard=16, pp=4, grad_accum=4, unit_size=8)) is None
+    e = _error(plan=_fsdp(dp_shard=16, pp=4, grad_accum=4, unit_size=9))
+    assert (e.field, e.value) == ("plan.unit_size", 9)
+    assert "8 layers of a pipeline stage" in e.reason
+
+
+def test_1f1b_needs_pp_microbatches() -> None:
+    e = _error(plan=_fsdp(dp_shard=16, pp=4, grad_accum=3))
+    assert (e.field, e.value) == ("plan.grad_accum", 3)
+    assert "pp=4" in e.reason
+    # GPipe runs any number of micro-batches.
+    assert validate(LLAMA2_7B, H100, _fsdp(dp_shard=16, pp=4, pp_schedule="gpipe")) is None
+
+
+def test_interleaved_microbatches_divide_into_rounds() -> None:
+    # torch's ScheduleInterleaved1F1B: rounds = max(1, m // pp); m % rounds == 0.
+    ok = _fsdp(dp_shard=16, pp=4, pp_schedule="interleaved", virtual_stages=2, grad_accum=8)
+    assert validate(LLAMA2_7B, H100, ok) is None
+    assert validate(LLAMA2_7B, H100, dataclasses.replace(ok, grad_accum=10)) is None
+    e = _error(plan=dataclasses.replace(ok, grad_accum=9))
+    assert (e.field, e.value) == ("plan.grad_accum", 9)
+    assert "2 rounds" in e.reason
+
+
+@pytest.mark.parametrize(("cp", "seq", "ok"), [(2, 4096, True), (4, 4096, True),
+                                               (2, 4094, False), (4, 4100, False)])
+def test_sequence_divides_into_2cp_chunks(cp: int, seq: int, ok: bool) -> None:
+    plan = _fsdp(dp_shard=64 // cp, cp=cp, seq_len=seq)
+    if ok:
+        assert validate(LLAMA2_7B, H100, plan) is None
+        return
+    e = _error(plan=plan)
+    assert (e.field, e.value) == ("plan.seq_len", seq)
+    assert f"2 x cp = {2 * cp}" in e.reason
+
+
+def test_sequence_parallel_divides_the_sequence() -> None:
+    assert validate(LLAMA2_7B, H100, _fsdp(dp_shard=8, tp=8, sp=True)) is None
+    e = _error(plan=_fsdp(dp_shard=8, tp=8, sp=True, seq_len=4100))
+    assert (e.field, e.value) == ("plan.seq_len", 4100)

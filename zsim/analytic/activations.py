@@ -79,14 +79,18 @@ def _norm_saved(model: ModelSpec, prefix: str, bs: int, a: int, autocast: bool
 
 
 def _block_all(model: ModelSpec, b: int, s: int, a: int, autocast: bool) -> list[SavedTensor]:
-    """Every tensor a block saves with no recomputation, in forward order."""
-    d, kv, f, h = model.d_model, model.kv_dim, model.ffn_hidden, model.num_heads
+    """Every tensor a block saves with no recomputation, in forward order. A TP shard
+    (ModelSpec.tp_shard) saves its heads' attention tensors and its slice of the MLP;
+    the norms save the sequence shard with sequence parallelism, and the matmuls' inputs
+    are whole (torch's SequenceParallel all-gathers them before the linears, which save
+    the gathered input; Megatron-LM instead saves the shard and gathers it again)."""
+    d, q, kv, f, h = model.d_model, model.q_dim, model.kv_dim, model.ffn_hidden, model.num_heads
     bs = b * s
-    kv_saved = d if model.gqa_impl == "repeat_kv" else kv
+    kv_saved = q if model.gqa_impl == "repeat_kv" else kv
     out: list[SavedTensor] = []
 
     def norm(prefix: str) -> None:
-        out.extend(_norm_saved(model, prefix, bs, a, autocast))
+        out.extend(_norm_saved(model, prefix, bs // model.norm_tokens_divisor, a, autocast))
 
     def matmul_inputs(shared: str, names: tuple[str, ...]) -> None:
         """The saved input of matmuls reading one tensor: one shared tensor, or under
@@ -105,10 +109,10 @@ def _block_all(model: ModelSpec, b: int, s: int, a: int, autocast: bool) -> list
     matmul_inputs("attention.wqkv", ("attention.wq", "attention.wk", "attention.wv"))
     if model.attention_kernel == "flash":
         out += [
-            SavedTensor(name="attention.sdpa.q", bytes=bs * d * a),
+            SavedTensor(name="attention.sdpa.q", bytes=bs * q * a),
             SavedTensor(name="attention.sdpa.k", bytes=bs * kv_saved * a),
             SavedTensor(name="attention.sdpa.v", bytes=bs * kv_saved * a),
-            SavedTensor(name="attention.sdpa.out", bytes=bs * d * a),
+            SavedTensor(name="attention.sdpa.out", bytes=bs * q * a),
             SavedTensor(name="attention.sdpa.logsumexp", bytes=b * h * s * FP32_BYTES),
         ]
         # The flash kernel lays its output out as (b, s, h, d): the transpose back and
@@ -117,12 +121,13 @@ def _block_all(model: ModelSpec, b: int, s: int, a: int, autocast: bool) -> list
         # Math kernel: q and k (scaled copies) for q @ k^T, the s x s softmax output,
         # and v for softmax @ v; GQA is done by expanding k and v to every head.
         out += [
-            SavedTensor(name="attention.sdpa.q_scaled", bytes=bs * d * a),
-            SavedTensor(name="attention.sdpa.k_scaled", bytes=bs * d * a),
-            SavedTensor(name="attention.sdpa.softmax", bytes=b * h * s * s * a),
-            SavedTensor(name="attention.sdpa.v", bytes=bs * d * a),
+            SavedTensor(name="attention.sdpa.q_scaled", bytes=bs * q * a),
+            SavedTensor(name="attention.sdpa.k_scaled", bytes=bs * q * a),
+            SavedTensor(name="attention.sdpa.softmax",
+                        bytes=b * h * s * s * model.context_parallel * a),
+            SavedTensor(name="attention.sdpa.v", bytes=bs * q * a),
             # (b, h, s, d) output: .contiguous() copies it before wo.
-            SavedTensor(name="attention.wo.input", bytes=bs * d * a),
+            SavedTensor(name="attention.wo.input", bytes=bs * q * a),
         ]
     norm("ffn_norm")
     matmul_inputs("feed_forward.w1", ("feed_forward.w1", "feed_forward.w3")
@@ -144,13 +149,14 @@ def _block_selective(model: ModelSpec, b: int, s: int, a: int, autocast: bool
     Autocast's weight casts are not on the save list: they are recomputed."""
     bs = b * s
     res = FP32_BYTES if autocast else a
-    out = [SavedTensor(name="block.input", bytes=bs * model.d_model * res)]
+    out = [SavedTensor(name="block.input",
+                       bytes=bs // model.norm_tokens_divisor * model.d_model * res)]
     out += [SavedTensor(name=f"{name}.output", bytes=bs * width * a)
             for name, _, width in model.block_matmuls()[::2]]
     if model.attention_kernel == "flash":
         out.append(SavedTensor(name="attention.sdpa.logsumexp",
                                bytes=b * model.num_heads * s * FP32_BYTES))
-    out.append(SavedTensor(name="attention.sdpa.out", bytes=bs * model.d_model * a))
+    out.append(SavedTensor(name="attention.sdpa.out", bytes=bs * model.q_dim * a))
     return out
 
 
@@ -177,7 +183,8 @@ def block_saved_tensors(model: ModelSpec, *, micro_batch: int, seq_len: int,
     b, s, a = micro_batch, seq_len, act_bytes
     if recompute == "full":
         res = FP32_BYTES if autocast else a
-        return [SavedTensor(name="block.input", bytes=b * s * model.d_model * res)]
+        return [SavedTensor(name="block.input",
+                            bytes=b * s // model.norm_tokens_divisor * model.d_model * res)]
     if recompute == "selective":
         return _block_selective(model, b, s, a, autocast)
     return _block_all(model, b, s, a, autocast)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zsim.analytic.collectives import CommGroup, bus_bytes, collective_time_s
+from zsim.analytic.placement import place
 from zsim.spec.hardware import COLLECTIVES, HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
@@ -20,15 +21,15 @@ from zsim.units import dtype_bytes
 
 
 def shard_group(plan: Plan, hw: HardwareProfile) -> CommGroup:
-    """The group a model-state shard is spread over (consecutive ranks)."""
-    return CommGroup(ranks=plan.dp_shard, ranks_per_node=min(plan.dp_shard, hw.gpus_per_node))
+    """The group a model-state shard is spread over (consecutive ranks of a purely
+    data-parallel plan; tp * cp * pp ranks apart otherwise, zsim.analytic.placement)."""
+    return place(plan, hw).group("dp_shard")
 
 
 def replicate_group(plan: Plan, hw: HardwareProfile) -> CommGroup:
     """Ranks holding the same shard in different replicas: one per shard group, so one
     per node once a shard group fills a node."""
-    per_node = max(1, hw.gpus_per_node // plan.dp_shard)
-    return CommGroup(ranks=plan.dp_replicate, ranks_per_node=min(plan.dp_replicate, per_node))
+    return place(plan, hw).group("dp_replicate")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -163,24 +163,26 @@ def _block_forward_kernels(model: ModelSpec, *, micro_batch: int, seq_len: int,
     """Memory-bound kernels of one block's forward, in call order, with the bytes each
     reads and writes (activations in `act_bytes` per element)."""
     t, a = micro_batch * seq_len, act_bytes
-    d, kv, f = model.d_model, model.kv_dim, model.ffn_hidden
-    out = _norm_kernels(model, "attention_norm", t, a)
+    d, q, kv, f = model.d_model, model.q_dim, model.kv_dim, model.ffn_hidden
+    # The norms and residual adds run on the sequence shard with sequence parallelism.
+    r = t // model.norm_tokens_divisor
+    out = _norm_kernels(model, "attention_norm", r, a)
     if not model.learned_pos_emb:
-        out += _rope_kernels("rope.q", t * d, a) + _rope_kernels("rope.k", t * kv, a)
-    if model.gqa_impl == "repeat_kv" and kv < d:
+        out += _rope_kernels("rope.q", t * q, a) + _rope_kernels("rope.k", t * kv, a)
+    if model.gqa_impl == "repeat_kv" and kv < q:
         # k.repeat_interleave, v.repeat_interleave: read kv width, write full width.
-        out += [Kernel(name=f"repeat_kv.{x}", read_bytes=t * kv * a, write_bytes=t * d * a)
+        out += [Kernel(name=f"repeat_kv.{x}", read_bytes=t * kv * a, write_bytes=t * q * a)
                 for x in ("k", "v")]
     # out.transpose(1, 2).reshape(b, s, d): a strided copy of the attention output.
-    out.append(Kernel(name="attention.output_copy", read_bytes=t * d * a, write_bytes=t * d * a))
-    out.append(Kernel(name="residual_add.attention", read_bytes=2 * t * d * a,
-                      write_bytes=t * d * a))
-    out += _norm_kernels(model, "ffn_norm", t, a)
+    out.append(Kernel(name="attention.output_copy", read_bytes=t * q * a, write_bytes=t * q * a))
+    out.append(Kernel(name="residual_add.attention", read_bytes=2 * r * d * a,
+                      write_bytes=r * d * a))
+    out += _norm_kernels(model, "ffn_norm", r, a)
     out.append(Kernel(name="feed_forward.act", read_bytes=t * f * a, write_bytes=t * f * a))
     if model.mlp == "swiglu":
         out.append(Kernel(name="feed_forward.gate_mul", read_bytes=2 * t * f * a,
                           write_bytes=t * f * a))
-    out.append(Kernel(name="residual_add.ffn", read_bytes=2 * t * d * a, write_bytes=t * d * a))
+    out.append(Kernel(name="residual_add.ffn", read_bytes=2 * r * d * a, write_bytes=r * d * a))
     return out
 
 
@@ -244,7 +246,10 @@ def block_forward_flops(model: ModelSpec, *, micro_batch: int, seq_len: int,
     matmuls = model.block_matmuls()
     matmul = 2.0 * tokens * sum(k * n for _, k, n in matmuls)
     # QK^T and AV: 2 * b * s^2 * d each, half of the scores masked.
-    attention = 2 * (2.0 * micro_batch * seq_len * seq_len * model.d_model) / 2
+    # With context parallelism each of the rank's queries attends to cp x seq_len keys
+    # (causal, load-balanced: torch's _HeadTailLoadBalancer gives every rank as much).
+    attention = 2 * (2.0 * micro_batch * seq_len * seq_len * model.context_parallel
+                     * model.q_dim) / 2
     mem = _block_forward_kernels(model, micro_batch=micro_batch, seq_len=seq_len,
                                  act_bytes=act_bytes)
     return Flops(matmul=matmul, attention=attention, memory_bytes=_traffic(mem),

@@ -41,6 +41,7 @@ from zsim.analytic.compute import (
     with_float8_linears,
 )
 from zsim.analytic.memory import optimizer_bytes_per_param
+from zsim.analytic.placement import place
 from zsim.errors import ConfigError
 from zsim.schedule.ops import Buffer, Op
 from zsim.spec.hardware import HardwareProfile
@@ -158,6 +159,11 @@ class Builder:
         self.a = dtype_bytes(plan.param_dtype)
         self.shard = shard_group(plan, hw)
         self.repl = replicate_group(plan, hw)
+        self.tp = place(plan, hw).group("tp")
+        self.cp = place(plan, hw).group("cp")
+        self.waits: list[int] = []
+        """TP and CP collectives the next compute-stream op waits for (DTensor's and
+        ring attention's collectives return tensors the next kernel reads)."""
         self.acts = acts
         self._algorithms: dict[tuple[str, float, CommGroup], Algorithm] = {}
         """The library's choice per (kind, size, group): a model's units repeat."""
@@ -180,6 +186,9 @@ class Builder:
 
     def add(self, **kw: object) -> int:
         index = len(self.ops)
+        if self.waits and kw.get("stream") == "compute":
+            kw["after"] = (*kw.get("after", ()), *self.waits)  # type: ignore[misc]
+            self.waits = []
         self.ops.append(Op(index=index, **kw))  # type: ignore[arg-type]
         return index
 
@@ -217,7 +226,8 @@ class Builder:
         key = (kind, size_bytes, group)
         algo = self._algorithms.get(key) or self._algorithms.setdefault(
             key, choose(kind, size_bytes, group, hw))
-        return self.add(kind=kind, stream=kind, size_bytes=size_bytes,
+        stream = kw.pop("stream", kind)
+        return self.add(kind=kind, stream=stream, size_bytes=size_bytes,
                         bus_bytes=bus_bytes(kind, size_bytes, group.ranks),
                         latency_s=algo.latency_s + call_s, algorithm=algo.name,
                         link="inter_node" if group.spans_nodes else "intra_node",
@@ -235,6 +245,75 @@ class Builder:
         if not per_kernel_s:  # GPU profiles: no block work to count
             return 0.0
         return per_kernel_s * self.block_fwd.kernels * blocks
+
+
+# ---------------------------------------------------------------------- tensor parallel
+TP_ENTER = {(False, "forward"): (), (True, "forward"): ("all_gather",),
+            (False, "backward"): ("all_reduce",), (True, "backward"): ("reduce_scatter",)}
+"""Collectives where activations enter a TP region (the input of a ColwiseParallel
+linear), by (sequence parallel, pass): none forward and an all-reduce of the input
+gradient backward (Megatron-LM's f operator, Shoeybi et al. 2019, Fig. 3); with sequence
+parallelism an all-gather forward and a reduce-scatter backward (Korthikanti et al. 2022,
+Fig. 5, g-bar)."""
+TP_EXIT = {(False, "forward"): ("all_reduce",), (True, "forward"): ("reduce_scatter",),
+           (False, "backward"): (), (True, "backward"): ("all_gather",)}
+"""Collectives where activations leave a TP region (the output of a RowwiseParallel
+linear or embedding): Megatron's g operator, or with SP a reduce-scatter forward and an
+all-gather backward."""
+
+
+def tensor_parallel(b: Builder, *, after: int, phase: str, regions: int, name: str,
+                    mb: int, unit: int | None = None,
+                    boundaries: tuple[dict[tuple[bool, str], tuple[str, ...]], ...] = (
+                        TP_ENTER, TP_EXIT)) -> None:
+    """The TP collectives of `regions` parallel regions (one attention or one MLP each:
+    two per block) in `phase`, each region's `boundaries` (entry and exit by default)
+    on the TP group's link, over one micro-batch's activations (micro_batch x seq_len x
+    d_model in the compute dtype, the full tensor as nccl-tests sizes it). They run on
+    the "tp" stream after op `after`, the block's kernels, and the next compute kernel
+    waits for the last: in the blocking case their time adds to the block's, as when
+    each runs between the matmuls it sits between. Async TP (torch's micro-pipelined
+    fused all-gather-matmul and matmul-reduce-scatter) starts them with the block's
+    kernels, so they overlap them. Nothing with tp = 1."""
+    p = b.plan
+    if p.tp == 1:
+        return
+    size = p.micro_batch * p.seq_len * b.model.d_model * b.a
+    deps = {"after_start": (after,)} if p.async_tp else {"after": (after,)}
+    last = None
+    for _ in range(regions):
+        for boundary in boundaries:
+            for kind in boundary[(p.sp, phase)]:
+                last = b.collective(kind=kind, size_bytes=size, group=b.tp, gname="tp",
+                                    stream="tp", name=f"{name} TP {kind} {phase} (mb {mb})",
+                                    unit=unit, microbatch=mb, **deps)
+    if last is not None:
+        b.waits.append(last)
+
+
+def context_parallel(b: Builder, *, after: int, phase: str, blocks: int, name: str,
+                     mb: int, unit: int | None = None) -> None:
+    """Ring attention's K/V exchange for `blocks` blocks in `phase`, as torch's
+    context_parallel runs it (_templated_ring_attention with its default all-gather
+    rotater): forward, each block's local K and V all-gathered over the CP group;
+    backward, gathered again and their gradients reduce-scattered back. Started with the
+    block's kernels (the exchange is issued before the attention and overlaps it; here
+    it may overlap the whole block) on the "cp" stream; the next kernel waits for it.
+    Sizes: the whole sequence's K and V of the rank's kv heads (nccl-tests' all_gather
+    output). Nothing with cp = 1."""
+    p, m = b.plan, b.model
+    if m.context_parallel == 1:
+        return
+    size = p.micro_batch * p.seq_len * m.context_parallel * 2 * m.kv_dim * b.a
+    kinds = ("all_gather",) if phase == "forward" else ("all_gather", "reduce_scatter")
+    last = None
+    for _ in range(blocks):
+        for kind in kinds:
+            last = b.collective(kind=kind, size_bytes=size, group=b.cp, gname="cp",
+                                stream="cp", name=f"{name} CP K/V {kind} {phase} (mb {mb})",
+                                unit=unit, microbatch=mb, after_start=(after,))
+    if last is not None:
+        b.waits.append(last)
 
 
 # ---------------------------------------------------------------------- shared ops

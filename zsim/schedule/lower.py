@@ -55,14 +55,14 @@ def runs_autocast(plan: Plan) -> bool:
 def state_at_rest_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
     """Bytes per memory category a rank holds between steps in the plan's program (module
     buffers excluded)."""
-    return PROGRAMS[plan.impl].state_at_rest_bytes(model, plan)
+    return PROGRAMS[plan.impl].state_at_rest_bytes(rank_model(model, plan), plan)
 
 
 def host_state_bytes(model: ModelSpec, plan: Plan) -> float:
     """Bytes a rank of the plan's program keeps in host memory between steps (what
     offload moves there); on a CPU backend they share the memory the device's figures
     count."""
-    return PROGRAMS[plan.impl].host_state_bytes(model, plan)
+    return PROGRAMS[plan.impl].host_state_bytes(rank_model(model, plan), plan)
 
 
 def memory_floor_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
@@ -72,8 +72,9 @@ def memory_floor_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
     loss's working memory, and the gathered parameters the program keeps then (FSDP2:
     the root, and every unit without resharding). The simulated peak is never below their
     sum (tested), so a plan whose floor exceeds HBM cannot fit, whatever the schedule
-    around it."""
+    around it. Under TP and CP, of the rank's shard and share."""
     prog = PROGRAMS[plan.impl]
+    model, plan = rank_model(model, plan), rank_plan(plan)
     floor = dict(prog.state_at_rest_bytes(model, plan))
     floor["params"] = floor.get("params", 0.0) + model.buffer_bytes
     gathered = prog.gathered_floor_bytes(model, plan)
@@ -84,17 +85,51 @@ def memory_floor_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
     return floor
 
 
+def check_modelled(plan: Plan) -> None:
+    """Refuse a plan the simulator does not model yet: context parallelism, and tensor
+    or pipeline parallelism with a program other than FSDP2 (torch's parallelize_module
+    and pipelining compose with fully_shard on a 2-D or 3-D mesh; DDP, FSDP1 and
+    DeepSpeed with them are not modelled).
+
+    Raises:
+        ConfigError: naming the first such axis.
+    """
+    if plan.cp > 1 and plan.pp > 1:
+        raise ConfigError("plan.cp", plan.cp,
+                          "context parallelism with a pipeline is not modelled yet")
+    for f in ("tp", "pp", "cp"):
+        if getattr(plan, f) > 1 and plan.impl != "fsdp2":
+            raise ConfigError(f"plan.{f}", getattr(plan, f),
+                              f"tensor, pipeline and context parallelism are modelled with FSDP2 "
+                              f"(fsdp, fsdp-no-reshard, hsdp), not with {plan.impl}")
+
+
+def rank_model(model: ModelSpec, plan: Plan) -> ModelSpec:
+    """The part of the model one rank holds and computes: its tensor-parallel shard
+    (ModelSpec.tp_shard), computing its context-parallel share (ModelSpec.cp_share);
+    the model itself without TP and CP."""
+    return model.tp_shard(plan.tp, sequence_parallel=plan.sp).cp_share(plan.cp)
+
+
+def rank_plan(plan: Plan) -> Plan:
+    """The plan as one rank runs it: with context parallelism, its 1/cp of each
+    sequence (torch's context_parallel shards the inputs on the sequence)."""
+    return plan if plan.cp == 1 else plan.with_(seq_len=plan.seq_len // plan.cp)
+
+
 def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
     """Build the schedule of one optimizer step of a representative rank.
 
     Raises:
-        ConfigError: a plan the simulator does not model (tp or pp, parameter offload
-            without sharded parameters), or a unit size larger than the model.
+        ConfigError: a plan the simulator does not model (check_modelled, parameter
+            offload without sharded parameters), or a unit size larger than the model.
     """
-    for f in ("tp", "pp"):
-        if getattr(plan, f) != 1:
-            raise ConfigError(f"plan.{f}", getattr(plan, f),
-                              "the simulator models data parallelism only (tp = pp = 1)")
+    check_modelled(plan)
+    if plan.pp > 1:
+        raise ConfigError("plan.pp", plan.pp, "a pipeline step is replayed by "
+                          "zsim.engine.pipeline (zsim.simulate), not lowered as one rank's ops")
+    model, whole = rank_model(model, plan), plan
+    plan = rank_plan(plan)
     if plan.offload == "params" and not plan.shards_params:
         raise ConfigError("plan.offload", plan.offload,
                           "parameter offload needs sharded parameters "
@@ -130,7 +165,9 @@ def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
         comm_compute_slowdown=hw.comm_compute_slowdown,
         compute_comm_slowdown=hw.compute_comm_slowdown, hbm_bytes=hw.hbm_bytes,
         model_flops=model_flops, hardware_flops=sum(op.flops for op in b.ops),
-        tokens_per_rank=plan.micro_batch * plan.seq_len * plan.grad_accum,
+        # The ranks of one data-parallel rank's model-parallel group share its tokens.
+        tokens_per_rank=whole.micro_batch * whole.seq_len * whole.grad_accum
+        / whole.model_parallel,
         world_size=plan.world_size, peak_flop_per_s=hw.peak(plan.compute_dtype),
         dp_shard=plan.dp_shard,
         notes=("gradients reduced once per step, on the last micro-batch",))

@@ -15,12 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-Stream = Literal["compute", "all_gather", "reduce_scatter", "all_reduce", "h2d", "d2h",
-                 "host"]
-STREAMS: tuple[str, ...] = ("compute", "all_gather", "reduce_scatter", "all_reduce", "h2d",
-                            "d2h", "host")
-"""Streams of one rank, in display order: the GPU's compute and collective streams, the
-host<->device copy streams (offload) and the host CPU (offloaded optimizer step)."""
+Stream = Literal["compute", "all_gather", "reduce_scatter", "all_reduce", "tp", "cp", "h2d",
+                 "d2h", "host"]
+STREAMS: tuple[str, ...] = ("compute", "all_gather", "reduce_scatter", "all_reduce", "tp",
+                            "cp", "h2d", "d2h", "host")
+"""Streams of one rank, in display order: the GPU's compute and data-parallel collective
+streams, tensor and context parallelism's collectives, the host<->device copy streams
+(offload) and the host CPU (offloaded optimizer step)."""
+TRANSFER_STREAMS: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce", "tp",
+                                     "cp", "h2d", "d2h")
+"""Streams whose busy time is communication."""
 
 OpKind = Literal["forward", "backward", "optimizer", "sync",
                  "all_gather", "reduce_scatter", "all_reduce", "h2d", "d2h"]
@@ -94,8 +98,9 @@ class Op:
     group_ranks: int = 1
     """Ranks in the collective's process group."""
     group: str = ""
-    """Which process group: "shard" (ranks sharing one sharded copy, consecutive) or
-    "replicate" (ranks holding the same shard, one per shard group)."""
+    """Which process group: "shard" (ranks sharing one sharded copy, consecutive),
+    "replicate" (ranks holding the same shard, one per shard group), "tp" or "cp" (the
+    tensor- and context-parallel groups)."""
     async_op: bool = False
     """Issued with async_op=True (DDP's reducer, DeepSpeed's reduce buckets): the host
     gets a Work back and goes on. FSDP2 issues its collectives without it, which on a
@@ -141,8 +146,9 @@ class Schedule:
     """Model FLOPs per rank per step (6N + attention, no recomputation)."""
     hardware_flops: float
     """FLOPs executed per rank per step (recomputation included)."""
-    tokens_per_rank: int
-    """Tokens one data-parallel rank trains on per step."""
+    tokens_per_rank: float
+    """Tokens per GPU per step: those of one data-parallel rank, shared by its
+    model-parallel group (tp * cp * pp GPUs)."""
     world_size: int
     """GPUs in the job."""
     peak_flop_per_s: float

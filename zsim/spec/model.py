@@ -17,7 +17,7 @@ References:
 
 from __future__ import annotations
 
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -75,10 +75,21 @@ class ModelSpec:
     extra_params: int = 0
     """Parameters outside the transformer structure, held by the root unit. Synthetic
     models (`synthetic()`) use it to reach an exact parameter count; 0 for real models."""
+    tp: int = 1
+    """Tensor-parallel degree this spec is one rank's shard of (`tp_shard`): num_heads,
+    num_kv_heads, ffn_hidden and vocab_size are then that rank's; 1 means the whole
+    model."""
+    sequence_parallel: bool = False
+    """With tp > 1: the norms and the residual stream are sharded on the sequence over
+    the TP group (Korthikanti et al. 2022, Sec. 4.2.2)."""
+    context_parallel: int = 1
+    """Context-parallel degree this spec computes one rank's share of: its sequence is
+    1/cp of the whole, and each of its queries attends to cp times as many keys (ring
+    attention); 1 means none."""
 
     def __post_init__(self) -> None:
         for f in ("num_layers", "d_model", "num_heads", "num_kv_heads", "ffn_hidden",
-                  "vocab_size", "max_seq_len"):
+                  "vocab_size", "max_seq_len", "tp", "context_parallel"):
             value = getattr(self, f)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"model.{f}", value, "must be a positive integer")
@@ -102,9 +113,41 @@ class ModelSpec:
                                   f"must be one of {', '.join(choices)}")
 
     # ---------------------------------------------------------------- shapes
+    def cp_share(self, cp: int) -> ModelSpec:
+        """This spec as one rank of a context-parallel group of `cp` computes it: the
+        sequence it is given is its 1/cp share, attending to the whole (`cp` 1: itself)."""
+        return self if cp == 1 else replace(self, context_parallel=cp)
+
+    def tp_shard(self, tp: int, *, sequence_parallel: bool = False) -> ModelSpec:
+        """One rank's shard of the model under tensor parallelism of degree `tp`, as
+        torchtitan's Llama plan divides it (parallelize_module with ColwiseParallel on
+        wq, wk, wv, w1, w3 and the output, RowwiseParallel on wo, w2 and the token
+        embedding; norms replicated; Megatron-LM divides a block alike): heads and kv
+        heads, the MLP's inner size and the vocabulary divided by tp (the last two
+        rounded up: DTensor shards unevenly); d_model and the norms whole. `tp` 1 is the
+        model itself."""
+        if tp == 1:
+            return self
+        return replace(self, num_heads=self.num_heads // tp,
+                       num_kv_heads=self.num_kv_heads // tp,
+                       ffn_hidden=-(-self.ffn_hidden // tp), vocab_size=-(-self.vocab_size // tp),
+                       tp=tp, sequence_parallel=sequence_parallel)
+
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.num_heads
+        return self.d_model // (self.num_heads * self.tp)
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the query projection output (and of attention's output): d_model,
+        or this rank's heads of it under tensor parallelism."""
+        return self.num_heads * self.head_dim
+
+    @property
+    def norm_tokens_divisor(self) -> int:
+        """What the tokens of the norms and the residual stream are divided by: tp with
+        sequence parallelism, else 1."""
+        return self.tp if self.sequence_parallel else 1
 
     @property
     def kv_dim(self) -> int:
@@ -113,14 +156,17 @@ class ModelSpec:
 
     def block_tensors(self) -> list[tuple[str, tuple[int, ...]]]:
         """Every parameter tensor of one transformer block, (name, shape), in module order."""
-        d, kv, f = self.d_model, self.kv_dim, self.ffn_hidden
+        d, q, kv, f = self.d_model, self.q_dim, self.kv_dim, self.ffn_hidden
         t: list[tuple[str, tuple[int, ...]]] = [("attention_norm.weight", (d,))]
         if self.norm == "layernorm" and self.bias:
             t.append(("attention_norm.bias", (d,)))
-        for proj, out in (("wq", d), ("wk", kv), ("wv", kv), ("wo", d)):
+        for proj, out in (("wq", q), ("wk", kv), ("wv", kv)):
             t.append((f"attention.{proj}.weight", (out, d)))
             if self.bias:
                 t.append((f"attention.{proj}.bias", (out,)))
+        t.append(("attention.wo.weight", (d, q)))
+        if self.bias:
+            t.append(("attention.wo.bias", (d,)))
         t.append(("ffn_norm.weight", (d,)))
         if self.norm == "layernorm" and self.bias:
             t.append(("ffn_norm.bias", (d,)))
@@ -136,9 +182,9 @@ class ModelSpec:
 
     def block_matmuls(self) -> list[tuple[str, int, int]]:
         """The weight matmuls of one block in call order: (module, in_features, out_features)."""
-        d, kv, f = self.d_model, self.kv_dim, self.ffn_hidden
-        mms = [("attention.wq", d, d), ("attention.wk", d, kv), ("attention.wv", d, kv),
-               ("attention.wo", d, d), ("feed_forward.w1", d, f)]
+        d, q, kv, f = self.d_model, self.q_dim, self.kv_dim, self.ffn_hidden
+        mms = [("attention.wq", d, q), ("attention.wk", d, kv), ("attention.wv", d, kv),
+               ("attention.wo", q, d), ("feed_forward.w1", d, f)]
         if self.mlp == "swiglu":
             mms.append(("feed_forward.w3", d, f))
         mms.append(("feed_forward.w2", f, d))
@@ -171,12 +217,13 @@ class ModelSpec:
     def params_per_block(self) -> int:
         """Closed form: attention 2d^2 + 2d*kv (q, o; k, v), MLP (3 if SwiGLU else 2)*d*f,
         norms 2d; with biases add d + 2kv + d for attention, f-per-up + d for the MLP and
-        2d for LayerNorm biases (Narayanan et al. 2021, Sec. 5.1 for the GPT case)."""
-        d, kv, f = self.d_model, self.kv_dim, self.ffn_hidden
+        2d for LayerNorm biases (Narayanan et al. 2021, Sec. 5.1 for the GPT case). A TP
+        shard (`tp_shard`) has q = d/tp query width in place of d in q and o."""
+        d, q, kv, f = self.d_model, self.q_dim, self.kv_dim, self.ffn_hidden
         n_up = 2 if self.mlp == "swiglu" else 1
-        n = 2 * d * d + 2 * d * kv + (n_up + 1) * d * f + 2 * d
+        n = 2 * d * q + 2 * d * kv + (n_up + 1) * d * f + 2 * d
         if self.bias:
-            n += 2 * d + 2 * kv + n_up * f + d
+            n += q + d + 2 * kv + n_up * f + d
             if self.norm == "layernorm":
                 n += 2 * d
         return n
@@ -221,7 +268,7 @@ class ModelSpec:
     def attention_flops_per_token(self, seq_len: int, *, causal: bool = True) -> float:
         """Forward + backward attention score/value FLOPs per token: 12 * L * s * d
         (PaLM App. B), halved when the causal mask lets the kernel skip half the scores."""
-        flops = 12.0 * self.num_layers * seq_len * self.d_model
+        flops = 12.0 * self.num_layers * seq_len * self.context_parallel * self.q_dim
         return flops / 2 if causal else flops
 
     def flops_per_token(self, seq_len: int, *, causal: bool = True) -> float:

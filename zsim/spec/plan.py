@@ -5,7 +5,10 @@ model's heads, fitting the cluster) live in zsim.spec.validate. Imports only zsi
 zsim.units, zsim.spec.deepspeed and zsim.spec.fsdp1.
 
 Degrees follow torchtitan: `dp_shard` ranks share one copy of the sharded state,
-`dp_replicate` copies of it exist, world = dp_shard * dp_replicate * tp * pp.
+`dp_replicate` copies of it exist, world = dp_shard * dp_replicate * cp * tp * pp. Ranks are
+placed as torchtitan's ParallelDims builds its mesh (pp, dp_replicate, dp_shard, cp, tp,
+outermost first): tensor parallelism innermost, inside a node, then context, pipeline and
+data parallelism (zsim.analytic.placement gives each group its links).
 
 ZeRO stage -> FSDP2 mapping (cf. torchtitan docs/fsdp.md):
 
@@ -44,6 +47,8 @@ Optimizer = Literal["adamw", "sgd", "adamw8bit"]
 Offload = Literal["none", "optimizer", "params"]
 Precision = Literal["bf16", "fp16", "fp32", "tf32", "fp8"]
 Impl = Literal["torch", "fsdp2", "fsdp1", "deepspeed"]
+PipelineSchedule = Literal["1f1b", "interleaved", "gpipe"]
+PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
 IMPLS: dict[str, tuple[str, ...]] = {
     "ddp": ("torch",),
     "zero1": ("deepspeed", "torch"),
@@ -83,6 +88,25 @@ class Plan:
     """Tensor-parallel degree (1 means disabled)."""
     pp: int = 1
     """Pipeline-parallel degree (1 means disabled)."""
+    cp: int = 1
+    """Context-parallel degree: ring attention over cp ranks, each holding 1/cp of every
+    sequence (1 means disabled)."""
+    sp: bool = False
+    """Sequence parallelism with TP (Korthikanti et al. 2022): the norms and residual
+    stream sharded on the sequence over the TP group, all-gather before and
+    reduce-scatter after each attention and MLP instead of all-reduces; needs tp > 1."""
+    async_tp: bool = False
+    """Asynchronous TP (torch's micro-pipelined all-gather/reduce-scatter fused with the
+    matmuls): TP collectives overlap the block's compute; needs sp."""
+    tp_across_nodes: bool = False
+    """Allow a TP group larger than a node (tp > gpus_per_node), its collectives on the
+    inter-node fabric; without it such a plan is an error."""
+    pp_schedule: PipelineSchedule = "1f1b"
+    """Pipeline schedule (torch.distributed.pipelining): 1f1b (Schedule1F1B), interleaved
+    (ScheduleInterleaved1F1B, `virtual_stages` per rank) or gpipe (ScheduleGPipe); the
+    pipeline's micro-batches are `grad_accum`."""
+    virtual_stages: int = 1
+    """Pipeline stages per rank: >= 2 for the interleaved schedule, 1 otherwise."""
     micro_batch: int = 1
     """Sequences per micro-batch per data-parallel rank."""
     grad_accum: int = 1
@@ -132,8 +156,8 @@ class Plan:
         if self.strategy not in STRATEGIES:
             raise ConfigError("plan.strategy", self.strategy,
                               f"must be one of {', '.join(STRATEGIES)}")
-        for f in ("dp_shard", "dp_replicate", "tp", "pp", "micro_batch", "grad_accum",
-                  "seq_len", "unit_size", "bucket_bytes"):
+        for f in ("dp_shard", "dp_replicate", "tp", "pp", "cp", "micro_batch", "grad_accum",
+                  "seq_len", "unit_size", "bucket_bytes", "virtual_stages"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ConfigError(f"plan.{f}", v, "must be a positive integer")
@@ -141,8 +165,10 @@ class Plan:
             raise ConfigError("plan.prefetch", self.prefetch, "must be an integer >= 0")
         if not isinstance(self.tf32, bool):
             raise ConfigError("plan.tf32", self.tf32, "must be true or false")
-        if not isinstance(self.fp8, bool):
-            raise ConfigError("plan.fp8", self.fp8, "must be true or false")
+        for f in ("fp8", "sp", "async_tp", "tp_across_nodes"):
+            if not isinstance(getattr(self, f), bool):
+                raise ConfigError(f"plan.{f}", getattr(self, f), "must be true or false")
+        self._check_model_parallel()
         if self.fp8 and self.param_dtype != "bf16":
             raise ConfigError("plan.fp8", self.fp8,
                               f"fp8 linears train bf16 parameters, not {self.param_dtype}")
@@ -173,10 +199,49 @@ class Plan:
             raise ConfigError("plan.offload", self.offload,
                               "FSDP1's CPUOffload is not modelled: use impl fsdp2")
 
+    def _check_model_parallel(self) -> None:
+        """The TP, SP and pipeline-schedule fields that must agree with each other."""
+        if self.sp and self.tp == 1:
+            raise ConfigError("plan.sp", self.sp,
+                              "sequence parallelism shards over the TP group: needs tp > 1")
+        if self.async_tp and not self.sp:
+            raise ConfigError("plan.async_tp", self.async_tp,
+                              "async TP fuses SP's all-gather/reduce-scatter: needs sp")
+        if self.pp_schedule not in PIPELINE_SCHEDULES:
+            raise ConfigError("plan.pp_schedule", self.pp_schedule,
+                              f"must be one of {', '.join(PIPELINE_SCHEDULES)}")
+        interleaved = self.pp_schedule == "interleaved"
+        if interleaved and self.pp == 1:
+            raise ConfigError("plan.pp_schedule", self.pp_schedule,
+                              "an interleaved schedule needs pp > 1")
+        if interleaved and self.virtual_stages < 2:
+            raise ConfigError("plan.virtual_stages", self.virtual_stages,
+                              "the interleaved schedule needs >= 2 stages per rank")
+        if not interleaved and self.virtual_stages != 1:
+            raise ConfigError("plan.virtual_stages", self.virtual_stages,
+                              f"{self.pp_schedule} runs one stage per rank: must be 1")
+
     # ------------------------------------------------------------------ derived
     @property
     def world_size(self) -> int:
-        return self.dp_shard * self.dp_replicate * self.tp * self.pp
+        return self.dp_shard * self.dp_replicate * self.model_parallel
+
+    @property
+    def model_parallel(self) -> int:
+        """Ranks that share one data-parallel rank's work: tp * cp * pp."""
+        return self.tp * self.cp * self.pp
+
+    @property
+    def tp_enabled(self) -> bool:
+        return self.tp > 1
+
+    @property
+    def pp_enabled(self) -> bool:
+        return self.pp > 1
+
+    @property
+    def cp_enabled(self) -> bool:
+        return self.cp > 1
 
     @property
     def dp_degree(self) -> int:
@@ -228,35 +293,50 @@ class Plan:
     @classmethod
     def for_strategy(cls, strategy: str, *, gpus: int, shard_group: int | None = None,
                      **knobs: Any) -> Plan:
-        """Fill the degrees a strategy implies on `gpus` data-parallel GPUs.
+        """Fill the data-parallel degrees a strategy implies on `gpus` GPUs: the GPUs left
+        once the model-parallel degrees in `knobs` (tp, cp, pp; 1 by default) are taken,
+        world / (tp * cp * pp).
 
         Args:
             strategy: a Strategy.
-            gpus: world size (tp = pp = 1).
-            shard_group: hsdp only, ranks per shard group; must divide gpus.
+            gpus: world size.
+            shard_group: hsdp only, ranks per shard group; must divide the data-parallel
+                size.
             knobs: any other Plan field.
 
         Raises:
-            ConfigError: unknown strategy, or a shard group that does not divide gpus.
+            ConfigError: unknown strategy, model-parallel degrees that do not divide gpus,
+                or a shard group that does not divide the data-parallel size.
         """
         if strategy not in STRATEGIES:
             raise ConfigError("strategy", strategy, f"must be one of {', '.join(STRATEGIES)}")
         if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus <= 0:
             raise ConfigError("gpus", gpus, "must be a positive integer")
+        degrees = {f: knobs.get(f, 1) for f in ("tp", "cp", "pp")}
+        for f, v in degrees.items():
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ConfigError(f"plan.{f}", v, "must be a positive integer")
+        model_parallel = degrees["tp"] * degrees["cp"] * degrees["pp"]
+        if gpus % model_parallel:
+            raise ConfigError("gpus", gpus, f"not divisible by tp*cp*pp = {degrees['tp']}*"
+                                            f"{degrees['cp']}*{degrees['pp']} = {model_parallel}")
+        dp = gpus // model_parallel
         if strategy == "hsdp":
             if shard_group is None:
                 raise ConfigError("shard_group", None, "hsdp needs a shard group size")
             if (isinstance(shard_group, bool) or not isinstance(shard_group, int)
-                    or shard_group <= 0 or gpus % shard_group):
-                raise ConfigError("shard_group", shard_group, f"must divide gpus={gpus}")
+                    or shard_group <= 0 or dp % shard_group):
+                raise ConfigError("shard_group", shard_group,
+                                  f"must divide gpus={gpus}" if dp == gpus else
+                                  f"must divide the data-parallel size {dp}")
             return cls(strategy="hsdp", dp_shard=shard_group,
-                       dp_replicate=gpus // shard_group, **knobs)
+                       dp_replicate=dp // shard_group, **knobs)
         if shard_group is not None:
             raise ConfigError("shard_group", shard_group,
                               f"only hsdp takes a shard group, not {strategy}")
         if strategy == "ddp":
-            return cls(strategy="ddp", dp_shard=1, dp_replicate=gpus, **knobs)
-        return cls(strategy=strategy, dp_shard=gpus, **knobs)  # type: ignore[arg-type]
+            return cls(strategy="ddp", dp_shard=1, dp_replicate=dp, **knobs)
+        return cls(strategy=strategy, dp_shard=dp, **knobs)  # type: ignore[arg-type]
 
     @property
     def label(self) -> str:
@@ -265,7 +345,23 @@ class Plan:
         deg = f"({self.dp_shard}x{self.dp_replicate})" if self.strategy == "hsdp" else ""
         impl = f"[{self.impl}]" if self.impl != IMPLS[self.strategy][0] else ""
         extra = f" offload={self.offload}" if self.offload != "none" else ""
-        return f"{self.strategy}{deg}{impl} ac={self.recompute} mb={self.micro_batch}{extra}"
+        return (f"{self.strategy}{deg}{impl}{self.parallel_label} ac={self.recompute} "
+                f"mb={self.micro_batch}{extra}")
+
+    @property
+    def parallel_label(self) -> str:
+        """The model-parallel axes in a label, e.g. " tp=8+sp pp=4(interleaved x2) cp=2";
+        empty for a purely data-parallel plan."""
+        out = ""
+        if self.tp > 1:
+            out += f" tp={self.tp}" + ("+async" if self.async_tp else "+sp" if self.sp else "")
+        if self.pp > 1:
+            sched = self.pp_schedule + (f" x{self.virtual_stages}"
+                                        if self.virtual_stages > 1 else "")
+            out += f" pp={self.pp}({sched})"
+        if self.cp > 1:
+            out += f" cp={self.cp}"
+        return out
 
     def with_(self, **changes: Any) -> Plan:
         return replace(self, **changes)

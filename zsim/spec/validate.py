@@ -8,8 +8,13 @@ Plan that exists.
 
 References: Megatron-LM (Shoeybi et al. 2019, Sec. 3) splits attention heads across tensor-
 parallel ranks, so heads and kv heads must divide by tp; pipeline stages hold whole blocks
-(Narayanan et al. 2021), so layers must divide by pp; torchtitan's ParallelDims checks that
-dp_shard * dp_replicate * tp * pp equals the world size.
+(Narayanan et al. 2021), so layers must divide by pp x virtual stages; torchtitan's
+ParallelDims checks that dp_shard * dp_replicate * cp * tp * pp equals the world size.
+torch.distributed.pipelining: Schedule1F1B needs at least pp micro-batches,
+ScheduleInterleaved1F1B a micro-batch count that divides into rounds of pp. torch's
+context_parallel (_load_balancer.py, _HeadTailLoadBalancer) splits each sequence into
+2 x cp chunks. TP lives inside a node (its all-reduces per block need NVLink) unless the
+plan says otherwise.
 """
 
 from __future__ import annotations
@@ -24,10 +29,14 @@ def validate(model: ModelSpec, hw: HardwareProfile, plan: Plan, *,
              gpus: int | None = None) -> None:
     """Check that `plan` can run `model` on `gpus` GPUs of `hw`.
 
-    Rules: world size (dp_shard * dp_replicate * tp * pp) equals `gpus` when given, and the
-    shard group divides it (an HSDP shard group may span nodes); attention heads and kv heads
-    divide by tp; layers divide by pp; a unit holds at most all layers; a model with learned
-    position embeddings cannot train past its table; the compute dtype has a peak in `hw`.
+    Rules: world size (dp_shard * dp_replicate * cp * tp * pp) equals `gpus` when given,
+    and the shard group divides it (an HSDP shard group may span nodes); attention heads
+    and kv heads divide by tp; a TP group fits in a node and divides it unless
+    plan.tp_across_nodes; layers divide by pp x virtual stages; the pipeline's
+    micro-batches (grad_accum) suit its schedule; the sequence divides by 2 x cp, and by
+    tp with sequence parallelism; a unit holds at most all layers (of a stage); a model
+    with learned position embeddings cannot train past its table; the compute dtype has
+    a peak in `hw`.
 
     Args:
         model: the transformer.
@@ -41,6 +50,8 @@ def validate(model: ModelSpec, hw: HardwareProfile, plan: Plan, *,
     if gpus is not None:
         _check_world(plan, gpus)
     _check_model_split(model, plan)
+    _check_placement(hw, plan)
+    _check_pipeline(plan)
     _check_sequence(model, plan)
     if plan.param_dtype not in hw.peak_flop_per_s:
         raise ConfigError("plan.param_dtype", plan.param_dtype,
@@ -57,8 +68,8 @@ def _check_world(plan: Plan, gpus: int) -> None:
     if plan.world_size != gpus:
         raise ConfigError(
             "gpus", gpus,
-            f"plan world size is dp_shard*dp_replicate*tp*pp = {plan.dp_shard}*"
-            f"{plan.dp_replicate}*{plan.tp}*{plan.pp} = {plan.world_size}")
+            f"plan world size is dp_shard*dp_replicate*cp*tp*pp = {plan.dp_shard}*"
+            f"{plan.dp_replicate}*{plan.cp}*{plan.tp}*{plan.pp} = {plan.world_size}")
 
 
 def _check_model_split(model: ModelSpec, plan: Plan) -> None:
@@ -68,15 +79,52 @@ def _check_model_split(model: ModelSpec, plan: Plan) -> None:
     if model.num_kv_heads % plan.tp:
         raise ConfigError("plan.tp", plan.tp,
                           f"must divide model.num_kv_heads={model.num_kv_heads}")
-    if model.num_layers % plan.pp:
-        raise ConfigError("plan.pp", plan.pp,
-                          f"must divide model.num_layers={model.num_layers}")
-    if plan.unit_size > model.num_layers:
+    stages = plan.pp * plan.virtual_stages
+    if model.num_layers % stages:
+        field, value = (("plan.virtual_stages", plan.virtual_stages) if plan.virtual_stages > 1
+                        else ("plan.pp", plan.pp))
+        raise ConfigError(field, value,
+                          f"pp x virtual stages = {stages} must divide model.num_layers="
+                          f"{model.num_layers}")
+    if plan.unit_size > model.num_layers // stages:
         raise ConfigError("plan.unit_size", plan.unit_size,
-                          f"exceeds model.num_layers={model.num_layers}")
+                          f"exceeds the {model.num_layers // stages} layers of a pipeline stage"
+                          if stages > 1 else f"exceeds model.num_layers={model.num_layers}")
+
+
+def _check_placement(hw: HardwareProfile, plan: Plan) -> None:
+    if plan.tp_across_nodes:
+        return
+    if plan.tp > hw.gpus_per_node:
+        raise ConfigError("plan.tp", plan.tp,
+                          f"exceeds the {hw.gpus_per_node} GPUs of a {hw.name} node: TP across "
+                          "nodes needs plan.tp_across_nodes")
+    if hw.gpus_per_node % plan.tp:
+        raise ConfigError("plan.tp", plan.tp,
+                          f"must divide gpus_per_node={hw.gpus_per_node} (a TP group would "
+                          "straddle nodes; plan.tp_across_nodes allows it)")
+
+
+def _check_pipeline(plan: Plan) -> None:
+    m = plan.grad_accum
+    if plan.pp_schedule == "1f1b" and plan.pp > 1 and m < plan.pp:
+        raise ConfigError("plan.grad_accum", m,
+                          f"1F1B needs at least pp={plan.pp} micro-batches")
+    if plan.pp_schedule == "interleaved":
+        rounds = max(1, m // plan.pp)
+        if m % rounds:
+            raise ConfigError("plan.grad_accum", m,
+                              f"interleaved 1F1B needs a multiple of its {rounds} rounds")
 
 
 def _check_sequence(model: ModelSpec, plan: Plan) -> None:
+    if plan.cp > 1 and plan.seq_len % (2 * plan.cp):
+        raise ConfigError("plan.seq_len", plan.seq_len,
+                          f"must divide into 2 x cp = {2 * plan.cp} chunks (load-balanced "
+                          "ring attention)")
+    if plan.sp and plan.seq_len % plan.tp:
+        raise ConfigError("plan.seq_len", plan.seq_len,
+                          f"sequence parallelism shards it over tp={plan.tp}: must divide")
     if model.learned_pos_emb and plan.seq_len > model.max_seq_len:
         raise ConfigError("plan.seq_len", plan.seq_len,
                           f"exceeds the learned position table, model.max_seq_len="

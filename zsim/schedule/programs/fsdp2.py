@@ -53,15 +53,19 @@ from zsim.analytic.allocations import (
 from zsim.analytic.compute import Flops
 from zsim.analytic.memory import model_state_bytes, optimizer_bytes_per_param
 from zsim.schedule.build import (
+    TP_ENTER,
+    TP_EXIT,
     Builder,
     Shapes,
     Unit,
     block_backward,
     block_forward,
+    context_parallel,
     device_optimizer,
     head_backward,
     head_forward,
     host_optimizer,
+    tensor_parallel,
     units,
 )
 from zsim.schedule.ops import Buffer
@@ -192,7 +196,13 @@ class _Step:
                                       hooks=True)
             emb = b.add(name=f"embedding forward (mb {mb})", kind="forward",
                         stream="compute", microbatch=mb, after=(root_copy,))
+            # RowwiseParallel embedding: its output leaves a TP region.
+            tensor_parallel(b, after=emb, phase="forward", regions=1, boundaries=(TP_EXIT,),
+                            name="embedding", mb=mb)
             fwd = self.forward(mb, blocks, gathered, first=emb)
+            # ColwiseParallel output projection: its input enters one.
+            tensor_parallel(b, after=fwd[-1], phase="forward", regions=1,
+                            boundaries=(TP_ENTER,), name="output", mb=mb)
 
             def grad_alloc(u: Unit, params: int, part: str = "", mb: int = mb
                            ) -> tuple[Buffer, ...]:
@@ -220,6 +230,8 @@ class _Step:
                 b, mb, grads=grad_alloc(root, root.params - emb_grad),
                 on_logits_grad=partial(self.backward_prefetch, blocks, mb, gathered, issued,
                                        below=len(blocks)) if reshard else None)
+            tensor_parallel(b, after=head_b, phase="backward", regions=1,
+                            boundaries=(TP_ENTER,), name="output", mb=mb)
             bwd: dict[int, int] = {}
             for k in reversed(range(len(blocks))):
                 u = blocks[k]
@@ -235,8 +247,17 @@ class _Step:
                 bwd[k] = block_backward(b, u, mb, after=after, grads=grad_alloc(u, u.params),
                                         frees=(gathered[k],),
                                         host_s=self.block_host_s("backward", u))
+                context_parallel(b, after=bwd[k], phase="backward", blocks=u.blocks,
+                                 name=u.name, mb=mb, unit=u.index)
+                if p.recompute == "full":  # the re-run forward's collectives
+                    tensor_parallel(b, after=bwd[k], phase="forward", regions=2 * u.blocks,
+                                    name=f"{u.name} recompute", mb=mb, unit=u.index)
+                tensor_parallel(b, after=bwd[k], phase="backward", regions=2 * u.blocks,
+                                name=u.name, mb=mb, unit=u.index)
                 if last_mb:
                     self.reduce(u, bwd[k], final=False)
+            tensor_parallel(b, after=bwd[0], phase="backward", regions=1,
+                            boundaries=(TP_EXIT,), name="embedding", mb=mb)
             emb_b = b.add(name=f"embedding backward (mb {mb})", kind="backward",
                           stream="compute", microbatch=mb,
                           allocs=grad_alloc(root, emb_grad, "/embedding"),
@@ -272,6 +293,10 @@ class _Step:
             fwd.append(block_forward(b, u, mb, after=(copy,),
                                      frees=(gathered[k],) if p.reshard_after_forward else (),
                                      host_s=self.block_host_s("forward", u)))
+            context_parallel(b, after=fwd[-1], phase="forward", blocks=u.blocks, name=u.name,
+                             mb=mb, unit=u.index)
+            tensor_parallel(b, after=fwd[-1], phase="forward", regions=2 * u.blocks,
+                            name=u.name, mb=mb, unit=u.index)
         return fwd
 
     def block_host_s(self, phase: str, u: Unit) -> float:

@@ -1,0 +1,69 @@
+"""Placement: each mesh axis's group and link, worked out by hand from rank numbers (TP
+innermost, then CP, PP, DP shard, DP replicate; 8 consecutive ranks to a node)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from zsim.analytic.collectives import CommGroup
+from zsim.analytic.comm import replicate_group, shard_group
+from zsim.analytic.placement import pipeline_hop_crosses_nodes, place
+from zsim.spec.plan import Plan
+from zsim.spec.registry import resolve_hardware
+
+H100 = resolve_hardware("dgx-h100")  # 8 GPUs per node
+
+
+def _nodes_of(ranks: list[int]) -> int:
+    return len({r // 8 for r in ranks})
+
+
+def _members(axis_stride: int, size: int) -> list[int]:
+    """Ranks of rank 0's group along an axis, from the row-major mesh."""
+    return [i * axis_stride for i in range(size)]
+
+
+@pytest.mark.parametrize(("tp", "cp", "pp", "shard", "repl"), [
+    (8, 1, 8, 8, 1),     # 405B-style 3-D: TP fills a node, stages and shards across nodes
+    (4, 2, 1, 16, 2),    # TP x CP fill a node
+    (2, 1, 2, 4, 4),     # TP x PP share a node with two data-parallel ranks
+    (1, 1, 1, 64, 1),    # pure FSDP: unchanged
+    (1, 1, 1, 8, 8),     # HSDP: shard within a node, replicas one per node
+])
+def test_groups_follow_rank_numbers(tp: int, cp: int, pp: int, shard: int, repl: int) -> None:
+    plan = Plan(strategy="hsdp" if repl > 1 else "fsdp", dp_shard=shard, dp_replicate=repl,
+                tp=tp, cp=cp, pp=pp, grad_accum=pp, seq_len=4096)
+    placement = place(plan, H100)
+    stride = 1
+    for axis, size in (("tp", tp), ("cp", cp), ("pp", pp), ("dp_shard", shard),
+                       ("dp_replicate", repl)):
+        members = _members(stride, size)
+        nodes = _nodes_of(members)
+        group = placement.group(axis)
+        assert group.ranks == size
+        assert group.nodes == nodes, axis
+        assert placement.link(axis) == ("inter_node" if nodes > 1 else "intra_node")
+        assert placement.strides[axis] == stride
+        stride *= size
+
+
+def test_data_parallel_groups_delegate_to_placement() -> None:
+    # A 2-D plan's shard group skips the TP ranks: 8 shards 8 ranks apart, one per node.
+    plan = Plan(strategy="fsdp", dp_shard=8, tp=8, seq_len=4096)
+    assert shard_group(plan, H100) == CommGroup(ranks=8, ranks_per_node=1)
+    # Pure data parallelism keeps the consecutive groups it always had.
+    hsdp = Plan(strategy="hsdp", dp_shard=8, dp_replicate=16, seq_len=4096)
+    assert shard_group(hsdp, H100) == CommGroup(ranks=8, ranks_per_node=8)
+    assert replicate_group(hsdp, H100) == CommGroup(ranks=16, ranks_per_node=1)
+
+
+@pytest.mark.parametrize(("tp", "pp", "crosses"), [(2, 4, False), (2, 8, True), (8, 2, True),
+                                                  (1, 8, False), (4, 2, False)])
+def test_pipeline_hop(tp: int, pp: int, crosses: bool) -> None:
+    plan = Plan(strategy="fsdp", dp_shard=2, tp=tp, pp=pp, grad_accum=pp, seq_len=4096)
+    ranks = _members(tp, pp)
+    by_hand = any(a // 8 != b // 8 for a, b in itertools.pairwise(ranks))
+    assert by_hand == crosses
+    assert pipeline_hop_crosses_nodes(plan, H100) == crosses

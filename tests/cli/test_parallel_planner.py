@@ -1,0 +1,79 @@
+"""The 2-D and 3-D plan search (issue 12, item 6): factorizations, global batch, ranking,
+and `zsim plan`'s table."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_bad_input import error_line
+from typer.testing import CliRunner
+
+from zsim.cli import app
+from zsim.errors import ConfigError
+from zsim.parallel_planner import choose_parallel, parallel_plans, parse_global_batch
+from zsim.simulate import simulate
+from zsim.spec.presets import PRESETS
+from zsim.spec.registry import resolve_hardware
+from zsim.spec.validate import validate
+
+H100 = resolve_hardware("dgx-h100")
+LLAMA2_7B = PRESETS["llama2-7b"]   # 32 layers, 32 heads
+
+
+@pytest.mark.parametrize(("text", "sequences"), [("512", 512), ("4Mt", 512),
+                                                 ("4194304 tokens", 512), ("64K tok", 8)])
+def test_global_batch_in_sequences_or_tokens(text: str, sequences: int) -> None:
+    assert parse_global_batch(text, 8192) == sequences
+
+
+@pytest.mark.parametrize("text", ["0", "-4", "many", "1000t"])
+def test_bad_global_batch(text: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        parse_global_batch(text, 8192)
+    assert (e.value.field, e.value.value) == ("global_batch", text)
+
+
+def test_factorizations_cover_every_axis_and_keep_the_batch() -> None:
+    plans = parallel_plans(LLAMA2_7B, H100, gpus=32, seq_len=4096, global_batch=64)
+    assert {p.tp for p in plans} == {1, 2, 4, 8}
+    assert {p.pp for p in plans} >= {1, 2, 4, 8}
+    assert {p.cp for p in plans} >= {1, 2, 4}
+    assert {p.pp_schedule for p in plans if p.pp > 1} == {"1f1b", "interleaved"}
+    for p in plans:
+        validate(LLAMA2_7B, H100, p, gpus=32)
+        assert p.sp == (p.tp > 1)
+        # Every plan trains the same tokens per step: 64 sequences.
+        assert p.tokens_per_step == 64 * 4096
+        assert not (p.cp > 1 and p.pp > 1)
+
+
+def test_ranking_puts_a_simulated_fitting_plan_first() -> None:
+    plans = parallel_plans(LLAMA2_7B, H100, gpus=32, seq_len=4096, global_batch=32)
+    ranked = choose_parallel(LLAMA2_7B, H100, plans)
+    best = ranked[0]
+    assert best.result is not None and best.fits
+    simulated = [c for c in ranked if c.result is not None and c.fits]
+    speeds = [c.tokens_per_s_per_gpu for c in simulated]
+    assert speeds == sorted(speeds, reverse=True)
+    # A pipeline's estimate is its simulation.
+    pipe = next(c for c in ranked if c.plan.pp > 1 and c.result is not None)
+    again = simulate(LLAMA2_7B, H100, pipe.plan)
+    assert pipe.estimate.step_time_s == pytest.approx(again.step_time_s, rel=1e-12)
+
+
+def test_zsim_plan_prints_the_2d_3d_table() -> None:
+    result = CliRunner().invoke(app, ["plan", "--model", "7b", "--gpus", "16", "--seq",
+                                      "4096", "--global-batch", "16", "--tp", "2",
+                                      "--format", "json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)["parallel"]
+    assert out["global_batch_sequences"] == 16
+    assert out["candidates"] and {r["tp"] for r in out["candidates"]} == {2}
+    assert out["recommended"] == out["candidates"][0]["plan"]
+    assert out["candidates"][0]["why"] == "recommended"
+
+
+def test_zsim_plan_bad_global_batch_is_one_line() -> None:
+    line = error_line(["plan", "--model", "7b", "--gpus", "16", "--global-batch", "lots"])
+    assert line.startswith("error: global_batch='lots'")

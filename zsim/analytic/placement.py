@@ -1,0 +1,70 @@
+"""Placement: where a plan's ranks sit on the machine, and so which links each of its
+process groups runs on. Owns the mapping of the plan's mesh axes to ranks and nodes:
+row-major over consecutive global ranks, `gpus_per_node` consecutive ranks to a node,
+tensor parallelism innermost (inside a node), then context, then pipeline, then data
+parallelism (shard, then replicate), as issue 12 places them. torchtitan's
+ParallelDims._build_mesh puts pp outermost instead (pp, dp_replicate, dp_shard, cp, tp);
+the two differ only in which of the pipeline and the data-parallel groups is packed into
+a node first. A group along an axis of stride `stride` (the product of the inner
+degrees) and `ranks` members keeps min(ranks, max(1, gpus_per_node // stride)) members
+in a node: its collectives run on NVLink when that is all of them, else on the inter-
+node fabric for the hops between nodes (zsim.analytic.collectives.ring_link_loads). Pure
+arithmetic; imports only zsim.analytic.collectives and zsim.spec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zsim.analytic.collectives import CommGroup
+from zsim.spec.hardware import HardwareProfile
+from zsim.spec.plan import Plan
+
+AXES: tuple[str, ...] = ("tp", "cp", "pp", "dp_shard", "dp_replicate")
+"""The plan's mesh axes from innermost to outermost."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Placement:
+    """The process group along each mesh axis of a plan on a profile's nodes."""
+
+    groups: dict[str, CommGroup]
+    """Axis name (AXES) -> its group as one rank sees it."""
+    strides: dict[str, int]
+    """Axis name -> rank distance between consecutive members of its group."""
+
+    def group(self, axis: str) -> CommGroup:
+        return self.groups[axis]
+
+    def link(self, axis: str) -> str:
+        """The bottleneck link of the axis's collectives: "intra_node" when its group
+        lies in one node, else "inter_node"."""
+        return "inter_node" if self.groups[axis].spans_nodes else "intra_node"
+
+
+def axis_degrees(plan: Plan) -> dict[str, int]:
+    """Each mesh axis's degree, innermost first."""
+    return {"tp": plan.tp, "cp": plan.cp, "pp": plan.pp, "dp_shard": plan.dp_shard,
+            "dp_replicate": plan.dp_replicate}
+
+
+def place(plan: Plan, hw: HardwareProfile) -> Placement:
+    """Each axis's group on `hw`'s nodes (see the module docstring): pipeline stages
+    sit tp * cp ranks apart, data-parallel shard groups tp * cp * pp apart."""
+    groups: dict[str, CommGroup] = {}
+    strides: dict[str, int] = {}
+    stride = 1
+    for axis, ranks in axis_degrees(plan).items():
+        per_node = max(1, hw.gpus_per_node // stride)
+        groups[axis] = CommGroup(ranks=ranks, ranks_per_node=min(ranks, per_node))
+        strides[axis] = stride
+        stride *= ranks
+    return Placement(groups=groups, strides=strides)
+
+
+def pipeline_hop_crosses_nodes(plan: Plan, hw: HardwareProfile) -> bool:
+    """Whether the point-to-point send from one pipeline stage to the next leaves the
+    node: the stages sit `stride` ranks apart, so the worst hop crosses a node boundary
+    once the stride reaches the node or the stages do not all fit in one node."""
+    stride = place(plan, hw).strides["pp"]
+    return stride >= hw.gpus_per_node or stride * plan.pp > hw.gpus_per_node

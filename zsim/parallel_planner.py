@@ -1,0 +1,300 @@
+"""Planner of 2-D and 3-D plans: every factorization of a world into tensor, context,
+pipeline and data parallelism (sharded, or sharded and replicated), with the micro-batches
+a global batch gives each, ranked, with one line on why each loses.
+
+Owns the enumeration (`parallel_plans`), the estimate of each factorization, the
+simulation of the best few and the ranking (`choose_parallel`). An estimate replays the
+plan's pipeline (zsim.engine.pipeline; a plan without PP is a one-stage pipeline) with
+each stage's work (zsim.schedule.pipeline_work) and takes its memory from the program's
+floor (zsim.schedule.lower.memory_floor_bytes) or, with PP, from each pipeline rank's
+peak; a pipeline's estimate is its simulation (zsim.simulate.simulate replays the same
+pipeline); without PP the best `top` fitting estimates then run through the engine
+(zsim.simulate.simulate); simulated plans rank first, by throughput. No I/O.
+
+Every plan runs FSDP2 over the data-parallel axes (fully_shard on a 2-D or 3-D mesh, as
+torchtitan composes it), with sequence parallelism whenever tp > 1 (torchtitan's Llama
+plan), TP inside a node, a global batch fixed in sequences so that every plan trains the
+same tokens per step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from zsim.engine.pipeline import run_pipeline
+from zsim.errors import ConfigError
+from zsim.fanout import simulate_all
+from zsim.result import Result
+from zsim.schedule.lower import memory_floor_bytes, rank_model, rank_plan
+from zsim.schedule.pipeline import rank_actions
+from zsim.schedule.pipeline_work import pipeline_work
+from zsim.simulate import simulate
+from zsim.spec.hardware import HardwareProfile
+from zsim.spec.model import ModelSpec
+from zsim.spec.plan import Plan
+from zsim.spec.validate import validate
+from zsim.units import GiB, dtype_bytes
+
+RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
+MAX_CP = 8
+"""Largest context-parallel degree enumerated."""
+MAX_PP = 32
+"""Largest pipeline degree enumerated."""
+TOP = 3
+"""Fitting plans simulated in full (by estimated throughput)."""
+ROUNDS = 4
+"""Rounds of TOP simulations at most, while simulated plans turn out not to fit."""
+
+
+def parse_global_batch(text: str, seq_len: int) -> int:
+    """A --global-batch value in sequences: "512" is 512 sequences; "4M tokens",
+    "4194304t" or "4Mt" are tokens (K = 2^10, M = 2^20), divided by the sequence length.
+
+    Raises:
+        ConfigError: not a positive count, or tokens that do not divide into sequences.
+    """
+    raw = text.strip().lower().replace(" ", "")
+    suffix = next((x for x in ("tokens", "tok", "t") if raw.endswith(x)), "")
+    tokens = bool(suffix)
+    digits = raw[:len(raw) - len(suffix)]
+    scale = 1
+    if digits[-1:] in ("k", "m"):
+        scale = 2**10 if digits[-1] == "k" else 2**20
+        digits = digits[:-1]
+    if not digits.isdigit() or int(digits) <= 0:
+        raise ConfigError("global_batch", text, "must be a positive number of sequences, "
+                          "or of tokens with a t suffix (e.g. 512, 4Mt)")
+    count = int(digits) * scale
+    if not tokens:
+        return count
+    if count % seq_len:
+        raise ConfigError("global_batch", text, f"{count} tokens do not divide into "
+                          f"sequences of {seq_len}")
+    return count // seq_len
+
+
+def parallel_plans(model: ModelSpec, hw: HardwareProfile, *, gpus: int, seq_len: int,
+                   global_batch: int, micro_batch: int = 1, **knobs: object) -> list[Plan]:
+    """Every factorization of `gpus` the simulator models: tp dividing a node and the
+    heads, cp (without PP) up to MAX_CP with the sequence in 2 cp chunks, pp dividing
+    the layers up to MAX_PP, 1F1B and (where the layers allow 2 stages per rank)
+    interleaved 1F1B; FSDP over the data-parallel ranks, and HSDP sharding over one
+    node's data-parallel ranks; each recomputation policy; grad_accum the micro-batches
+    the global batch (sequences) leaves each data-parallel rank. Invalid combinations
+    are left out."""
+    gpn = hw.gpus_per_node
+    out: list[Plan] = []
+    for tp in (t for t in range(1, gpn + 1) if gpn % t == 0):
+        if model.num_heads % tp or model.num_kv_heads % tp:
+            continue
+        for cp in (c for c in (1, 2, 4, 8) if (c <= MAX_CP and seq_len % (2 * c) == 0)
+                   or c == 1):
+            for pp in (p for p in range(1, MAX_PP + 1) if model.num_layers % p == 0):
+                if (cp > 1 and pp > 1) or gpus % (tp * cp * pp):
+                    continue
+                dp = gpus // (tp * cp * pp)
+                if global_batch % (dp * micro_batch):
+                    continue
+                m = global_batch // (dp * micro_batch)
+                if pp > 1 and m < pp:
+                    continue
+                out += _variants(model, hw, tp=tp, cp=cp, pp=pp, dp=dp, m=m,
+                                 seq_len=seq_len, micro_batch=micro_batch, knobs=knobs)
+    return out
+
+
+def _variants(model: ModelSpec, hw: HardwareProfile, *, tp: int, cp: int, pp: int, dp: int,
+              m: int, seq_len: int, micro_batch: int, knobs: dict[str, object]) -> list[Plan]:
+    schedules: list[tuple[str, int]] = [("1f1b", 1)]
+    if pp > 1 and model.num_layers % (2 * pp) == 0 and m % max(1, m // pp) == 0:
+        schedules.append(("interleaved", 2))
+    group = max(1, hw.gpus_per_node // (tp * cp * pp))
+    shardings = [("fsdp", dp, 1)]
+    if 1 < group < dp and dp % group == 0:
+        shardings.append(("hsdp", group, dp // group))
+    out = []
+    for strategy, shard, repl in shardings:
+        for schedule, virtual in schedules:
+            for rc in RECOMPUTE:
+                try:
+                    plan = Plan(strategy=strategy, dp_shard=shard, dp_replicate=repl,  # type: ignore[arg-type]
+                                tp=tp, cp=cp, pp=pp, sp=tp > 1, pp_schedule=schedule,  # type: ignore[arg-type]
+                                virtual_stages=virtual, micro_batch=micro_batch,
+                                grad_accum=m, seq_len=seq_len, recompute=rc,  # type: ignore[arg-type]
+                                **knobs)  # type: ignore[arg-type]
+                    validate(model, hw, plan)
+                except ConfigError:
+                    continue
+                out.append(plan)
+    return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Estimate:
+    """A factorization's replayed step and memory before the full simulation."""
+
+    plan: Plan
+    step_time_s: float
+    peak_bytes: float
+    hbm_bytes: float
+    bubble_fraction: float
+    """Share of the step the slowest pipeline rank is idle (0 without PP)."""
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.hbm_bytes
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        p = self.plan
+        return p.micro_batch * p.seq_len * p.grad_accum / p.model_parallel / self.step_time_s
+
+
+def estimate(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Estimate:
+    """Replay the plan's pipeline (one stage without PP) on its stages' work; its memory
+    floor, or with PP the highest pipeline rank's peak."""
+    local, lp = rank_model(model, plan), rank_plan(plan)
+    work = pipeline_work(local, hw, lp)
+    forward, backward = work.forward_s, work.backward_s
+    if plan.pp == 1:
+        # Without PP, FSDP2 gathers every unit again each micro-batch (twice when it
+        # reshards after forward), overlapping the pass's compute at best.
+        regather = work.gather_s
+        forward = [max(f, regather) for f in forward]
+        backward = [max(b, regather if plan.reshard_after_forward else 0.0)
+                    for b in backward]
+    actions = [rank_actions(lp, r) for r in range(lp.pp)]
+    t = run_pipeline(actions, forward_s=forward, backward_s=backward, send_s=work.send_s)
+    ends = [t.spans[r][-1][2] + work.tail_s[r] for r in range(lp.pp)]
+    step = max(work.head_s) + max(ends)
+    slowest = max(range(lp.pp), key=lambda r: ends[r])
+    if plan.pp > 1:
+        peak = max(sum(m.values()) for m in work.memory_bytes) + local.buffer_bytes
+    else:
+        # The floor, and the unsharded gradients FSDP2 accumulates across micro-batches
+        # (kept until the last one reduces them).
+        grads = local.num_params * (dtype_bytes(plan.reduce_dtype) if plan.grad_accum > 1
+                                    else 0)
+        peak = sum(memory_floor_bytes(model, plan).values()) + grads
+    return Estimate(plan=plan, step_time_s=step, peak_bytes=peak, hbm_bytes=hw.hbm_bytes,
+                    bubble_fraction=t.bubble_fraction(slowest) if plan.pp > 1 else 0.0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParallelChoice:
+    """A factorization after both stages: its estimate, and its Result when simulated."""
+
+    estimate: Estimate
+    result: Result | None
+
+    @property
+    def plan(self) -> Plan:
+        return self.estimate.plan
+
+    @property
+    def fits(self) -> bool:
+        return self.result.fits if self.result is not None else self.estimate.fits
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float | None:
+        if self.result is not None:
+            return self.result.tokens_per_s_per_gpu
+        return self.estimate.tokens_per_s_per_gpu if self.estimate.fits else None
+
+    @property
+    def peak_bytes(self) -> float:
+        return float(self.result.peak_memory_bytes if self.result is not None
+                     else self.estimate.peak_bytes)
+
+
+def choose_parallel(model: ModelSpec, hw: HardwareProfile, plans: list[Plan], *,
+                    top: int = TOP) -> list[ParallelChoice]:
+    """Estimate every plan, simulate the fastest fitting estimates until `top` of them fit
+    (at most ROUNDS x `top` simulations), rank: the simulated fitting plans by simulated
+    throughput, then the other fitting estimates by estimated throughput, then the rest
+    by peak. Ties keep the order of `plans`."""
+    estimates = [estimate(model, hw, p) for p in plans]
+    # A pipeline's simulation is the replay its estimate already ran: every fitting PP
+    # plan gets its Result. Without PP the engine runs the fastest fitting estimates.
+    results: dict[int, Result] = {
+        id(e): simulate(model, hw, e.plan) for e in estimates if e.plan.pp > 1 and e.fits}
+    fitting = sorted((e for e in estimates if e.fits and e.plan.pp == 1),
+                     key=lambda e: -e.tokens_per_s_per_gpu)
+    # The floor is a lower bound: simulate in rounds of `top` until `top` fit (at most
+    # ROUNDS rounds), so the recommendation is a simulated plan.
+    engine: dict[int, Result] = {}
+    for start in range(0, min(len(fitting), ROUNDS * top), top):
+        batch = fitting[start:start + top]
+        engine.update(zip((id(e) for e in batch),
+                          simulate_all(model, hw, [e.plan for e in batch]), strict=True))
+        if sum(r.fits for r in engine.values()) >= top:
+            break
+    results.update(engine)
+    choices = [ParallelChoice(estimate=e, result=results.get(id(e))) for e in estimates]
+
+    def key(c: ParallelChoice) -> tuple[int, float]:
+        if c.fits and c.result is not None:
+            return (0, -(c.tokens_per_s_per_gpu or 0.0))
+        if c.fits:
+            return (1, -(c.tokens_per_s_per_gpu or 0.0))
+        return (2, c.peak_bytes)
+
+    return sorted(choices, key=key)
+
+
+def explain_parallel(choice: ParallelChoice, best: ParallelChoice) -> str:
+    """One line on why `choice` loses to `best` (or "recommended")."""
+    if choice is best and choice.fits:
+        return "recommended"
+    if not choice.fits:
+        return (f"does not fit: peak {choice.peak_bytes / GiB:.1f} GiB > "
+                f"{choice.estimate.hbm_bytes / GiB:.1f} GiB HBM")
+    mine, theirs = choice.tokens_per_s_per_gpu or 0.0, best.tokens_per_s_per_gpu or 0.0
+    slower = theirs / mine - 1 if mine else math.inf
+    if choice.result is None and slower <= 0:
+        return (f"estimated {-slower:.1%} faster, not simulated: ranked after the "
+                f"simulated plans")
+    p, b = choice.plan, best.plan
+    causes = []
+    if choice.estimate.bubble_fraction > best.estimate.bubble_fraction + 0.01:
+        causes.append(f"pipeline bubble {choice.estimate.bubble_fraction:.0%}")
+    if p.recompute != b.recompute and p.recompute != "none":
+        causes.append(f"recomputation ({p.recompute})")
+    r, rb = choice.result, best.result
+    if r is not None and rb is not None:
+        more = (r.exposed_comm_s or 0.0) - (rb.exposed_comm_s or 0.0)
+        if more > 0.001 * (rb.step_time_s or 0.0):
+            causes.append(f"{more:.3f} s more exposed communication")
+        work, best_work = _compute_per_token_s(r), _compute_per_token_s(rb)
+        if work > best_work * 1.01:
+            causes.append(f"{work / best_work - 1:.0%} more compute per token")
+    where = "simulated" if choice.result is not None else "estimated"
+    return f"slower by {slower:.1%} ({where})" + (f": {', '.join(causes)}" if causes else "")
+
+
+def _compute_per_token_s(r: Result) -> float:
+    """Compute-stream busy time per token a GPU trains (TP/CP collectives that block it
+    and recomputation included)."""
+    tokens = (r.tokens_per_s_per_gpu or 0.0) * (r.step_time_s or 0.0)
+    return (r.compute_time_s or 0.0) / tokens if tokens else 0.0
+
+
+def parallel_record(choice: ParallelChoice, best: ParallelChoice) -> dict[str, object]:
+    """One flat row, units in the keys."""
+    p, e, r = choice.plan, choice.estimate, choice.result
+    step = r.step_time_s if r is not None else (e.step_time_s if e.fits else None)
+    tps = choice.tokens_per_s_per_gpu
+    return {
+        "plan": p.label, "tp": p.tp, "cp": p.cp, "pp": p.pp,
+        "pp_schedule": p.pp_schedule if p.pp > 1 else "-",
+        "dp_shard": p.dp_shard, "dp_replicate": p.dp_replicate, "recompute": p.recompute,
+        "micro_batch": p.micro_batch, "grad_accum": p.grad_accum,
+        "evaluated": "simulated" if r is not None else "estimate",
+        "fits": choice.fits, "peak_gib": round(choice.peak_bytes / GiB, 2),
+        "step_time_s": None if step is None else round(step, 3),
+        "tokens_per_s_per_gpu": None if tps is None else round(tps, 1),
+        "mfu": None if r is None or r.mfu is None else round(r.mfu, 4),
+        "bubble_fraction": round(e.bubble_fraction, 3),
+        "why": explain_parallel(choice, best),
+    }

@@ -1,0 +1,171 @@
+"""The work of each pipeline stage and what each pipeline rank holds: one micro-batch's
+forward and backward time per stage, the point-to-point send between stages, the
+data-parallel work before and after a rank's pipeline, and each rank's memory by
+category. zsim.engine.pipeline replays the stages in a schedule's order
+(zsim.schedule.pipeline); zsim.simulate assembles the Result. Never simulates.
+
+As torchtitan runs pipeline parallelism with FSDP2 (torchtitan/distributed/
+pipeline_parallel.py, parallelize.py):
+- A stage holds num_layers / (pp x virtual stages) consecutive blocks; the first stage
+  also the token embedding, the last the final norm, output projection and loss.
+- Its kernels are those of the plan's program on the rank's TP shard of the model
+  (zsim.schedule.build: a block's forward and backward, recomputation included, the
+  output projection and loss), and its TP collectives per block (zsim.schedule.build
+  TP_ENTER, TP_EXIT) block them, or with async TP overlap them (the excess is
+  exposed).
+- FSDP2 inside a stage keeps the parameters gathered across micro-batches
+  (reshard_after_forward False with PP, torchtitan's default) and reduces gradients once,
+  after the last micro-batch (the stage sets requires_gradient_sync on its last
+  backward): a rank all-gathers each unit once per step and reduce-scatters it once.
+  Only the first unit's all-gather (before the first forward) and the last unit's
+  reduce-scatter (after the last backward), then the optimizer step, are on the rank's
+  critical path here; the other units' collectives are taken as hidden behind the
+  pipeline's compute (not replayed on shared links).
+- Activations: each forward keeps its micro-batch's saved tensors until the backward
+  (zsim.schedule.pipeline.peak_in_flight weighs each stage's micro-batch by them); a
+  backward's working set on top.
+- A send carries one micro-batch's activations (b x s x d in the compute dtype; its
+  sequence shard with SP) over the pipeline hop's link (zsim.analytic.placement).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from zsim.analytic.collectives import collective_time_s
+from zsim.analytic.compute import head_backward_flops, head_forward_flops, optimizer_flops
+from zsim.analytic.memory import optimizer_bytes_per_param
+from zsim.analytic.placement import pipeline_hop_crosses_nodes, place
+from zsim.schedule.build import TP_ENTER, TP_EXIT, Builder, activation_sizes
+from zsim.schedule.pipeline import num_stages, peak_in_flight, rank_actions, rank_stages
+from zsim.schedule.programs.fsdp2 import shard_elems
+from zsim.spec.hardware import HardwareProfile
+from zsim.spec.model import ModelSpec
+from zsim.spec.plan import Plan
+from zsim.units import dtype_bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineWork:
+    """Per-stage times and per-rank extras of one pipeline step."""
+
+    forward_s: list[float]
+    """Per stage, one micro-batch's forward."""
+    backward_s: list[float]
+    """Per stage, one micro-batch's backward (recomputation included)."""
+    send_s: float
+    """One point-to-point send between neighbouring stages."""
+    head_s: list[float]
+    """Per rank, work before its first forward (its first unit's all-gather)."""
+    tail_s: list[float]
+    """Per rank, work after its last backward (last unit's reduce-scatter, the HSDP
+    all-reduce, the optimizer step)."""
+    memory_bytes: list[dict[str, float]]
+    """Per rank, bytes by memory category at its peak."""
+    in_flight: list[float]
+    """Per rank, the most micro-batches (in stages' worth of its layers) it holds."""
+    tp_bytes_per_rank: float
+    """TP collective bytes (bus) one rank moves per step."""
+    gather_s: float
+    """One all-gather of all of a rank's units over the shard group, each running alone
+    (what FSDP2 re-gathers per micro-batch without PP, per pass)."""
+
+
+def _tp_time_s(b: Builder, phase: str, boundaries: tuple[dict[tuple[bool, str],
+                                                              tuple[str, ...]], ...],
+               regions: int) -> float:
+    """Time of the TP collectives of `regions` regions in `phase`, each running alone."""
+    p = b.plan
+    if p.tp == 1:
+        return 0.0
+    size = p.micro_batch * p.seq_len * b.model.d_model * b.a
+    return regions * sum(collective_time_s(kind, size, b.tp, b.hw)
+                         for boundary in boundaries for kind in boundary[(p.sp, phase)])
+
+
+def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> PipelineWork:
+    """The work of every stage and rank of `plan` (pp > 1) on the rank's TP shard
+    `model` (zsim.schedule.lower.rank_model)."""
+    p = plan
+    acts = activation_sizes(model, p, autocast=False)
+    b = Builder(model, hw, p, acts=acts)
+    n_stages = num_stages(p)
+    layers = model.num_layers // n_stages
+    both = (TP_ENTER, TP_EXIT)
+    block_f, block_b = b.compute(b.block_fwd), b.compute(b.block_bwd)
+    tp_f = _tp_time_s(b, "forward", both, 2)
+    tp_b = _tp_time_s(b, "backward", both, 2) + (tp_f if p.recompute == "full" else 0.0)
+    if p.async_tp:  # overlapped with the block's kernels: only the excess shows
+        tp_f, tp_b = max(0.0, tp_f - block_f), max(0.0, tp_b - block_b)
+    kw = dict(micro_batch=p.micro_batch, seq_len=p.seq_len, act_bytes=b.a)
+    head_f = b.compute(head_forward_flops(model, **kw))
+    head_b = b.compute(head_backward_flops(model, **kw))
+    forward, backward = [], []
+    for s in range(n_stages):
+        f = layers * (block_f + tp_f)
+        bw = layers * (block_b + tp_b)
+        if s == 0:
+            f += _tp_time_s(b, "forward", (TP_EXIT,), 1)
+            bw += _tp_time_s(b, "backward", (TP_EXIT,), 1)
+        if s == n_stages - 1:
+            f += head_f + _tp_time_s(b, "forward", (TP_ENTER,), 1)
+            bw += head_b + _tp_time_s(b, "backward", (TP_ENTER,), 1)
+        forward.append(f)
+        backward.append(bw)
+    send_bytes = p.micro_batch * p.seq_len * model.d_model * b.a / (p.tp if p.sp else 1)
+    link = hw.inter_node if pipeline_hop_crosses_nodes(p, hw) else hw.intra_node
+    send_s = link.latency_s + send_bytes / link.achievable_bytes_per_s
+    placement = place(p, hw)
+    shard, repl = placement.group("dp_shard"), placement.group("dp_replicate")
+    block_shapes = [s for _, s in model.block_tensors()]
+    unit_shard = p.unit_size * shard_elems(block_shapes, p.dp_shard)
+    unit_gathered = unit_shard * p.dp_shard
+    a, r = b.a, dtype_bytes(p.reduce_dtype)
+    at_rest = dtype_bytes(p.master_dtype if p.has_master_copy else p.param_dtype)
+    first_ag = collective_time_s("all_gather", unit_gathered * a, shard, hw)
+    last_rs = (collective_time_s("reduce_scatter", unit_gathered * r, shard, hw)
+               + collective_time_s("all_reduce", unit_shard * r, repl, hw))
+    head_s, tail_s, memory, in_flight = [], [], [], []
+    tp_bus = 0.0
+    for rank in range(p.pp):
+        stages = rank_stages(p, rank)
+        shapes = block_shapes * (layers * len(stages))
+        roots = [t for t in model.root_tensors()
+                 if (0 in stages and "embeddings" in t[0])
+                 or (n_stages - 1 in stages and "embeddings" not in t[0])]
+        shapes += [s for _, s in roots]
+        local = shard_elems(shapes, p.dp_shard)
+        params = sum(math.prod(s) for s in shapes)
+        # Foreach AdamW over the rank's shard (zsim.analytic.compute.optimizer_flops).
+        opt = b.compute(optimizer_flops(
+            local, optimizer=p.optimizer, tensors=len(shapes), master_bytes=at_rest,
+            state_bytes_per_param=optimizer_bytes_per_param(p), grad_bytes=at_rest,
+            param_copy_bytes=a if p.has_master_copy else 0))
+        head_s.append(first_ag)
+        tail_s.append(last_rs + opt)
+        saved = {s: layers * acts.saved_per_block
+                 + (acts.root_saved if s == n_stages - 1 else 0) for s in stages}
+        actions = rank_actions(p, rank)
+        held = peak_in_flight(actions, weight=lambda s, saved=saved: saved[s])
+        in_flight.append(peak_in_flight(actions) / len(stages))
+        mem = {
+            "master_params" if p.has_master_copy else "params": float(local * at_rest),
+            "optimizer_states": local * optimizer_bytes_per_param(p),
+            "gathered_params": float(local * p.dp_shard * a),
+            "gathered_grads": float(params * (a if p.grad_accum == 1 else r)),
+            "activations": held + acts.block_transient
+            + (acts.loss_working if n_stages - 1 in stages else 0),
+        }
+        memory.append(mem)
+    if p.tp > 1:
+        size = p.micro_batch * p.seq_len * model.d_model * a
+        calls = 2 * layers * len(rank_stages(p, 0)) * p.grad_accum
+        kinds = [k for phase in ("forward", "backward") for bd in both
+                 for k in bd[(p.sp, phase)]]
+        tp_bus = calls * sum((2.0 if k == "all_reduce" else 1.0) * (p.tp - 1) / p.tp * size
+                             for k in kinds)
+    units = max(1, layers * len(rank_stages(p, 0)) // p.unit_size)
+    return PipelineWork(forward_s=forward, backward_s=backward, send_s=send_s, head_s=head_s,
+                        tail_s=tail_s, memory_bytes=memory, in_flight=in_flight,
+                        tp_bytes_per_rank=tp_bus, gather_s=units * first_ag)
