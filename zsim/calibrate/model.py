@@ -77,9 +77,10 @@ class Attention(nn.Module):
                 ) -> torch.Tensor:
         spec = self.spec
         b, s, _ = x.shape
-        q = self.wq(x).view(b, s, spec.num_heads, spec.head_dim).transpose(1, 2)
-        k = self.wk(x).view(b, s, spec.num_kv_heads, spec.head_dim).transpose(1, 2)
-        v = self.wv(x).view(b, s, spec.num_kv_heads, spec.head_dim).transpose(1, 2)
+        # Heads as -1: under tensor parallelism a rank holds 1/tp of them (torchtitan).
+        q = self.wq(x).view(b, s, -1, spec.head_dim).transpose(1, 2)
+        k = self.wk(x).view(b, s, -1, spec.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, s, -1, spec.head_dim).transpose(1, 2)
         if rope is not None:
             cos, sin = rope
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)
@@ -90,7 +91,7 @@ class Attention(nn.Module):
             v = v.repeat_interleave(groups, dim=1)
         with _sdpa_context(spec):
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        return self.wo(out.transpose(1, 2).reshape(b, s, spec.d_model))
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,7 @@ backward and optimizer calls, and the choice of library by Plan.impl.
 Owns `Prepared` (a model with a plan applied: the module to call, how to back-propagate
 and step, what to synchronise), `prepare` (dispatch to zsim.calibrate.fsdp2 for DDP and
 FSDP2, zsim.calibrate.fsdp1 for FSDP1, zsim.calibrate.deepspeed_zero for DeepSpeed) and
-the step itself. Imports
+the step itself. Plans with tp > 1 go to zsim.calibrate.tensor_parallel. Imports
 torch.
 """
 
@@ -54,7 +54,11 @@ def check_plan(plan: Plan, world_size: int, spec: ModelSpec) -> None:
         ConfigError: see the check_plan of zsim.calibrate.fsdp2, zsim.calibrate.fsdp1
             and zsim.calibrate.deepspeed_zero.
     """
-    if plan.impl == "deepspeed":
+    if plan.tp > 1:
+        from zsim.calibrate import tensor_parallel
+
+        tensor_parallel.check_plan(plan, world_size, spec)
+    elif plan.impl == "deepspeed":
         from zsim.calibrate import deepspeed_zero
 
         deepspeed_zero.check_plan(plan, world_size, spec)
@@ -70,6 +74,10 @@ def check_plan(plan: Plan, world_size: int, spec: ModelSpec) -> None:
 
 def prepare(spec: ModelSpec, plan: Plan, *, device: str, world_size: int) -> Prepared:
     """Build the model on `device` and apply `plan` with the library it names."""
+    if plan.tp > 1:
+        from zsim.calibrate import tensor_parallel
+
+        return tensor_parallel.prepare(spec, plan, device=device, world_size=world_size)
     if plan.impl == "deepspeed":
         from zsim.calibrate import deepspeed_zero
 
@@ -83,10 +91,17 @@ def prepare(spec: ModelSpec, plan: Plan, *, device: str, world_size: int) -> Pre
     return fsdp2.prepare(spec, plan, device=device, world_size=world_size)
 
 
+def data_rank(plan: Plan, rank: int) -> int:
+    """The data-parallel rank of global rank `rank`: ranks are laid out as torchtitan's
+    mesh (pp, dp, tp), outermost first, and every rank of one TP group or pipeline sees
+    the same data."""
+    return (rank // plan.tp) % plan.dp_degree
+
+
 def batches(spec: ModelSpec, plan: Plan, *, device: str, rank: int,
             step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The micro-batches of one step for one rank: random tokens and labels, seeded by
-    (rank, step) so ranks see different data, as in data parallelism."""
+    """The micro-batches of one step for one data-parallel rank (see data_rank): random
+    tokens and labels, seeded by (rank, step) so data-parallel ranks see different data."""
     g = torch.Generator().manual_seed(1_000_003 * step + rank)
     out = []
     for _ in range(plan.grad_accum):

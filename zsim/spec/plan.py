@@ -44,6 +44,8 @@ Optimizer = Literal["adamw", "sgd", "adamw8bit"]
 Offload = Literal["none", "optimizer", "params"]
 Precision = Literal["bf16", "fp16", "fp32", "tf32", "fp8"]
 Impl = Literal["torch", "fsdp2", "fsdp1", "deepspeed"]
+PipelineSchedule = Literal["1f1b", "interleaved", "gpipe"]
+PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
 IMPLS: dict[str, tuple[str, ...]] = {
     "ddp": ("torch",),
     "zero1": ("deepspeed", "torch"),
@@ -83,6 +85,14 @@ class Plan:
     """Tensor-parallel degree (1 means disabled)."""
     pp: int = 1
     """Pipeline-parallel degree (1 means disabled)."""
+    sp: bool = False
+    """Sequence parallelism with TP (Korthikanti et al. 2022): the norms and residual
+    stream sharded on the sequence over the TP group, all-gather before and
+    reduce-scatter after each attention and MLP instead of all-reduces; needs tp > 1."""
+    pp_schedule: PipelineSchedule = "1f1b"
+    """Pipeline schedule (torch.distributed.pipelining): 1f1b (Schedule1F1B), interleaved
+    (ScheduleInterleaved1F1B) or gpipe (ScheduleGPipe); the pipeline's micro-batches are
+    `grad_accum`."""
     micro_batch: int = 1
     """Sequences per micro-batch per data-parallel rank."""
     grad_accum: int = 1
@@ -141,8 +151,15 @@ class Plan:
             raise ConfigError("plan.prefetch", self.prefetch, "must be an integer >= 0")
         if not isinstance(self.tf32, bool):
             raise ConfigError("plan.tf32", self.tf32, "must be true or false")
-        if not isinstance(self.fp8, bool):
-            raise ConfigError("plan.fp8", self.fp8, "must be true or false")
+        for f in ("fp8", "sp"):
+            if not isinstance(getattr(self, f), bool):
+                raise ConfigError(f"plan.{f}", getattr(self, f), "must be true or false")
+        if self.sp and self.tp == 1:
+            raise ConfigError("plan.sp", self.sp,
+                              "sequence parallelism shards over the TP group: needs tp > 1")
+        if self.pp_schedule not in PIPELINE_SCHEDULES:
+            raise ConfigError("plan.pp_schedule", self.pp_schedule,
+                              f"must be one of {', '.join(PIPELINE_SCHEDULES)}")
         if self.fp8 and self.param_dtype != "bf16":
             raise ConfigError("plan.fp8", self.fp8,
                               f"fp8 linears train bf16 parameters, not {self.param_dtype}")
@@ -265,7 +282,19 @@ class Plan:
         deg = f"({self.dp_shard}x{self.dp_replicate})" if self.strategy == "hsdp" else ""
         impl = f"[{self.impl}]" if self.impl != IMPLS[self.strategy][0] else ""
         extra = f" offload={self.offload}" if self.offload != "none" else ""
-        return f"{self.strategy}{deg}{impl} ac={self.recompute} mb={self.micro_batch}{extra}"
+        return (f"{self.strategy}{deg}{impl}{self.parallel_label} ac={self.recompute} "
+                f"mb={self.micro_batch}{extra}")
+
+    @property
+    def parallel_label(self) -> str:
+        """The model-parallel axes in a label, e.g. " tp=8+sp pp=4(1f1b)"; empty for a
+        purely data-parallel plan."""
+        out = ""
+        if self.tp > 1:
+            out += f" tp={self.tp}" + ("+sp" if self.sp else "")
+        if self.pp > 1:
+            out += f" pp={self.pp}({self.pp_schedule})"
+        return out
 
     def with_(self, **changes: Any) -> Plan:
         return replace(self, **changes)
