@@ -93,7 +93,7 @@ def validate(model: ModelSpec, plan: Plan, *, nproc: int, profile: HardwareProfi
         profile: the hardware profile the simulator uses (a calibrated one).
         steps: timed steps of the real run, at least.
         min_timed_s: time more steps if `steps` would take less than this, seconds.
-        out_dir: folder to write `<model>-<strategy>-n<nproc>.csv` to; None writes
+        out_dir: folder to write the rows to as a CSV (named by csv_name); None writes
             nothing.
 
     Returns:
@@ -113,8 +113,11 @@ def validate(model: ModelSpec, plan: Plan, *, nproc: int, profile: HardwareProfi
 
 
 def csv_name(spec: ModelSpec, plan: Plan) -> str:
-    """File name of one validation's rows: `<model>-<strategy>-n<world size>.csv`."""
-    return f"{_slug(spec.name)}-{plan.strategy}-n{plan.world_size}.csv"
+    """File name of one validation's rows: `<model>-<strategy>[-tp<T>[-sp]][-pp<P>-<pipeline
+    schedule>]-n<world size>.csv`."""
+    parallel = ((f"-tp{plan.tp}" + ("-sp" if plan.sp else "") if plan.tp > 1 else "")
+                + (f"-pp{plan.pp}-{plan.pp_schedule}" if plan.pp > 1 else ""))
+    return f"{_slug(spec.name)}-{plan.strategy}{parallel}-n{plan.world_size}.csv"
 
 
 def predicted_activation_bytes(spec: ModelSpec, plan: Plan) -> tuple[int, int]:
