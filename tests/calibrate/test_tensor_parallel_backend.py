@@ -6,6 +6,7 @@ out here from the model's shapes: which weights torchtitan's plan shards, on whi
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -42,9 +43,16 @@ def _local_shapes(spec: ModelSpec, tp: int) -> list[tuple[int, ...]]:
 
 
 def _fsdp_numel(shape: tuple[int, ...], dp: int) -> int:
-    """Elements of one FSDP2 shard of a tensor of `shape`: dim 0 split in ceil(n/dp)
-    rows (fully_shard pads dim 0 to a multiple of dp)."""
+    """Elements of the storage of one FSDP2 shard of a tensor of `shape`: dim 0 split in
+    ceil(n/dp) rows on every rank (fully_shard pads dim 0 to a multiple of dp)."""
     return -(-shape[0] // dp) * math.prod(shape[1:])
+
+
+def _fsdp_real_numel(shape: tuple[int, ...], dp: int, dp_rank: int) -> int:
+    """Elements of the shard itself, without the padding: the rows of dim 0 that fall on
+    `dp_rank` (what the sharded parameter's local tensor, and so AdamW's state, holds)."""
+    rows = -(-shape[0] // dp)
+    return max(0, min(rows, shape[0] - dp_rank * rows)) * math.prod(shape[1:])
 
 
 def _block_saved_bf16(spec: ModelSpec, b: int, s: int, tp: int) -> int:
@@ -78,10 +86,12 @@ def _block_saved_autocast(spec: ModelSpec, b: int, s: int, tp: int, *, sp: bool)
     return weights + 2 * norm + casts + attention + mlp
 
 
-def _check_common(m: PlanMeasurement, *, param_bytes: int, autocast: bool) -> None:
+def _check_common(m: PlanMeasurement, *, param_bytes: int, moment_bytes: list[int],
+                  autocast: bool) -> None:
     """Finite losses equal within each TP group (one data shard per group), model state
-    at rest = parameters + RoPE tables, AdamW adds two fp32 moments and a step each;
-    `autocast`: fp32 parameters under bf16 autocast (TP without FSDP)."""
+    at rest = parameters + RoPE tables, AdamW adds two fp32 moments (`moment_bytes` per
+    rank each) and a step per tensor; `autocast`: fp32 parameters under bf16 autocast
+    (TP without FSDP)."""
     tp = m.plan.tp
     for group in range(len(m.ranks) // tp):
         losses = {m.ranks[group * tp + i].loss for i in range(tp)}
@@ -89,7 +99,7 @@ def _check_common(m: PlanMeasurement, *, param_bytes: int, autocast: bool) -> No
     for r in m.ranks:
         assert 0 <= r.memory.after_init_bytes - (param_bytes + ROPE_BYTES) <= BOOKKEEPING_BYTES
         assert r.memory.after_first_step_bytes - r.memory.after_init_bytes == \
-            2 * param_bytes + 4 * N_TENSORS
+            2 * moment_bytes[r.rank] + 4 * N_TENSORS
         assert r.memory.peak_bytes > r.memory.after_first_step_bytes
     # The rotary tables are saved first inside layers.0: cast once per step to bf16 (S
     # rows), or under autocast (an fp32 residual stream) the fp32 buffers themselves.
@@ -102,7 +112,8 @@ def test_tp2_shards_the_projections_and_saves_a_tp_slice_of_attention_and_mlp() 
     plan = Plan(strategy="ddp", dp_shard=1, tp=TP, seq_len=S, micro_batch=B)
     m = measure_plan(TINY, plan, nproc=TP, steps=1)
     param_bytes = 4 * sum(math.prod(s) for s in _local_shapes(TINY, TP))
-    _check_common(m, param_bytes=param_bytes, autocast=True)
+    _check_common(m, param_bytes=param_bytes, moment_bytes=[param_bytes] * TP,
+                  autocast=True)
     assert m.saved_block_bytes("layers.1") == _block_saved_autocast(TINY, B, S, TP, sp=False)
     # Row-wise outputs and the embedding lookup all-reduce; the logits all-gather.
     assert set(m.ranks[0].collective_busy_s) == {"all_reduce", "all_gather"}
@@ -114,19 +125,29 @@ def test_tp2_with_sequence_parallelism_shards_the_norms_on_the_sequence() -> Non
     plan = Plan(strategy="ddp", dp_shard=1, tp=TP, sp=True, seq_len=S, micro_batch=B)
     m = measure_plan(TINY, plan, nproc=TP, steps=1)
     param_bytes = 4 * sum(math.prod(s) for s in _local_shapes(TINY, TP))
-    _check_common(m, param_bytes=param_bytes, autocast=True)
+    _check_common(m, param_bytes=param_bytes, moment_bytes=[param_bytes] * TP,
+                  autocast=True)
     assert m.saved_block_bytes("layers.1") == _block_saved_autocast(TINY, B, S, TP, sp=True)
 
 
 @pytest.mark.slow
 def test_fsdp2_x_tp2_on_a_2d_mesh_halves_the_tp_shards_again() -> None:
+    # An MLP 346 wide: each TP rank's w1 and w3 have 173 rows, which fully_shard pads
+    # to 2 x 87 over the dp axis.
+    spec = replace(TINY, ffn_hidden=346)
     plan = Plan(strategy="fsdp", dp_shard=2, tp=TP, seq_len=S, micro_batch=B)
-    m = measure_plan(TINY, plan, nproc=4, steps=1)
-    param_bytes = 4 * sum(_fsdp_numel(s, 2) for s in _local_shapes(TINY, TP))
-    _check_common(m, param_bytes=param_bytes, autocast=False)
+    m = measure_plan(spec, plan, nproc=4, steps=1)
+    shapes = _local_shapes(spec, TP)
+    param_bytes = 4 * sum(_fsdp_numel(s, 2) for s in shapes)
+    # Mesh (dp, tp): ranks 0, 1 are dp rank 0, ranks 2, 3 dp rank 1, which holds 86 real
+    # rows of w1 and w3 and a padding row its optimizer state does not mirror.
+    moments = [4 * sum(_fsdp_real_numel(s, 2, rank // TP) for s in shapes)
+               for rank in range(4)]
+    assert moments[0] == param_bytes > moments[2]
+    _check_common(m, param_bytes=param_bytes, moment_bytes=moments, autocast=False)
     # The two data-parallel groups (ranks 0-1 and 2-3) train on different data.
     assert m.ranks[0].loss != m.ranks[2].loss
-    assert m.saved_block_bytes("layers.1") == _block_saved_bf16(TINY, B, S, TP)
+    assert m.saved_block_bytes("layers.1") == _block_saved_bf16(spec, B, S, TP)
 
 
 @pytest.mark.parametrize(("plan", "field"), [
