@@ -37,15 +37,17 @@ def _rows(report: Path = REPORT) -> list[dict[str, str]]:
 
 
 def _over_bound(rows: list[dict[str, str]], metric: str) -> list[str]:
-    """The rows of `metric` whose |error| exceeds its bound, named."""
+    """The rows of `metric` whose |error| exceeds its bound, named (rows without a
+    prediction, whose error is empty, are not compared)."""
     return [f"{r['model']} {r['plan']} n={r['nproc']}: {float(r['error_pct']):+.1f}%"
             for r in rows
-            if r["metric"] == metric and abs(float(r["error_pct"])) > BOUNDS_PCT[metric]]
+            if r["metric"] == metric and r["error_pct"] != ""
+            and abs(float(r["error_pct"])) > BOUNDS_PCT[metric]]
 
 
 @pytest.mark.parametrize("metric", list(BOUNDS_PCT))
 def test_committed_rows_within_bound(metric: str) -> None:
-    rows = [r for r in _rows() if r["metric"] == metric]
+    rows = [r for r in _rows() if r["metric"] == metric and r["error_pct"] != ""]
     assert len(rows) >= 8, f"the report needs >= 8 plans for {metric}"
     over = _over_bound(rows, metric)
     assert not over, f"{metric} above {BOUNDS_PCT[metric]}%: " + "; ".join(over)
@@ -73,3 +75,13 @@ def test_library_programs_have_rows(program: str) -> None:
                        if (r["model"], r["plan"], r["nproc"]) == (model, program, nproc)}
             assert {"peak_memory_bytes", "state_memory_bytes", "activation_bytes_blocks",
                     "activation_bytes_root"} <= metrics, (model, program, nproc)
+
+
+def test_rows_without_a_prediction_say_why() -> None:
+    """Cases the simulator does not model yet (tensor and pipeline parallelism) have
+    measured-only rows: empty predicted and error_pct, and a note giving the reason."""
+    for r in _rows():
+        assert (r["predicted"] == "") == (r["error_pct"] == ""), r
+        if r["predicted"] == "":
+            assert r.get("note", "").startswith("not simulated: "), r
+            assert float(r["measured"]) > 0, r

@@ -118,8 +118,8 @@ def prepare(spec: ModelSpec, plan: Plan, *, device: str, world_size: int) -> Pre
         else:
             optimizer = torch.optim.AdamW(params, lr=LEARNING_RATE, foreach=True)
         dtype = TORCH_DTYPES[plan.param_dtype]
-        return Prepared(model=model, inner=inner, units=_units(inner), backward=_backward,
-                        step=_stepper(optimizer), sync=_syncer(model),
+        return Prepared(model=model, inner=inner, units=units_of(inner),
+                        backward=backward_loss, step=stepper(optimizer), sync=syncer(model),
                         autocast_dtype=None if dtype == torch.float32 else dtype)
     with torch.device("meta"):
         inner = Transformer(spec)
@@ -127,26 +127,33 @@ def prepare(spec: ModelSpec, plan: Plan, *, device: str, world_size: int) -> Pre
     _shard(inner, plan, device)
     # CPUOffloadPolicy wants its shards materialised on the host (FSDP2 moves each
     # gathered unit to the device itself); everything else lives on the device.
-    inner.to_empty(device="cpu" if plan.offload == "params" else device)
-    with warnings.catch_warnings():
-        # DTensor warns that its RNG is untested on CPU meshes; init needs no exact stream.
-        warnings.filterwarnings("ignore", message="DTensor random operators")
-        inner.init_weights()
+    materialise(inner, "cpu" if plan.offload == "params" else device)
     if plan.offload == "params":
         # Module buffers (the RoPE tables) are no FSDP state: they go to the device.
         for module in inner.modules():
             for name, buf in list(module.named_buffers(recurse=False)):
                 setattr(module, name, buf.to(device))
     optimizer = torch.optim.AdamW(inner.parameters(), lr=LEARNING_RATE, foreach=True)
-    return Prepared(model=inner, inner=inner, units=_units(inner), backward=_backward,
-                    step=_stepper(optimizer), sync=_syncer(inner))
+    return Prepared(model=inner, inner=inner, units=units_of(inner), backward=backward_loss,
+                    step=stepper(optimizer), sync=syncer(inner))
 
 
-def _backward(loss: torch.Tensor, last: bool) -> None:
+def materialise(inner: Transformer, device: str) -> None:
+    """Allocate a model built on the meta device (and sharded there) on `device`, and
+    initialise its weights, DTensor shards included."""
+    inner.to_empty(device=device)
+    with warnings.catch_warnings():
+        # DTensor warns that its RNG is untested on CPU meshes; init needs no exact stream.
+        warnings.filterwarnings("ignore", message="DTensor random operators")
+        inner.init_weights()
+
+
+def backward_loss(loss: torch.Tensor, last: bool) -> None:
+    """Back-propagate one micro-batch's loss (`last` unused: autograd alone)."""
     loss.backward()
 
 
-def _stepper(optimizer: torch.optim.Optimizer) -> Callable[[], None]:
+def stepper(optimizer: torch.optim.Optimizer) -> Callable[[], None]:
     """AdamW on the local shards; gradients set to None."""
     def step() -> None:
         optimizer.step()
@@ -155,7 +162,7 @@ def _stepper(optimizer: torch.optim.Optimizer) -> Callable[[], None]:
     return step
 
 
-def _syncer(model: nn.Module) -> Callable[[bool], AbstractContextManager[Any]]:
+def syncer(model: nn.Module) -> Callable[[bool], AbstractContextManager[Any]]:
     """Gradient synchronisation only on the last micro-batch (FSDP2's
     set_requires_gradient_sync, DDP's no_sync)."""
     @contextmanager
@@ -172,7 +179,8 @@ def _syncer(model: nn.Module) -> Callable[[bool], AbstractContextManager[Any]]:
     return sync
 
 
-def _units(inner: Transformer) -> dict[str, nn.Module]:
+def units_of(inner: Transformer) -> dict[str, nn.Module]:
+    """Timing scopes of the model: "layers.<i>" per block, then "root"."""
     units: dict[str, nn.Module] = {f"layers.{i}": b for i, b in enumerate(inner.layers)}
     units["root"] = inner
     return units

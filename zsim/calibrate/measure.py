@@ -165,6 +165,8 @@ def record_saved_tensors(model: nn.Module, block_names: list[str]) -> Iterator[l
         return any(_local(p).untyped_storage() is st for p in model.parameters())
 
     def note(t: torch.Tensor, producer: str | None = None) -> None:
+        # A DTensor (tensor parallelism saves them inside its linears) by its local shard.
+        t = _local(t)
         st = t.untyped_storage()
         if st in seen or st.device.type == "meta" or is_param(st):
             return

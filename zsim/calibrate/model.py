@@ -77,9 +77,10 @@ class Attention(nn.Module):
                 ) -> torch.Tensor:
         spec = self.spec
         b, s, _ = x.shape
-        q = self.wq(x).view(b, s, spec.num_heads, spec.head_dim).transpose(1, 2)
-        k = self.wk(x).view(b, s, spec.num_kv_heads, spec.head_dim).transpose(1, 2)
-        v = self.wv(x).view(b, s, spec.num_kv_heads, spec.head_dim).transpose(1, 2)
+        # Heads as -1: under tensor parallelism a rank holds 1/tp of them (torchtitan).
+        q = self.wq(x).view(b, s, -1, spec.head_dim).transpose(1, 2)
+        k = self.wk(x).view(b, s, -1, spec.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, s, -1, spec.head_dim).transpose(1, 2)
         if rope is not None:
             cos, sin = rope
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)
@@ -90,7 +91,7 @@ class Attention(nn.Module):
             v = v.repeat_interleave(groups, dim=1)
         with _sdpa_context(spec):
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        return self.wo(out.transpose(1, 2).reshape(b, s, spec.d_model))
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -153,7 +154,7 @@ class Transformer(nn.Module):
             # tok_embeddings.weight (ModelSpec.root_tensors has no output.weight then).
             self.output.weight = self.tok_embeddings.weight
         if not spec.learned_pos_emb:
-            cos, sin = _rope_tables(spec)
+            cos, sin = rope_tables(spec)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
 
@@ -161,16 +162,10 @@ class Transformer(nn.Module):
         """Initialise in place (after `to_empty` from the meta device, also on DTensors):
         weights N(0, 0.02) as GPT-2 and torchtitan's Llama, biases to zero, norms to one,
         RoPE tables."""
-        with torch.no_grad():
-            for m in self.modules():
-                if isinstance(m, (nn.Linear, nn.Embedding)):
-                    nn.init.normal_(m.weight, mean=0.0, std=0.02)
-                    if getattr(m, "bias", None) is not None:
-                        nn.init.zeros_(m.bias)
-                elif isinstance(m, (nn.RMSNorm, nn.LayerNorm)):
-                    m.reset_parameters()
-            if not self.spec.learned_pos_emb:
-                cos, sin = _rope_tables(self.spec)
+        init_parameters(self)
+        if not self.spec.learned_pos_emb:
+            with torch.no_grad():
+                cos, sin = rope_tables(self.spec)
                 self.rope_cos.copy_(cos)
                 self.rope_sin.copy_(sin)
 
@@ -193,7 +188,21 @@ class Transformer(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1), labels.flatten(0, 1))
 
 
-def _rope_tables(spec: ModelSpec) -> tuple[torch.Tensor, torch.Tensor]:
+def init_parameters(module: nn.Module) -> None:
+    """Initialise the parameters of `module` and its children in place: linear and
+    embedding weights N(0, 0.02) as GPT-2 and torchtitan's Llama, biases to zero, norms
+    to one."""
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, mean=0.0, std=0.02)
+                if getattr(m, "bias", None) is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, (nn.RMSNorm, nn.LayerNorm)):
+                m.reset_parameters()
+
+
+def rope_tables(spec: ModelSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of the rotary angles, (max_seq_len, head_dim), fp32 (Su et al. 2021)."""
     inv_freq = 1.0 / ROPE_THETA ** (
         torch.arange(0, spec.head_dim, 2, dtype=torch.float32) / spec.head_dim)

@@ -193,14 +193,20 @@ class _Meter:
             self.tracker.reset_peak()
 
 
+def _batches(job: _Job, ctx: RankContext, *, step: int
+             ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The micro-batches of `step` on this rank: its data-parallel rank's."""
+    return training.batches(job.spec, job.plan, device=ctx.device,
+                            rank=training.data_rank(job.plan, ctx.rank), step=step)
+
+
 def _measure_rank(ctx: RankContext, job: _Job) -> RankMeasurement:
     meter = _Meter(ctx.device)
     tracking = meter.tracker if meter.tracker is not None else _NoTracking()
     with tracking:
         prep = training.prepare(job.spec, job.plan, device=ctx.device, world_size=ctx.world_size)
         after_init = meter.live()
-        training.train_step(prep, training.batches(job.spec, job.plan, device=ctx.device,
-                                             rank=ctx.rank, step=0))
+        training.train_step(prep, _batches(job, ctx, step=0))
         after_first = meter.live()
         memory, saved, loss = _memory_step(prep, job, ctx, meter)
     memory = PhaseMemory(after_init_bytes=after_init, after_first_step_bytes=after_first,
@@ -210,8 +216,7 @@ def _measure_rank(ctx: RankContext, job: _Job) -> RankMeasurement:
 
     def timed_step(step: int) -> float:
         nonlocal forward_s, backward_s, loss
-        micro = training.batches(job.spec, job.plan, device=ctx.device, rank=ctx.rank,
-                              step=2 + step)
+        micro = _batches(job, ctx, step=2 + step)
         sync_device(ctx.device)
         training.barrier()
         with time_units(prep.units) as unit_times:
@@ -256,8 +261,7 @@ def _profile_collectives(prep: training.Prepared, job: _Job, ctx: RankContext,
     activities = [ProfilerActivity.CPU]
     if ctx.device.startswith("cuda"):
         activities.append(ProfilerActivity.CUDA)
-    micro = training.batches(job.spec, job.plan, device=ctx.device, rank=ctx.rank,
-                          step=batch_step)
+    micro = _batches(job, ctx, step=batch_step)
     training.barrier()
     with profile(activities=activities) as prof:
         training.train_step(prep, micro)
@@ -275,7 +279,7 @@ def _profile_collectives(prep: training.Prepared, job: _Job, ctx: RankContext,
 
 def _memory_step(prep: training.Prepared, job: _Job, ctx: RankContext,
                  meter: _Meter) -> tuple[dict[str, int], list[SavedTensor], float]:
-    micro = training.batches(job.spec, job.plan, device=ctx.device, rank=ctx.rank, step=1)
+    micro = _batches(job, ctx, step=1)
     peaks = {"peak_forward_bytes": 0, "peak_backward_bytes": 0, "after_forward_bytes": 0}
     reserved = 0
     saved: list[SavedTensor] = []

@@ -4,7 +4,8 @@ backward and optimizer calls, and the choice of library by Plan.impl.
 Owns `Prepared` (a model with a plan applied: the module to call, how to back-propagate
 and step, what to synchronise), `prepare` (dispatch to zsim.calibrate.fsdp2 for DDP and
 FSDP2, zsim.calibrate.fsdp1 for FSDP1, zsim.calibrate.deepspeed_zero for DeepSpeed) and
-the step itself. Imports
+the step itself. Plans with pp > 1 go to zsim.calibrate.pipeline, other plans with
+tp > 1 to zsim.calibrate.tensor_parallel. Imports
 torch.
 """
 
@@ -19,7 +20,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from zsim.calibrate.model import Transformer
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 
@@ -31,8 +31,8 @@ class Prepared:
     model: nn.Module
     """What the step calls: the wrapped model (FSDP module, DDP wrapper, DeepSpeed
     engine, or plain), called as model(tokens, labels) -> loss."""
-    inner: Transformer
-    """The Transformer inside the wrapper."""
+    inner: nn.Module
+    """The Transformer inside the wrapper (a pipeline rank's: its stage's module)."""
     units: dict[str, nn.Module]
     """Timing scopes, in forward order: "layers.<i>" per block, then "root"."""
     backward: Callable[[torch.Tensor, bool], None]
@@ -54,7 +54,15 @@ def check_plan(plan: Plan, world_size: int, spec: ModelSpec) -> None:
         ConfigError: see the check_plan of zsim.calibrate.fsdp2, zsim.calibrate.fsdp1
             and zsim.calibrate.deepspeed_zero.
     """
-    if plan.impl == "deepspeed":
+    if plan.pp > 1:
+        from zsim.calibrate import pipeline
+
+        pipeline.check_plan(plan, world_size, spec)
+    elif plan.tp > 1:
+        from zsim.calibrate import tensor_parallel
+
+        tensor_parallel.check_plan(plan, world_size, spec)
+    elif plan.impl == "deepspeed":
         from zsim.calibrate import deepspeed_zero
 
         deepspeed_zero.check_plan(plan, world_size, spec)
@@ -70,6 +78,14 @@ def check_plan(plan: Plan, world_size: int, spec: ModelSpec) -> None:
 
 def prepare(spec: ModelSpec, plan: Plan, *, device: str, world_size: int) -> Prepared:
     """Build the model on `device` and apply `plan` with the library it names."""
+    if plan.pp > 1:
+        from zsim.calibrate import pipeline
+
+        return pipeline.prepare(spec, plan, device=device, world_size=world_size)
+    if plan.tp > 1:
+        from zsim.calibrate import tensor_parallel
+
+        return tensor_parallel.prepare(spec, plan, device=device, world_size=world_size)
     if plan.impl == "deepspeed":
         from zsim.calibrate import deepspeed_zero
 
@@ -83,10 +99,17 @@ def prepare(spec: ModelSpec, plan: Plan, *, device: str, world_size: int) -> Pre
     return fsdp2.prepare(spec, plan, device=device, world_size=world_size)
 
 
+def data_rank(plan: Plan, rank: int) -> int:
+    """The data-parallel rank of global rank `rank`: ranks are laid out as torchtitan's
+    mesh (pp, dp, tp), outermost first, and every rank of one TP group or pipeline sees
+    the same data."""
+    return (rank // plan.tp) % plan.dp_degree
+
+
 def batches(spec: ModelSpec, plan: Plan, *, device: str, rank: int,
             step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The micro-batches of one step for one rank: random tokens and labels, seeded by
-    (rank, step) so ranks see different data, as in data parallelism."""
+    """The micro-batches of one step for one data-parallel rank (see data_rank): random
+    tokens and labels, seeded by (rank, step) so data-parallel ranks see different data."""
     g = torch.Generator().manual_seed(1_000_003 * step + rank)
     out = []
     for _ in range(plan.grad_accum):
@@ -96,6 +119,9 @@ def batches(spec: ModelSpec, plan: Plan, *, device: str, rank: int,
         # slices are contiguous already, and .contiguous() would share one storage).
         out.append((tokens[:, :-1].clone(memory_format=torch.contiguous_format).to(device),
                     tokens[:, 1:].clone(memory_format=torch.contiguous_format).to(device)))
+    if plan.pp > 1:
+        # A pipeline schedule takes the step's batch whole and splits it (torchtitan).
+        return [(torch.cat([t for t, _ in out]), torch.cat([lab for _, lab in out]))]
     return out
 
 

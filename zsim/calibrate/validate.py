@@ -10,10 +10,12 @@ like CUDA's, so attention_kernel stays "flash". Metrics: step time, peak memory 
 tensor bytes), model state at rest (after a step), time the collectives ran (the
 backend's own spans from torch.profiler), activation bytes saved by the blocks and by the
 root (autograd's saved tensors, deduplicated by storage, vs
-zsim.analytic.activations). Bounds (issues 4 and 10, gloo CPU): activations 3%, peak
-memory 5%, model state 1%, step time 15%. On CPU ranks the host is the device, so what a
-plan offloads to the host (zsim.schedule.lower.host_state_bytes) is added to the predicted
-state and peak. Imports torch (through step) and matplotlib (report only).
+zsim.analytic.activations). Plans the simulator does not model yet (tensor and pipeline
+parallelism) get measured-only rows, their note saying why. Bounds (issues 4 and 10,
+gloo CPU): activations 3%, peak memory 5%, model state 1%, step time 15%. On CPU ranks
+the host is the device, so what a plan offloads to the host
+(zsim.schedule.lower.host_state_bytes) is added to the predicted state and peak.
+Imports torch (through step) and matplotlib (report only).
 """
 
 from __future__ import annotations
@@ -58,7 +60,12 @@ REPORT_RUNS = 3
 shared host has slow spells lasting minutes, in which one run of a plan measured up to 20%
 slower than another; the report's step time is the median over every run's steps."""
 
-FIELDS = ("model", "plan", "nproc", "backend", "metric", "predicted", "measured", "error_pct")
+FIELDS = ("model", "plan", "nproc", "backend", "metric", "predicted", "measured", "error_pct",
+          "note")
+
+UNSIMULATED_FIELDS = ("plan.tp", "plan.pp")
+"""Plan fields the simulator may refuse as not modelled (ConfigError on that field): a
+case refused there gets measured-only rows, with the simulator's reason as their note."""
 
 
 def backend_knobs(device_type: str) -> dict[str, Any]:
@@ -86,7 +93,7 @@ def validate(model: ModelSpec, plan: Plan, *, nproc: int, profile: HardwareProfi
         profile: the hardware profile the simulator uses (a calibrated one).
         steps: timed steps of the real run, at least.
         min_timed_s: time more steps if `steps` would take less than this, seconds.
-        out_dir: folder to write `<model>-<strategy>-n<nproc>.csv` to; None writes
+        out_dir: folder to write the rows to as a CSV (named by csv_name); None writes
             nothing.
 
     Returns:
@@ -106,8 +113,11 @@ def validate(model: ModelSpec, plan: Plan, *, nproc: int, profile: HardwareProfi
 
 
 def csv_name(spec: ModelSpec, plan: Plan) -> str:
-    """File name of one validation's rows: `<model>-<strategy>-n<world size>.csv`."""
-    return f"{_slug(spec.name)}-{plan.strategy}-n{plan.world_size}.csv"
+    """File name of one validation's rows: `<model>-<strategy>[-tp<T>[-sp]][-pp<P>-<pipeline
+    schedule>]-n<world size>.csv`."""
+    parallel = ((f"-tp{plan.tp}" + ("-sp" if plan.sp else "") if plan.tp > 1 else "")
+                + (f"-pp{plan.pp}-{plan.pp_schedule}" if plan.pp > 1 else ""))
+    return f"{_slug(spec.name)}-{plan.strategy}{parallel}-n{plan.world_size}.csv"
 
 
 def predicted_activation_bytes(spec: ModelSpec, plan: Plan) -> tuple[int, int]:
@@ -128,34 +138,65 @@ def predicted_activation_bytes(spec: ModelSpec, plan: Plan) -> tuple[int, int]:
 def compare(spec: ModelSpec, plan: Plan, profile: HardwareProfile,
             measured: PlanMeasurement, *, times: bool = True) -> list[dict[str, Any]]:
     """Rows of predicted (simulator, activation model) vs measured figures; without
-    `times`, only the host-independent ones (a measurement with no timed step)."""
-    result = simulate(spec, profile, plan)
-    # On CPU ranks the host is the device: what offload moves there is measured too.
-    host = host_state_bytes(spec, plan) if measured.backend == "gloo" else 0.0
-    block_pred, root_pred = predicted_activation_bytes(spec, plan)
-    saved = measured.ranks[0].saved
-    block_meas = sum(t.bytes for t in saved if t.scope != "root")
-    root_meas = sum(t.bytes for t in saved if t.scope == "root")
-    after_step = max(r.memory.after_first_step_bytes for r in measured.ranks)
-    pairs = [
-        ("peak_memory_bytes", result.peak_memory_bytes + host, measured.peak_bytes),
-        ("state_memory_bytes", result.baseline_memory_bytes + host, after_step),
-        ("activation_bytes_blocks", block_pred, block_meas),
-        ("activation_bytes_root", root_pred, root_meas),
-    ]
-    if times:
-        # The root's forward hooks span the whole forward (every block runs inside it).
-        fwd_meas = max(r.forward_s["root"] for r in measured.ranks)
-        comm_meas = statistics.median(sum(r.collective_busy_s.values())
-                                      for r in measured.ranks)
-        pairs = [("step_time_s", result.step_time_s, measured.step_time_s), *pairs,
-                 ("comm_busy_s", result.comm_busy_total_s, comm_meas),
-                 ("forward_time_s", result.phase_time_s.get("forward", 0.0), fwd_meas)]
+    `times`, only the host-independent ones (a measurement with no timed step). A plan
+    the simulator refuses on an UNSIMULATED_FIELDS field (tensor or pipeline parallelism
+    before the simulator models it) gets its measured figures with predicted and
+    error_pct None and the simulator's reason as the note; other rows have no note.
+
+    Raises:
+        ConfigError: the simulator refuses the plan on any other field.
+    """
+    try:
+        result = simulate(spec, profile, plan)
+    except ConfigError as e:
+        if e.field not in UNSIMULATED_FIELDS:
+            raise
+        predicted: dict[str, float] | None = None
+        note = f"not simulated: {e}"
+    else:
+        # On CPU ranks the host is the device: what offload moves there is measured too.
+        host = host_state_bytes(spec, plan) if measured.backend == "gloo" else 0.0
+        block_pred, root_pred = predicted_activation_bytes(spec, plan)
+        predicted = {"peak_memory_bytes": result.peak_memory_bytes + host,
+                     "state_memory_bytes": result.baseline_memory_bytes + host,
+                     "activation_bytes_blocks": block_pred,
+                     "activation_bytes_root": root_pred, "step_time_s": result.step_time_s,
+                     "comm_busy_s": result.comm_busy_total_s,
+                     "forward_time_s": result.phase_time_s.get("forward", 0.0)}
+        note = ""
     common = {"model": spec.name, "plan": plan.label, "nproc": plan.world_size,
               "backend": measured.backend}
-    return [{**common, "metric": m, "predicted": float(p), "measured": float(v),
-             "error_pct": round(100.0 * (p - v) / v, 2) if v else float("nan")}
-            for m, p, v in pairs]
+    rows = []
+    for metric, value in measured_figures(measured, times=times).items():
+        pred = None if predicted is None else float(predicted[metric])
+        err = (None if pred is None else
+               round(100.0 * (pred - value) / value, 2) if value else float("nan"))
+        rows.append({**common, "metric": metric, "predicted": pred, "measured": float(value),
+                     "error_pct": err, "note": note})
+    return rows
+
+
+def measured_figures(measured: PlanMeasurement, *, times: bool = True) -> dict[str, float]:
+    """The figures of a real run that the report compares, by metric, in row order: step
+    time (the median of the slowest rank's steps), peak and model state at rest (the
+    highest rank's: a pipeline's worst stage), saved activations of the blocks and of the
+    root (rank 0's), time the collectives ran (median over ranks) and forward time (the
+    slowest rank's); without `times`, the host-independent ones only."""
+    saved = measured.ranks[0].saved
+    figures = {
+        "peak_memory_bytes": float(measured.peak_bytes),
+        "state_memory_bytes": float(max(r.memory.after_first_step_bytes
+                                        for r in measured.ranks)),
+        "activation_bytes_blocks": float(sum(t.bytes for t in saved if t.scope != "root")),
+        "activation_bytes_root": float(sum(t.bytes for t in saved if t.scope == "root")),
+    }
+    if not times:
+        return figures
+    # The root's forward hooks span the whole forward (every block runs inside it).
+    return {"step_time_s": measured.step_time_s, **figures,
+            "comm_busy_s": statistics.median(sum(r.collective_busy_s.values())
+                                             for r in measured.ranks),
+            "forward_time_s": max(r.forward_s["root"] for r in measured.ranks)}
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path,
@@ -165,7 +206,8 @@ def write_csv(rows: list[dict[str, Any]], path: Path,
     writer = csv.DictWriter(text, fieldnames=fields)
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: row[k] for k in fields})
+        # None (no prediction) and a missing note are empty cells.
+        writer.writerow({k: "" if row.get(k) is None else row[k] for k in fields})
     (written,) = write_files(path.parent, {path.name: text.getvalue().encode()})
     return written
 
@@ -238,11 +280,22 @@ def library_plans(world_sizes: tuple[int, ...] = (2, 4)) -> list[Plan]:
     return plans
 
 
+def parallel_plans() -> list[Plan]:
+    """Plans of the report grid with tensor or pipeline parallelism (issue 12, item 5),
+    one data-parallel rank unless said: TP over 2 ranks (zsim.calibrate.tensor_parallel),
+    FSDP2 x TP on a 2 x 2 mesh of 4 ranks, and a 2-stage 1F1B pipeline over 4
+    micro-batches (zsim.calibrate.pipeline)."""
+    return [Plan(strategy="ddp", dp_shard=1, tp=2, **KNOBS),
+            Plan(strategy="fsdp", dp_shard=2, tp=2, **KNOBS),
+            Plan(strategy="ddp", dp_shard=1, pp=2, grad_accum=4, **KNOBS)]
+
+
 def grid() -> list[tuple[ModelSpec, Plan]]:
     """Every (model, plan) of the report: the torch plans on both grid_models, the
-    library plans on llama-tiny and gpt-tiny."""
+    library plans on llama-tiny and gpt-tiny, the parallel plans on llama-tiny."""
     cases = [(m, p) for m in grid_models() for p in grid_plans()]
-    return cases + [(m, p) for m in (LLAMA_TINY, GPT_TINY) for p in library_plans()]
+    cases += [(m, p) for m in (LLAMA_TINY, GPT_TINY) for p in library_plans()]
+    return cases + [(LLAMA_TINY, p) for p in parallel_plans()]
 
 
 def case_key(spec: ModelSpec, plan: Plan) -> str:
@@ -386,7 +439,8 @@ def _row_key(row: dict[str, Any]) -> str:
 
 
 def _read_csv(path: Path) -> list[dict[str, Any]]:
-    """Rows of a report CSV, numbers parsed back (none if the file does not exist)."""
+    """Rows of a report CSV, numbers parsed back, an empty cell as None (none if the file
+    does not exist)."""
     if not path.is_file():
         return []
     with path.open(newline="") as f:
@@ -395,7 +449,7 @@ def _read_csv(path: Path) -> list[dict[str, Any]]:
         row["nproc"] = int(row["nproc"])
         for k in ("predicted", "measured", "error_pct"):
             if k in row:
-                row[k] = float(row[k])
+                row[k] = float(row[k]) if row[k] != "" else None
     return rows
 
 
@@ -440,6 +494,7 @@ def _plot(rows: list[dict[str, Any]], out_dir: Path) -> None:
     from matplotlib.figure import Figure
     from matplotlib.ticker import NullFormatter
 
+    rows = [r for r in rows if r["predicted"] is not None]  # measured-only rows: no point
     metrics = sorted({r["metric"] for r in rows})
     cols = 4
     nrows = -(-len(metrics) // cols)
