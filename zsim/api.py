@@ -4,7 +4,7 @@ and return plain data (dicts/records) for rendering. No printing here."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -160,7 +160,8 @@ def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | 
 
 
 def sweep(scenario: Path, out: Path | None = None, *,
-          progress: Callable[[int, int, str], None] | None = None) -> dict[str, Any]:
+          progress: Callable[[int, int, str], None] | None = None,
+          overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Simulate every run of a scenario YAML (its sweep expanded) and, with `out`, write its
     report there: `<name>.csv`, `<name>.md` and `<name>-*.png`, all or nothing.
 
@@ -168,6 +169,7 @@ def sweep(scenario: Path, out: Path | None = None, *,
         scenario: the scenario file (schema in zsim.scenario).
         out: folder for the report files, or None to write nothing.
         progress: called after each run with (runs done, runs in total, run name).
+        overrides: `KEY=VALUE` settings over the file (zsim.scenario.apply_overrides).
 
     Returns:
         {"scenario": name, "rows": one record per run (zsim.report.frame.sweep_frame
@@ -182,7 +184,7 @@ def sweep(scenario: Path, out: Path | None = None, *,
     from zsim.report.frame import csv_text, sweep_frame
     from zsim.scenario import load_scenario, simulate_runs
 
-    loaded = load_scenario(scenario)
+    loaded = load_scenario(scenario, overrides)
     pairs = simulate_runs(loaded, progress=progress)
     frame = sweep_frame(pairs)
     written = [] if out is None else write_files(out, report_files(loaded, pairs))

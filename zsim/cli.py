@@ -253,6 +253,10 @@ def main() -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
+SetOpt = Annotated[list[str] | None, typer.Option(
+    "--set", help="KEY=VALUE over the scenario file, KEY a dotted field path, VALUE YAML "
+                  "(e.g. --set seq_len=4096 --set 'sweep.gpus=[8, 16]'); repeatable.")]
+
 SWEEP_COLUMNS = ("run", "fits", "step_time_s", "exposed_comm_s", "peak_memory_gib",
                  "tokens_per_s_per_gpu", "mfu")
 
@@ -263,12 +267,13 @@ def sweep(
     out: Annotated[Path | None, typer.Option(
         help="Folder for the report: <name>.csv, <name>.md and <name>-*.png.")] = None,
     format: FormatOpt = Format.table,
+    set_: SetOpt = None,
 ) -> None:
     """Simulate every run of a scenario (sweep expanded); print a table, write the report."""
     def progress(done: int, total: int, name: str) -> None:
         typer.echo(f"[{done}/{total}] {name}", err=True)
 
-    r = _run(lambda: api.sweep(scenario, out, progress=progress))
+    r = _run(lambda: api.sweep(scenario, out, progress=progress, overrides=set_ or []))
     for warning in r["warnings"]:
         typer.echo(f"warning: {warning}", err=True)
     if format is Format.json:
