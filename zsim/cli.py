@@ -287,6 +287,27 @@ def sweep(
 
 
 @app.command()
+def report(
+    out: Annotated[Path, typer.Option(
+        help="Folder for each report: <name>.csv, <name>.md, <name>-*.png and .svg.")],
+    scenario: Annotated[list[Path] | None, typer.Option(
+        help="Scenario YAML; repeatable.")] = None,
+    all_: Annotated[bool, typer.Option(
+        "--all", help="Every shipped study, scenarios/*.yaml (run from the repository "
+                      "root): `zsim report --all --out reports` regenerates reports/.")] = False,
+    set_: SetOpt = None,
+) -> None:
+    """Simulate scenarios and write their markdown reports with tables and figures."""
+    def progress(name: str, done: int, total: int, run: str) -> None:
+        typer.echo(f"{name} [{done}/{total}] {run}", err=True)
+
+    r = _run(lambda: api.report(scenario or [], out, shipped=all_, overrides=set_ or [],
+                                progress=progress))
+    for path in r["written"]:
+        typer.echo(f"wrote {path}")
+
+
+@app.command()
 def calibrate(
     out: Annotated[Path, typer.Option(help="Where to write the fitted hardware profile YAML.")],
     backend: Annotated[str, typer.Option(help="gloo (CPU) or nccl (CUDA GPUs).")] = "gloo",

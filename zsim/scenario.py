@@ -36,6 +36,10 @@ where: "gpus * unit_size <= 512"  # optional filter: a run is kept where it is t
 report:                     # optional
   template: report.md       # markdown template (zsim.report.markdown), relative to this file
   memory_curves: [fsdp]     # runs whose memory curve is plotted (default: every run)
+  figures: [scaling, pareto, heatmap, gantt]  # REPORT_FIGURES (default DEFAULT_FIGURES)
+  heatmap: {x: gpus, y: inter_node_gb_per_s, value: tokens_per_s_per_gpu, plan: fsdp}
+  gantt: fsdp gpus=64       # the run whose streams the gantt figure draws (default: the
+                            # first memory curve's)
 ```
 
 Precedence: `--set` > sweep value > plan value > top-level value > built-in default
@@ -88,7 +92,15 @@ every other number of the profile kept."""
 TOP_KEYS: tuple[str, ...] = ("name", "description", "source", "model", "hardware", "plans",
                              "sweep", "where", "report", *RUN_KEYS)
 REQUIRED_TOP_KEYS: tuple[str, ...] = ("name", "model", "hardware", "plans")
-REPORT_KEYS: tuple[str, ...] = ("template", "memory_curves")
+REPORT_KEYS: tuple[str, ...] = ("template", "memory_curves", "figures", "heatmap", "gantt")
+REPORT_FIGURES: tuple[str, ...] = ("step_time", "memory", "memory_curve", "pareto",
+                                   "scaling", "exposed_comm", "heatmap", "gantt")
+"""Figures a report can hold (zsim.report.build.FIGURES): step time and peak memory bars
+per run, memory curves, the Pareto front of memory against throughput, scaling curves
+against GPU count, exposed communication against unit size and prefetch, a heatmap of one
+column over two swept keys, and the stream Gantt chart of one run."""
+DEFAULT_FIGURES: tuple[str, ...] = ("step_time", "memory", "memory_curve")
+HEATMAP_KEYS: tuple[str, ...] = ("x", "y", "value", "plan")
 RANGE_KEYS: tuple[str, ...] = ("from", "to", "times", "step")
 """Keys of a range axis: from and to, and exactly one of times or step."""
 MAX_AXIS_VALUES = 10_000
@@ -123,6 +135,20 @@ class Run:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Heatmap:
+    """A heatmap figure: `value` coloured over the swept columns `x` and `y`."""
+
+    x: str
+    """Column of zsim.report.frame.sweep_frame on the horizontal axis, e.g. gpus."""
+    y: str
+    """Column on the vertical axis."""
+    value: str
+    """Numeric column coloured, e.g. tokens_per_s_per_gpu."""
+    plan: str | None = None
+    """Only this plan's runs (its name under `plans:`); None: every run."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Scenario:
     """A loaded scenario file: its runs in file order, sweep combinations innermost."""
 
@@ -134,6 +160,12 @@ class Scenario:
     """Markdown report template text (zsim.report.markdown.render_report), or None."""
     memory_curves: tuple[str, ...]
     """Names of the runs whose memory curve the report plots."""
+    figures: tuple[str, ...] = DEFAULT_FIGURES
+    """The report's figures, in order (REPORT_FIGURES)."""
+    heatmap: Heatmap | None = None
+    """What the heatmap figure shows; None without one."""
+    gantt: str | None = None
+    """Name of the run the gantt figure draws; None without one."""
 
     @property
     def run_names(self) -> tuple[str, ...]:
@@ -253,8 +285,31 @@ def scenario_from_dict(data: Any, *, base_dir: Path) -> Scenario:
         raise ConfigError("where", data.get("where"), "keeps no run")
     names = [r.name for r in runs]
     template, curves = _report(data.get("report"), base_dir, names)
+    figures, heatmap, gantt = _figures(data.get("report") or {}, names, curves,
+                                       list(plans))
     return Scenario(name=name, description=description, source=source, runs=tuple(runs),
-                    template=template, memory_curves=curves)
+                    template=template, memory_curves=curves, figures=figures,
+                    heatmap=heatmap, gantt=gantt)
+
+
+def simulate_timeline(scenario: Scenario) -> Result | None:
+    """The gantt run of `scenario` simulated again with its op spans kept (trace=True), or
+    None when the report has no gantt figure.
+
+    Raises:
+        ConfigError: field `report.gantt`, for a run not simulated (its memory floor
+            exceeds HBM, so it has no timeline).
+    """
+    from zsim.simulate import simulate
+
+    if scenario.gantt is None:
+        return None
+    run = next(r for r in scenario.runs if r.name == scenario.gantt)
+    result = simulate(run.model, run.hardware, run.plan, trace=True)
+    if not result.spans:
+        raise ConfigError("report.gantt", run.name, "not simulated (its memory floor "
+                          "exceeds HBM): there is no timeline to draw")
+    return result
 
 
 def simulate_runs(scenario: Scenario, *, progress: Progress | None = None
@@ -312,11 +367,13 @@ def _text(data: dict[str, Any], key: str) -> str:
 
 def _model(value: Any, base_dir: Path) -> ModelSpec:
     if isinstance(value, dict) and list(value) == ["params"]:
+        params = value["params"]
         try:
-            return resolve_model(params=value["params"])
+            # PyYAML reads 7.0e9 (no sign in the exponent) as a string: YAML 1.1's floats.
+            return resolve_model(params=float(params) if isinstance(params, str) else params)
         except (ConfigError, TypeError, ValueError, OverflowError) as e:
             reason = e.reason if isinstance(e, ConfigError) else "must be a number"
-            raise ConfigError("model.params", value["params"], reason) from None
+            raise ConfigError("model.params", params, reason) from None
     if isinstance(value, dict):
         return ModelSpec.from_dict(value, where="model")
     if not isinstance(value, str) or not value.strip():
@@ -471,6 +528,37 @@ def _report(report: Any, base_dir: Path, names: list[str]
             raise ConfigError(f"report.memory_curves[{i}]", c,
                               f"no such run; runs: {', '.join(names)}")
     return template, tuple(curves)
+
+
+def _figures(report: dict[str, Any], names: list[str], curves: tuple[str, ...],
+             plans: list[str]) -> tuple[tuple[str, ...], Heatmap | None, str | None]:
+    """The report's figures, its heatmap and its gantt run (`report` already checked)."""
+    figures = report.get("figures", list(DEFAULT_FIGURES))
+    if not isinstance(figures, list) or not figures:
+        raise ConfigError("report.figures", figures, "must be a non-empty list of: "
+                          f"{', '.join(REPORT_FIGURES)}")
+    for i, f in enumerate(figures):
+        if f not in REPORT_FIGURES or f in figures[:i]:
+            raise ConfigError(f"report.figures[{i}]", f, "listed twice" if f in figures[:i]
+                              else f"unknown figure; figures: {', '.join(REPORT_FIGURES)}")
+    heatmap = None
+    if "heatmap" in figures or "heatmap" in report:
+        spec = report.get("heatmap")
+        _check_keys(spec, "report.heatmap", HEATMAP_KEYS, ("x", "y", "value"))
+        for key in HEATMAP_KEYS:
+            if key in spec and (not isinstance(spec[key], str) or not spec[key].strip()):
+                raise ConfigError(f"report.heatmap.{key}", spec[key], "must be a name")
+        if spec.get("plan", plans[0]) not in plans:
+            raise ConfigError("report.heatmap.plan", spec["plan"],
+                              f"no such plan; plans: {', '.join(plans)}")
+        heatmap = Heatmap(x=spec["x"], y=spec["y"], value=spec["value"],
+                          plan=spec.get("plan"))
+    gantt = None
+    if "gantt" in figures or "gantt" in report:
+        gantt = report.get("gantt", curves[0])
+        if gantt not in names:
+            raise ConfigError("report.gantt", gantt, f"no such run; runs: {', '.join(names)}")
+    return tuple(figures), heatmap, gantt
 
 
 # ---------------------------------------------------------------------- one run

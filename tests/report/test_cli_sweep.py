@@ -14,7 +14,8 @@ import zsim.simulate
 from zsim.cli import app
 from zsim.errors import ConfigError
 
-FILES = {"toy.csv", "toy.md", "toy-step-time.png", "toy-memory.png", "toy-memory-curve.png"}
+FILES = {"toy.csv", "toy.md", *(f"toy-{figure}.{ext}" for ext in ("png", "svg")
+                                 for figure in ("step-time", "memory", "memory-curve"))}
 
 
 def sweep(*args: str) -> tuple[int, str, str]:
