@@ -16,8 +16,9 @@ from zsim.result import Result
 from zsim.scenario import Run, load_scenario, simulate_runs
 
 UNIT_SUFFIXES = ("_s", "_gib", "_mib", "_per_s", "_per_gpu")
-SETTINGS = {"run", "plan_name", "plan", "strategy", "impl", "gpus", "dp_shard", "dp_replicate", "seq_len",
-            "micro_batch", "grad_accum", "recompute", "unit_size", "prefetch", "param_dtype",
+SETTINGS = {"run", "plan_name", "plan", "strategy", "impl", "gpus", "dp_shard", "dp_replicate",
+            "seq_len", "micro_batch", "grad_accum", "recompute", "unit_size", "prefetch",
+            "param_dtype",
             "fits", "evaluated", "oom", "peak_op", "mfu"}
 
 

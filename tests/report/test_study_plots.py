@@ -124,6 +124,9 @@ def test_heatmap_cells_ticks_and_oom() -> None:
     assert grid.data[0, 0] == pytest.approx(0.08 + 0.0125)
     assert grid.data[1].tolist() == pytest.approx([0.08 + 0.05, 0.64 + 0.05])
     assert [t.get_text() for t in ax.texts] == ["0.0925", "OOM", "0.13", "0.69"]
+    big = heatmap_figure(heat_frame().assign(mfu=12345.6), x="gpus", y="bw", value="mfu",
+                         plan="hsdp")
+    assert [t.get_text() for t in big.axes[0].texts] == ["12,346", "OOM", "12,346", "12,346"]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["8", "64"]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["12.5", "50"]
     assert (ax.get_xlabel(), ax.get_ylabel()) == ("gpus", "bw")

@@ -5,6 +5,8 @@ the language refused when compiled, naming the field and the text."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from zsim.errors import ConfigError
 from zsim.spec.expression import compile_expression
@@ -59,3 +61,36 @@ def test_evaluation_errors_are_config_errors(text: str, needle: str) -> None:
         expr.evaluate(VALUES)
     assert (e.value.field, e.value.value) == ("where", text)
     assert needle in e.value.reason
+
+
+ARITH = st.recursive(
+    st.one_of(st.sampled_from(["gpus", "unit_size", "seq_len"]),
+              st.integers(-9, 99).map(str), st.sampled_from(["0.5", "2.0"])),
+    lambda inner: st.one_of(
+        st.tuples(inner, st.sampled_from(["+", "-", "*", "/", "//", "%"]), inner)
+        .map(lambda t: f"({t[0]} {t[1]} {t[2]})"),
+        inner.map(lambda e: f"-{e}")),
+    max_leaves=8)
+BOOLEAN = st.recursive(
+    st.tuples(ARITH, st.sampled_from(["==", "!=", "<", "<=", ">", ">="]), ARITH)
+    .map(lambda t: f"{t[0]} {t[1]} {t[2]}"),
+    lambda inner: st.one_of(
+        st.tuples(inner, st.sampled_from(["and", "or"]), inner)
+        .map(lambda t: f"({t[0]} {t[1]} {t[2]})"),
+        inner.map(lambda e: f"not ({e})")),
+    max_leaves=4)
+
+
+@given(text=BOOLEAN, gpus=st.integers(1, 4096), unit_size=st.integers(0, 8))
+def test_generated_filters_agree_with_python(text: str, gpus: int, unit_size: int) -> None:
+    """Random filters over the whitelisted grammar: the same value as Python's own
+    evaluation, or a ConfigError exactly where Python raises (division by zero)."""
+    values = {"gpus": gpus, "unit_size": unit_size, "seq_len": 4096}
+    expr = compile_expression(text, field="where", names=NAMES)
+    try:
+        expected = eval(text, {"__builtins__": {}}, dict(values))
+    except ZeroDivisionError:
+        with pytest.raises(ConfigError):
+            expr.evaluate(values)
+        return
+    assert expr.evaluate(values) == expected

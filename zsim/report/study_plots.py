@@ -179,8 +179,9 @@ def heatmap_figure(frame: pd.DataFrame, *, x: str, y: str, value: str,
     image = ax.imshow(np.ma.masked_invalid(grid), origin="lower", aspect="auto",
                       cmap="viridis")
     for (j, i), v in np.ndenumerate(grid):
-        ax.text(i, j, "OOM" if math.isnan(v) else f"{v:.3g}", ha="center", va="center",
-                fontsize="small", color="black" if math.isnan(v) else "white")
+        light = math.isnan(v) or float(image.norm(v)) > 0.6  # viridis is light at the top
+        ax.text(i, j, "OOM" if math.isnan(v) else _cell(v), ha="center", va="center",
+                fontsize="small", color="black" if light else "white")
     ax.set_xticks(range(len(xs)), [_tick(v) for v in xs])
     ax.set_yticks(range(len(ys)), [_tick(v) for v in ys])
     ax.set_xlabel(x)
@@ -196,6 +197,11 @@ def _log2_axis(ax: Axes, values: Sequence[float]) -> None:
     ticks = sorted(set(values))
     ax.set_xticks(ticks, [_tick(v) for v in ticks])
     ax.minorticks_off()
+
+
+def _cell(value: float) -> str:
+    """A heatmap cell: 3 significant digits, whole numbers with thousands separators."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
 
 
 def _tick(value: object) -> str:
