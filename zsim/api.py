@@ -163,7 +163,7 @@ def sweep(scenario: Path, out: Path | None = None, *,
           progress: Callable[[int, int, str], None] | None = None,
           overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Simulate every run of a scenario YAML (its sweep expanded) and, with `out`, write its
-    report there: `<name>.csv`, `<name>.md` and `<name>-*.png`, all or nothing.
+    report there: `<name>.csv`, `<name>.md` and `<name>-*.png` and `.svg`, all or nothing.
 
     Args:
         scenario: the scenario file (schema in zsim.scenario).

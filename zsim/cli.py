@@ -265,7 +265,7 @@ SWEEP_COLUMNS = ("run", "fits", "step_time_s", "exposed_comm_s", "peak_memory_gi
 def sweep(
     scenario: Annotated[Path, typer.Option(help="Scenario YAML (plans and an optional sweep).")],
     out: Annotated[Path | None, typer.Option(
-        help="Folder for the report: <name>.csv, <name>.md and <name>-*.png.")] = None,
+        help="Folder for the report: <name>.csv, <name>.md, <name>-*.png and .svg.")] = None,
     format: FormatOpt = Format.table,
     set_: SetOpt = None,
 ) -> None:
