@@ -54,6 +54,13 @@ def test_every_figure_is_committed_and_linked(fresh: dict[str, bytes]) -> None:
             assert f"]({name})" in md, (report, name)
 
 
+def test_no_figure_or_table_is_left_over(fresh: dict[str, bytes]) -> None:
+    """A figure a scenario no longer draws (or a study removed) leaves no file behind."""
+    generated = [p.name for p in (REPO / "reports").iterdir()
+                 if p.suffix in (".png", ".svg", ".csv") and p.is_file()]
+    assert sorted(set(generated) - set(fresh)) == []
+
+
 def test_card_memory_table_is_the_cards_closed_form() -> None:
     """The card: 7B on 64 GPUs -> DDP 112 GB, ZeRO-1 ~29 GB, ZeRO-2 ~15.5 GB, ZeRO-3 ~1.75
     GB; by hand, 16, 4 + 12/64, 2 + 14/64 and 16/64 bytes per parameter times 7.0e9."""
