@@ -177,3 +177,14 @@ def test_svg_is_deterministic_without_date_or_version() -> None:
     assert first == second
     assert first.startswith(b"<?xml") and b"<dc:date>" not in first
     assert b"Matplotlib v" not in first
+
+
+def test_pareto_labels_skip_a_point_that_would_overprint_the_last() -> None:
+    # Front: a (10, 100), b (11, 101), c (12, 200). b is within 3% of the range (100) of a.
+    frame = pd.DataFrame([
+        row(run=n, strategy="fsdp", peak_memory_gib=m, tokens_per_s_per_gpu=t)
+        for n, m, t in (("a", 10.0, 100.0), ("b", 11.0, 101.0), ("c", 12.0, 200.0))])
+    ax = pareto_figure(frame).axes[0]
+    front = next(ln for ln in ax.get_lines() if ln.get_label() == "Pareto front")
+    assert list(front.get_xdata()) == [10.0, 11.0, 12.0]
+    assert [t.get_text() for t in ax.texts] == ["a", "c"]

@@ -47,7 +47,8 @@ def pareto_front(memory_gib: Sequence[float], tokens_per_s: Sequence[float]) -> 
 def pareto_figure(frame: pd.DataFrame) -> Figure:
     """Peak memory per GPU (x) against tokens/s per GPU (y) of every fitting run, one
     marker per strategy, and the Pareto front through the runs nothing beats on both,
-    each labelled with its run name.
+    labelled with their run names (a label within 3% of the throughput range of the
+    previous one is left out).
 
     Args:
         frame: sweep_frame output (run, strategy, fits, step_time_s, peak_memory_gib,
@@ -65,7 +66,12 @@ def pareto_figure(frame: pd.DataFrame) -> Figure:
     ax.plot([memory[i] for i in front], [speed[i] for i in front], color="black",
             linewidth=1, linestyle="--", label="Pareto front", zorder=2)
     runs = list(fits["run"])
-    for i in front:
+    gap = 0.03 * (max(speed, default=0.0) - min(speed, default=0.0))
+    labelled: list[int] = []
+    for i in front:  # a label per front point, skipping one that would overprint the last
+        if labelled and abs(speed[i] - speed[labelled[-1]]) < gap:
+            continue
+        labelled.append(i)
         ax.annotate(runs[i], (memory[i], speed[i]), textcoords="offset points",
                     xytext=(4, 4), fontsize="x-small")
     for hbm in sorted(set(frame["hbm_gib"])):
