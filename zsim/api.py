@@ -4,7 +4,7 @@ and return plain data (dicts/records) for rendering. No printing here."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -238,14 +238,16 @@ def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | 
 
 
 def sweep(scenario: Path, out: Path | None = None, *,
-          progress: Callable[[int, int, str], None] | None = None) -> dict[str, Any]:
+          progress: Callable[[int, int, str], None] | None = None,
+          overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Simulate every run of a scenario YAML (its sweep expanded) and, with `out`, write its
-    report there: `<name>.csv`, `<name>.md` and `<name>-*.png`, all or nothing.
+    report there: `<name>.csv`, `<name>.md` and `<name>-*.png` and `.svg`, all or nothing.
 
     Args:
         scenario: the scenario file (schema in zsim.scenario).
         out: folder for the report files, or None to write nothing.
         progress: called after each run with (runs done, runs in total, run name).
+        overrides: `KEY=VALUE` settings over the file (zsim.scenario.apply_overrides).
 
     Returns:
         {"scenario": name, "rows": one record per run (zsim.report.frame.sweep_frame
@@ -258,16 +260,75 @@ def sweep(scenario: Path, out: Path | None = None, *,
     """
     from zsim.report.build import report_files
     from zsim.report.frame import csv_text, sweep_frame
-    from zsim.scenario import load_scenario, simulate_runs
+    from zsim.scenario import load_scenario, simulate_runs, simulate_timeline
 
-    loaded = load_scenario(scenario)
+    loaded = load_scenario(scenario, overrides)
     pairs = simulate_runs(loaded, progress=progress)
     frame = sweep_frame(pairs)
-    written = [] if out is None else write_files(out, report_files(loaded, pairs))
+    written = [] if out is None else write_files(
+        out, report_files(loaded, pairs, timeline=simulate_timeline(loaded)))
     warnings = list(dict.fromkeys(w for run in loaded.runs for w in run.warnings))
     return {"scenario": loaded.name, "rows": frame.to_dict(orient="records"),
             "csv": csv_text(frame), "written": [str(p) for p in written],
             "warnings": warnings}
+
+
+SHIPPED_SCENARIOS = Path("scenarios")
+"""Where `zsim report --all` finds the shipped studies: every *.yaml directly in this
+folder, relative to the working folder (the repository root)."""
+
+
+def report(scenarios: Sequence[Path], out: Path, *, shipped: bool = False,
+           overrides: Sequence[str] = (),
+           progress: Callable[[str, int, int, str], None] | None = None) -> dict[str, Any]:
+    """Simulate each scenario and write its report into `out`: `<name>.csv`, `<name>.md`
+    and `<name>-<figure>.png`/`.svg` (zsim.report.build), all scenarios' files all or
+    nothing.
+
+    Args:
+        scenarios: scenario files (schema in zsim.scenario), each with a distinct name.
+        out: folder for the report files.
+        shipped: also every shipped study (SHIPPED_SCENARIOS/*.yaml, in name order).
+        overrides: `KEY=VALUE` settings over every file (zsim.scenario.apply_overrides).
+        progress: called after each run with (scenario name, runs done, runs in total,
+            run name).
+
+    Returns:
+        {"scenarios": their names, "written": the paths written}.
+
+    Raises:
+        ConfigError: no scenario, two scenarios of one name, or any error of api.sweep.
+    """
+    from zsim.report.build import report_files
+    from zsim.scenario import load_scenario, simulate_runs, simulate_timeline
+
+    if shipped:
+        found = sorted(SHIPPED_SCENARIOS.glob("*.yaml"))
+        if not found:
+            raise ConfigError("all", f"{SHIPPED_SCENARIOS}/", "no scenario files here; "
+                              "run from the repository root")
+        scenarios = [*scenarios, *found]
+    if not scenarios:
+        raise ConfigError("scenario", None, "give at least one --scenario file")
+    names: dict[str, Path] = {}
+    every = []
+    for path in scenarios:  # all checked before any is simulated
+        loaded = load_scenario(path, overrides)
+        if loaded.name in names:
+            raise ConfigError("name", loaded.name, f"in {path} and {names[loaded.name]}: "
+                              "each report needs its own name")
+        names[loaded.name] = path
+        every.append((path, loaded))
+    files: dict[str, bytes] = {}
+    for path, loaded in every:
+        tick = None if progress is None else (
+            lambda done, total, run, name=loaded.name: progress(name, done, total, run))
+        try:
+            pairs = simulate_runs(loaded, progress=tick)
+            files |= report_files(loaded, pairs, timeline=simulate_timeline(loaded))
+        except ConfigError as e:  # a run, a figure or a template placeholder: name the file
+            raise ConfigError(e.field, e.value, f"{e.reason} (in {path})") from None
+    return {"scenarios": list(names), "written": [str(p) for p in write_files(out, files)]}
 
 
 CPU_VALIDATION_D_MODEL = 256

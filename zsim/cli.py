@@ -322,6 +322,10 @@ def main() -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
+SetOpt = Annotated[list[str] | None, typer.Option(
+    "--set", help="KEY=VALUE over the scenario file, KEY a dotted field path, VALUE YAML "
+                  "(e.g. --set seq_len=4096 --set 'sweep.gpus=[8, 16]'); repeatable.")]
+
 SWEEP_COLUMNS = ("run", "fits", "step_time_s", "exposed_comm_s", "peak_memory_gib",
                  "tokens_per_s_per_gpu", "mfu")
 
@@ -330,14 +334,15 @@ SWEEP_COLUMNS = ("run", "fits", "step_time_s", "exposed_comm_s", "peak_memory_gi
 def sweep(
     scenario: Annotated[Path, typer.Option(help="Scenario YAML (plans and an optional sweep).")],
     out: Annotated[Path | None, typer.Option(
-        help="Folder for the report: <name>.csv, <name>.md and <name>-*.png.")] = None,
+        help="Folder for the report: <name>.csv, <name>.md, <name>-*.png and .svg.")] = None,
     format: FormatOpt = Format.table,
+    set_: SetOpt = None,
 ) -> None:
     """Simulate every run of a scenario (sweep expanded); print a table, write the report."""
     def progress(done: int, total: int, name: str) -> None:
         typer.echo(f"[{done}/{total}] {name}", err=True)
 
-    r = _run(lambda: api.sweep(scenario, out, progress=progress))
+    r = _run(lambda: api.sweep(scenario, out, progress=progress, overrides=set_ or []))
     for warning in r["warnings"]:
         typer.echo(f"warning: {warning}", err=True)
     if format is Format.json:
@@ -348,6 +353,27 @@ def sweep(
         typer.echo(text_table(r["rows"], SWEEP_COLUMNS))
     for path in r["written"]:
         typer.echo(f"wrote {path}", err=True)
+
+
+@app.command()
+def report(
+    out: Annotated[Path, typer.Option(
+        help="Folder for each report: <name>.csv, <name>.md, <name>-*.png and .svg.")],
+    scenario: Annotated[list[Path] | None, typer.Option(
+        help="Scenario YAML; repeatable.")] = None,
+    all_: Annotated[bool, typer.Option(
+        "--all", help="Every shipped study, scenarios/*.yaml (run from the repository "
+                      "root): `zsim report --all --out reports` regenerates reports/.")] = False,
+    set_: SetOpt = None,
+) -> None:
+    """Simulate scenarios and write their markdown reports with tables and figures."""
+    def progress(name: str, done: int, total: int, run: str) -> None:
+        typer.echo(f"{name} [{done}/{total}] {run}", err=True)
+
+    r = _run(lambda: api.report(scenario or [], out, shipped=all_, overrides=set_ or [],
+                                progress=progress))
+    for path in r["written"]:
+        typer.echo(f"wrote {path}")
 
 
 @app.command()

@@ -132,7 +132,8 @@ def test_every_writing_command_writes_only_into_its_folder(
     assert _tree(out) == {
         "trace", "trace/step.json",
         "sweep", "sweep/where.csv", "sweep/where.md", "sweep/where-step-time.png",
-        "sweep/where-memory.png", "sweep/where-memory-curve.png",
+        "sweep/where-memory.png", "sweep/where-memory-curve.png", "sweep/where-step-time.svg",
+        "sweep/where-memory.svg", "sweep/where-memory-curve.svg",
         "validate", "validate/tiny-fsdp-n2.csv",
         "calibrate", "calibrate/cpu.yaml"}
     assert _tree(run_dir) == set()

@@ -335,17 +335,31 @@ def scenario_texts(draw: st.DrawFn) -> str:
             min_size=1, max_size=2))
         if "precision" in data["sweep"]:
             data["sweep"]["precision"] = ["bf16", "fp32"]
+        if draw(st.booleans()):  # the sweep language: a range, a zip group, a filter
+            data["sweep"]["gpus"] = {"from": 8, "to": draw(st.sampled_from([8, 64, 100])),
+                                     "times": 2}
+            data["sweep"]["zip"] = {"prefetch": [0, 1], "unit_size": [1, 2]}
+            data["where"] = draw(st.sampled_from(
+                ["gpus >= 8", "gpus * unit_size <= 64 or strategy == 'fsdp'",
+                 "not (prefetch == 0 and gpus > 8)", "micro_batch % 2 == 1 or gpus < 64"]))
         return yaml.safe_dump(data, sort_keys=False)
     if not draw(one_in(3)):
         data = copy.deepcopy(SCENARIO)
         for key in draw(st.lists(st.sampled_from(
                 ["name", "model", "hardware", "gpus", "seq_len", "plans", "sweep", "report",
-                 "precision", "unit_size", "bucket_mib", "description"]), max_size=2)):
+                 "precision", "unit_size", "bucket_mib", "description", "where",
+                 "inter_node_gb_per_s"]), max_size=2)):
             data[key] = draw(st.one_of(WEIRD, st.sampled_from(
                 ["13b", "nope", "x.json", "../../etc/passwd", "!!python/object:os.system",
                  "dgx-a100", "hw.yaml", {"micro_batch": [0, 1]}, {"gpus": [8, 8]},
                  {"fsdp": {"strategy": "zero4"}}, {"template": "../README.md"},
-                 {"memory_curves": ["nope"]}])), label=key)
+                 {"memory_curves": ["nope"]}, "gpus ** 999", "__import__('os')",
+                 "gpus / (gpus - 64) > 0", "'a' * 99999999999 == ''", "gpus >\n 8",
+                 {"gpus": {"from": 8, "to": 1e300, "times": 1.0000001}},
+                 {"gpus": {"from": 1e-300, "to": 1e300, "times": 1e300}},
+                 {"zip": [{"gpus": [8]}, {"gpus": [16]}]}, {"zip": {"prefetch": [[0]]}},
+                 {"figures": ["heatmap"], "heatmap": {"x": "gpus", "y": [], "value": 1}},
+                 {"gantt": "fsdp micro_batch=1", "figures": ["gantt"]}])), label=key)
         return yaml.safe_dump(data, sort_keys=False)
     text = SCENARIO_TEXT
     for _ in range(draw(st.integers(1, 3))):

@@ -14,7 +14,8 @@ import zsim.simulate
 from zsim.cli import app
 from zsim.errors import ConfigError
 
-FILES = {"toy.csv", "toy.md", "toy-step-time.png", "toy-memory.png", "toy-memory-curve.png"}
+FILES = {"toy.csv", "toy.md", *(f"toy-{figure}.{ext}" for ext in ("png", "svg")
+                                 for figure in ("step-time", "memory", "memory-curve"))}
 
 
 def sweep(*args: str) -> tuple[int, str, str]:
@@ -63,7 +64,7 @@ def test_a_bad_scenario_is_one_line_and_exit_2(toy_path: Path, tmp_path: Path) -
     code, stdout, stderr = sweep("--scenario", str(toy_path), "--out", str(tmp_path / "o"))
     assert (code, stdout) == (2, "")
     assert stderr.splitlines() == [
-        "error: plans.hsdp.shard_group=3: must divide gpus=16"]
+        f"error: plans.hsdp.shard_group=3: must divide gpus=16 (in {toy_path})"]
     assert not (tmp_path / "o").exists()
 
 
@@ -116,11 +117,15 @@ def test_the_command_passes_its_options_to_api_sweep(monkeypatch: pytest.MonkeyP
 
     seen: dict[str, object] = {}
 
-    def fake(scenario: Path, out: Path | None, *, progress: object) -> dict[str, object]:
-        seen.update(scenario=scenario, out=out, progress=callable(progress))
+    def fake(scenario: Path, out: Path | None, *, progress: object,
+             overrides: list[str]) -> dict[str, object]:
+        seen.update(scenario=scenario, out=out, progress=callable(progress),
+                    overrides=overrides)
         return {"scenario": "s", "rows": [], "csv": "run\n", "written": [], "warnings": []}
 
     monkeypatch.setattr(api, "sweep", fake)
-    code, stdout, _ = sweep("--scenario", "a.yaml", "--out", str(tmp_path), "--format", "csv")
+    code, stdout, _ = sweep("--scenario", "a.yaml", "--out", str(tmp_path), "--format", "csv",
+                            "--set", "seq_len=4096", "--set", "sweep.gpus=[8, 16]")
     assert (code, stdout) == (0, "run\n")
-    assert seen == {"scenario": Path("a.yaml"), "out": tmp_path, "progress": True}
+    assert seen == {"scenario": Path("a.yaml"), "out": tmp_path, "progress": True,
+                    "overrides": ["seq_len=4096", "sweep.gpus=[8, 16]"]}

@@ -16,8 +16,9 @@ from zsim.result import Result
 from zsim.scenario import Run, load_scenario, simulate_runs
 
 UNIT_SUFFIXES = ("_s", "_gib", "_mib", "_per_s", "_per_gpu")
-SETTINGS = {"run", "plan", "strategy", "impl", "gpus", "dp_shard", "dp_replicate", "seq_len",
-            "micro_batch", "grad_accum", "recompute", "unit_size", "prefetch", "param_dtype",
+SETTINGS = {"run", "plan_name", "plan", "strategy", "impl", "gpus", "dp_shard", "dp_replicate",
+            "seq_len", "micro_batch", "grad_accum", "recompute", "unit_size", "prefetch",
+            "param_dtype",
             "fits", "evaluated", "oom", "peak_op", "mfu"}
 
 
@@ -29,6 +30,9 @@ def test_one_row_per_run_with_the_results_values(
     for (run, r), row in zip(toy_pairs, frame.to_dict(orient="records"), strict=True):
         assert row["peak_memory_gib"] * 2**30 == pytest.approx(r.peak_memory_bytes)
         assert row["fits"] is r.fits
+        assert row["plan_name"] == run.plan_name
+        # dgx-h100's NDR 400G NIC: 50 GB/s per GPU (hardware_profiles/dgx-h100.yaml).
+        assert row["inter_node_gb_per_s"] == 50.0
         assert row["oom"] == (r.oom or "")
         if r.step_time_s is None:  # not simulated: no time figures, empty in the CSV
             assert all(math.isnan(row[c]) for c in ("step_time_s", "exposed_comm_s",

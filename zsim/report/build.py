@@ -1,8 +1,10 @@
-"""A simulated scenario -> its report files (CSV, markdown, PNGs), written all or nothing.
+"""A simulated scenario -> its report files (CSV, markdown, PNG and SVG figures), in memory.
 
-Owns the report's file names (`<scenario>.csv`, `<scenario>.md`, `<scenario>-<figure>.png`),
-the markdown table's columns, and the all-or-nothing write. Never simulates (see
-zsim.scenario.simulate_runs). Only the sweep path imports this module (pandas, matplotlib).
+Owns the report's file names (`<scenario>.csv`, `<scenario>.md`,
+`<scenario>-<figure>.png` and `.svg`), the markdown table's columns and which figure
+function draws each of zsim.scenario.REPORT_FIGURES. Never simulates (see
+zsim.scenario.simulate_runs and simulate_timeline) and never writes (zsim.atomic does,
+all or nothing). Only the report path imports this module (pandas, matplotlib).
 """
 
 from __future__ import annotations
@@ -13,8 +15,21 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from zsim.report.frame import csv_text, memory_curve_frame, sweep_frame
+from zsim.report.gantt import gantt_figure
 from zsim.report.markdown import DEFAULT_TEMPLATE, markdown_table, render_report
-from zsim.report.plots import memory_curve_figure, memory_figure, png_bytes, step_time_figure
+from zsim.report.plots import (
+    memory_curve_figure,
+    memory_figure,
+    png_bytes,
+    step_time_figure,
+    svg_bytes,
+)
+from zsim.report.study_plots import (
+    exposed_comm_figure,
+    heatmap_figure,
+    pareto_figure,
+    scaling_figure,
+)
 from zsim.result import Result
 from zsim.scenario import Run, Scenario
 from zsim.units import GiB
@@ -30,26 +45,41 @@ FIGURES: dict[str, tuple[str, str]] = {
     "step_time": ("step-time", "Step time: compute vs exposed communication"),
     "memory": ("memory", "Memory live at the peak, by category"),
     "memory_curve": ("memory-curve", "Allocated memory over the step"),
+    "pareto": ("pareto", "Pareto front: memory per GPU against tokens/s per GPU"),
+    "scaling": ("scaling", "Throughput and MFU against GPU count"),
+    "exposed_comm": ("exposed-comm", "Exposed communication against unit size and prefetch"),
+    "heatmap": ("heatmap", "Heatmap over two swept keys"),
+    "gantt": ("gantt", "Streams of one step"),
 }
-"""Figure key -> (file name suffix, caption)."""
+"""Figure key (zsim.scenario.REPORT_FIGURES) -> (file name suffix, caption)."""
 
 
-def report_files(scenario: Scenario, pairs: Sequence[tuple[Run, Result]]) -> dict[str, bytes]:
+def report_files(scenario: Scenario, pairs: Sequence[tuple[Run, Result]], *,
+                 timeline: Result | None = None) -> dict[str, bytes]:
     """Every report file of a simulated scenario, by file name, in memory.
+
+    Args:
+        scenario: the loaded scenario (its report settings choose the figures).
+        pairs: its simulated runs (zsim.scenario.simulate_runs).
+        timeline: the gantt run simulated with its spans (zsim.scenario.simulate_timeline);
+            required when the scenario's figures include gantt.
 
     Returns:
         {"<name>.csv": every sweep_frame column, "<name>.md": the template (or
-        DEFAULT_TEMPLATE) filled in, "<name>-<figure>.png": one per FIGURES entry}.
+        DEFAULT_TEMPLATE) filled in, "<name>-<figure>.png" and ".svg": one pair per
+        figure of the scenario}.
 
     Raises:
-        ConfigError: a template placeholder that names no run, column or section.
+        ConfigError: a template placeholder that names no run, column or section, or a
+            heatmap naming an unknown column or plan.
     """
     frame = sweep_frame(pairs)
-    figures = _figures(scenario, pairs, frame)
-    files = {f"{scenario.name}-{FIGURES[key][0]}.png": png_bytes(fig)
-             for key, fig in figures.items()}
-    links = {key: f"![{FIGURES[key][1]}]({scenario.name}-{FIGURES[key][0]}.png)"
-             for key in FIGURES}
+    links: dict[str, str] = {}
+    files: dict[str, bytes] = {}
+    for key, fig in _figures(scenario, pairs, frame, timeline).items():
+        stem = f"{scenario.name}-{FIGURES[key][0]}"
+        files |= {f"{stem}.png": png_bytes(fig), f"{stem}.svg": svg_bytes(fig)}
+        links[key] = f"![{FIGURES[key][1]}]({stem}.png) ([SVG]({stem}.svg))"
     sections = {
         "name": scenario.name, "description": scenario.description,
         "source": scenario.source or "-", "table": markdown_table(frame, TABLE_COLUMNS),
@@ -63,12 +93,32 @@ def report_files(scenario: Scenario, pairs: Sequence[tuple[Run, Result]]) -> dic
 
 
 def _figures(scenario: Scenario, pairs: Sequence[tuple[Run, Result]],
-             frame: pd.DataFrame) -> dict[str, Figure]:
-    curves = memory_curve_frame(pairs, scenario.memory_curves)
-    first = next(r for run, r in pairs if run.name == scenario.memory_curves[0])
+             frame: pd.DataFrame, timeline: Result | None) -> dict[str, Figure]:
+    def memory_curve() -> Figure:
+        curves = memory_curve_frame(pairs, scenario.memory_curves)
+        first = next(r for run, r in pairs if run.name == scenario.memory_curves[0])
+        return memory_curve_figure(curves, hbm_gib=first.hbm_bytes / GiB)
+
+    def heatmap() -> Figure:
+        spec = scenario.heatmap
+        if spec is None:
+            raise ValueError("a heatmap figure without report.heatmap")  # load checks it
+        return heatmap_figure(frame, x=spec.x, y=spec.y, value=spec.value, plan=spec.plan)
+
+    def gantt() -> Figure:
+        if timeline is None:
+            raise ValueError("a gantt figure needs the timeline (simulate_timeline)")
+        return gantt_figure(timeline.spans, title=f"Streams of rank 0 over one step: "
+                                                  f"{scenario.gantt}")
+
     makers: dict[str, Callable[[], Figure]] = {
         "step_time": lambda: step_time_figure(frame),
         "memory": lambda: memory_figure(frame),
-        "memory_curve": lambda: memory_curve_figure(curves, hbm_gib=first.hbm_bytes / GiB),
+        "memory_curve": memory_curve,
+        "pareto": lambda: pareto_figure(frame),
+        "scaling": lambda: scaling_figure(frame),
+        "exposed_comm": lambda: exposed_comm_figure(frame),
+        "heatmap": heatmap,
+        "gantt": gantt,
     }
-    return {key: makers[key]() for key in FIGURES}
+    return {key: makers[key]() for key in scenario.figures}

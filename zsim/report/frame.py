@@ -15,15 +15,16 @@ from zsim.analytic.memory import CATEGORIES, model_state_bytes
 from zsim.result import Result
 from zsim.scenario import Run
 from zsim.schedule.ops import COLLECTIVE_KINDS
-from zsim.units import GiB, MiB
+from zsim.units import GB, GiB, MiB
 
 
 def sweep_frame(pairs: Sequence[tuple[Run, Result]]) -> pd.DataFrame:
     """One row per run, in scenario order.
 
-    Columns: the run's settings (run, plan, strategy, impl, gpus, dp_shard, dp_replicate,
-    seq_len, micro_batch, grad_accum, recompute, unit_size, prefetch, bucket_mib,
-    param_dtype), fits, evaluated (zsim.result.EVALUATED) and oom ("" when it fits), times
+    Columns: the run's settings (run, plan_name (its key under `plans:`), plan, strategy,
+    impl, gpus, dp_shard, dp_replicate, seq_len, micro_batch, grad_accum, recompute,
+    unit_size, prefetch, bucket_mib, param_dtype, inter_node_gb_per_s), fits, evaluated
+    (zsim.result.EVALUATED) and oom ("" when it fits), times
     in seconds (step, compute, exposed communication, busy time per collective kind; empty
     for a run not simulated to the end of its step), memory in GiB (peak allocated,
     estimated reserved, model state at rest, the closed-form model state of
@@ -35,12 +36,14 @@ def sweep_frame(pairs: Sequence[tuple[Run, Result]]) -> pd.DataFrame:
     for run, r in pairs:
         p = run.plan
         row: dict[str, object] = {
-            "run": run.name, "plan": p.label, "strategy": p.strategy, "impl": p.impl,
+            "run": run.name, "plan_name": run.plan_name, "plan": p.label,
+            "strategy": p.strategy, "impl": p.impl,
             "gpus": run.gpus,
             "dp_shard": p.dp_shard, "dp_replicate": p.dp_replicate, "seq_len": p.seq_len,
             "micro_batch": p.micro_batch, "grad_accum": p.grad_accum,
             "recompute": p.recompute, "unit_size": p.unit_size, "prefetch": p.prefetch,
             "bucket_mib": p.bucket_bytes / MiB, "param_dtype": p.param_dtype,
+            "inter_node_gb_per_s": run.hardware.inter_node.bandwidth_bytes_per_s / GB,
             "fits": r.fits, "evaluated": r.evaluated, "oom": r.oom or "",
             "step_time_s": r.step_time_s, "compute_time_s": r.compute_time_s,
             "exposed_comm_s": r.exposed_comm_s, "comm_busy_s": r.comm_busy_total_s,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 
+import matplotlib
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
@@ -125,6 +126,15 @@ def memory_curve_figure(curves: pd.DataFrame, *, hbm_gib: float) -> Figure:
     ax.set_title("Memory over one optimizer step")
     ax.legend(loc="upper right", fontsize="small")
     return fig
+
+
+def svg_bytes(fig: Figure) -> bytes:
+    """The figure as SVG bytes, deterministic for the same figure: element ids hashed with
+    a fixed salt, no date and no "Creator" (matplotlib version) metadata."""
+    buf = io.BytesIO()
+    with matplotlib.rc_context({"svg.hashsalt": "zsim"}):
+        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
+    return buf.getvalue()
 
 
 def png_bytes(fig: Figure) -> bytes:

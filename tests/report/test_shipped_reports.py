@@ -1,0 +1,76 @@
+"""The committed reports of the shipped studies (reports/<name>.*, one per
+scenarios/*.yaml) are what `zsim report --all --out reports` generates today: if the
+simulator changes, this fails until they are regenerated, so no report can go stale. Also
+checks the card's memory table (the 7B/64 study) against the card's closed form by hand.
+
+Regenerating every shipped study here takes about 20 s (figures included)."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+import pytest
+
+from zsim.report.build import report_files
+from zsim.scenario import load_scenario, simulate_runs, simulate_timeline
+
+REPO = Path(__file__).resolve().parents[2]
+REGENERATE = "zsim report --all --out reports"
+SHIPPED = sorted((REPO / "scenarios").glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def fresh() -> dict[str, bytes]:
+    files: dict[str, bytes] = {}
+    for path in SHIPPED:
+        scenario = load_scenario(path)
+        files |= report_files(scenario, simulate_runs(scenario),
+                              timeline=simulate_timeline(scenario))
+    return files
+
+
+def test_the_shipped_studies_are_there() -> None:
+    assert {p.stem for p in SHIPPED} >= {
+        "card-7b-64-memory", "seed-13b-128", "scaling-7b-8-4096", "hsdp-vs-fsdp-bandwidth",
+        "seq-vs-recompute", "sweep-13b-128-unit-prefetch"}
+
+
+def test_committed_numbers_match_a_fresh_regeneration(fresh: dict[str, bytes]) -> None:
+    stale = [name for name in fresh if name.endswith((".csv", ".md"))
+             and (not (REPO / "reports" / name).is_file()
+                  or (REPO / "reports" / name).read_bytes() != fresh[name])]
+    assert not stale, f"stale or missing: {stale}; run `{REGENERATE}`"
+
+
+def test_every_figure_is_committed_and_linked(fresh: dict[str, bytes]) -> None:
+    for name in fresh:
+        assert (REPO / "reports" / name).is_file(), f"reports/{name}: run `{REGENERATE}`"
+        if name.endswith((".png", ".svg")):
+            report = name.split("-")[0]
+            md = next(fresh[m].decode() for m in fresh
+                      if m.endswith(".md") and name.startswith(m[:-3] + "-"))
+            assert f"]({name})" in md, (report, name)
+
+
+def test_no_figure_or_table_is_left_over(fresh: dict[str, bytes]) -> None:
+    """A figure a scenario no longer draws (or a study removed) leaves no file behind."""
+    generated = [p.name for p in (REPO / "reports").iterdir()
+                 if p.suffix in (".png", ".svg", ".csv") and p.is_file()]
+    assert sorted(set(generated) - set(fresh)) == []
+
+
+def test_card_memory_table_is_the_cards_closed_form() -> None:
+    """The card: 7B on 64 GPUs -> DDP 112 GB, ZeRO-1 ~29 GB, ZeRO-2 ~15.5 GB, ZeRO-3 ~1.75
+    GB; by hand, 16, 4 + 12/64, 2 + 14/64 and 16/64 bytes per parameter times 7.0e9."""
+    rows = {r["run"]: r for r in csv.DictReader(io.StringIO(
+        (REPO / "reports" / "card-7b-64-memory.csv").read_text()))}
+    by_hand = {"ddp": 16, "zero1": 4 + 12 / 64, "zero2": 2 + 14 / 64, "zero3": 16 / 64,
+               "fsdp": 16 / 64}
+    card = {"ddp": 112, "zero1": 29, "zero2": 15.5, "zero3": 1.75, "fsdp": 1.75}
+    for run, bytes_per_param in by_hand.items():
+        gb = float(rows[run]["closed_form_model_state_gib"]) * 2**30 / 1e9
+        assert gb == pytest.approx(bytes_per_param * 7.0, rel=1e-5)
+        assert gb == pytest.approx(card[run], rel=0.02)
+    assert rows["ddp"]["fits"] == "False"
