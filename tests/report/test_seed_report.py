@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from zsim.report.build import report_files
+from zsim.report.frame import sweep_frame
 from zsim.scenario import load_scenario, simulate_runs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -18,7 +19,9 @@ REGENERATE = "zsim sweep --scenario scenarios/seed-13b-128.yaml --out reports"
 @pytest.fixture(scope="module")
 def fresh() -> dict[str, bytes]:
     scenario = load_scenario(REPO / "scenarios" / "seed-13b-128.yaml")
-    return report_files(scenario, simulate_runs(scenario))
+    pairs = simulate_runs(scenario)
+    return report_files(scenario, sweep_frame(pairs),
+                        {run.name: r.memory_curve for run, r in pairs})
 
 
 @pytest.mark.parametrize("name", ["seed-13b-128.csv", "seed-13b-128.md"])

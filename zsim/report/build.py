@@ -2,22 +2,21 @@
 
 Owns the report's file names (`<scenario>.csv`, `<scenario>.md`, `<scenario>-<figure>.png`),
 the markdown table's columns, and the all-or-nothing write. Never simulates (see
-zsim.scenario.simulate_runs). Only the sweep path imports this module (pandas, matplotlib).
+zsim.sweep). Only the sweep path imports this module (pandas, matplotlib).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import io
+from collections.abc import Callable, Mapping, Sequence
 
 import pandas as pd
 from matplotlib.figure import Figure
 
-from zsim.report.frame import csv_text, memory_curve_frame, sweep_frame
+from zsim.report.frame import csv_text, memory_curve_frame
 from zsim.report.markdown import DEFAULT_TEMPLATE, markdown_table, render_report
 from zsim.report.plots import memory_curve_figure, memory_figure, png_bytes, step_time_figure
-from zsim.result import Result
-from zsim.scenario import Run, Scenario
-from zsim.units import GiB
+from zsim.scenario import Scenario
 
 TABLE_COLUMNS: tuple[str, ...] = (
     "run", "fits", "evaluated", "step_time_s", "compute_time_s", "exposed_comm_s",
@@ -34,8 +33,33 @@ FIGURES: dict[str, tuple[str, str]] = {
 """Figure key -> (file name suffix, caption)."""
 
 
-def report_files(scenario: Scenario, pairs: Sequence[tuple[Run, Result]]) -> dict[str, bytes]:
+RESULTS_CSV = "results.csv"
+RESULTS_PARQUET = "results.parquet"
+
+
+def results_files(frame: pd.DataFrame) -> dict[str, bytes]:
+    """A sweep's results table as files: RESULTS_CSV (zsim.report.frame.csv_text), and
+    RESULTS_PARQUET where pyarrow is installed (without an index; the same bytes for the
+    same rows)."""
+    files = {RESULTS_CSV: csv_text(frame).encode()}
+    try:
+        import pyarrow  # noqa: F401 (pandas writes Parquet through it)
+    except ImportError:
+        return files
+    buffer = io.BytesIO()
+    frame.to_parquet(buffer, engine="pyarrow", index=False)
+    files[RESULTS_PARQUET] = buffer.getvalue()
+    return files
+
+
+def report_files(scenario: Scenario, frame: pd.DataFrame,
+                 curves: Mapping[str, Sequence[tuple[float, int]]]) -> dict[str, bytes]:
     """Every report file of a simulated scenario, by file name, in memory.
+
+    Args:
+        scenario: the scenario (name, description, template, runs whose curve is plotted).
+        frame: its rows (zsim.report.frame.sweep_frame columns), in scenario order.
+        curves: run name -> memory curve, for every run in scenario.memory_curves.
 
     Returns:
         {"<name>.csv": every sweep_frame column, "<name>.md": the template (or
@@ -44,8 +68,7 @@ def report_files(scenario: Scenario, pairs: Sequence[tuple[Run, Result]]) -> dic
     Raises:
         ConfigError: a template placeholder that names no run, column or section.
     """
-    frame = sweep_frame(pairs)
-    figures = _figures(scenario, pairs, frame)
+    figures = _figures(scenario, frame, curves)
     files = {f"{scenario.name}-{FIGURES[key][0]}.png": png_bytes(fig)
              for key, fig in figures.items()}
     links = {key: f"![{FIGURES[key][1]}]({scenario.name}-{FIGURES[key][0]}.png)"
@@ -62,13 +85,13 @@ def report_files(scenario: Scenario, pairs: Sequence[tuple[Run, Result]]) -> dic
             f"{scenario.name}.md": markdown.encode(), **files}
 
 
-def _figures(scenario: Scenario, pairs: Sequence[tuple[Run, Result]],
-             frame: pd.DataFrame) -> dict[str, Figure]:
-    curves = memory_curve_frame(pairs, scenario.memory_curves)
-    first = next(r for run, r in pairs if run.name == scenario.memory_curves[0])
+def _figures(scenario: Scenario, frame: pd.DataFrame,
+             curves: Mapping[str, Sequence[tuple[float, int]]]) -> dict[str, Figure]:
+    curve_frame = memory_curve_frame(curves, scenario.memory_curves)
+    first = frame.loc[frame["run"] == scenario.memory_curves[0], "hbm_gib"].iloc[0]
     makers: dict[str, Callable[[], Figure]] = {
         "step_time": lambda: step_time_figure(frame),
         "memory": lambda: memory_figure(frame),
-        "memory_curve": lambda: memory_curve_figure(curves, hbm_gib=first.hbm_bytes / GiB),
+        "memory_curve": lambda: memory_curve_figure(curve_frame, hbm_gib=float(first)),
     }
     return {key: makers[key]() for key in FIGURES}
