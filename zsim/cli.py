@@ -289,6 +289,10 @@ def sweep(
         typer.echo(r["csv"], nl=False)
     else:
         typer.echo(text_table(r["rows"], SWEEP_COLUMNS))
+    if out is not None:
+        resumed = len(r["rows"]) - r["simulated"]
+        typer.echo(f"simulated {r['simulated']} runs, {resumed} read back from the journal",
+                   err=True)
     for path in r["written"]:
         typer.echo(f"wrote {path}", err=True)
 

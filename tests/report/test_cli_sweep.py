@@ -32,7 +32,8 @@ def test_csv_on_stdout_equals_the_written_csv(toy_path: Path, tmp_path: Path) ->
     assert code == 0, stderr
     assert {p.name for p in out.iterdir()} == FILES
     assert stdout == (out / "toy.csv").read_text() == (out / "results.csv").read_text()
-    assert stderr.splitlines() == [f"wrote {out / name}" for name in (
+    assert stderr.splitlines() == ["simulated 3 runs, 0 read back from the journal"] + [
+        f"wrote {out / name}" for name in (
         "results.csv", *(["results.parquet"] if "results.parquet" in FILES else []),
         "toy.csv", "toy.md", "toy-step-time.png", "toy-memory.png", "toy-memory-curve.png")]
     md = (out / "toy.md").read_text()
@@ -127,7 +128,8 @@ def test_the_command_passes_its_options_to_api_sweep(monkeypatch: pytest.MonkeyP
              progress: object) -> dict[str, object]:
         seen.update(scenario=scenario, out=out, executor=executor, ray_address=ray_address,
                     progress=callable(progress))
-        return {"scenario": "s", "rows": [], "csv": "run\n", "written": [], "warnings": []}
+        return {"scenario": "s", "rows": [], "csv": "run\n", "written": [], "warnings": [],
+                "simulated": 0}
 
     monkeypatch.setattr(api, "sweep", fake)
     code, stdout, _ = sweep("--scenario", "a.yaml", "--out", str(tmp_path), "--format", "csv")
