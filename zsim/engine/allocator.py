@@ -89,8 +89,9 @@ class CachingAllocator:
                  "allocated_bytes", "reserved_bytes", "segments")
 
     def __init__(self) -> None:
-        self._pools: dict[tuple[Hashable, bool], list[tuple[int, int]]] = {}
-        """(stream, small pool) -> its free blocks as sorted (size, address)."""
+        self._pools: dict[Hashable, tuple[list[tuple[int, int]], list[tuple[int, int]]]] = {}
+        """stream -> its (small, large) pools, each its free blocks as sorted (size,
+        address)."""
         self._free: dict[int, tuple[int, list[tuple[int, int]]]] = {}
         """Free block address -> (size, the pool list holding it)."""
         self._free_by_end: dict[int, int] = {}
@@ -108,11 +109,15 @@ class CachingAllocator:
 
     def malloc(self, nbytes: int, stream: Hashable) -> int:
         """Serve a request of `nbytes` on `stream`; returns the block's handle."""
-        size = round_size(nbytes)
+        # round_size and the pool lookup inlined: the replay calls this some 10^4 times a
+        # plan (zsim sweep's hottest function).
+        size = (K_MIN_BLOCK_SIZE if nbytes < K_MIN_BLOCK_SIZE
+                else -(-nbytes // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE)
+        pools = self._pools.get(stream)
+        if pools is None:
+            pools = self._pools[stream] = ([], [])
         small = size <= K_SMALL_SIZE
-        pool = self._pools.get((stream, small))
-        if pool is None:
-            pool = self._pools[(stream, small)] = []
+        pool = pools[0] if small else pools[1]
         i = bisect_left(pool, (size, -1))
         if i < len(pool):
             block_size, address = pool.pop(i)
@@ -146,11 +151,13 @@ class CachingAllocator:
             before_size = free.pop(before)[0]
             del pool[bisect_left(pool, (before_size, before))]
             address, size = before, size + before_size
-        after = free.pop(address + size, None)
+        end = address + size
+        after = free.pop(end, None)
         if after is not None:  # merge with the free block starting at its end
-            del pool[bisect_left(pool, (after[0], address + size))]
-            del free_by_end[address + size + after[0]]
-            size += after[0]
+            after_size = after[0]
+            del pool[bisect_left(pool, (after_size, end))]
+            del free_by_end[end + after_size]
+            size += after_size
         insort(pool, (size, address))
         free[address] = (size, pool)
         free_by_end[address + size] = address
