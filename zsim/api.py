@@ -167,9 +167,10 @@ def sweep(scenario: Path, out: Path | None = None, *, executor: str = "local",
 
     With `out`, each finished run is first appended to `out/journal.jsonl`, and a run
     already there is not simulated again, so an interrupted sweep resumes (zsim.sweep);
-    at the end `results.csv` (and `results.parquet` where pyarrow is installed),
-    `<name>.csv`, `<name>.md` and `<name>-*.png` are written, all or nothing. Their bytes
-    do not depend on the executor, the number of workers or the interruptions.
+    at the end `results.csv` (and `results.parquet` where pyarrow is installed) and, for
+    a scenario of at most zsim.report.build.REPORT_MAX_RUNS runs, the report
+    (`<name>.csv`, `<name>.md` and `<name>-*.png`) are written, all or nothing. Their
+    bytes do not depend on the executor, the number of workers or the interruptions.
 
     Args:
         scenario: the scenario file (schema in zsim.scenario).
@@ -191,17 +192,20 @@ def sweep(scenario: Path, out: Path | None = None, *, executor: str = "local",
             does not model, a bad report template, an unknown executor, ray not
             installed, or an `out` folder that cannot be written.
     """
-    from zsim.report.build import report_files, results_files
+    from zsim.report.build import REPORT_MAX_RUNS, report_files, results_files
     from zsim.report.frame import csv_text, rows_frame
     from zsim.scenario import load_scenario
     from zsim.sweep import run_sweep
 
     loaded = load_scenario(scenario)
-    done = run_sweep(loaded, out, executor=executor, ray_address=ray_address,
-                     progress=progress)
+    report = out is not None and len(loaded.runs) <= REPORT_MAX_RUNS
+    done = run_sweep(loaded, out, curves=loaded.memory_curves if report else (),
+                     executor=executor, ray_address=ray_address, progress=progress)
     frame = rows_frame(done.rows)
-    written = [] if out is None else write_files(
-        out, {**results_files(frame), **report_files(loaded, frame, done.curves)})
+    files = {} if out is None else results_files(frame)
+    if report:
+        files |= report_files(loaded, frame, done.curves)
+    written = [] if out is None else write_files(out, files)
     warnings = list(dict.fromkeys(w for run in loaded.runs for w in run.warnings))
     return {"scenario": loaded.name, "rows": frame.to_dict(orient="records"),
             "csv": csv_text(frame), "written": [str(p) for p in written],

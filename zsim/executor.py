@@ -99,7 +99,8 @@ def run_local(runs: Sequence[Run], pending: Sequence[int], curves: frozenset[str
         # On an error, Ctrl-C or the caller stopping early: drop the batches not started
         # (workers finish the one they hold, whose rows are then lost, not half-kept).
         pool.shutdown(wait=False, cancel_futures=True)
-        _RUNS = ()
+        if _RUNS is runs:  # not a later sweep's, should this generator be closed late
+            _RUNS = ()
 
 
 _RUNS: Sequence[Run] = ()

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Collection, Generator, Sequence
+from contextlib import closing, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ class SweepRows:
     rows: tuple[dict[str, Any], ...]
     """One zsim.report.frame.sweep_row per run."""
     curves: dict[str, tuple[tuple[float, int], ...]]
-    """Memory curve (time_s, allocated_bytes) of each run the scenario's report plots."""
+    """Memory curve (time_s, allocated_bytes) of each run named in run_sweep's `curves`."""
     simulated: int
     """Runs simulated by this call (the others were read back from the journal)."""
 
@@ -70,7 +70,8 @@ def simulator_digest() -> str:
     return digest.hexdigest()
 
 
-def run_sweep(scenario: Scenario, out: Path | None = None, *, executor: str = "local",
+def run_sweep(scenario: Scenario, out: Path | None = None, *,
+              curves: Collection[str] = (), executor: str = "local",
               ray_address: str | None = None, progress: Progress | None = None
               ) -> SweepRows:
     """Simulate every run of `scenario` not already in `out`'s journal.
@@ -79,6 +80,7 @@ def run_sweep(scenario: Scenario, out: Path | None = None, *, executor: str = "l
         scenario: the loaded scenario.
         out: folder whose journal (zsim.journal.JOURNAL_NAME) records finished runs and is
             read back first; None: keep nothing, simulate every run.
+        curves: names of the runs whose memory curve to keep (for a report's plot).
         executor: "local" (every local core) or "ray" (zsim.executor.run_ray).
         ray_address: the Ray cluster's address (executor "ray"; None: RAY_ADDRESS, else a
             local cluster).
@@ -98,10 +100,10 @@ def run_sweep(scenario: Scenario, out: Path | None = None, *, executor: str = "l
     runs = scenario.runs
     ids = plan_ids(runs)
     path = None if out is None else Path(out) / JOURNAL_NAME
-    curves = frozenset(scenario.memory_curves)
+    keep = frozenset(curves)
     # A journal row is reused for its run only, and with its memory curve where the
     # report plots it (a report edited to plot more runs recomputes those).
-    wanted = {k: run.name in curves for k, run in zip(ids, runs, strict=True)}
+    wanted = {k: run.name in keep for k, run in zip(ids, runs, strict=True)}
     done = {} if path is None else {
         k: e for k, e in read_journal(path).items()
         if k in wanted and (e.get("curve") is not None or not wanted[k])}
@@ -111,31 +113,41 @@ def run_sweep(scenario: Scenario, out: Path | None = None, *, executor: str = "l
     errors: list[RunOutcome] = []
     finished = len(runs) - len(pending)
     if pending:
-        outcomes: Iterator[list[RunOutcome]] = (
-            run_ray(runs, pending, curves, address=ray_address) if executor == "ray"
-            else run_local(runs, pending, curves))
-        with Journal(path) if path is not None else nullcontext() as journal:
+        outcomes: Generator[list[RunOutcome], None, None] = (
+            run_ray(runs, pending, keep, address=ray_address) if executor == "ray"
+            else run_local(runs, pending, keep))
+        remaining = set(pending)
+        # closing: stopping early shuts the executor down now, not when collected.
+        with closing(outcomes), \
+                Journal(path) if path is not None else nullcontext() as journal:
             for batch in outcomes:
                 entries = [_entry(ids[o.index], o) for o in batch if o.error is None]
                 if journal is not None and entries:
                     journal.append(entries)
                 done.update((e["id"], e) for e in entries)
                 finished += len(entries)
+                remaining.difference_update(o.index for o in batch)
                 errors += [o for o in batch if o.error is not None]
                 if errors:
-                    break  # the batches in flight are dropped (zsim.executor)
+                    # Stop (dropping the batches not finished, zsim.executor) once every
+                    # run before the first rejected one is done, so the error is the one
+                    # a serial sweep would stop at, whatever the order batches finish in.
+                    first = min(o.index for o in errors)
+                    if all(i > first for i in remaining):
+                        break
+                    continue
                 if progress is not None:
                     progress(finished, len(runs), runs[batch[-1].index].name)
     if errors:
-        first = min(errors, key=lambda o: o.index)
-        e = first.error
+        rejected = min(errors, key=lambda o: o.index)
+        e = rejected.error
         assert e is not None
-        raise ConfigError(e.field, e.value, f"{e.reason} (run {runs[first.index].name!r})")
+        raise ConfigError(e.field, e.value, f"{e.reason} (run {runs[rejected.index].name!r})")
     entries = [done[k] for k in ids]
     return SweepRows(
         rows=tuple(e["row"] for e in entries),
         curves={run.name: tuple((t, b) for t, b in e["curve"])
-                for run, e in zip(runs, entries, strict=True) if run.name in curves},
+                for run, e in zip(runs, entries, strict=True) if run.name in keep},
         simulated=len(pending))
 
 

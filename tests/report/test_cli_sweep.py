@@ -140,3 +140,20 @@ def test_the_command_passes_its_options_to_api_sweep(monkeypatch: pytest.MonkeyP
                        "10.0.0.1:6379")
     assert code == 0
     assert (seen["executor"], seen["ray_address"]) == ("ray", "10.0.0.1:6379")
+
+
+def test_a_sweep_above_the_report_limit_writes_the_results_only(
+        toy_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import zsim.report.build
+
+    monkeypatch.setattr(zsim.report.build, "REPORT_MAX_RUNS", 2)  # the toy has 3 runs
+    out = tmp_path / "out"
+    code, stdout, stderr = sweep("--scenario", str(toy_path), "--out", str(out),
+                                 "--format", "csv")
+    assert code == 0, stderr
+    assert {p.name for p in out.iterdir()} == FILES - {
+        "toy.csv", "toy.md", "toy-step-time.png", "toy-memory.png", "toy-memory-curve.png"}
+    assert stdout == (out / "results.csv").read_text()
+    # No memory curve is kept when no report will plot it.
+    assert '"curve":null' in (out / "journal.jsonl").read_text()
+    assert '"curve":[' not in (out / "journal.jsonl").read_text()

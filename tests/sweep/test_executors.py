@@ -42,9 +42,9 @@ def test_serial_and_forked_workers_match_one_at_a_time_simulation(
     expected, curves = reference
     assert len(scenario.runs) == RUNS
     monkeypatch.setenv("ZSIM_WORKERS", "1")
-    serial = run_sweep(scenario)
+    serial = run_sweep(scenario, curves=scenario.memory_curves)
     monkeypatch.setenv("ZSIM_WORKERS", "2")
-    forked = run_sweep(scenario)
+    forked = run_sweep(scenario, curves=scenario.memory_curves)
     assert files(serial) == files(forked) == expected
     assert serial.curves == forked.curves == curves
     assert serial.simulated == forked.simulated == RUNS
@@ -105,10 +105,21 @@ def test_ray_local_cluster_matches_one_at_a_time_simulation(
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     try:
-        done = run_sweep(scenario, tmp_path / "out", executor="ray")
-        again = run_sweep(scenario, tmp_path / "out", executor="ray")
+        done = run_sweep(scenario, tmp_path / "out", curves=scenario.memory_curves,
+                         executor="ray")
+        again = run_sweep(scenario, tmp_path / "out", curves=scenario.memory_curves,
+                          executor="ray")
     finally:
         ray.shutdown()
     assert files(done) == files(again) == expected
     assert done.curves == curves
     assert (done.simulated, again.simulated) == (RUNS, 0)  # resumed from the journal
+
+
+def test_a_curve_asked_for_later_is_computed_again(grid_path: Path, tmp_path: Path) -> None:
+    scenario = load_scenario(grid_path)
+    first = run_sweep(scenario, tmp_path / "out")
+    assert (first.simulated, first.curves) == (RUNS, {})
+    again = run_sweep(scenario, tmp_path / "out", curves=scenario.memory_curves[:1])
+    assert again.simulated == 1 and list(again.curves) == [scenario.memory_curves[0]]
+    assert again.rows == first.rows

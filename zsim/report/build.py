@@ -33,6 +33,11 @@ FIGURES: dict[str, tuple[str, str]] = {
 """Figure key -> (file name suffix, caption)."""
 
 
+REPORT_MAX_RUNS = 500
+"""Runs a sweep's report (markdown table, per-run bar charts, memory curves) is drawn for
+at most: beyond, one row and one bar per run is unreadable and slow to draw (5,040 bars
+took over ten minutes), and the results files alone are written."""
+
 RESULTS_CSV = "results.csv"
 RESULTS_PARQUET = "results.parquet"
 
