@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -50,17 +51,22 @@ report:
 """
 
 
-def _sweep(scenario: Path, out: Path, workers: int | None) -> float:
-    """Wall seconds of one `zsim sweep --out` process, start-up included."""
+def _sweep(scenario: Path, out: Path, workers: int | None) -> tuple[float, float]:
+    """Wall seconds of one `zsim sweep --out` process, start-up included, and the CPU
+    seconds it and its workers used (on a shared host, the wall time an idle one would
+    take is about the CPU time divided by the workers)."""
     env = dict(os.environ)
     env.pop("ZSIM_WORKERS", None)
     if workers is not None:
         env["ZSIM_WORKERS"] = str(workers)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "zsim", "sweep", "--scenario", str(scenario),
                     "--out", str(out), "--format", "csv"], env=env, check=True,
                    stdout=subprocess.DEVNULL)
-    return time.perf_counter() - t0
+    wall_s = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall_s, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
 
 def main() -> None:
@@ -79,9 +85,12 @@ def main() -> None:
     cores = workers_for(1_000_000)
     modes = {"serial": 1, f"parallel ({cores} workers)": None}
     wall_s = {mode: 0.0 for mode in modes}
+    cpu_s = {mode: 0.0 for mode in modes}
     for mode, workers in modes.items():
         for path in scenarios:
-            wall_s[mode] += _sweep(path, root / mode.split()[0] / path.stem, workers)
+            wall, cpu = _sweep(path, root / mode.split()[0] / path.stem, workers)
+            wall_s[mode] += wall
+            cpu_s[mode] += cpu
     plans, closed = 0, 0
     for path in scenarios:
         with open(root / "serial" / path.stem / "results.csv", newline="") as f:
@@ -93,13 +102,15 @@ def main() -> None:
                for p in scenarios for name in ("results.csv", f"{p.stem}.md"))
     print(f"{plans:,} plans ({', '.join(models)} on dgx-h100; {closed:,} answered by the "
           f"closed form)")
-    print(f"{'mode':24s} {'wall s':>8s} {'plans/s':>8s}")
+    print(f"{'mode':24s} {'wall s':>8s} {'plans/s':>8s} {'CPU s':>8s} {'plans/CPU-s':>11s}")
     for mode, t in wall_s.items():
-        print(f"{mode:24s} {t:8.1f} {plans / t:8.1f}")
+        print(f"{mode:24s} {t:8.1f} {plans / t:8.1f} {cpu_s[mode]:8.1f} "
+              f"{plans / cpu_s[mode]:11.1f}")
     serial, parallel = wall_s.values()
     print(f"speed-up {serial / parallel:.2f}x; same bytes serial vs parallel: "
           f"{'yes' if same else 'NO'}; 10,000 plans in {10_000 * parallel / plans:.0f} s "
-          f"(target < 60 s)")
+          f"wall (target < 60 s); load average {os.getloadavg()[0]:.1f} on "
+          f"{os.cpu_count()} CPUs")
     print(f"outputs in {root}")
 
 
