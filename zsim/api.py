@@ -237,40 +237,60 @@ def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | 
             "warnings": list(warnings), **result.to_dict()}
 
 
-def sweep(scenario: Path, out: Path | None = None, *,
+def sweep(scenario: Path, out: Path | None = None, *, executor: str = "local",
+          ray_address: str | None = None,
           progress: Callable[[int, int, str], None] | None = None,
           overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Simulate every run of a scenario YAML (its sweep expanded) and, with `out`, write its
-    report there: `<name>.csv`, `<name>.md` and `<name>-*.png` and `.svg`, all or nothing.
+    results and report there.
+
+    With `out`, each finished run is first appended to `out/journal.jsonl`, and a run
+    already there is not simulated again, so an interrupted sweep resumes (zsim.sweep);
+    at the end `results.csv` (and `results.parquet` where pyarrow is installed) and, for
+    a scenario of at most zsim.report.build.REPORT_MAX_RUNS runs, the report
+    (`<name>.csv`, `<name>.md` and `<name>-*.png` and `.svg`) are written, all or nothing. Their
+    bytes do not depend on the executor, the number of workers or the interruptions.
 
     Args:
         scenario: the scenario file (schema in zsim.scenario).
-        out: folder for the report files, or None to write nothing.
-        progress: called after each run with (runs done, runs in total, run name).
+        out: folder for the journal, results and report, or None to write nothing.
+        executor: "local" (every local core; ZSIM_WORKERS=N caps them) or "ray".
+        ray_address: the Ray cluster (executor "ray"; None: RAY_ADDRESS, else a local
+            one).
+        progress: called with (runs done, runs in total, last run finished): once before
+            any run is simulated, then after each finished batch.
         overrides: `KEY=VALUE` settings over the file (zsim.scenario.apply_overrides).
 
     Returns:
         {"scenario": name, "rows": one record per run (zsim.report.frame.sweep_frame
         columns), "csv": the CSV text, "written": the paths written, "warnings": the
-        runs' config keys read but not modelled, each once}.
+        runs' config keys read but not modelled, each once, "simulated": runs simulated
+        by this call (the others were read back from the journal)}.
 
     Raises:
         ConfigError: a bad scenario file (the field path names where), a run the simulator
-            does not model, or a bad report template.
+            does not model, a bad report template, an unknown executor, ray not
+            installed, or an `out` folder that cannot be written.
     """
-    from zsim.report.build import report_files
-    from zsim.report.frame import csv_text, sweep_frame
-    from zsim.scenario import load_scenario, simulate_runs, simulate_timeline
+    from zsim.report.build import REPORT_MAX_RUNS, report_files, results_files
+    from zsim.report.frame import csv_text, rows_frame
+    from zsim.scenario import load_scenario, simulate_timeline
+    from zsim.sweep import run_sweep
 
     loaded = load_scenario(scenario, overrides)
-    pairs = simulate_runs(loaded, progress=progress)
-    frame = sweep_frame(pairs)
-    written = [] if out is None else write_files(
-        out, report_files(loaded, pairs, timeline=simulate_timeline(loaded)))
+    report = out is not None and len(loaded.runs) <= REPORT_MAX_RUNS
+    done = run_sweep(loaded, out, curves=loaded.memory_curves if report else (),
+                     executor=executor, ray_address=ray_address, progress=progress)
+    frame = rows_frame(done.rows)
+    files = {} if out is None else results_files(frame)
+    if report:
+        files |= report_files(loaded, frame, done.curves,
+                              timeline=simulate_timeline(loaded))
+    written = [] if out is None else write_files(out, files)
     warnings = list(dict.fromkeys(w for run in loaded.runs for w in run.warnings))
     return {"scenario": loaded.name, "rows": frame.to_dict(orient="records"),
             "csv": csv_text(frame), "written": [str(p) for p in written],
-            "warnings": warnings}
+            "warnings": warnings, "simulated": done.simulated}
 
 
 SHIPPED_SCENARIOS = Path("scenarios")
@@ -300,6 +320,7 @@ def report(scenarios: Sequence[Path], out: Path, *, shipped: bool = False,
         ConfigError: no scenario, two scenarios of one name, or any error of api.sweep.
     """
     from zsim.report.build import report_files
+    from zsim.report.frame import sweep_frame
     from zsim.scenario import load_scenario, simulate_runs, simulate_timeline
 
     if shipped:
@@ -325,7 +346,9 @@ def report(scenarios: Sequence[Path], out: Path, *, shipped: bool = False,
             lambda done, total, run, name=loaded.name: progress(name, done, total, run))
         try:
             pairs = simulate_runs(loaded, progress=tick)
-            files |= report_files(loaded, pairs, timeline=simulate_timeline(loaded))
+            files |= report_files(loaded, sweep_frame(pairs),
+                                  {run.name: r.memory_curve for run, r in pairs},
+                                  timeline=simulate_timeline(loaded))
         except ConfigError as e:  # a run, a figure or a template placeholder: name the file
             raise ConfigError(e.field, e.value, f"{e.reason} (in {path})") from None
     return {"scenarios": list(names), "written": [str(p) for p in write_files(out, files)]}

@@ -15,6 +15,7 @@ import typer
 
 from zsim import api
 from zsim.errors import ZsimError
+from zsim.progress import ProgressBar
 from zsim.report.tables import csv_text, json_text, text_table
 from zsim.spec.error_bands import band_pct
 from zsim.spec.plan import IMPLS, PIPELINE_SCHEDULES, PRECISIONS, STRATEGIES
@@ -330,19 +331,31 @@ SWEEP_COLUMNS = ("run", "fits", "step_time_s", "exposed_comm_s", "peak_memory_gi
                  "tokens_per_s_per_gpu", "mfu")
 
 
+class Executor(str, Enum):
+    local = "local"
+    ray = "ray"
+
+
 @app.command()
 def sweep(
     scenario: Annotated[Path, typer.Option(help="Scenario YAML (plans and an optional sweep).")],
     out: Annotated[Path | None, typer.Option(
-        help="Folder for the report: <name>.csv, <name>.md, <name>-*.png and .svg.")] = None,
+        help="Folder for journal.jsonl (an interrupted sweep resumes from it), "
+             "results.csv/.parquet and the report: <name>.csv, <name>.md, "
+             "<name>-*.png and .svg.")] = None,
     format: FormatOpt = Format.table,
     set_: SetOpt = None,
+    executor: Annotated[Executor, typer.Option(
+        help="local: every core here (ZSIM_WORKERS=N caps them); ray: a Ray cluster "
+             "(pip install 'zsim[ray]').")] = Executor.local,
+    ray_address: Annotated[str | None, typer.Option(
+        help="Ray cluster address (default: RAY_ADDRESS, else a local cluster).")] = None,
 ) -> None:
     """Simulate every run of a scenario (sweep expanded); print a table, write the report."""
-    def progress(done: int, total: int, name: str) -> None:
-        typer.echo(f"[{done}/{total}] {name}", err=True)
-
-    r = _run(lambda: api.sweep(scenario, out, progress=progress, overrides=set_ or []))
+    bar = ProgressBar(sys.stderr)
+    r = _run(lambda: api.sweep(scenario, out, executor=executor.value,
+                               ray_address=ray_address, progress=bar,
+                               overrides=set_ or []))
     for warning in r["warnings"]:
         typer.echo(f"warning: {warning}", err=True)
     if format is Format.json:
@@ -351,6 +364,10 @@ def sweep(
         typer.echo(r["csv"], nl=False)
     else:
         typer.echo(text_table(r["rows"], SWEEP_COLUMNS))
+    if out is not None:
+        resumed = len(r["rows"]) - r["simulated"]
+        typer.echo(f"simulated {r['simulated']} runs, {resumed} read back from the journal",
+                   err=True)
     for path in r["written"]:
         typer.echo(f"wrote {path}", err=True)
 

@@ -129,11 +129,14 @@ def test_every_writing_command_writes_only_into_its_folder(
         proc = subprocess.run(cmd, cwd=run_dir, env=env, capture_output=True, text=True,
                               timeout=600)
         assert proc.returncode == 0, f"{cmd[:2]}: {proc.stderr[-2000:]}"
+    parquet = subprocess.run([str(bin_dir / "python"), "-c", "import pyarrow"],
+                             env=env, capture_output=True).returncode == 0
     assert _tree(out) == {
         "trace", "trace/step.json",
         "sweep", "sweep/where.csv", "sweep/where.md", "sweep/where-step-time.png",
         "sweep/where-memory.png", "sweep/where-memory-curve.png", "sweep/where-step-time.svg",
-        "sweep/where-memory.svg", "sweep/where-memory-curve.svg",
+        "sweep/where-memory.svg", "sweep/where-memory-curve.svg", "sweep/journal.jsonl",
+        "sweep/results.csv", *(["sweep/results.parquet"] if parquet else []),
         "validate", "validate/tiny-fsdp-n2.csv",
         "calibrate", "calibrate/cpu.yaml"}
     assert _tree(run_dir) == set()

@@ -1,9 +1,10 @@
-"""`zsim sweep` end to end on the toy scenario: table, JSON and CSV on stdout (progress on
-stderr only), the report files in --out, one-line errors with exit code 2, and nothing
-written when the sweep fails."""
+"""`zsim sweep` end to end on the toy scenario: table, JSON and CSV on stdout (no progress
+bar when stderr is not a terminal), the results and report files in --out, one-line errors
+with exit code 2, and, when the sweep fails, nothing but the journal of the runs finished."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -14,8 +15,10 @@ import zsim.simulate
 from zsim.cli import app
 from zsim.errors import ConfigError
 
-FILES = {"toy.csv", "toy.md", *(f"toy-{figure}.{ext}" for ext in ("png", "svg")
-                                 for figure in ("step-time", "memory", "memory-curve"))}
+FIGURES = {f"toy-{figure}.{ext}" for ext in ("png", "svg")
+           for figure in ("step-time", "memory", "memory-curve")}
+FILES = {"toy.csv", "toy.md", *FIGURES, "journal.jsonl", "results.csv",
+         *(["results.parquet"] if importlib.util.find_spec("pyarrow") else [])}
 
 
 def sweep(*args: str) -> tuple[int, str, str]:
@@ -29,8 +32,11 @@ def test_csv_on_stdout_equals_the_written_csv(toy_path: Path, tmp_path: Path) ->
                                  "--format", "csv")
     assert code == 0, stderr
     assert {p.name for p in out.iterdir()} == FILES
-    assert stdout == (out / "toy.csv").read_text()
-    assert stderr.splitlines()[:3] == ["[1/3] fsdp", "[2/3] hsdp", "[3/3] ddp-huge"]
+    assert stdout == (out / "toy.csv").read_text() == (out / "results.csv").read_text()
+    assert stderr.splitlines() == ["simulated 3 runs, 0 read back from the journal"] + [
+        f"wrote {out / name}" for name in (
+        "results.csv", *(["results.parquet"] if "results.parquet" in FILES else []),
+        "toy.csv", "toy.md", "toy-step-time.png", "toy-memory.png", "toy-memory-curve.png")]
     md = (out / "toy.md").read_text()
     assert "| fsdp | yes |" in md and "| ddp-huge | no |" in md
     assert "![Step time: compute vs exposed communication](toy-step-time.png)" in md
@@ -86,7 +92,9 @@ def test_a_sweep_failing_midway_leaves_nothing_in_out(
     assert code == 2
     assert stderr.splitlines()[-1] == ("error: plan.offload='params': not modelled "
                                        "(run 'hsdp')")
-    assert list(out.iterdir()) == []
+    # The run finished before the failure is kept for a rerun; no results, no report.
+    assert [p.name for p in out.iterdir()] == ["journal.jsonl"]
+    assert len((out / "journal.jsonl").read_text().splitlines()) == 1
 
 
 def test_a_failing_write_leaves_no_partial_files(tmp_path: Path) -> None:
@@ -117,15 +125,37 @@ def test_the_command_passes_its_options_to_api_sweep(monkeypatch: pytest.MonkeyP
 
     seen: dict[str, object] = {}
 
-    def fake(scenario: Path, out: Path | None, *, progress: object,
-             overrides: list[str]) -> dict[str, object]:
-        seen.update(scenario=scenario, out=out, progress=callable(progress),
-                    overrides=overrides)
-        return {"scenario": "s", "rows": [], "csv": "run\n", "written": [], "warnings": []}
+    def fake(scenario: Path, out: Path | None, *, executor: str, ray_address: str | None,
+             progress: object, overrides: list[str]) -> dict[str, object]:
+        seen.update(scenario=scenario, out=out, executor=executor, ray_address=ray_address,
+                    progress=callable(progress), overrides=overrides)
+        return {"scenario": "s", "rows": [], "csv": "run\n", "written": [], "warnings": [],
+                "simulated": 0}
 
     monkeypatch.setattr(api, "sweep", fake)
     code, stdout, _ = sweep("--scenario", "a.yaml", "--out", str(tmp_path), "--format", "csv",
                             "--set", "seq_len=4096", "--set", "sweep.gpus=[8, 16]")
     assert (code, stdout) == (0, "run\n")
-    assert seen == {"scenario": Path("a.yaml"), "out": tmp_path, "progress": True,
+    assert seen == {"scenario": Path("a.yaml"), "out": tmp_path, "executor": "local",
+                    "ray_address": None, "progress": True,
                     "overrides": ["seq_len=4096", "sweep.gpus=[8, 16]"]}
+    code, _, _ = sweep("--scenario", "a.yaml", "--executor", "ray", "--ray-address",
+                       "10.0.0.1:6379")
+    assert code == 0
+    assert (seen["executor"], seen["ray_address"]) == ("ray", "10.0.0.1:6379")
+
+
+def test_a_sweep_above_the_report_limit_writes_the_results_only(
+        toy_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import zsim.report.build
+
+    monkeypatch.setattr(zsim.report.build, "REPORT_MAX_RUNS", 2)  # the toy has 3 runs
+    out = tmp_path / "out"
+    code, stdout, stderr = sweep("--scenario", str(toy_path), "--out", str(out),
+                                 "--format", "csv")
+    assert code == 0, stderr
+    assert {p.name for p in out.iterdir()} == FILES - {"toy.csv", "toy.md", *FIGURES}
+    assert stdout == (out / "results.csv").read_text()
+    # No memory curve is kept when no report will plot it.
+    assert '"curve":null' in (out / "journal.jsonl").read_text()
+    assert '"curve":[' not in (out / "journal.jsonl").read_text()

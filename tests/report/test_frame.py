@@ -68,7 +68,8 @@ def test_csv_is_byte_identical_on_regeneration(toy_path: Path) -> None:
 
 def test_memory_curve_frame_holds_the_named_curves(
         toy_pairs: list[tuple[Run, Result]]) -> None:
-    curves = memory_curve_frame(toy_pairs, ["hsdp", "fsdp"])
+    curves = memory_curve_frame({run.name: r.memory_curve for run, r in toy_pairs},
+                                ["hsdp", "fsdp"])
     assert list(curves["run"].unique()) == ["hsdp", "fsdp"]
     fsdp = next(r for run, r in toy_pairs if run.name == "fsdp")
     points = curves[curves["run"] == "fsdp"]

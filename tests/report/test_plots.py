@@ -58,7 +58,8 @@ def test_memory_bars_stack_the_categories_up_to_the_peak_with_the_hbm_line(
 
 
 def test_memory_curve_lines_follow_the_ledger(toy_pairs: list[tuple[Run, Result]]) -> None:
-    curves = memory_curve_frame(toy_pairs, ["fsdp", "hsdp"])
+    curves = memory_curve_frame({run.name: r.memory_curve for run, r in toy_pairs},
+                                ["fsdp", "hsdp"])
     fig = memory_curve_figure(curves, hbm_gib=79.1)
     ax = fig.axes[0]
     lines = {ln.get_label(): ln for ln in ax.get_lines()}

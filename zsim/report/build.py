@@ -2,19 +2,21 @@
 
 Owns the report's file names (`<scenario>.csv`, `<scenario>.md`,
 `<scenario>-<figure>.png` and `.svg`), the markdown table's columns and which figure
-function draws each of zsim.scenario.REPORT_FIGURES. Never simulates (see
-zsim.scenario.simulate_runs and simulate_timeline) and never writes (zsim.atomic does,
-all or nothing). Only the report path imports this module (pandas, matplotlib).
+function draws each of zsim.scenario.REPORT_FIGURES, and a sweep's results files. Never
+simulates (see zsim.sweep, and zsim.scenario.simulate_timeline for the Gantt chart's run)
+and never writes (zsim.atomic does, all or nothing). Only the report path imports this
+module (pandas, matplotlib).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import io
+from collections.abc import Callable, Mapping, Sequence
 
 import pandas as pd
 from matplotlib.figure import Figure
 
-from zsim.report.frame import csv_text, memory_curve_frame, sweep_frame
+from zsim.report.frame import csv_text, memory_curve_frame
 from zsim.report.gantt import gantt_figure
 from zsim.report.markdown import DEFAULT_TEMPLATE, markdown_table, render_report
 from zsim.report.plots import (
@@ -31,8 +33,7 @@ from zsim.report.study_plots import (
     scaling_figure,
 )
 from zsim.result import Result
-from zsim.scenario import Run, Scenario
-from zsim.units import GiB
+from zsim.scenario import Scenario
 
 TABLE_COLUMNS: tuple[str, ...] = (
     "run", "fits", "evaluated", "step_time_s", "compute_time_s", "exposed_comm_s",
@@ -54,13 +55,39 @@ FIGURES: dict[str, tuple[str, str]] = {
 """Figure key (zsim.scenario.REPORT_FIGURES) -> (file name suffix, caption)."""
 
 
-def report_files(scenario: Scenario, pairs: Sequence[tuple[Run, Result]], *,
+REPORT_MAX_RUNS = 500
+"""Runs a sweep's report (markdown table, per-run bar charts, memory curves) is drawn for
+at most: beyond, one row and one bar per run is unreadable and slow to draw (5,040 bars
+took over ten minutes), and the results files alone are written."""
+
+RESULTS_CSV = "results.csv"
+RESULTS_PARQUET = "results.parquet"
+
+
+def results_files(frame: pd.DataFrame) -> dict[str, bytes]:
+    """A sweep's results table as files: RESULTS_CSV (zsim.report.frame.csv_text), and
+    RESULTS_PARQUET where pyarrow is installed (without an index; the same bytes for the
+    same rows)."""
+    files = {RESULTS_CSV: csv_text(frame).encode()}
+    try:
+        import pyarrow  # noqa: F401 (pandas writes Parquet through it)
+    except ImportError:
+        return files
+    buffer = io.BytesIO()
+    frame.to_parquet(buffer, engine="pyarrow", index=False)
+    files[RESULTS_PARQUET] = buffer.getvalue()
+    return files
+
+
+def report_files(scenario: Scenario, frame: pd.DataFrame,
+                 curves: Mapping[str, Sequence[tuple[float, int]]], *,
                  timeline: Result | None = None) -> dict[str, bytes]:
     """Every report file of a simulated scenario, by file name, in memory.
 
     Args:
         scenario: the loaded scenario (its report settings choose the figures).
-        pairs: its simulated runs (zsim.scenario.simulate_runs).
+        frame: its rows (zsim.report.frame.sweep_frame columns), in scenario order.
+        curves: run name -> memory curve, for every run in scenario.memory_curves.
         timeline: the gantt run simulated with its spans (zsim.scenario.simulate_timeline);
             required when the scenario's figures include gantt.
 
@@ -73,10 +100,9 @@ def report_files(scenario: Scenario, pairs: Sequence[tuple[Run, Result]], *,
         ConfigError: a template placeholder that names no run, column or section, or a
             heatmap naming an unknown column or plan.
     """
-    frame = sweep_frame(pairs)
     links: dict[str, str] = {}
     files: dict[str, bytes] = {}
-    for key, fig in _figures(scenario, pairs, frame, timeline).items():
+    for key, fig in _figures(scenario, frame, curves, timeline).items():
         stem = f"{scenario.name}-{FIGURES[key][0]}"
         files |= {f"{stem}.png": png_bytes(fig), f"{stem}.svg": svg_bytes(fig)}
         links[key] = f"![{FIGURES[key][1]}]({stem}.png) ([SVG]({stem}.svg))"
@@ -92,12 +118,13 @@ def report_files(scenario: Scenario, pairs: Sequence[tuple[Run, Result]], *,
             f"{scenario.name}.md": markdown.encode(), **files}
 
 
-def _figures(scenario: Scenario, pairs: Sequence[tuple[Run, Result]],
-             frame: pd.DataFrame, timeline: Result | None) -> dict[str, Figure]:
+def _figures(scenario: Scenario, frame: pd.DataFrame,
+             curves: Mapping[str, Sequence[tuple[float, int]]],
+             timeline: Result | None) -> dict[str, Figure]:
     def memory_curve() -> Figure:
-        curves = memory_curve_frame(pairs, scenario.memory_curves)
-        first = next(r for run, r in pairs if run.name == scenario.memory_curves[0])
-        return memory_curve_figure(curves, hbm_gib=first.hbm_bytes / GiB)
+        first = frame.loc[frame["run"] == scenario.memory_curves[0], "hbm_gib"].iloc[0]
+        return memory_curve_figure(memory_curve_frame(curves, scenario.memory_curves),
+                                   hbm_gib=float(first))
 
     def heatmap() -> Figure:
         spec = scenario.heatmap

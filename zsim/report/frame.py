@@ -7,7 +7,7 @@ module; the simulator and `zsim plan` never do. Never simulates.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
@@ -32,54 +32,65 @@ def sweep_frame(pairs: Sequence[tuple[Run, Result]]) -> pd.DataFrame:
     the peak per category of zsim.analytic.memory.CATEGORIES), the op that made the peak, and
     throughput (job tokens/s, tokens/s per GPU, model TFLOP/s per GPU, MFU).
     """
-    rows = []
-    for run, r in pairs:
-        p = run.plan
-        row: dict[str, object] = {
-            "run": run.name, "plan_name": run.plan_name, "plan": p.label,
-            "strategy": p.strategy, "impl": p.impl,
-            "gpus": run.gpus,
-            "dp_shard": p.dp_shard, "dp_replicate": p.dp_replicate, "seq_len": p.seq_len,
-            "micro_batch": p.micro_batch, "grad_accum": p.grad_accum,
-            "recompute": p.recompute, "unit_size": p.unit_size, "prefetch": p.prefetch,
-            "bucket_mib": p.bucket_bytes / MiB, "param_dtype": p.param_dtype,
-            "inter_node_gb_per_s": run.hardware.inter_node.bandwidth_bytes_per_s / GB,
-            "fits": r.fits, "evaluated": r.evaluated, "oom": r.oom or "",
-            "step_time_s": r.step_time_s, "compute_time_s": r.compute_time_s,
-            "exposed_comm_s": r.exposed_comm_s, "comm_busy_s": r.comm_busy_total_s,
-        }
-        for kind in COLLECTIVE_KINDS:
-            row[f"{kind}_busy_s"] = r.comm_busy_s.get(kind, 0.0) if r.simulated else None
-        row |= {
-            "peak_memory_gib": r.peak_memory_bytes / GiB,
-            "reserved_memory_gib": r.reserved_memory_bytes / GiB,
-            "baseline_memory_gib": r.baseline_memory_bytes / GiB,
-            "closed_form_model_state_gib":
-                model_state_bytes(run.model.num_params, p).total / GiB,
-            "hbm_gib": r.hbm_bytes / GiB, "peak_op": r.peak_op,
-        }
-        for cat in CATEGORIES:
-            row[f"at_peak_{cat}_gib"] = r.memory_at_peak.get(cat, 0) / GiB
-        row |= {"tokens_per_s": r.tokens_per_s, "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu,
-                "tflops_per_gpu": r.tflops_per_gpu, "mfu": r.mfu}
-        rows.append(row)
-    return pd.DataFrame(rows)
+    return rows_frame([sweep_row(run, r) for run, r in pairs])
 
 
-def memory_curve_frame(pairs: Sequence[tuple[Run, Result]], runs: Sequence[str]
-                       ) -> pd.DataFrame:
+def rows_frame(rows: Sequence[dict[str, object]]) -> pd.DataFrame:
+    """The sweep table from its rows (sweep_row's, or the same read back from a sweep's
+    journal), in the order given."""
+    return pd.DataFrame(list(rows))
+
+
+def sweep_row(run: Run, r: Result) -> dict[str, object]:
+    """One run's row of sweep_frame: plain Python values (str, int, float, bool, None), so
+    it crosses process boundaries and a JSON journal (zsim.journal) unchanged."""
+    p = run.plan
+    row: dict[str, object] = {
+        "run": run.name, "plan_name": run.plan_name, "plan": p.label,
+        "strategy": p.strategy, "impl": p.impl, "gpus": run.gpus,
+        "dp_shard": p.dp_shard, "dp_replicate": p.dp_replicate, "seq_len": p.seq_len,
+        "micro_batch": p.micro_batch, "grad_accum": p.grad_accum,
+        "recompute": p.recompute, "unit_size": p.unit_size, "prefetch": p.prefetch,
+        "bucket_mib": p.bucket_bytes / MiB, "param_dtype": p.param_dtype,
+        "inter_node_gb_per_s": run.hardware.inter_node.bandwidth_bytes_per_s / GB,
+        "fits": r.fits, "evaluated": r.evaluated, "oom": r.oom or "",
+        "step_time_s": r.step_time_s, "compute_time_s": r.compute_time_s,
+        "exposed_comm_s": r.exposed_comm_s, "comm_busy_s": r.comm_busy_total_s,
+    }
+    for kind in COLLECTIVE_KINDS:
+        row[f"{kind}_busy_s"] = r.comm_busy_s.get(kind, 0.0) if r.simulated else None
+    row |= {
+        "peak_memory_gib": r.peak_memory_bytes / GiB,
+        "reserved_memory_gib": r.reserved_memory_bytes / GiB,
+        "baseline_memory_gib": r.baseline_memory_bytes / GiB,
+        "closed_form_model_state_gib":
+            model_state_bytes(run.model.num_params, p).total / GiB,
+        "hbm_gib": r.hbm_bytes / GiB, "peak_op": r.peak_op,
+    }
+    for cat in CATEGORIES:
+        row[f"at_peak_{cat}_gib"] = r.memory_at_peak.get(cat, 0) / GiB
+    row |= {"tokens_per_s": r.tokens_per_s, "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu,
+            "tflops_per_gpu": r.tflops_per_gpu, "mfu": r.mfu}
+    return row
+
+
+def memory_curve_frame(curves: Mapping[str, Sequence[tuple[float, int]]],
+                       runs: Sequence[str]) -> pd.DataFrame:
     """The allocated-memory curve of each run named in `runs` (in that order).
+
+    Args:
+        curves: run name -> its Result.memory_curve ((time_s, allocated_bytes) points).
+        runs: the runs to include, each a key of `curves`.
 
     Returns:
         Columns run, time_s (simulated time of the change) and allocated_gib (allocated
         HBM after it), one row per allocation or free (the model state is allocated at
         time 0).
     """
-    by_name = {run.name: r for run, r in pairs}
     rows = []
     for name in runs:
         rows += [{"run": name, "time_s": t, "allocated_gib": b / GiB}
-                 for t, b in by_name[name].memory_curve]
+                 for t, b in curves[name]]
     return pd.DataFrame(rows, columns=["run", "time_s", "allocated_gib"])
 
 

@@ -1,0 +1,155 @@
+"""Where a sweep's runs are simulated: here, on forked local workers, or on a Ray cluster.
+
+Owns `evaluate` (a batch of runs -> their rows, as `zsim.simulate.simulate` and
+zsim.report.frame.sweep_row give them, the same in any process) and the two executors,
+which take the runs still to do and yield each batch's outcomes as soon as it finishes, in
+whatever order batches finish (zsim.sweep puts rows back in scenario order). `local` uses
+every core this process may use (`ZSIM_WORKERS=N` caps them, as for `zsim plan`): forked
+workers that inherit the loaded scenario, so only run indices and rows cross processes.
+`ray` sends batches of runs to a Ray cluster (`ray.init(address)`: the address given, else
+`RAY_ADDRESS`, else a local cluster on this machine); ray is imported only there (the
+optional extra `zsim[ray]`), and every node must be able to import zsim.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import signal
+from collections.abc import Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any
+
+from zsim import simulate as simulate_module
+from zsim.errors import ConfigError
+from zsim.fanout import workers_for
+from zsim.scenario import Run
+
+EXECUTORS: tuple[str, ...] = ("local", "ray")
+
+MAX_BATCH = 32
+"""Runs per batch at most: a batch's rows reach the journal (and the progress bar)
+together, so batches stay small enough to lose little to an interruption and to keep
+every worker busy to the end."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunOutcome:
+    """What simulating one run gave."""
+
+    index: int
+    """The run's position in the scenario."""
+    row: dict[str, Any] | None
+    """Its zsim.report.frame.sweep_row, or None when it failed."""
+    curve: list[tuple[float, int]] | None
+    """Its memory curve (time_s, allocated_bytes) when asked for, else None."""
+    error: ConfigError | None = None
+    """The error the simulator raised on it (a plan it does not model), else None."""
+
+
+def evaluate(runs: Sequence[Run], indices: Sequence[int], curves: frozenset[str]
+             ) -> list[RunOutcome]:
+    """Simulate `runs[i]` for each i of `indices` (symmetric mode, one step, with the
+    reserved-memory replay), as `zsim sweep` always has; keep the memory curve of the runs
+    named in `curves`. A run the simulator rejects gives an outcome with its error; the
+    batch goes on."""
+    from zsim.report.frame import sweep_row
+
+    out = []
+    for i in indices:
+        run = runs[i]
+        try:
+            result = simulate_module.simulate(run.model, run.hardware, run.plan)
+        except ConfigError as e:
+            out.append(RunOutcome(index=i, row=None, curve=None, error=e))
+            continue
+        curve = list(result.memory_curve) if run.name in curves else None
+        out.append(RunOutcome(index=i, row=sweep_row(run, result), curve=curve))
+    return out
+
+
+def batches(indices: Sequence[int], workers: int) -> list[list[int]]:
+    """`indices` cut into consecutive batches: about 16 per worker, MAX_BATCH at most."""
+    size = max(1, min(MAX_BATCH, len(indices) // (16 * workers)))
+    return [list(indices[i:i + size]) for i in range(0, len(indices), size)]
+
+
+def run_local(runs: Sequence[Run], pending: Sequence[int], curves: frozenset[str]
+              ) -> Iterator[list[RunOutcome]]:
+    """The outcomes of `runs[i]` for i in `pending`, a batch at a time, on every local
+    core (here alone for few runs, or where fork is unavailable)."""
+    workers = workers_for(len(pending))
+    if workers == 1 or "fork" not in mp.get_all_start_methods():
+        for batch in batches(pending, 1):
+            yield evaluate(runs, batch, curves)
+        return
+    global _RUNS
+    _RUNS = runs  # inherited by the forked workers, so only indices are sent
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork"),
+                               initializer=_ignore_interrupts)
+    try:
+        futures: set[Future[list[RunOutcome]]] = {
+            pool.submit(_evaluate_inherited, batch, curves)
+            for batch in batches(pending, workers)}
+        while futures:
+            done, futures = wait(futures, return_when=FIRST_COMPLETED)
+            for future in sorted(done, key=lambda f: f.result()[0].index):
+                yield future.result()
+    finally:
+        # On an error, Ctrl-C or the caller stopping early: drop the batches not started
+        # (workers finish the one they hold, whose rows are then lost, not half-kept).
+        pool.shutdown(wait=False, cancel_futures=True)
+        if _RUNS is runs:  # not a later sweep's, should this generator be closed late
+            _RUNS = ()
+
+
+_RUNS: Sequence[Run] = ()
+"""The runs of the sweep in progress, for forked workers (set only by run_local)."""
+
+
+def _evaluate_inherited(indices: list[int], curves: frozenset[str]) -> list[RunOutcome]:
+    return evaluate(_RUNS, indices, curves)
+
+
+def _ignore_interrupts() -> None:
+    """Workers leave Ctrl-C to the parent, which stops the sweep (no traceback per
+    worker)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def run_ray(runs: Sequence[Run], pending: Sequence[int], curves: frozenset[str], *,
+            address: str | None) -> Iterator[list[RunOutcome]]:
+    """The outcomes of `runs[i]` for i in `pending`, a batch at a time, on a Ray cluster.
+
+    Args:
+        address: the cluster's address (`ray.init(address)`); None: `RAY_ADDRESS` if set,
+            else a local cluster. A Ray session already started in this process is used
+            as it is (and left running).
+
+    Raises:
+        ConfigError: ray is not installed.
+    """
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("executor", "ray", "needs Ray: pip install 'zsim[ray]'") from None
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+    try:
+        remote = ray.remote(evaluate)
+        workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        # Each batch carries its runs (shared model and hardware pickled once per batch).
+        pending_refs = [remote.remote([runs[i] for i in batch], range(len(batch)), curves)
+                        for batch in batches(pending, workers)]
+        offsets = {ref: batch for ref, batch in
+                   zip(pending_refs, batches(pending, workers), strict=True)}
+        while pending_refs:
+            ready, pending_refs = ray.wait(pending_refs, num_returns=1)
+            batch = offsets.pop(ready[0])
+            yield [RunOutcome(index=batch[o.index], row=o.row, curve=o.curve, error=o.error)
+                   for o in ray.get(ready[0])]
+    finally:
+        if started:
+            ray.shutdown()
