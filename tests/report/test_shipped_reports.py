@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from zsim.report.build import report_files
+from zsim.report.frame import sweep_frame
 from zsim.scenario import load_scenario, simulate_runs, simulate_timeline
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,7 +27,9 @@ def fresh() -> dict[str, bytes]:
     files: dict[str, bytes] = {}
     for path in SHIPPED:
         scenario = load_scenario(path)
-        files |= report_files(scenario, simulate_runs(scenario),
+        pairs = simulate_runs(scenario)
+        files |= report_files(scenario, sweep_frame(pairs),
+                              {run.name: r.memory_curve for run, r in pairs},
                               timeline=simulate_timeline(scenario))
     return files
 
