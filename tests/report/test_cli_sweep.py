@@ -36,7 +36,8 @@ def test_csv_on_stdout_equals_the_written_csv(toy_path: Path, tmp_path: Path) ->
     assert stderr.splitlines() == ["simulated 3 runs, 0 read back from the journal"] + [
         f"wrote {out / name}" for name in (
         "results.csv", *(["results.parquet"] if "results.parquet" in FILES else []),
-        "toy.csv", "toy.md", "toy-step-time.png", "toy-memory.png", "toy-memory-curve.png")]
+        "toy.csv", "toy.md", *(f"toy-{figure}.{ext}" for figure in (
+            "step-time", "memory", "memory-curve") for ext in ("png", "svg")))]
     md = (out / "toy.md").read_text()
     assert "| fsdp | yes |" in md and "| ddp-huge | no |" in md
     assert "![Step time: compute vs exposed communication](toy-step-time.png)" in md
