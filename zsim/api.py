@@ -227,6 +227,9 @@ def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | 
                           grad_accum=1 if grad_accum is None else grad_accum, ac=ac,
                           precision=precision or "bf16", offload=offload, impl=impl,
                           parallel=parallel)
+    if trace is not None and plan.pp > 1:
+        raise ConfigError("trace", str(trace), "a pipeline step is replayed per pipeline "
+                          "rank (zsim.engine.pipeline): it has no per-op timeline to write")
     result = run(spec, hw, plan, trace=trace is not None, fit_only=fit_only)
     if trace is not None and not result.spans:
         raise ConfigError("trace", str(trace), "the plan was not simulated (its memory floor "

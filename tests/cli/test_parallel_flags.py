@@ -56,3 +56,9 @@ def test_flags_reach_the_plan() -> None:
     assert (plan.dp_shard, plan.dp_replicate) == (1, 8)
     assert plan.world_size == 256
     assert resolve_hardware("dgx-h100").gpus_per_node == 8
+
+
+def test_no_trace_of_a_pipeline(tmp_path: object) -> None:
+    line = error_line([*sim_args("--tp", "8", "--pp", "4", "--grad-accum", "4"), "--trace",
+                       f"{tmp_path}/t.json"])
+    assert line.startswith("error: trace=") and "pipeline" in line
