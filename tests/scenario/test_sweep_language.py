@@ -96,7 +96,7 @@ def test_where_filters_impossible_combinations_before_they_are_checked(
 
 
 @pytest.mark.parametrize(("edit", "field", "value", "needle"), [
-    (lambda d: d.update(where="tp * pp <= 64"), "where", "tp * pp <= 64", "unknown name"),
+    (lambda d: d.update(where="tpp * pp <= 64"), "where", "tpp * pp <= 64", "unknown name"),
     (lambda d: d.update(where="gpus"), "where", "gpus", "not true or false"),
     (lambda d: d.update(where="gpus > 1000"), "where", "gpus > 1000", "keeps no run"),
     (lambda d: d.update(where=["gpus > 1"]), "where", ["gpus > 1"], "expression string"),

@@ -100,7 +100,7 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
         tp_f, tp_b = max(0.0, tp_f - block_f), max(0.0, tp_b - block_b)
     kw = dict(micro_batch=p.micro_batch, seq_len=p.seq_len, act_bytes=b.a)
     head_f = b.compute(head_forward_flops(model, **kw))
-    head_b = b.compute(head_backward_flops(model, **kw))
+    head_b = sum(b.compute(part) for part in head_backward_flops(model, **kw))
     forward, backward = [], []
     for s in range(n_stages):
         f = layers * (block_f + tp_f)
