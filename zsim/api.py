@@ -145,9 +145,10 @@ PARALLEL_FIELDS: tuple[str, ...] = ("tp", "pp", "cp", "sp", "async_tp", "tp_acro
 def build_plan(spec: ModelSpec, *, gpus: int, strategy: str, shard_group: int | None,
                seq: int | None, micro_batch: int, grad_accum: int, ac: str,
                precision: str, offload: str, impl: str | None = None,
-               parallel: dict[str, Any] | None = None) -> Plan:
+               parallel: dict[str, Any] | None = None, grad_sync: str = "last") -> Plan:
     """The Plan the CLI's plan flags describe (shared by simulate and validate); `impl`
-    None runs the strategy's default program; `parallel` holds the model-parallel fields
+    None runs the strategy's default program; `grad_sync` when FSDP2 reduces accumulated
+    gradients (Plan.grad_sync); `parallel` holds the model-parallel fields
     (PARALLEL_FIELDS) that differ from their defaults, the data-parallel size being what
     they leave of `gpus`.
 
@@ -162,7 +163,7 @@ def build_plan(spec: ModelSpec, *, gpus: int, strategy: str, shard_group: int | 
         strategy, gpus=gpus, shard_group=shard_group,
         seq_len=seq if seq is not None else spec.max_seq_len, micro_batch=micro_batch,
         grad_accum=grad_accum, recompute=ac, offload=offload, impl=impl or "",
-        **precision_knobs(precision), **parallel)
+        grad_sync=grad_sync, **precision_knobs(precision), **parallel)
 
 
 def default_shard_group(gpus_per_node: int, gpus: int, parallel: dict[str, Any]) -> int:
@@ -182,7 +183,8 @@ def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | 
              offload: str = "none", impl: str | None = None, trace: Path | None = None,
              fit_only: bool = False, ds_config: Path | None = None,
              fsdp_config: Path | None = None,
-             parallel: dict[str, Any] | None = None) -> dict[str, Any]:
+             parallel: dict[str, Any] | None = None,
+             grad_sync: str = "last") -> dict[str, Any]:
     """Simulate one plan; optionally write its Chrome trace (Perfetto) to `trace`. HSDP
     shards within a node unless `shard_group` says otherwise. `parallel`: the plan's
     model-parallel fields (build_plan), not with a config file. With `fit_only` the engine
@@ -226,7 +228,7 @@ def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | 
                           seq=seq, micro_batch=1 if micro_batch is None else micro_batch,
                           grad_accum=1 if grad_accum is None else grad_accum, ac=ac,
                           precision=precision or "bf16", offload=offload, impl=impl,
-                          parallel=parallel)
+                          parallel=parallel, grad_sync=grad_sync)
     if trace is not None and plan.pp > 1:
         raise ConfigError("trace", str(trace), "a pipeline step is replayed per pipeline "
                           "rank (zsim.engine.pipeline): it has no per-op timeline to write")

@@ -18,7 +18,7 @@ from zsim.errors import ZsimError
 from zsim.progress import ProgressBar
 from zsim.report.tables import csv_text, json_text, text_table
 from zsim.spec.error_bands import band_pct
-from zsim.spec.plan import IMPLS, PIPELINE_SCHEDULES, PRECISIONS, STRATEGIES
+from zsim.spec.plan import GRAD_SYNCS, IMPLS, PIPELINE_SCHEDULES, PRECISIONS, STRATEGIES
 from zsim.spec.plan import Offload as OffloadLiteral
 from zsim.spec.plan import Recompute as RecomputeLiteral
 from zsim.spec.registry import DEFAULT_HARDWARE
@@ -160,6 +160,7 @@ Precision = _choices("Precision", PRECISIONS)
 Offload = _choices("Offload", get_args(OffloadLiteral))
 Impl = _choices("Impl", sorted({i for impls in IMPLS.values() for i in impls}))
 PipelineSchedule = _choices("PipelineSchedule", PIPELINE_SCHEDULES)
+GradSync = _choices("GradSync", GRAD_SYNCS)
 
 
 PlanModelOpt = Annotated[str, typer.Option(help="Preset name or a config.json path.")]
@@ -231,6 +232,10 @@ def simulate(
     tp_across_nodes: TpAcrossNodesOpt = False,
     pp_schedule: PpScheduleOpt = PipelineSchedule["1f1b"],
     virtual_stages: VirtualStagesOpt = 1,
+    grad_sync: Annotated[GradSync, typer.Option(
+        help="With --grad-accum, when FSDP2 reduces gradients: last (once per step; "
+             "unsharded gradients accumulate) or every (each micro-batch, as "
+             "torchtitan).")] = GradSync["last"],
     ds_config: Annotated[Path | None, typer.Option(
         help="A DeepSpeed ds_config.json: the ZeRO stage and its settings, batch sizes and "
              "precision come from it; flags fill its \"auto\" values.")] = None,
@@ -252,7 +257,8 @@ def simulate(
         fit_only=fit_only, ds_config=ds_config, fsdp_config=fsdp_config,
         parallel=_parallel(tp=tp, pp=pp, cp=cp, sp=sp, async_tp=async_tp,
                            tp_across_nodes=tp_across_nodes, pp_schedule=pp_schedule,
-                           virtual_stages=virtual_stages)))
+                           virtual_stages=virtual_stages),
+        grad_sync=grad_sync.value))
     for warning in r["warnings"]:
         typer.echo(f"warning: {warning}", err=True)
     if format is SimFormat.json:

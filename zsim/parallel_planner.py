@@ -81,8 +81,9 @@ def parallel_plans(model: ModelSpec, hw: HardwareProfile, *, gpus: int, seq_len:
     the layers up to MAX_PP, 1F1B and (where the layers allow 2 stages per rank)
     interleaved 1F1B; FSDP over the data-parallel ranks, and HSDP sharding over one
     node's data-parallel ranks; each recomputation policy; grad_accum the micro-batches
-    the global batch (sequences) leaves each data-parallel rank. Invalid combinations
-    are left out."""
+    the global batch (sequences) leaves each data-parallel rank, their gradients reduced
+    after every micro-batch as torchtitan's loop does (grad_sync "every"), except under
+    pipelining, whose stages reduce on the last. Invalid combinations are left out."""
     gpn = hw.gpus_per_node
     out: list[Plan] = []
     for tp in (t for t in range(1, gpn + 1) if gpn % t == 0):
@@ -122,6 +123,7 @@ def _variants(model: ModelSpec, hw: HardwareProfile, *, tp: int, cp: int, pp: in
                                 tp=tp, cp=cp, pp=pp, sp=tp > 1, pp_schedule=schedule,  # type: ignore[arg-type]
                                 virtual_stages=virtual, micro_batch=micro_batch,
                                 grad_accum=m, seq_len=seq_len, recompute=rc,  # type: ignore[arg-type]
+                                grad_sync="every" if pp == 1 and m > 1 else "last",
                                 **knobs)  # type: ignore[arg-type]
                     validate(model, hw, plan)
                 except ConfigError:
@@ -173,8 +175,9 @@ def estimate(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Estimate:
         peak = max(sum(m.values()) for m in work.memory_bytes) + local.buffer_bytes
     else:
         # The floor, and the unsharded gradients FSDP2 accumulates across micro-batches
-        # (kept until the last one reduces them).
-        grads = local.num_params * (dtype_bytes(plan.reduce_dtype) if plan.grad_accum > 1
+        # when only the last one reduces them.
+        grads = local.num_params * (dtype_bytes(plan.reduce_dtype)
+                                    if plan.grad_accum > 1 and plan.grad_sync == "last"
                                     else 0)
         peak = sum(memory_floor_bytes(model, plan).values()) + grads
     return Estimate(plan=plan, step_time_s=step, peak_bytes=peak, hbm_bytes=hw.hbm_bytes,

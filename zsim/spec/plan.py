@@ -45,6 +45,8 @@ STRATEGIES: tuple[str, ...] = get_args(Strategy)
 Recompute = Literal["none", "selective", "full"]
 Optimizer = Literal["adamw", "sgd", "adamw8bit"]
 Offload = Literal["none", "optimizer", "params"]
+GradSync = Literal["last", "every"]
+GRAD_SYNCS: tuple[str, ...] = get_args(GradSync)
 Precision = Literal["bf16", "fp16", "fp32", "tf32", "fp8"]
 Impl = Literal["torch", "fsdp2", "fsdp1", "deepspeed"]
 PipelineSchedule = Literal["1f1b", "interleaved", "gpipe"]
@@ -143,6 +145,13 @@ class Plan:
     """Dtype of optimizer states (ignored by adamw8bit)."""
     offload: Offload = "none"
     """none, optimizer (states + master to host, CPU step), params (also parameters)."""
+    grad_sync: GradSync = "last"
+    """With gradient accumulation, when FSDP2 reduces gradients: "last"
+    (set_requires_gradient_sync(False) until the last micro-batch: the unsharded
+    gradients accumulate in the reduce dtype and are reduce-scattered once per step) or
+    "every" (fully_shard's default, which torchtitan's training loop keeps: each
+    micro-batch's backward reduce-scatters its gradients, and the sharded gradients
+    accumulate)."""
     impl: str = ""
     """The program that runs the strategy (IMPLS): "torch" (DDP, ZeroRedundancyOptimizer),
     "fsdp2" (fully_shard), "fsdp1" (FullyShardedDataParallel), "deepspeed" (DeepSpeed
@@ -195,6 +204,14 @@ class Plan:
         elif self.impl not in impls:
             raise ConfigError("plan.impl", self.impl,
                               f"{self.strategy} runs as {' or '.join(impls)}")
+        if self.grad_sync not in GRAD_SYNCS:
+            raise ConfigError("plan.grad_sync", self.grad_sync,
+                              f"must be one of {', '.join(GRAD_SYNCS)}")
+        if self.grad_sync == "every" and (self.impl != "fsdp2" or self.pp > 1
+                                          or self.offload != "none"):
+            raise ConfigError("plan.grad_sync", self.grad_sync,
+                              "reducing every micro-batch is modelled for FSDP2 without "
+                              "pipelining (its stages reduce on the last) or offload")
         if self.impl == "fsdp1" and self.offload != "none":
             raise ConfigError("plan.offload", self.offload,
                               "FSDP1's CPUOffload is not modelled: use impl fsdp2")
@@ -345,6 +362,8 @@ class Plan:
         deg = f"({self.dp_shard}x{self.dp_replicate})" if self.strategy == "hsdp" else ""
         impl = f"[{self.impl}]" if self.impl != IMPLS[self.strategy][0] else ""
         extra = f" offload={self.offload}" if self.offload != "none" else ""
+        if self.grad_sync == "every" and self.grad_accum > 1:
+            extra += " sync=every"
         return (f"{self.strategy}{deg}{impl}{self.parallel_label} ac={self.recompute} "
                 f"mb={self.micro_batch}{extra}")
 

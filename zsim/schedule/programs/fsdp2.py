@@ -25,7 +25,9 @@ _fsdp_param_group.py):
   p units in backward order. reshard_after_forward frees the gathered parameters after a
   unit's forward (fsdp, hsdp) or keeps them until after its backward.
 - Gradients are reduced once per optimizer step, on the last micro-batch
-  (set_requires_gradient_sync(False) before it). foreach_reduce copies a unit's
+  (set_requires_gradient_sync(False) before it), or with plan.grad_sync "every" after
+  each micro-batch's backward, the reduced shard added into the sharded gradient (the
+  accumulation in foreach_reduce_scatter's post-processing). foreach_reduce copies a unit's
   gradients into a flat input on the compute stream, reduce-scatters it in the reduce
   dtype on its own stream and casts the output to the sharded gradient's dtype there;
   HSDP then all-reduces the shard across replicas. Sharded gradients live until the
@@ -159,7 +161,8 @@ def _grad_bytes(plan: Plan) -> int:
 def _unsharded_grad_bytes(plan: Plan) -> int:
     """Bytes per element of a unit's unsharded gradient: the compute dtype, or the reduce
     dtype when micro-batches accumulate into it."""
-    return dtype_bytes(plan.param_dtype if plan.grad_accum == 1 else plan.reduce_dtype)
+    accumulates = plan.grad_accum > 1 and plan.grad_sync == "last"
+    return dtype_bytes(plan.reduce_dtype if accumulates else plan.param_dtype)
 
 
 class _Step:
@@ -186,8 +189,9 @@ class _Step:
         reshard = p.reshard_after_forward
         acc_bytes = _unsharded_grad_bytes(p)
         prev_last_bwd: int | None = None
+        every = p.grad_sync == "every"
         for mb in range(p.grad_accum):
-            last_mb = mb == p.grad_accum - 1
+            reduces = every or mb == p.grad_accum - 1
             gathered: dict[int, str] = {}
             root_ag = self.all_gather(
                 root, mb, gathered, phase="forward",
@@ -210,9 +214,9 @@ class _Step:
                 backward runs: a block unit's in its backward, the root's output
                 projection and final norm in the head's backward, its token embedding at
                 the very end."""
-                if mb > 0 or params == 0:
+                if (mb > 0 and not every) or params == 0:
                     return ()  # accumulating into the buffers of micro-batch 0
-                name = f"{u.name}/unsharded_grad{part}"
+                name = f"mb{mb}/{u.name}/unsharded_grad{part}"
                 self.unsharded_grads.setdefault(u.name, []).append(name)
                 shapes = u.shapes if u.index is not None else [
                     s for n, s in b.model.root_tensors()
@@ -254,16 +258,16 @@ class _Step:
                                     name=f"{u.name} recompute", mb=mb, unit=u.index)
                 tensor_parallel(b, after=bwd[k], phase="backward", regions=2 * u.blocks,
                                 name=u.name, mb=mb, unit=u.index)
-                if last_mb:
-                    self.reduce(u, bwd[k], final=False)
+                if reduces:
+                    self.reduce(u, bwd[k], mb, final=False)
             tensor_parallel(b, after=bwd[0], phase="backward", regions=1,
                             boundaries=(TP_EXIT,), name="embedding", mb=mb)
             emb_b = b.add(name=f"embedding backward (mb {mb})", kind="backward",
                           stream="compute", microbatch=mb,
                           allocs=grad_alloc(root, emb_grad, "/embedding"),
                           frees=(gathered[-1],))
-            if last_mb:
-                self.reduce(root, emb_b, final=True)
+            if reduces:
+                self.reduce(root, emb_b, mb, final=True)
             prev_last_bwd = emb_b
         self.optimizer()
 
@@ -403,7 +407,7 @@ class _Step:
                                             issue_after=(after,))
 
     # ------------------------------------------------------------------ reduction
-    def reduce(self, u: Unit, after: int, *, final: bool) -> None:
+    def reduce(self, u: Unit, after: int, mb: int, *, final: bool) -> None:
         """Reduce-scatter of one unit's gradients (+ HSDP all-reduce of the shard), as
         foreach_reduce: on the compute stream, the copy-in (chunk_cat) reads the unsharded
         gradients into the flat input (reduce dtype), which frees them; then the
@@ -411,44 +415,55 @@ class _Step:
         cast to the sharded gradient's dtype when they differ. The input stays alive
         until the next unit's reduce-scatter (reduce_scatter_states, one buffer: released
         in the next post-backward, before its copy-in) or, for the last unit, the end of
-        backward. `final`: this is the last reduce-scatter of the step (the root)."""
+        backward. `final`: this is the last reduce-scatter of micro-batch `mb`'s backward
+        (the root). A later micro-batch's reduced shard (plan.grad_sync "every") is added
+        into the sharded gradient the first one made, then freed."""
         b, p = self.b, self.p
         g_bytes, r_bytes = _grad_bytes(p), dtype_bytes(p.reduce_dtype)
-        last_mb = p.grad_accum - 1
         shard_grad = f"{u.name}/grad_shard"
-        self.grad_shards.append(shard_grad)
+        accumulate = shard_grad in self.grad_shards
+        if accumulate:
+            shard_grad = f"mb{mb}/{shard_grad}"
+        else:
+            self.grad_shards.append(shard_grad)
         rs_in_bytes = u.gathered_elems(p) * r_bytes
-        rs_in = f"{u.name}/reduce_scatter_input"
+        rs_in = f"mb{mb}/{u.name}/reduce_scatter_input"
         held = self.held_rs_input
         self.held_rs_input = None if final else rs_in
         copy_in = Flops(matmul=0.0, attention=0.0,
                         memory_bytes=u.params * _unsharded_grad_bytes(p) + rs_in_bytes,
                         kernels=1)
         first = b.add(name=f"{u.name} reduce-scatter copy-in", kind="backward",
-                      stream="compute", unit=u.index, microbatch=last_mb, after=(after,),
+                      stream="compute", unit=u.index, microbatch=mb, after=(after,),
                       compute_s=b.compute(copy_in), frees_at_start=(held,) if held else (),
                       allocs=(Buffer(name=rs_in, category="comm_buffers", bytes=rs_in_bytes),),
                       frees=tuple(self.unsharded_grads.pop(u.name, ())))
         allocs = []
-        rs_out = f"{u.name}/reduce_scatter_output"
+        rs_out = f"mb{mb}/{u.name}/reduce_scatter_output"
         if r_bytes != g_bytes:
             allocs.append(Buffer(name=rs_out, category="comm_buffers",
                                  bytes=u.shard * r_bytes))
         allocs.append(Buffer(name=shard_grad, category="grads", bytes=u.shard * g_bytes))
         last = b.collective(
             kind="reduce_scatter", size_bytes=rs_in_bytes, group=b.shard, gname="shard",
-            name=f"{u.name} reduce-scatter", unit=u.index, microbatch=last_mb, after=(first,),
+            name=f"{u.name} reduce-scatter", unit=u.index, microbatch=mb, after=(first,),
             allocs=tuple(allocs), frees=(rs_in,) if final else ())
         if r_bytes != g_bytes:
             cast = Flops(matmul=0.0, attention=0.0,
                          memory_bytes=u.shard * (r_bytes + g_bytes), kernels=1)
             last = b.add(name=f"{u.name} grad cast", kind="backward", stream="reduce_scatter",
-                         unit=u.index, microbatch=last_mb, after=(last,),
+                         unit=u.index, microbatch=mb, after=(last,),
                          compute_s=b.compute(cast), frees=(rs_out,))
         if p.dp_replicate > 1:
             last = b.collective(kind="all_reduce", size_bytes=u.shard * r_bytes, group=b.repl,
                                 gname="replicate", name=f"{u.name} all-reduce (replicas)",
-                                unit=u.index, microbatch=last_mb, after=(last,))
+                                unit=u.index, microbatch=mb, after=(last,))
+        if accumulate:  # sharded_param.grad += the new shard (read both, write one)
+            add = Flops(matmul=0.0, attention=0.0, memory_bytes=3 * u.shard * g_bytes,
+                        kernels=1)
+            last = b.add(name=f"{u.name} grad accumulate (mb {mb})", kind="backward",
+                         stream="reduce_scatter", unit=u.index, microbatch=mb, after=(last,),
+                         compute_s=b.compute(add), frees=(shard_grad,))
         if p.offload != "none":
             last = self.grads_to_host(last, shard_grad, u.shard * g_bytes,
                                       name=f"{u.name} grad shard to host")
