@@ -395,7 +395,8 @@ def validate(*, model: str, nproc: int, strategy: str, shard_group: int | None =
 
     Returns:
         {"model", "profile", "plan", "rows": [{metric, predicted, measured, error_pct,
-        bound_pct}], "written": the CSV path or None}.
+        bound_pct, note}], "written": the CSV path or None}; predicted and error_pct
+        are None, and the note says why, for a plan the simulator does not model yet.
 
     Raises:
         ConfigError: invalid names, sizes or combinations.
@@ -424,4 +425,5 @@ def validate(*, model: str, nproc: int, strategy: str, shard_group: int | None =
     return {"model": spec.name, "profile": hw.name, "plan": plan.label, "written": written,
             "rows": [{"metric": r["metric"], "predicted": r["predicted"],
                       "measured": r["measured"], "error_pct": r["error_pct"],
-                      "bound_pct": BOUNDS_PCT.get(r["metric"])} for r in rows]}
+                      "bound_pct": BOUNDS_PCT.get(r["metric"]), "note": r["note"]}
+                     for r in rows]}

@@ -14,7 +14,9 @@ parallel rank (the stages' parameters whole, fp32, each stage's forward under bf
 autocast as the DDP runner), AdamW (foreach) per stage. The step protocol of
 zsim.calibrate.step sees a pipeline step as one micro-batch: its forward phase spans the
 whole schedule (forwards and backwards interleave), its saved tensors are every
-micro-batch's. Recomputation wraps the blocks before the cut. Imports torch.
+micro-batch's; its timing scopes (the stage's blocks, and the stage module as "root")
+time the last micro-batch's forward. Recomputation wraps the blocks before the cut.
+Imports torch.
 """
 
 from __future__ import annotations
