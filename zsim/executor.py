@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import signal
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
@@ -75,7 +75,7 @@ def batches(indices: Sequence[int], workers: int) -> list[list[int]]:
 
 
 def run_local(runs: Sequence[Run], pending: Sequence[int], curves: frozenset[str]
-              ) -> Iterator[list[RunOutcome]]:
+              ) -> Generator[list[RunOutcome], None, None]:
     """The outcomes of `runs[i]` for i in `pending`, a batch at a time, on every local
     core (here alone for few runs, or where fork is unavailable)."""
     workers = workers_for(len(pending))
@@ -118,7 +118,7 @@ def _ignore_interrupts() -> None:
 
 
 def run_ray(runs: Sequence[Run], pending: Sequence[int], curves: frozenset[str], *,
-            address: str | None) -> Iterator[list[RunOutcome]]:
+            address: str | None) -> Generator[list[RunOutcome], None, None]:
     """The outcomes of `runs[i]` for i in `pending`, a batch at a time, on a Ray cluster.
 
     Args:
