@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import signal
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
@@ -75,7 +75,7 @@ def batches(indices: Sequence[int], workers: int) -> list[list[int]]:
 
 
 def run_local(runs: Sequence[Run], pending: Sequence[int], curves: frozenset[str]
-              ) -> Iterator[list[RunOutcome]]:
+              ) -> Generator[list[RunOutcome], None, None]:
     """The outcomes of `runs[i]` for i in `pending`, a batch at a time, on every local
     core (here alone for few runs, or where fork is unavailable)."""
     workers = workers_for(len(pending))
@@ -118,7 +118,7 @@ def _ignore_interrupts() -> None:
 
 
 def run_ray(runs: Sequence[Run], pending: Sequence[int], curves: frozenset[str], *,
-            address: str | None) -> Iterator[list[RunOutcome]]:
+            address: str | None) -> Generator[list[RunOutcome], None, None]:
     """The outcomes of `runs[i]` for i in `pending`, a batch at a time, on a Ray cluster.
 
     Args:
@@ -140,14 +140,14 @@ def run_ray(runs: Sequence[Run], pending: Sequence[int], curves: frozenset[str],
     try:
         remote = ray.remote(evaluate)
         workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
-        # Each batch carries its runs (shared model and hardware pickled once per batch).
-        pending_refs = [remote.remote([runs[i] for i in batch], range(len(batch)), curves)
-                        for batch in batches(pending, workers)]
-        offsets = {ref: batch for ref, batch in
-                   zip(pending_refs, batches(pending, workers), strict=True)}
-        while pending_refs:
-            ready, pending_refs = ray.wait(pending_refs, num_returns=1)
-            batch = offsets.pop(ready[0])
+        # Each batch carries its runs (shared model and hardware pickled once per batch),
+        # numbered from 0 there; `owned` maps them back to scenario indices.
+        owned = {remote.remote([runs[i] for i in batch], range(len(batch)), curves): batch
+                 for batch in batches(pending, workers)}
+        refs = list(owned)
+        while refs:
+            ready, refs = ray.wait(refs, num_returns=1)
+            batch = owned.pop(ready[0])
             yield [RunOutcome(index=batch[o.index], row=o.row, curve=o.curve, error=o.error)
                    for o in ray.get(ready[0])]
     finally:
