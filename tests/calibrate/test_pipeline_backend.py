@@ -93,7 +93,7 @@ def test_pp2_stage_state_activations_and_micro_batches_in_flight(schedule: str) 
 @pytest.mark.parametrize(("plan", "field"), [
     (Plan(strategy="ddp", dp_shard=1, pp=2, tp=2, seq_len=S), "plan.tp"),
     (Plan(strategy="fsdp", dp_shard=2, pp=2, seq_len=S), "plan.strategy"),
-    (Plan(strategy="ddp", dp_shard=1, pp=2, pp_schedule="interleaved", seq_len=S,
+    (Plan(strategy="ddp", dp_shard=1, pp=2, pp_schedule="interleaved", virtual_stages=2, seq_len=S,
           grad_accum=2), "plan.pp_schedule"),
     (Plan(strategy="ddp", dp_shard=1, pp=2, seq_len=S, grad_accum=1), "plan.grad_accum"),
     (Plan(strategy="ddp", dp_shard=1, pp=4, seq_len=S, grad_accum=4), "plan.pp"),
