@@ -325,8 +325,9 @@ def report(scenarios: Sequence[Path], out: Path, *, shipped: bool = False,
         ConfigError: no scenario, two scenarios of one name, or any error of api.sweep.
     """
     from zsim.report.build import report_files
-    from zsim.report.frame import sweep_frame
-    from zsim.scenario import load_scenario, simulate_runs, simulate_timeline
+    from zsim.report.frame import rows_frame
+    from zsim.scenario import load_scenario, simulate_timeline
+    from zsim.sweep import run_sweep
 
     if shipped:
         found = sorted(SHIPPED_SCENARIOS.glob("*.yaml"))
@@ -350,9 +351,8 @@ def report(scenarios: Sequence[Path], out: Path, *, shipped: bool = False,
         tick = None if progress is None else (
             lambda done, total, run, name=loaded.name: progress(name, done, total, run))
         try:
-            pairs = simulate_runs(loaded, progress=tick)
-            files |= report_files(loaded, sweep_frame(pairs),
-                                  {run.name: r.memory_curve for run, r in pairs},
+            done = run_sweep(loaded, None, curves=loaded.memory_curves, progress=tick)
+            files |= report_files(loaded, rows_frame(done.rows), done.curves,
                                   timeline=simulate_timeline(loaded))
         except ConfigError as e:  # a run, a figure or a template placeholder: name the file
             raise ConfigError(e.field, e.value, f"{e.reason} (in {path})") from None
