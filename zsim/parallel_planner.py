@@ -177,8 +177,7 @@ def estimate(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Estimate:
         # The floor, and the unsharded gradients FSDP2 accumulates across micro-batches
         # when only the last one reduces them.
         grads = local.num_params * (dtype_bytes(plan.reduce_dtype)
-                                    if plan.grad_accum > 1 and plan.grad_sync == "last"
-                                    else 0)
+                                    if plan.accumulates_unsharded_grads else 0)
         peak = sum(memory_floor_bytes(model, plan).values()) + grads
     return Estimate(plan=plan, step_time_s=step, peak_bytes=peak, hbm_bytes=hw.hbm_bytes,
                     bubble_fraction=t.bubble_fraction(slowest) if plan.pp > 1 else 0.0)

@@ -356,6 +356,12 @@ class Plan:
         return cls(strategy=strategy, dp_shard=dp, **knobs)  # type: ignore[arg-type]
 
     @property
+    def accumulates_unsharded_grads(self) -> bool:
+        """Micro-batches accumulate into unsharded gradients held until the last one
+        reduces them (gradient accumulation with grad_sync "last")."""
+        return self.grad_accum > 1 and self.grad_sync == "last"
+
+    @property
     def label(self) -> str:
         """Short human name, e.g. "hsdp(8x16) ac=selective mb=2"; a program other than
         the strategy's default is named in brackets, e.g. "fsdp[fsdp1] ac=none mb=1"."""

@@ -161,8 +161,8 @@ def _grad_bytes(plan: Plan) -> int:
 def _unsharded_grad_bytes(plan: Plan) -> int:
     """Bytes per element of a unit's unsharded gradient: the compute dtype, or the reduce
     dtype when micro-batches accumulate into it."""
-    accumulates = plan.grad_accum > 1 and plan.grad_sync == "last"
-    return dtype_bytes(plan.reduce_dtype if accumulates else plan.param_dtype)
+    return dtype_bytes(plan.reduce_dtype if plan.accumulates_unsharded_grads
+                       else plan.param_dtype)
 
 
 class _Step:
