@@ -65,9 +65,9 @@ from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 
-FIELDS = (*CPU_FIELDS, "run", "note")
-"""Columns of validation.csv: the CPU report's, the run's name and a note (errors,
-skips, what a figure means)."""
+FIELDS = (*(f for f in CPU_FIELDS if f != "note"), "run", "note")
+"""Columns of validation.csv: the CPU report's, with the run's name before the note
+(errors, skips, what a figure means)."""
 
 SHARES = {"validation": 0.55, "host": 0.66, "kernels": 0.86, "deepspeed": 0.97}
 """Fraction of the budget by which each section must end (cumulative: time a section
