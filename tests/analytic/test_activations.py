@@ -181,3 +181,36 @@ def test_gpt_root_by_hand() -> None:
     # projection's input (tied: the embedding weight is a parameter, not an activation),
     # the fp32 log-softmax.
     assert saved == b * s * (8 + 8 + 2 * d + 2 + 2 + 2 * d + 4 * v) + 8 * s
+
+
+TINY = ModelSpec(name="tiny", num_layers=4, d_model=256, num_heads=4, num_kv_heads=2,
+                 ffn_hidden=688, vocab_size=2048, max_seq_len=256, norm_kernel="composite")
+"""The validation report's llama-tiny with the CPU norm (head dim 64)."""
+
+
+def test_tp_rank_block_by_hand() -> None:
+    # One rank of tp=2 without SP (torchtitan's plan under DTensor; bf16 activations,
+    # no autocast), b=2, s=256 (bs=512): its 2 query heads (q width 128), 1 kv head (64)
+    # and 344 of the 688 MLP columns. Whole on every rank: both composite norms (fp32 x,
+    # fp32 normalised x, fp32 rstd), the input the q/k/v and w1/w3 ColwiseParallel
+    # linears share (replicated, bs x d).
+    shard = TINY.tp_shard(2)
+    bs = 512
+    norms = 2 * (bs * 256 * 4 + bs * 256 * 4 + bs * 4)
+    linear_inputs = 2 * bs * 256 * 2
+    attention = bs * 128 * 2 * 2 + bs * 64 * 2 * 2 + 2 * 2 * 256 * 4  # q, out; k, v; lse
+    mlp = 4 * bs * 344 * 2  # w1 out, silu out, w3 out, w2 input
+    assert block_activation_bytes(shard, micro_batch=2, seq_len=256, recompute="none") == (
+        norms + linear_inputs + attention + mlp) == 4_431_872
+
+
+def test_tp_rank_loss_spans_the_whole_vocabulary() -> None:
+    # The output projection computes 1024 of the 2048 logits per rank, but its output is
+    # Replicate (no loss parallelism): every rank's loss saves the fp32 log-softmax of all
+    # 2048, and works on all of them.
+    shard = TINY.tp_shard(2)
+    saved = {t.name: t.bytes for t in root_saved_tensors(shard, micro_batch=2, seq_len=256)}
+    assert saved["loss.log_softmax"] == 512 * 2048 * 4
+    assert saved["output.input"] == 512 * 256 * 2  # the final norm's output, whole
+    assert (loss_working_bytes(shard, micro_batch=2, seq_len=256)
+            == loss_working_bytes(TINY, micro_batch=2, seq_len=256) == 2 * 512 * 2048 * 4)

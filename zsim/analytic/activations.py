@@ -227,7 +227,8 @@ def root_saved_tensors(model: ModelSpec, *, micro_batch: int, seq_len: int,
     """Tensors saved outside the blocks: token ids, the position ids (learned positions)
     or the RoPE tables, final norm (see _norm_saved), output
     projection input, and the log-softmax of the loss (fp32 when logits are upcast, and
-    always under autocast, where cross_entropy is on the fp32 list). Under `autocast`
+    always under autocast, where cross_entropy is on the fp32 list) over the vocabulary
+    the loss reads (ModelSpec.loss_vocab: a TP rank's loss spans the whole one). Under `autocast`
     (see block_saved_tensors) the final norm's input is the fp32 residual stream and the
     output projection also saves its weight's compute-dtype cast."""
     b, s, d, a = micro_batch, seq_len, model.d_model, act_bytes
@@ -252,7 +253,8 @@ def root_saved_tensors(model: ModelSpec, *, micro_batch: int, seq_len: int,
                 SavedTensor(name="output.input_cast", bytes=bs * d * a)]
     else:
         out.append(SavedTensor(name="output.input", bytes=bs * d * a))
-    out += [SavedTensor(name="loss.log_softmax", bytes=bs * model.vocab_size * logit_bytes),
+    # Over the vocabulary the loss reads: the whole one under TP (replicated logits).
+    out += [SavedTensor(name="loss.log_softmax", bytes=bs * model.loss_vocab * logit_bytes),
             SavedTensor(name="loss.labels", bytes=bs * INDEX_BYTES)]
     return out
 
@@ -262,8 +264,10 @@ def loss_working_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int,
     """Transient bytes at the loss beyond what is saved: in backward, the gradient of
     the log-softmax output and of its input (fp32 when upcast) exist together; in forward
     the logits in compute dtype and their fp32 copy exist together. The larger of the two.
+    Over the vocabulary the loss reads (ModelSpec.loss_vocab: the whole one on a TP rank,
+    whose logits are all-gathered).
     """
-    bsv = micro_batch * seq_len * model.vocab_size
+    bsv = micro_batch * seq_len * model.loss_vocab
     logit = FP32_BYTES if model.logits_upcast else act_bytes
     forward = bsv * act_bytes + (bsv * logit if model.logits_upcast else 0)
     backward = 2 * bsv * logit
@@ -274,11 +278,11 @@ def head_backward_working_bytes(model: ModelSpec, *, micro_batch: int, seq_len: 
                                 act_bytes: int = 2) -> tuple[int, int]:
     """Transient bytes of the root's backward, in its two parts: the loss's (the
     gradients of the NLL and of the log-softmax output, fp32 when upcast, exist
-    together), then the output projection's (the logits' gradient in compute dtype and
-    the final norm's output gradient)."""
+    together; over ModelSpec.loss_vocab), then the output projection's (the gradient of
+    its own logits in compute dtype and the final norm's output gradient)."""
     bs = micro_batch * seq_len
     logit = FP32_BYTES if model.logits_upcast else act_bytes
-    return (2 * bs * model.vocab_size * logit,
+    return (2 * bs * model.loss_vocab * logit,
             bs * (model.vocab_size + model.d_model) * act_bytes)
 
 

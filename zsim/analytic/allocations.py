@@ -136,8 +136,8 @@ class _Sizes:
         """RMSNorm's saved fp32 rstd."""
         self.lse = plan.micro_batch * model.num_heads * plan.seq_len * FP32_BYTES
         """Flash attention's saved fp32 log-sum-exp."""
-        self.logits = bs * model.vocab_size
-        """Logit elements."""
+        self.logits = bs * model.loss_vocab
+        """Logit elements the loss reads (ModelSpec.loss_vocab)."""
         self.a = a
 
 

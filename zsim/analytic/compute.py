@@ -212,8 +212,9 @@ def _root_kernels(model: ModelSpec, *, micro_batch: int, seq_len: int,
 def _loss_kernels(model: ModelSpec, *, micro_batch: int, seq_len: int,
                   act_bytes: int) -> list[Kernel]:
     """The loss's kernels: logits.float() (when upcast), log_softmax over the vocabulary
-    (reads and writes the logits), nll_loss (reads one value per token)."""
-    t, a, v = micro_batch * seq_len, act_bytes, model.vocab_size
+    (reads and writes the logits), nll_loss (reads one value per token); over the
+    vocabulary the loss reads (ModelSpec.loss_vocab: the whole one on a TP rank)."""
+    t, a, v = micro_batch * seq_len, act_bytes, model.loss_vocab
     logit_bytes = FP32_BYTES if model.logits_upcast else a
     out: list[Kernel] = []
     if model.logits_upcast:

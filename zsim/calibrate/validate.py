@@ -33,7 +33,8 @@ from zsim.analytic.activations import block_saved_tensors, root_saved_tensors
 from zsim.atomic import write_files
 from zsim.calibrate.step import PlanMeasurement, measure_plan
 from zsim.errors import ConfigError
-from zsim.schedule.lower import host_state_bytes, runs_autocast
+from zsim.schedule.lower import host_state_bytes, rank_model, runs_autocast
+from zsim.schedule.pipeline import num_stages, rank_stages
 from zsim.simulate import simulate
 from zsim.spec.deepspeed import DeepSpeedZero
 from zsim.spec.hardware import HardwareProfile
@@ -121,18 +122,28 @@ def csv_name(spec: ModelSpec, plan: Plan) -> str:
 
 
 def predicted_activation_bytes(spec: ModelSpec, plan: Plan) -> tuple[int, int]:
-    """Saved-activation bytes of all blocks and of the root, as the backend's recorder
-    attributes them: the RoPE tables are saved first inside layers.0, so they count under
-    the blocks."""
+    """Saved-activation bytes of the blocks and of the root on rank 0 (measured_figures
+    reads rank 0's), as the backend's recorder attributes them: the RoPE tables are saved
+    first inside layers.0, so they count under the blocks. A rank saves what its TP
+    shard of the model computes (zsim.schedule.lower.rank_model: its heads and MLP
+    slice, the norms and the loss whole). A pipeline's first rank records every
+    micro-batch of the step (the recorder sees the schedule as one step): its stages'
+    blocks grad_accum times, and of the root only the step's token ids (one int64
+    tensor the schedule slices)."""
     act = dtype_bytes(plan.param_dtype)
     autocast = runs_autocast(plan)
-    blocks = spec.num_layers * sum(t.bytes for t in block_saved_tensors(
-        spec, micro_batch=plan.micro_batch, seq_len=plan.seq_len, recompute=plan.recompute,
+    model = rank_model(spec, plan)
+    per_block = sum(t.bytes for t in block_saved_tensors(
+        model, micro_batch=plan.micro_batch, seq_len=plan.seq_len, recompute=plan.recompute,
         act_bytes=act, autocast=autocast))
-    root = root_saved_tensors(spec, micro_batch=plan.micro_batch, seq_len=plan.seq_len,
+    root = root_saved_tensors(model, micro_batch=plan.micro_batch, seq_len=plan.seq_len,
                               act_bytes=act, autocast=autocast)
     rope = sum(t.bytes for t in root if t.name.startswith("rope."))
-    return blocks + rope, sum(t.bytes for t in root) - rope
+    if plan.pp == 1:
+        return spec.num_layers * per_block + rope, sum(t.bytes for t in root) - rope
+    layers = spec.num_layers // num_stages(plan) * len(rank_stages(plan, 0))
+    ids = sum(t.bytes for t in root if t.name == "tok_embeddings.indices")
+    return plan.grad_accum * layers * per_block + rope, plan.grad_accum * ids
 
 
 def compare(spec: ModelSpec, plan: Plan, profile: HardwareProfile,

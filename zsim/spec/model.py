@@ -82,6 +82,12 @@ class ModelSpec:
     sequence_parallel: bool = False
     """With tp > 1: the norms and the residual stream are sharded on the sequence over
     the TP group (Korthikanti et al. 2022, Sec. 4.2.2)."""
+    loss_vocab_size: int = 0
+    """Vocabulary the loss's logits span on this rank (`loss_vocab`): under tensor
+    parallelism (`tp_shard`) the whole vocabulary, since torchtitan's Llama plan without
+    loss parallelism gives the ColwiseParallel output projection Replicate outputs (its
+    vocab_size / tp columns all-gathered) and every rank computes the loss on them; 0
+    means vocab_size."""
     context_parallel: int = 1
     """Context-parallel degree this spec computes one rank's share of: its sequence is
     1/cp of the whole, and each of its queries attends to cp times as many keys (ring
@@ -93,10 +99,10 @@ class ModelSpec:
             value = getattr(self, f)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"model.{f}", value, "must be a positive integer")
-        if (not isinstance(self.extra_params, int) or isinstance(self.extra_params, bool)
-                or self.extra_params < 0):
-            raise ConfigError("model.extra_params", self.extra_params,
-                              "must be an integer >= 0")
+        for f in ("extra_params", "loss_vocab_size"):
+            value = getattr(self, f)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"model.{f}", value, "must be an integer >= 0")
         if self.d_model % self.num_heads:
             raise ConfigError("model.num_heads", self.num_heads,
                               f"must divide d_model={self.d_model}")
@@ -124,14 +130,21 @@ class ModelSpec:
         wq, wk, wv, w1, w3 and the output, RowwiseParallel on wo, w2 and the token
         embedding; norms replicated; Megatron-LM divides a block alike): heads and kv
         heads, the MLP's inner size and the vocabulary divided by tp (the last two
-        rounded up: DTensor shards unevenly); d_model and the norms whole. `tp` 1 is the
+        rounded up: DTensor shards unevenly); d_model and the norms whole; the loss over
+        the whole vocabulary (loss_vocab_size: the logits are replicated). `tp` 1 is the
         model itself."""
         if tp == 1:
             return self
         return replace(self, num_heads=self.num_heads // tp,
                        num_kv_heads=self.num_kv_heads // tp,
                        ffn_hidden=-(-self.ffn_hidden // tp), vocab_size=-(-self.vocab_size // tp),
-                       tp=tp, sequence_parallel=sequence_parallel)
+                       loss_vocab_size=self.loss_vocab, tp=tp,
+                       sequence_parallel=sequence_parallel)
+
+    @property
+    def loss_vocab(self) -> int:
+        """Columns of the logits the loss reads (see loss_vocab_size)."""
+        return self.loss_vocab_size or self.vocab_size
 
     @property
     def head_dim(self) -> int:
