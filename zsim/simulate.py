@@ -133,8 +133,7 @@ def simulate_pipeline(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Resu
         f"pipeline rank {worst_mem} holds {peaks[worst_mem] / 2**30:.2f} GiB at its peak > "
         f"{hw.hbm_bytes / 2**30:.2f} GiB HBM")
     bubble = step - busy
-    state = sum(v for c, v in at_peak.items()
-                if c in ("params", "master_params", "optimizer_states"))
+    state = math.ceil(work.state_bytes[worst_mem]) + local.buffer_bytes
     return Result(
         model=model.name, hardware=hw.name, plan_label=plan.label, step_time_s=step,
         compute_time_s=busy, exposed_comm_s=head, exposed_by_reason_s={

@@ -152,7 +152,9 @@ def compare(spec: ModelSpec, plan: Plan, profile: HardwareProfile,
     `times`, only the host-independent ones (a measurement with no timed step). A plan
     the simulator refuses on an UNSIMULATED_FIELDS field (tensor or pipeline parallelism
     before the simulator models it) gets its measured figures with predicted and
-    error_pct None and the simulator's reason as the note; other rows have no note.
+    error_pct None and the simulator's reason as the note; so does a figure the
+    simulator does not give for the plan (a pipeline's collective and forward times);
+    other rows have no note.
 
     Raises:
         ConfigError: the simulator refuses the plan on any other field.
@@ -173,17 +175,21 @@ def compare(spec: ModelSpec, plan: Plan, profile: HardwareProfile,
                      "activation_bytes_blocks": block_pred,
                      "activation_bytes_root": root_pred, "step_time_s": result.step_time_s,
                      "comm_busy_s": result.comm_busy_total_s,
-                     "forward_time_s": result.phase_time_s.get("forward", 0.0)}
+                     "forward_time_s": result.phase_time_s.get("forward")}
         note = ""
     common = {"model": spec.name, "plan": plan.label, "nproc": plan.world_size,
               "backend": measured.backend}
     rows = []
     for metric, value in measured_figures(measured, times=times).items():
-        pred = None if predicted is None else float(predicted[metric])
+        figure = None if predicted is None else predicted[metric]
+        pred = None if figure is None else float(figure)
         err = (None if pred is None else
                round(100.0 * (pred - value) / value, 2) if value else float("nan"))
+        why = note or ("" if pred is not None else
+                       "not predicted: a pipeline is replayed per rank without its "
+                       "collectives' or forward phase's times (zsim.simulate.simulate_pipeline)")
         rows.append({**common, "metric": metric, "predicted": pred, "measured": float(value),
-                     "error_pct": err, "note": note})
+                     "error_pct": err, "note": why})
     return rows
 
 

@@ -86,10 +86,12 @@ def memory_floor_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
 
 
 def check_modelled(plan: Plan) -> None:
-    """Refuse a plan the simulator does not model yet: context parallelism, and tensor
-    or pipeline parallelism with a program other than FSDP2 (torch's parallelize_module
-    and pipelining compose with fully_shard on a 2-D or 3-D mesh; DDP, FSDP1 and
-    DeepSpeed with them are not modelled).
+    """Refuse a plan the simulator does not model yet: context parallelism other than
+    with FSDP2 or with a pipeline, and tensor or pipeline parallelism with a program
+    other than FSDP2 and torch DDP (torch's parallelize_module and pipelining compose
+    with fully_shard on a 2-D or 3-D mesh, and run under DDP over the data-parallel
+    ranks, or bare with one; ZeroRedundancyOptimizer, FSDP1 and DeepSpeed with them are
+    not modelled).
 
     Raises:
         ConfigError: naming the first such axis.
@@ -97,11 +99,15 @@ def check_modelled(plan: Plan) -> None:
     if plan.cp > 1 and plan.pp > 1:
         raise ConfigError("plan.cp", plan.cp,
                           "context parallelism with a pipeline is not modelled yet")
-    for f in ("tp", "pp", "cp"):
-        if getattr(plan, f) > 1 and plan.impl != "fsdp2":
+    if plan.cp > 1 and plan.impl != "fsdp2":
+        raise ConfigError("plan.cp", plan.cp, "context parallelism is modelled with FSDP2 "
+                          f"(fsdp, fsdp-no-reshard, hsdp), not with {plan.impl}")
+    for f in ("tp", "pp"):
+        if getattr(plan, f) > 1 and plan.impl != "fsdp2" and plan.strategy != "ddp":
             raise ConfigError(f"plan.{f}", getattr(plan, f),
-                              f"tensor, pipeline and context parallelism are modelled with FSDP2 "
-                              f"(fsdp, fsdp-no-reshard, hsdp), not with {plan.impl}")
+                              "tensor and pipeline parallelism are modelled with FSDP2 (fsdp, "
+                              f"fsdp-no-reshard, hsdp) and torch DDP (ddp), not with "
+                              f"{plan.strategy} run by {plan.impl}")
 
 
 def rank_model(model: ModelSpec, plan: Plan) -> ModelSpec:

@@ -26,6 +26,18 @@ pipeline_parallel.py, parallelize.py):
   backward's working set on top.
 - A send carries one micro-batch's activations (b x s x d in the compute dtype; its
   sequence shard with SP) over the pipeline hop's link (zsim.analytic.placement).
+- Receive buffers: a PipelineStage allocates one buffer per micro-batch for what it
+  receives (torch/distributed/pipelining/stage.py, _prepare_forward_infra and
+  _create_grad_recv_info): the activation from the stage before (all but the first
+  stage) and its gradient from the stage after (all but the last), each the size of a
+  send in the residual stream's dtype (fp32 under autocast), kept across steps.
+
+With torch DDP (strategy ddp, zsim.schedule.programs.torch_ddp) a stage holds its
+parameters whole in the master dtype and computes under autocast (its activations then
+include autocast's casts); its gradients, whole and in that dtype, live from its first
+backward to the step (set to None after it) and, with more than one data-parallel rank,
+sit in DDP's reducer buckets for good and are all-reduced over the data-parallel group
+after the last backward (zsim.calibrate.pipeline runs the stage bare with one).
 """
 
 from __future__ import annotations
@@ -38,8 +50,9 @@ from zsim.analytic.compute import head_backward_flops, head_forward_flops, optim
 from zsim.analytic.memory import optimizer_bytes_per_param
 from zsim.analytic.placement import pipeline_hop_crosses_nodes, place
 from zsim.schedule.build import TP_ENTER, TP_EXIT, Builder, activation_sizes
+from zsim.schedule.lower import runs_autocast
 from zsim.schedule.pipeline import num_stages, peak_in_flight, rank_actions, rank_stages
-from zsim.schedule.programs.fsdp2 import shard_elems
+from zsim.schedule.programs import fsdp2, torch_ddp
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
@@ -63,6 +76,9 @@ class PipelineWork:
     all-reduce, the optimizer step)."""
     memory_bytes: list[dict[str, float]]
     """Per rank, bytes by memory category at its peak."""
+    state_bytes: list[float]
+    """Per rank, the model state it holds between steps (parameters, optimizer states,
+    DDP's gradient buckets), module buffers excluded."""
     in_flight: list[float]
     """Per rank, the most micro-batches (in stages' worth of its layers) it holds."""
     tp_bytes_per_rank: float
@@ -88,7 +104,9 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
     """The work of every stage and rank of `plan` (pp > 1) on the rank's TP shard
     `model` (zsim.schedule.lower.rank_model)."""
     p = plan
-    acts = activation_sizes(model, p, autocast=False)
+    acts = activation_sizes(model, p, autocast=runs_autocast(p))
+    fsdp = p.impl == "fsdp2"
+    shard_elems = fsdp2.shard_elems if fsdp else torch_ddp.shard_elems
     b = Builder(model, hw, p, acts=acts)
     n_stages = num_stages(p)
     layers = model.num_layers // n_stages
@@ -114,6 +132,8 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
         forward.append(f)
         backward.append(bw)
     send_bytes = p.micro_batch * p.seq_len * model.d_model * b.a / (p.tp if p.sp else 1)
+    # The residual stream is fp32 under autocast (zsim.analytic.activations).
+    recv_bytes = send_bytes / b.a * (4 if runs_autocast(p) else b.a)
     link = hw.inter_node if pipeline_hop_crosses_nodes(p, hw) else hw.intra_node
     send_s = link.latency_s + send_bytes / link.achievable_bytes_per_s
     placement = place(p, hw)
@@ -123,10 +143,10 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
     unit_gathered = unit_shard * p.dp_shard
     a, r = b.a, dtype_bytes(p.reduce_dtype)
     at_rest = dtype_bytes(p.master_dtype if p.has_master_copy else p.param_dtype)
-    first_ag = collective_time_s("all_gather", unit_gathered * a, shard, hw)
+    first_ag = collective_time_s("all_gather", unit_gathered * a, shard, hw) if fsdp else 0.0
     last_rs = (collective_time_s("reduce_scatter", unit_gathered * r, shard, hw)
                + collective_time_s("all_reduce", unit_shard * r, repl, hw))
-    head_s, tail_s, memory, in_flight = [], [], [], []
+    head_s, tail_s, memory, in_flight, state = [], [], [], [], []
     tp_bus = 0.0
     for rank in range(p.pp):
         stages = rank_stages(p, rank)
@@ -143,6 +163,9 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
             state_bytes_per_param=optimizer_bytes_per_param(p), grad_bytes=at_rest,
             param_copy_bytes=a if p.has_master_copy else 0))
         head_s.append(first_ag)
+        if not fsdp:  # DDP: one all-reduce of the stage's gradients, in buckets
+            last_rs = (collective_time_s("all_reduce", params * r, repl, hw)
+                       if torch_ddp.has_reducer(p) else 0.0)
         tail_s.append(last_rs + opt)
         saved = {s: layers * acts.saved_per_block
                  + (acts.root_saved if s == n_stages - 1 else 0) for s in stages}
@@ -152,11 +175,20 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
         mem = {
             "master_params" if p.has_master_copy else "params": float(local * at_rest),
             "optimizer_states": local * optimizer_bytes_per_param(p),
-            "gathered_params": float(local * p.dp_shard * a),
-            "gathered_grads": float(params * (a if p.grad_accum == 1 else r)),
-            "activations": held + acts.block_transient
-            + (acts.loss_working if n_stages - 1 in stages else 0),
         }
+        recv = sum(int(s > 0) + int(s < n_stages - 1) for s in stages)
+        if recv:
+            mem["comm_buffers"] = recv * p.grad_accum * recv_bytes
+        state.append(sum(mem.values()))
+        if fsdp:
+            mem["gathered_params"] = float(local * p.dp_shard * a)
+            mem["gathered_grads"] = float(params * (a if p.grad_accum == 1 else r))
+        else:
+            mem["grads"] = float(params * at_rest)
+            if torch_ddp.has_reducer(p):
+                state[-1] += mem["grads"]
+        mem["activations"] = (held + acts.block_transient
+                              + (acts.loss_working if n_stages - 1 in stages else 0))
         memory.append(mem)
     if p.tp > 1:
         size = p.micro_batch * p.seq_len * model.d_model * a
@@ -167,5 +199,6 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
                              for k in kinds)
     units = max(1, layers * len(rank_stages(p, 0)) // p.unit_size)
     return PipelineWork(forward_s=forward, backward_s=backward, send_s=send_s, head_s=head_s,
-                        tail_s=tail_s, memory_bytes=memory, in_flight=in_flight,
+                        tail_s=tail_s, memory_bytes=memory, state_bytes=state,
+                        in_flight=in_flight,
                         tp_bytes_per_rank=tp_bus, gather_s=units * first_ag)

@@ -14,6 +14,17 @@
   partition is 1/N of the model), then all-gathers the updated parameters in buckets.
 - Offloaded plans keep the closed-form state of zsim.analytic.memory (ZeRO-Offload): the
   reduced gradients go to the host (d2h) and the optimizer steps there.
+- Tensor parallelism (ddp): each rank runs its shard of the model
+  (zsim.schedule.lower.rank_model) as parallelize_module leaves it, with the TP
+  collectives of zsim.schedule.build.tensor_parallel where activations enter and leave
+  its parallel regions (the embedding's output, each block's attention and MLP, the
+  output projection's input), and DDP over the data-parallel group of each TP rank
+  (zsim.analytic.placement: the "dp_replicate" axis) all-reduces its local gradients.
+  With one data-parallel rank there is no DDP (has_reducer): torchtitan, like the TP
+  and pipeline backends (zsim.calibrate.tensor_parallel, pipeline), runs the
+  parallelised module bare, so autograd allocates each gradient in its backward and the
+  step sets them to None (no buckets, no all-reduce). Pipelines are replayed per rank by
+  zsim.schedule.pipeline_work with this module's state.
 """
 
 from __future__ import annotations
@@ -22,6 +33,8 @@ import math
 
 from zsim.analytic.memory import model_state_bytes, optimizer_bytes_per_param
 from zsim.schedule.build import (
+    TP_ENTER,
+    TP_EXIT,
     Builder,
     Shapes,
     Unit,
@@ -32,6 +45,7 @@ from zsim.schedule.build import (
     head_forward,
     host_optimizer,
     pack_whole_tensors,
+    tensor_parallel,
 )
 from zsim.schedule.ops import Buffer
 from zsim.schedule.programs import Program
@@ -55,10 +69,18 @@ def _at_rest_bytes(plan: Plan) -> int:
     return dtype_bytes(plan.master_dtype if plan.has_master_copy else plan.param_dtype)
 
 
+def has_reducer(plan: Plan) -> bool:
+    """Whether DistributedDataParallel wraps the model: always without model parallelism
+    (the DDP runner wraps even one rank), and with TP or PP only over more than one
+    data-parallel rank (with one, the model-parallel rank runs bare: see the module
+    docstring)."""
+    return plan.model_parallel == 1 or plan.dp_degree > 1
+
+
 def _persistent_grads(plan: Plan) -> bool:
     """The reducer's buckets (and the gradients, views into them) never come or go
     during a step."""
-    return plan.offload == "none"
+    return plan.offload == "none" and has_reducer(plan)
 
 
 def _local_state_elems(model: ModelSpec, plan: Plan) -> int:
@@ -154,14 +176,34 @@ def _lower(b: Builder, root: Unit, blocks: list[Unit]) -> None:
 
         emb = b.add(name=f"embedding forward (mb {mb})", kind="forward", stream="compute",
                     microbatch=mb)
-        fwd = [block_forward(b, u, mb) for u in blocks]
+        # RowwiseParallel embedding: its output leaves a TP region (nothing with tp 1).
+        tensor_parallel(b, after=emb, phase="forward", regions=1, boundaries=(TP_EXIT,),
+                        name="embedding", mb=mb)
+        fwd = []
+        for u in blocks:
+            fwd.append(block_forward(b, u, mb))
+            tensor_parallel(b, after=fwd[-1], phase="forward", regions=2 * u.blocks,
+                            name=u.name, mb=mb, unit=u.index)
+        # ColwiseParallel output projection: its input enters one.
+        tensor_parallel(b, after=fwd[-1] if fwd else emb, phase="forward", regions=1,
+                        boundaries=(TP_ENTER,), name="output", mb=mb)
         head_forward(b, mb, after=(fwd[-1] if fwd else emb,))
-        head_backward(b, mb, grads=grad_alloc(root))
-        buckets = _Buckets(b) if last_mb else None
+        head_b = head_backward(b, mb, grads=grad_alloc(root))
+        tensor_parallel(b, after=head_b, phase="backward", regions=1, boundaries=(TP_ENTER,),
+                        name="output", mb=mb)
+        buckets = _Buckets(b) if last_mb and has_reducer(p) else None
+        op = head_b
         for u in reversed(blocks):
             op = block_backward(b, u, mb, grads=grad_alloc(u))
+            if p.recompute == "full":  # the re-run forward's collectives
+                tensor_parallel(b, after=op, phase="forward", regions=2 * u.blocks,
+                                name=f"{u.name} recompute", mb=mb, unit=u.index)
+            tensor_parallel(b, after=op, phase="backward", regions=2 * u.blocks,
+                            name=u.name, mb=mb, unit=u.index)
             if buckets is not None:
                 buckets.ready(u, op)
+        tensor_parallel(b, after=op, phase="backward", regions=1, boundaries=(TP_EXIT,),
+                        name="embedding", mb=mb)
         emb_b = b.add(name=f"embedding backward (mb {mb})", kind="backward", stream="compute",
                       microbatch=mb)
         if buckets is not None:
@@ -177,7 +219,8 @@ def _lower(b: Builder, root: Unit, blocks: list[Unit]) -> None:
         opt = device_optimizer(
             b, after=after, frees=frees, local_params=_local_state_elems(b.model, p),
             tensors=math.ceil(tensors / p.dp_shard) if p.shards_optimizer else tensors,
-            master_bytes=_at_rest_bytes(p), grad_bytes=dtype_bytes(p.grad_dtype))
+            master_bytes=_at_rest_bytes(p), grad_bytes=dtype_bytes(p.grad_dtype),
+            dtensor=p.tp > 1)
     if p.strategy == "zero1":
         _param_all_gather(b, opt)
 
