@@ -149,7 +149,8 @@ def simulate_pipeline(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Resu
         world_size=plan.world_size, events=sum(len(a) for a in actions), num_ops=0,
         pipeline_stages=stages,
         notes=("pipeline replayed per rank (zsim.engine.pipeline); data-parallel collectives "
-               "other than the first all-gather and last reduce-scatter taken as hidden",))
+               "other than FSDP2's first all-gather and last reduce-scatter (DDP's all-reduce "
+               "after the last backward) taken as hidden",))
 
 
 def with_bands(result: Result, hw: HardwareProfile, plan: Plan) -> Result:
