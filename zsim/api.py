@@ -385,13 +385,14 @@ def calibrate(*, backend: str, nproc: int, out: Path) -> Path:
 def validate(*, model: str, nproc: int, strategy: str, shard_group: int | None = None,
              profile: str = "local-cpu", seq: int | None = None, micro_batch: int = 1,
              grad_accum: int = 1, ac: str = "none", precision: str = "bf16",
-             offload: str = "none", impl: str | None = None,
+             offload: str = "none", impl: str | None = None, steps: int | None = None,
              out: Path | None = None) -> dict[str, Any]:
     """Run one plan for real on `nproc` processes and in the simulator with a calibrated
     profile; compare; with `out`, also write the rows there as a CSV. On a machine
     without CUDA, models above CPU_VALIDATION_MAX_PARAMS are scaled to d_model
     CPU_VALIDATION_D_MODEL (same layers and units) and the default sequence is 256
-    tokens.
+    tokens. The real run times `steps` steps, or by default as many as fill
+    zsim.calibrate.validate.MIN_TIMED_S (3 at least).
 
     Returns:
         {"model", "profile", "plan", "rows": [{metric, predicted, measured, error_pct,
@@ -404,10 +405,13 @@ def validate(*, model: str, nproc: int, strategy: str, shard_group: int | None =
     """
     import torch
 
-    from zsim.calibrate import validate as run
     from zsim.calibrate.model import scale_model
     from zsim.calibrate.validate import BOUNDS_PCT, csv_name
+    from zsim.calibrate.validate import validate as run
 
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
+                              or steps < 1):
+        raise ConfigError("steps", steps, "must be a positive integer")
     spec = resolve_model(model)
     hw = resolve_hardware(profile)
     if not torch.cuda.is_available() and spec.num_params > CPU_VALIDATION_MAX_PARAMS:
@@ -420,7 +424,8 @@ def validate(*, model: str, nproc: int, strategy: str, shard_group: int | None =
     plan = build_plan(spec, gpus=nproc, strategy=strategy, shard_group=shard_group, seq=seq,
                       micro_batch=micro_batch, grad_accum=grad_accum, ac=ac,
                       precision=precision, offload=offload, impl=impl)
-    rows = run(spec, plan, nproc=nproc, profile=hw, out_dir=out)
+    timing = {} if steps is None else {"steps": steps, "min_timed_s": 0.0}
+    rows = run(spec, plan, nproc=nproc, profile=hw, out_dir=out, **timing)
     written = None if out is None else str(Path(out) / csv_name(spec, plan))
     return {"model": spec.name, "profile": hw.name, "plan": plan.label, "written": written,
             "rows": [{"metric": r["metric"], "predicted": r["predicted"],

@@ -424,6 +424,8 @@ def validate(
     offload: OffloadOpt = Offload.none,
     impl: ImplOpt = None,
     profile: Annotated[str, typer.Option(help="Calibrated hardware profile.")] = "local-cpu",
+    steps: Annotated[int | None, typer.Option(
+        help="Timed steps of the real run (default: 3, or more to fill 6 s).")] = None,
     out: Annotated[Path | None, typer.Option(
         help="Folder to write the rows to as a CSV (nothing is written without it).")] = None,
     format: Annotated[SimFormat, typer.Option(help="Output format.")] = SimFormat.table,
@@ -433,7 +435,7 @@ def validate(
         model=model, nproc=nproc, strategy=strategy.value, shard_group=shard_group,
         profile=profile, seq=seq, micro_batch=micro_batch, grad_accum=grad_accum,
         ac=ac.value, precision=precision.value, offload=offload.value,
-        impl=impl.value if impl else None, out=out))
+        impl=impl.value if impl else None, steps=steps, out=out))
     if r["written"]:
         typer.echo(f"wrote {r['written']}", err=True)
     if format is SimFormat.json:

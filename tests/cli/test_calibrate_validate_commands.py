@@ -34,11 +34,26 @@ def test_validate_passes_flags_and_renders_rows(monkeypatch: pytest.MonkeyPatch)
     assert seen == {"model": "8b", "nproc": 2, "strategy": "fsdp", "shard_group": None,
                     "profile": "p", "seq": 128, "micro_batch": 2, "grad_accum": 1,
                     "ac": "full", "precision": "bf16", "offload": "none", "impl": None,
-                    "out": None}
+                    "steps": None, "out": None}
     out = CliRunner().invoke(app, [*args, "--format", "json"])
     assert json.loads(out.stdout)["rows"] == canned["rows"]
-    CliRunner().invoke(app, [*args, "--out", "somewhere"])
-    assert seen["out"] == Path("somewhere")
+    CliRunner().invoke(app, [*args, "--out", "somewhere", "--steps", "2"])
+    assert seen["out"] == Path("somewhere") and seen["steps"] == 2
+
+
+def test_validate_steps_time_exactly_that_many(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--steps N times N steps (no minimum duration); without it, the default timing."""
+    pytest.importorskip("torch")
+    import zsim.calibrate.validate as module
+
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(module, "validate",
+                        lambda spec, plan, **kw: calls.append(kw) or [])
+    for steps in (4, None):
+        api.validate(model="125m", nproc=2, strategy="ddp", seq=32, steps=steps)
+    assert {k: calls[0][k] for k in ("steps", "min_timed_s")} == {"steps": 4,
+                                                                  "min_timed_s": 0.0}
+    assert "steps" not in calls[1] and "min_timed_s" not in calls[1]
 
 
 def test_calibrate_passes_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -62,6 +77,8 @@ def test_calibrate_passes_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     (["validate", "--model", "nope", "--nproc", "2", "--strategy", "fsdp"], "model"),
     (["validate", "--model", "8b", "--nproc", "2", "--strategy", "fsdp",
       "--profile", "nope"], "hardware"),
+    (["validate", "--model", "8b", "--nproc", "2", "--strategy", "fsdp",
+      "--steps", "0"], "steps"),
 ])
 def test_bad_input_is_one_line(args: list[str], named: str, tmp_path: Path) -> None:
     result = CliRunner().invoke(app, args)

@@ -120,9 +120,9 @@ def test_every_writing_command_writes_only_into_its_folder(
         ["zsim", "sweep", "--scenario", str(inputs / "where.yaml"), "--out",
          str(out / "sweep")],
         ["zsim", "validate", "--model", str(inputs / "tiny" / "config.json"), "--nproc", "2",
-         "--strategy", "fsdp", "--seq", "32", "--out", str(out / "validate")],
+         "--strategy", "fsdp", "--seq", "32", "--steps", "1", "--out", str(out / "validate")],
         ["zsim", "validate", "--model", str(inputs / "tiny" / "config.json"), "--nproc", "2",
-         "--strategy", "ddp", "--seq", "32"],
+         "--strategy", "ddp", "--seq", "32", "--steps", "1"],
         [str(bin_dir / "python"), "-c", CALIBRATE, str(out / "calibrate" / "cpu.yaml")],
     ]
     for cmd in commands:

@@ -29,3 +29,11 @@ def grid_path(tmp_path: Path) -> Path:
     path = tmp_path / "grid.yaml"
     path.write_text(yaml.safe_dump(SWEEP, sort_keys=False))
     return path
+
+
+@pytest.fixture(scope="module")
+def module_grid_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The grid scenario written once for a module (whose tests share a run of it)."""
+    path = tmp_path_factory.mktemp("grid") / "grid.yaml"
+    path.write_text(yaml.safe_dump(SWEEP, sort_keys=False))
+    return path

@@ -63,16 +63,19 @@ def resumed(stderr: str) -> tuple[int, int]:
     return int(words[1]), int(words[3])
 
 
-@pytest.fixture
-def uninterrupted(grid_path: Path, tmp_path: Path) -> Path:
-    out = tmp_path / "whole"
-    finish(zsim(grid_path, out, "1"))
+@pytest.fixture(scope="module")
+def uninterrupted(module_grid_path: Path) -> Path:
+    """An uninterrupted serial sweep of the grid scenario (run once for the module)."""
+    out = module_grid_path.parent / "whole"
+    finish(zsim(module_grid_path, out, "1"))
     return out
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
 def test_an_interrupted_sweep_resumes_to_the_same_bytes(
-        grid_path: Path, tmp_path: Path, uninterrupted: Path, sig: signal.Signals) -> None:
+        module_grid_path: Path, tmp_path: Path, uninterrupted: Path,
+        sig: signal.Signals) -> None:
+    grid_path = module_grid_path
     out = tmp_path / "cut"
     kept = interrupt_part_way(grid_path, out, sig)
     journal = out / JOURNAL_NAME

@@ -4,7 +4,7 @@ optional extra of zsim); calling its functions does.
 
 Modules: model (the reference Llama), fsdp2 (Plan -> fully_shard / DDP / ZeRO), runner
 (N processes), measure (instruments), step (one plan's measured run), microbench, fit,
-profile (`calibrate`), validate (`validate`, the report), gpu_report and gpu_bench (the
+profile (`calibrate`), validate (`validate` and the report), gpu_report and gpu_bench (the
 GPU validation report and its measurements), gpu_phases (where a real GPU step's time
 goes, by phase and kernel class), published_runs (the published H200 runs replayed in the
 simulator; no torch), deepspeed_zero and fsdp1 (the other libraries' programs),
@@ -14,14 +14,8 @@ tensor_parallel (torch's TP, alone or under FSDP2 on a 2-D mesh), pipeline
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from zsim.spec.hardware import HardwareProfile
-    from zsim.spec.model import ModelSpec
-    from zsim.spec.plan import Plan
-
-__all__ = ["calibrate", "validate"]
+__all__ = ["calibrate"]
 
 
 def calibrate(backend: str, nproc: int, out: Path) -> Path:
@@ -30,13 +24,3 @@ def calibrate(backend: str, nproc: int, out: Path) -> Path:
     from zsim.calibrate.profile import calibrate as run
 
     return run(backend, nproc, Path(out))
-
-
-def validate(model: ModelSpec, plan: Plan, *, nproc: int, profile: HardwareProfile,
-             out_dir: Path | None = None) -> list[dict[str, Any]]:
-    """Run `plan` for real and in the simulator; rows {metric, predicted, measured,
-    error_pct}, written as a CSV into `out_dir` when given; see
-    zsim.calibrate.validate.validate."""
-    from zsim.calibrate.validate import validate as run
-
-    return run(model, plan, nproc=nproc, profile=profile, out_dir=out_dir)
