@@ -10,9 +10,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from zsim.calibrate.fit import CollectiveSample  # noqa: E402
-from zsim.calibrate.microbench import BenchConfig, RankBench, median_of_rounds  # noqa: E402
-from zsim.calibrate.profile import calibrate  # noqa: E402
+from zsim.calibrate.fit import AlphaBeta, CollectiveSample  # noqa: E402
+from zsim.calibrate.microbench import (  # noqa: E402
+    BLOCK_STEPS,
+    BenchConfig,
+    RankBench,
+    median_of_rounds,
+)
+from zsim.calibrate.profile import _host_costs, calibrate  # noqa: E402
 from zsim.errors import ConfigError  # noqa: E402
 from zsim.spec.hardware import HardwareProfile  # noqa: E402
 
@@ -82,3 +87,14 @@ def test_rounds_merge_to_the_median_of_each_figure() -> None:
     # figure grows or shrinks with the scale, so figures are merged independently.
     merged = median_of_rounds([_round(1.0), _round(3.0), _round(2.0)])
     assert merged == _round(2.0)
+
+
+def test_host_costs_of_a_noisy_host_are_floored_at_zero() -> None:
+    """A per-block figure is a difference of step times (3 blocks - 1 block): on a busy
+    host it can come out negative, and the profile's host costs would then be refused
+    (efficiency.kernel_overhead_us must be >= 0); each is floored at 0 instead."""
+    noisy = {k: -1e-4 for k in BLOCK_STEPS}
+    link = AlphaBeta(latency_s=1e-5, bandwidth_bytes_per_s=1e9, max_rel_error=0.0)
+    costs = _host_costs([RankBench(block_step_s=noisy)], link, nproc=2)
+    assert costs.kernel_s == costs.fsdp_unit_s == costs.collective_s == 0.0
+    assert all(v == 0.0 for phases in costs.checkpoint_s.values() for v in phases.values())

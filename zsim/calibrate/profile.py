@@ -276,7 +276,9 @@ def _host_costs(ranks: list[RankBench], link: AlphaBeta, nproc: int) -> _HostCos
     calls = {"fsdp": (2, 1), "fsdp_no_reshard": (1, 1)}
     extra = [(per[k] - per["fsdp_local"] - ag * ag_wire - rs * rs_wire) / (ag + rs)
              for k, (ag, rs) in calls.items()]
-    kernel_s = per["plain"] / kernels
+    # Each figure is a difference of step times, which a noisy host can make negative:
+    # floored at 0, as a profile's host costs must be.
+    kernel_s = max(per["plain"], 0.0) / kernels
     plain_backward = per["plain"] - per["plain_forward"]
     checkpoint: dict[str, dict[str, float]] = {}
     for mode in CHECKPOINT_MODES:
