@@ -50,16 +50,18 @@ class RunOutcome:
 def evaluate(runs: Sequence[Run], indices: Sequence[int], curves: frozenset[str]
              ) -> list[RunOutcome]:
     """Simulate `runs[i]` for each i of `indices` (symmetric mode, one step, with the
-    reserved-memory replay), as `zsim sweep` always has; keep the memory curve of the runs
-    named in `curves`. A run the simulator rejects gives an outcome with its error; the
+    reserved-memory replay), as `zsim sweep` always has, each distinct lowered schedule
+    once (zsim.simulate.SimulationCache); keep the memory curve of the runs named in
+    `curves`. A run the simulator rejects gives an outcome with its error; the
     batch goes on."""
     from zsim.report.frame import sweep_row
 
     out = []
+    cache = simulate_module.SimulationCache()  # plans of a batch that simulate alike
     for i in indices:
         run = runs[i]
         try:
-            result = simulate_module.simulate(run.model, run.hardware, run.plan)
+            result = simulate_module.simulate(run.model, run.hardware, run.plan, cache=cache)
         except ConfigError as e:
             out.append(RunOutcome(index=i, row=None, curve=None, error=e))
             continue

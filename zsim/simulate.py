@@ -29,10 +29,26 @@ RANK_LEVEL_STEPS = 16
 """Steps sampled in rank-level mode for the p50/p99 step time."""
 
 
+class SimulationCache:
+    """The Results of symmetric-mode simulations, by their lowered schedule
+    (zsim.schedule.ops.Schedule.key) and simulate's options: plans that lower to the same
+    schedule (a knob their program ignores, such as DeepSpeed's ZeRO under FSDP's prefetch
+    depth) are simulated once. The engine and the summary read nothing but the schedule,
+    so a cached Result, given the plan's names, is the one simulating it again would give.
+    Owned by its caller (zsim.executor.evaluate keeps one per batch of runs); it grows
+    with every distinct schedule simulated."""
+
+    __slots__ = ("results",)
+
+    def __init__(self) -> None:
+        self.results: dict[tuple[object, ...], Result] = {}
+        """(schedule key, trace, fit_only, reserved) -> the Result simulate made."""
+
+
 def simulate(model: ModelSpec, hw: HardwareProfile, plan: Plan, *, trace: bool = False,
              rank_level: bool = False, seed: int = 0, jitter: Jitter | None = None,
              rank_level_steps: int = RANK_LEVEL_STEPS, fit_only: bool = False,
-             reserved: bool = True) -> Result:
+             reserved: bool = True, cache: SimulationCache | None = None) -> Result:
     """Simulate one optimizer step of `plan` for `model` on `hw`.
 
     Args:
@@ -50,6 +66,8 @@ def simulate(model: ModelSpec, hw: HardwareProfile, plan: Plan, *, trace: bool =
         reserved: replay the step's allocations on the caching-allocator model for the
             peak reserved (off: reserved_memory_bytes None, the replay costs about as
             much as the engine).
+        cache: results of the symmetric-mode simulations already made (SimulationCache):
+            a plan whose lowered schedule is in it is not simulated again.
 
     Returns:
         The Result; `result.fits` is False and `result.oom` says where when the memory
@@ -78,11 +96,17 @@ def simulate(model: ModelSpec, hw: HardwareProfile, plan: Plan, *, trace: bool =
                                   world_size=plan.world_size)
     schedule = lower(model, hw, plan)
     if not rank_level:
-        out = run(schedule, stop_at_oom=fit_only)
-        return with_bands(summarize(schedule, out.trace, out.memory, model=model.name,
-                                    hardware=hw.name, plan_label=plan.label, keep_spans=trace,
-                                    stopped_at_oom=out.stopped_at_oom, reserved=reserved),
-                          hw, plan)
+        key = (schedule.key(), trace, fit_only, reserved) if cache is not None else None
+        known = None if cache is None else cache.results.get(key)
+        if known is None:
+            out = run(schedule, stop_at_oom=fit_only)
+            known = summarize(schedule, out.trace, out.memory, model=model.name,
+                              hardware=hw.name, plan_label=plan.label, keep_spans=trace,
+                              stopped_at_oom=out.stopped_at_oom, reserved=reserved)
+            if cache is not None:
+                cache.results[key] = known
+        return with_bands(replace(known, model=model.name, hardware=hw.name,
+                                  plan_label=plan.label), hw, plan)
     if rank_level_steps < 1:
         raise ConfigError("rank_level_steps", rank_level_steps, "must be >= 1")
     if plan.tp > 1 or plan.cp > 1:

@@ -9,12 +9,16 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import yaml
 
 import zsim.simulate
 from zsim.errors import ConfigError
+from zsim.executor import evaluate
 from zsim.report.build import RESULTS_CSV, RESULTS_PARQUET, results_files
-from zsim.report.frame import rows_frame, sweep_frame
+from zsim.report.frame import rows_frame, sweep_frame, sweep_row
 from zsim.scenario import load_scenario, simulate_runs
+from zsim.schedule.lower import lower
+from zsim.simulate import simulate
 from zsim.sweep import SweepRows, run_sweep
 
 RUNS = 4 * 2 * 3 * 2 * 2
@@ -59,6 +63,33 @@ def test_serial_and_forked_workers_match_one_at_a_time_simulation(
     if importlib.util.find_spec("pyarrow"):
         assert RESULTS_PARQUET in expected
     assert expected[RESULTS_CSV].count(b"\n") == RUNS + 1
+
+
+def test_plans_that_lower_to_one_schedule_are_simulated_once_per_batch(
+        grid_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "prefetch.yaml"
+    path.write_text(yaml.safe_dump(yaml.safe_load(grid_path.read_text()) | {
+        "sweep": {"gpus": [16], "micro_batch": [1, 2], "prefetch": [1, 2]}, "report": {}}))
+    runs = load_scenario(path).runs
+    keys = [lower(r.model, r.hardware, r.plan).key() for r in runs]
+    # FSDP's prefetch depth changes its schedule; DDP and DeepSpeed's ZeRO have none, so
+    # prefetch 1 and 2 lower alike there.
+    alike = {r.plan.strategy for r, k, other in zip(runs[::2], keys[::2], keys[1::2],
+                                                   strict=True) if k == other}
+    assert alike == {"zero3", "ddp"}
+    engine_runs: list[int] = []
+    real = zsim.simulate.run
+
+    def counted(schedule, **kwargs):  # type: ignore[no-untyped-def]
+        engine_runs.append(len(schedule.ops))
+        return real(schedule, **kwargs)
+
+    monkeypatch.setattr(zsim.simulate, "run", counted)
+    batch = evaluate(runs, range(len(runs)), frozenset())
+    assert len(engine_runs) == len(set(keys)) == len(runs) - 2 * 2  # ddp, zero3 x 2 mb
+    monkeypatch.setattr(zsim.simulate, "run", real)
+    assert [o.row for o in batch] == [
+        sweep_row(r, simulate(r.model, r.hardware, r.plan)) for r in runs]
 
 
 def test_progress_counts_every_run_once(grid_path: Path,

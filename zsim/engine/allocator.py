@@ -31,7 +31,7 @@ calls. The rules, as that file states them (function names of the C++ source):
 
 Blocks live in a virtual address space: each segment gets a fresh range with a gap after
 it, so two blocks are neighbours exactly when one ends where the other starts. Each pool's
-free blocks are a sorted list of (size, address), searched with bisect. Fed the alloc and
+free blocks are a sorted list of (size, address) keys, searched with bisect. Fed the alloc and
 free events of torch.cuda.memory._record_memory_history from real FSDP2 steps on an H200
 (torch 2.11), it reproduces their reserved bytes exactly (tests/engine/test_allocator.py
 has the rules by hand).
@@ -78,6 +78,12 @@ def allocation_size(size: int) -> int:
     return -(-size // K_ROUND_LARGE) * K_ROUND_LARGE
 
 
+ADDRESS_BITS = 64
+"""A pool orders its free blocks by the key size << ADDRESS_BITS | address: the order of
+(size, address) pairs (`BlockComparatorSize` within one stream) as plain ints, which
+bisect compares in C; addresses stay below 2**ADDRESS_BITS."""
+
+
 class CachingAllocator:
     """The segments and blocks of one device's caching allocator.
 
@@ -89,15 +95,16 @@ class CachingAllocator:
                  "allocated_bytes", "reserved_bytes", "segments")
 
     def __init__(self) -> None:
-        self._pools: dict[Hashable, tuple[list[tuple[int, int]], list[tuple[int, int]]]] = {}
-        """stream -> its (small, large) pools, each its free blocks as sorted (size,
-        address)."""
-        self._free: dict[int, tuple[int, list[tuple[int, int]]]] = {}
-        """Free block address -> (size, the pool list holding it)."""
+        self._pools: dict[Hashable, tuple[list[int], list[int]]] = {}
+        """stream -> its (small, large) pools, each its free blocks' keys (size <<
+        ADDRESS_BITS | address), sorted."""
+        self._free: dict[int, int] = {}
+        """Free block address -> its size (a block merges only with blocks of its own
+        segment, so of its own pool)."""
         self._free_by_end: dict[int, int] = {}
         """Free block end address -> its start, to merge with a block freed after it."""
-        self._live: dict[int, tuple[int, list[tuple[int, int]]]] = {}
-        """Allocated block address -> (size, the pool list it returns to)."""
+        self._live: dict[int, tuple[int, list[int]]] = {}
+        """Allocated block address -> (size, the pool it returns to)."""
         self._next_address = 0
         self.reserved_bytes = 0
         """Bytes in cudaMalloc'd segments (`reserved_bytes` of the allocator's stats);
@@ -113,24 +120,25 @@ class CachingAllocator:
 
     def free(self, handle: int) -> None:
         """Return an allocated block to its pool, merged with its free neighbours."""
-        address = handle
+        self._release(handle)
+
+    def _release(self, address: int) -> None:
         size, pool = self._live.pop(address)
         self.allocated_bytes -= size
         free, free_by_end = self._free, self._free_by_end
         before = free_by_end.pop(address, None)
         if before is not None:  # merge with the free block ending here
-            before_size = free.pop(before)[0]
-            del pool[bisect_left(pool, (before_size, before))]
+            before_size = free.pop(before)
+            del pool[bisect_left(pool, before_size << ADDRESS_BITS | before)]
             address, size = before, size + before_size
         end = address + size
-        after = free.pop(end, None)
-        if after is not None:  # merge with the free block starting at its end
-            after_size = after[0]
-            del pool[bisect_left(pool, (after_size, end))]
+        after_size = free.pop(end, None)
+        if after_size is not None:  # merge with the free block starting at its end
+            del pool[bisect_left(pool, after_size << ADDRESS_BITS | end)]
             del free_by_end[end + after_size]
             size += after_size
-        insort(pool, (size, address))
-        free[address] = (size, pool)
+        insort(pool, size << ADDRESS_BITS | address)
+        free[address] = size
         free_by_end[address + size] = address
 
     def allocate(self, nbytes: int, pieces: tuple[int, ...], stream: Hashable) -> list[int]:
@@ -145,10 +153,13 @@ class CachingAllocator:
             pools = self._pools[stream] = ([], [])
         small_pool, large_pool = pools
         free_blocks, free_by_end, live = self._free, self._free_by_end, self._live
+        release = self._release
+        mask = (1 << ADDRESS_BITS) - 1
         handles: list[int] = []  # -1: freed by the script (addresses are >= 0)
+        allocated = 0
         for n in pieces or (nbytes,):
             if n < 0:
-                self.free(handles[~n])
+                release(handles[~n])
                 handles[~n] = -1
                 handles.append(-1)
                 continue
@@ -156,33 +167,37 @@ class CachingAllocator:
                     else -(-n // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE)
             small = size <= K_SMALL_SIZE
             pool = small_pool if small else large_pool
-            i = bisect_left(pool, (size, -1))
+            i = bisect_left(pool, size << ADDRESS_BITS)
             if i < len(pool):
-                block_size, address = pool.pop(i)
+                key = pool.pop(i)
+                block_size, address = key >> ADDRESS_BITS, key & mask
                 del free_blocks[address]
                 del free_by_end[address + block_size]
             else:
                 block_size = allocation_size(size)
                 address = self._next_address
                 self._next_address += block_size + K_MIN_BLOCK_SIZE  # a gap: no neighbour
+                assert self._next_address <= mask, "address space of the model exhausted"
                 self.reserved_bytes += block_size
                 self.segments += 1
             remaining = block_size - size
             if remaining >= K_MIN_BLOCK_SIZE if small else remaining > K_SMALL_SIZE:
                 rest = address + size
-                insort(pool, (remaining, rest))
-                free_blocks[rest] = (remaining, pool)
+                insort(pool, remaining << ADDRESS_BITS | rest)
+                free_blocks[rest] = remaining
                 free_by_end[rest + remaining] = rest
                 block_size = size
             live[address] = (block_size, pool)
-            self.allocated_bytes += block_size
+            allocated += block_size
             handles.append(address)
+        self.allocated_bytes += allocated
         return [h for h in handles if h >= 0]
 
     def release(self, handles: list[int]) -> None:
         """Free the tensors `allocate` left allocated."""
+        release = self._release
         for h in handles:
-            self.free(h)
+            release(h)
 
 
 @dataclass(frozen=True, slots=True)

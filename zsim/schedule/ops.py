@@ -12,7 +12,7 @@ order; an op starts once its stream is free and its dependencies are met.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 Stream = Literal["compute", "all_gather", "reduce_scatter", "all_reduce", "tp", "cp", "h2d",
@@ -161,6 +161,12 @@ class Schedule:
     for in issue order, and compute waits on a blocking collective are "blocking_call"."""
     notes: tuple[str, ...] = field(default=())
     """Modelling choices the lowering made for this plan (shown in reports)."""
+
+    def key(self) -> tuple[object, ...]:
+        """Every field as a hashable tuple (the link bandwidths as sorted items): two
+        schedules with equal keys are the same simulation, whatever plans lowered them."""
+        return tuple(tuple(sorted(v.items())) if isinstance(v, dict) else v
+                     for v in (getattr(self, f.name) for f in fields(self)))
 
     def by_stream(self) -> dict[str, list[Op]]:
         """Ops grouped by stream, each list in issue order; streams in STREAMS order."""
