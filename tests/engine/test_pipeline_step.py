@@ -8,6 +8,7 @@ import pytest
 from test_fsdp_toy_timeline import hand_durations
 from toy_cluster import make_toy_hw
 
+from zsim.errors import ConfigError
 from zsim.schedule.build import activation_sizes
 from zsim.simulate import simulate
 from zsim.spec.model import ModelSpec
@@ -50,3 +51,14 @@ def test_1f1b_holds_fewer_microbatches_than_gpipe(tiny_model: ModelSpec) -> None
     g0, o0 = gpipe.pipeline_stages[0], ofob.pipeline_stages[0]
     assert (g0.in_flight_microbatches, o0.in_flight_microbatches) == (8, 2)
     assert g0.peak_memory_bytes - o0.peak_memory_bytes == 6 * saved
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
+def test_offload_with_a_pipeline_is_refused(tiny_model: ModelSpec, strategy: str) -> None:
+    """The per-rank pipeline replay keeps every stage's state on the GPU: an offloaded
+    pipeline is refused on plan.offload rather than simulated as if nothing moved."""
+    plan = Plan(strategy=strategy, dp_shard=1, pp=2, grad_accum=2, seq_len=256,
+                offload="optimizer")
+    with pytest.raises(ConfigError) as err:
+        simulate(tiny_model, make_toy_hw(), plan)
+    assert (err.value.field, err.value.value) == ("plan.offload", "optimizer")

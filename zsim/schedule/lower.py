@@ -91,7 +91,8 @@ def check_modelled(plan: Plan) -> None:
     other than FSDP2 and torch DDP (torch's parallelize_module and pipelining compose
     with fully_shard on a 2-D or 3-D mesh, and run under DDP over the data-parallel
     ranks, or bare with one; ZeroRedundancyOptimizer, FSDP1 and DeepSpeed with them are
-    not modelled).
+    not modelled), and offload with a pipeline (its per-rank replay,
+    zsim.schedule.pipeline_work, keeps every stage's state on the GPU).
 
     Raises:
         ConfigError: naming the first such axis.
@@ -99,6 +100,9 @@ def check_modelled(plan: Plan) -> None:
     if plan.cp > 1 and plan.pp > 1:
         raise ConfigError("plan.cp", plan.cp,
                           "context parallelism with a pipeline is not modelled yet")
+    if plan.pp > 1 and plan.offload != "none":
+        raise ConfigError("plan.offload", plan.offload,
+                          "offload with a pipeline (pp > 1) is not modelled yet")
     if plan.cp > 1 and plan.impl != "fsdp2":
         raise ConfigError("plan.cp", plan.cp, "context parallelism is modelled with FSDP2 "
                           f"(fsdp, fsdp-no-reshard, hsdp), not with {plan.impl}")
