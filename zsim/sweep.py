@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import signal
-import threading
-from collections.abc import Callable, Collection, Generator, Iterator, Sequence
-from contextlib import closing, contextmanager, nullcontext
+from collections.abc import Callable, Collection, Generator, Sequence
+from contextlib import closing, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,29 +70,6 @@ def simulator_digest() -> str:
     return digest.hexdigest()
 
 
-@contextmanager
-def _interrupts() -> Iterator[list[int]]:
-    """Ctrl-C stops the sweep even where Python swallows the KeyboardInterrupt it raises
-    (a signal handled inside a finalizer is only printed): the signals received are also
-    recorded in the list yielded, which the sweep checks before each batch it journals."""
-    received: list[int] = []
-    previous = (signal.getsignal(signal.SIGINT)
-                if threading.current_thread() is threading.main_thread() else None)
-    if not callable(previous):  # not the main thread, or Ctrl-C ignored (nohup)
-        yield received
-        return
-
-    def record(signum: int, frame: Any) -> None:
-        received.append(signum)
-        previous(signum, frame)
-
-    signal.signal(signal.SIGINT, record)
-    try:
-        yield received
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 def run_sweep(scenario: Scenario, out: Path | None = None, *,
               curves: Collection[str] = (), executor: str = "local",
               ray_address: str | None = None, progress: Progress | None = None
@@ -143,11 +118,9 @@ def run_sweep(scenario: Scenario, out: Path | None = None, *,
             else run_local(runs, pending, keep))
         remaining = set(pending)
         # closing: stopping early shuts the executor down now, not when collected.
-        with closing(outcomes), _interrupts() as interrupted, \
+        with closing(outcomes), \
                 Journal(path) if path is not None else nullcontext() as journal:
             for batch in outcomes:
-                if interrupted:
-                    raise KeyboardInterrupt
                 entries = [_entry(ids[o.index], o) for o in batch if o.error is None]
                 if journal is not None and entries:
                     journal.append(entries)

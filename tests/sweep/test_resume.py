@@ -23,12 +23,21 @@ FINISHED = ("results.csv", "grid.csv", "grid.md", "grid-step-time.png", "grid-me
             "grid-memory-curve.png")
 
 
+def _interruptible() -> None:
+    """In the child before exec: Ctrl-C as a terminal delivers it. A process started in
+    the background by a non-interactive shell (as CI may run the suite) inherits SIGINT
+    ignored, and Python then keeps ignoring it (as zsim sweep does, like any program
+    under nohup)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def zsim(scenario: Path, out: Path, workers: str) -> subprocess.Popen[str]:
     env = {**os.environ, "ZSIM_WORKERS": workers}
     return subprocess.Popen(
         [sys.executable, "-m", "zsim", "sweep", "--scenario", str(scenario), "--out",
          str(out), "--format", "csv"], env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True)
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=_interruptible)
 
 
 def finish(proc: subprocess.Popen[str]) -> str:
