@@ -120,9 +120,7 @@ class CachingAllocator:
 
     def free(self, handle: int) -> None:
         """Return an allocated block to its pool, merged with its free neighbours."""
-        self._release(handle)
-
-    def _release(self, address: int) -> None:
+        address = handle
         size, pool = self._live.pop(address)
         self.allocated_bytes -= size
         free, free_by_end = self._free, self._free_by_end
@@ -153,7 +151,7 @@ class CachingAllocator:
             pools = self._pools[stream] = ([], [])
         small_pool, large_pool = pools
         free_blocks, free_by_end, live = self._free, self._free_by_end, self._live
-        release = self._release
+        release = self.free
         mask = (1 << ADDRESS_BITS) - 1
         handles: list[int] = []  # -1: freed by the script (addresses are >= 0)
         allocated = 0
@@ -195,9 +193,8 @@ class CachingAllocator:
 
     def release(self, handles: list[int]) -> None:
         """Free the tensors `allocate` left allocated."""
-        release = self._release
         for h in handles:
-            release(h)
+            self.free(h)
 
 
 @dataclass(frozen=True, slots=True)
