@@ -61,22 +61,26 @@ def shard_rows(shape: Shape, n: int) -> int:
     return -(-shape[0] // n) * math.prod(shape[1:])
 
 
-def sharded_pieces(shapes: Sequence[Shape], n: int, elem_bytes: int,
+@lru_cache(maxsize=64)
+def sharded_pieces(shapes: tuple[Shape, ...], n: int, elem_bytes: int,
                    copies: int = 1) -> tuple[int, ...]:
     """One tensor per parameter shard (`copies` of them per parameter, as AdamW's
-    exp_avg and exp_avg_sq), in order."""
+    exp_avg and exp_avg_sq), in order (cached: every block unit of a plan asks for the
+    same)."""
     return tuple(shard_rows(s, n) * elem_bytes for s in shapes for _ in range(copies))
 
 
-def gathered_pieces(shapes: Sequence[Shape], n: int, elem_bytes: int) -> tuple[int, ...]:
+@lru_cache(maxsize=64)
+def gathered_pieces(shapes: tuple[Shape, ...], n: int, elem_bytes: int) -> tuple[int, ...]:
     """FSDP2's unsharded parameters, one per parameter: n padded shards each
-    (init_all_gather_outputs), in module order."""
+    (init_all_gather_outputs), in module order (cached, as sharded_pieces)."""
     return tuple(shard_rows(s, n) * n * elem_bytes for s in shapes)
 
 
-def gradient_pieces(shapes: Sequence[Shape], elem_bytes: int) -> tuple[int, ...]:
+@lru_cache(maxsize=64)
+def gradient_pieces(shapes: tuple[Shape, ...], elem_bytes: int) -> tuple[int, ...]:
     """Unsharded gradients as autograd allocates them: one per parameter, in backward
-    order (the reverse of module order)."""
+    order (the reverse of module order; cached, as sharded_pieces)."""
     return tuple(math.prod(s) * elem_bytes for s in reversed(shapes))
 
 

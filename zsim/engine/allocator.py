@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 K_MIN_BLOCK_SIZE = 512
 """kMinBlockSize: every request is rounded up to a multiple of this, bytes."""
@@ -197,9 +197,9 @@ class CachingAllocator:
             self.free(h)
 
 
-@dataclass(frozen=True, slots=True)
-class Request:
-    """One buffer's allocation as the allocator replays it."""
+class Request(NamedTuple):
+    """One buffer's allocation as the allocator replays it (a NamedTuple: the ledger makes
+    one per allocation of every plan)."""
 
     key: str
     """The buffer's name, which its free refers to."""

@@ -147,13 +147,13 @@ class Fabric:
         dt = now - self._last_s
         self._last_s = now
         tasks = self._tasks
-        if dt > 0:
-            for t in tasks:
-                t.remaining -= t.rate * dt
+        ending = False
         for t in tasks:
+            if dt > 0:
+                t.remaining -= t.rate * dt
             if t.finish_s <= now:
-                break
-        else:
+                ending = True
+        if not ending:
             return  # none ends now (the common case)
         finished = [t for t in tasks if t.finish_s <= now]
         self._tasks = [t for t in tasks if t.finish_s > now]
@@ -172,14 +172,19 @@ class Fabric:
         if not tasks:
             return
         on_link, computing, comm_active = self._on_link, self._computing, self._comm_active
-        comm_slowdown = self._comm_slowdown
+        comm_slowdown, slowed = self._comm_slowdown, 1.0 - self._slowdown
         now = self._env.now
         at, delay = float("inf"), 0.0
         for t in tasks:
             if t.rank is not None:
-                t.rate = 1.0 - self._slowdown if comm_active.get(t.rank, 0) else 1.0
+                t.rate = slowed if comm_active.get(t.rank, 0) else 1.0
             else:
-                rate = min([cap / (on_link[k] * w) for k, w, cap in t.links])
+                links = t.links
+                if len(links) == 1:  # most transfers load one link
+                    k, w, cap = links[0]
+                    rate = cap / (on_link[k] * w)
+                else:
+                    rate = min([cap / (on_link[k] * w) for k, w, cap in links])
                 if comm_slowdown > 0:
                     for r in t.ranks:
                         if computing.get(r, 0):

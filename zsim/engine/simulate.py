@@ -103,7 +103,10 @@ class _Run:
             self.memory.alloc(b.name, b.category, b.bytes, pieces=b.pieces, pool="baseline",
                               time_s=0.0, where="model state")
         n = len(schedule.ops)
-        self.end_ev = [[self.env.event() for _ in range(n)] for _ in range(num_ranks)]
+        waited = {d for op in schedule.ops for d in (*op.after, *op.issue_after)}
+        self.end_ev: list[dict[int, simpy.Event]] = [
+            {i: self.env.event() for i in sorted(waited)} for _ in range(num_ranks)]
+        """Per rank, the end event of each op another op waits for."""
         needs_start = {d for op in schedule.ops for d in op.after_start}
         self.start_ev: list[dict[int, simpy.Event]] = [
             {i: self.env.event() for i in sorted(needs_start)} for _ in range(num_ranks)]
@@ -221,7 +224,8 @@ class _Run:
             if ledger:
                 for name in op.frees:
                     mem.free(name, time_s=t1)
-            ends[i].succeed()
+            if i in ends:
+                ends[i].succeed()
             # Positional, in OpSpan's field order (keywords cost a third of the span).
             span = OpSpan(i, op.name, op.kind, op.stream, rank, t0, t1, op.bus_bytes, op.link,
                           op.algorithm, shared, gate, gated_by)
@@ -368,7 +372,7 @@ def run(schedule: Schedule, *, num_ranks: int = 1, seed: int | None = None,
         if stop_at_oom and memory.oom is not None:
             return EngineRun(trace=state.trace(env.now, events), memory=state.memory,
                              stopped_at_oom=True)
-    unfinished = [op.name for op in schedule.ops if not state.end_ev[0][op.index].processed]
+    unfinished = [op.name for op in schedule.ops if op.index not in state.span_of[0]]
     assert not unfinished, f"deadlocked schedule, never ran: {unfinished[:3]}"
     step = max(max(row) for row in state.end_s) if schedule.ops else 0.0
     return EngineRun(trace=state.trace(step, events), memory=state.memory)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from zsim.analytic import allocations
 from zsim.analytic.activations import (
@@ -521,7 +521,7 @@ def on_synchronous_host(ops: list[Op]) -> tuple[Op, ...]:
     out: list[Op] = []
     last: int | None = None
     for op in ops:
-        out.append(replace(op, after_start=(), issue_after=() if last is None else (last,)))
+        out.append(op._replace(after_start=(), issue_after=() if last is None else (last,)))
         if not op.async_op:
             last = op.index
     return tuple(out)

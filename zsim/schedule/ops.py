@@ -13,7 +13,7 @@ order; an op starts once its stream is free and its dependencies are met.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Literal
+from typing import Literal, NamedTuple
 
 Stream = Literal["compute", "all_gather", "reduce_scatter", "all_reduce", "tp", "cp", "h2d",
                  "d2h", "host"]
@@ -51,9 +51,11 @@ class Buffer:
     whatever the pieces."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Op:
-    """One kernel or collective on one stream of the representative rank."""
+class Op(NamedTuple):
+    """One kernel or collective on one stream of the representative rank. A NamedTuple
+    rather than a frozen dataclass: the lowering makes one per op of every plan, and the
+    dataclass's __init__ (an object.__setattr__ per field) took a twentieth of `zsim
+    plan`. Build it with keywords (its fields may grow)."""
 
     index: int
     """Position in Schedule.ops; dependencies refer to these indices."""

@@ -47,8 +47,8 @@ zsim.analytic.memory stands for the offloaded parts).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import NamedTuple
 
 from zsim.analytic.compute import Flops
 from zsim.analytic.memory import model_state_bytes, optimizer_bytes_per_param
@@ -364,7 +364,7 @@ class _Step12:
 
 def _with_frees(op: Op, name: str) -> Op:
     """`op` releasing `name` when it ends, too."""
-    return replace(op, frees=(*op.frees, name))
+    return op._replace(frees=(*op.frees, name))
 
 
 # ---------------------------------------------------------------------- stage 3
@@ -611,9 +611,9 @@ class _Step3:
                                      tensors=1, master_bytes=m, grad_bytes=m),)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Call:
-    """One submodule call of the stage-3 trace."""
+class _Call(NamedTuple):
+    """One submodule call of the stage-3 trace (a NamedTuple: the lowering makes one per
+    call of every phase)."""
 
     name: str
     params: tuple[str, ...]
@@ -629,8 +629,8 @@ class _Call:
     """The unit's last backward call."""
 
     def in_phase(self, phase: str, *, first: bool = False, last: bool = False) -> _Call:
-        """The same submodule called in `phase` (what dataclasses.replace gives for a
-        call of the plain trace, without its walk over the fields)."""
+        """The same submodule called in `phase` (what _replace gives for a call of the
+        plain trace, without its walk over the fields)."""
         return _Call(name=self.name, params=self.params, unit=self.unit, share=self.share,
                      phase=phase, first=first, last=last)
 

@@ -120,7 +120,7 @@ def state_pieces(model: ModelSpec, plan: Plan) -> dict[str, tuple[int, ...]]:
     copies = optimizer_bytes_per_param(plan) / state_bytes
     if plan.offload != "none" or copies != int(copies):
         return {}
-    shapes, n = module_order(model), plan.dp_shard
+    shapes, n = tuple(module_order(model)), plan.dp_shard
     return {"master_params" if plan.has_master_copy else "params":
             sharded_pieces(shapes, n, _at_rest_bytes(plan)),
             "optimizer_states": sharded_pieces(shapes, n, state_bytes, int(copies))}
@@ -218,9 +218,9 @@ class _Step:
                     return ()  # accumulating into the buffers of micro-batch 0
                 name = f"mb{mb}/{u.name}/unsharded_grad{part}"
                 self.unsharded_grads.setdefault(u.name, []).append(name)
-                shapes = u.shapes if u.index is not None else [
+                shapes = u.shapes if u.index is not None else tuple(
                     s for n, s in b.model.root_tensors()
-                    if n.endswith("embeddings.weight") == bool(part)]
+                    if n.endswith("embeddings.weight") == bool(part))
                 return (Buffer(name=name, category="gathered_grads", bytes=params * acc_bytes,
                                pieces=fitted(gradient_pieces(shapes, acc_bytes),
                                              params * acc_bytes)),)
