@@ -15,6 +15,8 @@ US = 1e-6
 Dtype = Literal["fp32", "bf16", "fp16", "int8"]
 DTYPES: tuple[str, ...] = get_args(Dtype)
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}
+FP32_BYTES = DTYPE_BYTES["fp32"]
+"""Bytes of one fp32 element (upcast logits, norm statistics, optimizer states)."""
 
 
 def dtype_bytes(dtype: str) -> int:

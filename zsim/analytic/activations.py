@@ -30,8 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zsim.spec.model import ModelSpec
+from zsim.units import FP32_BYTES
 
-FP32_BYTES = 4
 INDEX_BYTES = 8
 """int64 token ids and labels."""
 STATE_ALIASES = frozenset({"rope.cos_sin_buffers"})

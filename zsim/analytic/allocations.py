@@ -30,7 +30,6 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 from zsim.analytic.activations import (
-    FP32_BYTES,
     LOSS_PREFIX,
     STATE_ALIASES,
     block_saved_tensors,
@@ -38,7 +37,7 @@ from zsim.analytic.activations import (
 )
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
-from zsim.units import dtype_bytes
+from zsim.units import FP32_BYTES, dtype_bytes
 
 Shape = tuple[int, ...]
 

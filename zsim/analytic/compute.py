@@ -35,9 +35,7 @@ from dataclasses import dataclass, replace
 
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
-
-FP32_BYTES = 4
-
+from zsim.units import FP32_BYTES
 
 Gemm = tuple[int, int, int, float]
 """A weight matmul (m x k) @ (k x n) and how many times it runs: (m, k, n, count)."""

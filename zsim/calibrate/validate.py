@@ -34,7 +34,7 @@ from zsim.atomic import write_files
 from zsim.calibrate.step import PlanMeasurement, measure_plan
 from zsim.errors import ConfigError
 from zsim.schedule.lower import host_state_bytes, rank_model, runs_autocast
-from zsim.schedule.pipeline import num_stages, rank_stages
+from zsim.schedule.pipeline import rank_layers
 from zsim.simulate import simulate
 from zsim.spec.deepspeed import DeepSpeedZero
 from zsim.spec.hardware import HardwareProfile
@@ -141,7 +141,7 @@ def predicted_activation_bytes(spec: ModelSpec, plan: Plan) -> tuple[int, int]:
     rope = sum(t.bytes for t in root if t.name.startswith("rope."))
     if plan.pp == 1:
         return spec.num_layers * per_block + rope, sum(t.bytes for t in root) - rope
-    layers = spec.num_layers // num_stages(plan) * len(rank_stages(plan, 0))
+    layers = rank_layers(plan, spec.num_layers, 0)
     ids = sum(t.bytes for t in root if t.name == "tok_embeddings.indices")
     return plan.grad_accum * layers * per_block + rope, plan.grad_accum * ids
 

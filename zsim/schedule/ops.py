@@ -32,9 +32,8 @@ COLLECTIVE_KINDS: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce
 COPY_KINDS: tuple[str, ...] = ("h2d", "d2h")
 """Host<->device copies over PCIe (copy engines: they do not slow compute)."""
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Buffer:
-    """One allocation held in HBM."""
+class Buffer(NamedTuple):
+    """One allocation held in HBM (a NamedTuple, as Op)."""
 
     name: str
     """Unique within a schedule, e.g. "mb0/unit3/gathered"."""

@@ -49,6 +49,11 @@ def rank_stages(plan: Plan, rank: int) -> tuple[int, ...]:
     return tuple(rank + i * plan.pp for i in range(plan.virtual_stages))
 
 
+def rank_layers(plan: Plan, num_layers: int, rank: int) -> int:
+    """Transformer blocks rank `rank` holds: num_layers / num_stages per stage it holds."""
+    return num_layers // num_stages(plan) * len(rank_stages(plan, rank))
+
+
 def rank_actions(plan: Plan, rank: int) -> list[Action]:
     """Rank `rank`'s forwards and backwards in the order its schedule runs them; the
     micro-batches are plan.grad_accum."""

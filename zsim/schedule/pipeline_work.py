@@ -51,7 +51,13 @@ from zsim.analytic.memory import optimizer_bytes_per_param
 from zsim.analytic.placement import pipeline_hop_crosses_nodes, place
 from zsim.schedule.build import TP_ENTER, TP_EXIT, Builder, activation_sizes
 from zsim.schedule.lower import runs_autocast
-from zsim.schedule.pipeline import num_stages, peak_in_flight, rank_actions, rank_stages
+from zsim.schedule.pipeline import (
+    num_stages,
+    peak_in_flight,
+    rank_actions,
+    rank_layers,
+    rank_stages,
+)
 from zsim.schedule.programs import fsdp2, torch_ddp
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
@@ -150,7 +156,7 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
     tp_bus = 0.0
     for rank in range(p.pp):
         stages = rank_stages(p, rank)
-        shapes = block_shapes * (layers * len(stages))
+        shapes = block_shapes * rank_layers(p, model.num_layers, rank)
         roots = [t for t in model.root_tensors()
                  if (0 in stages and "embeddings" in t[0])
                  or (n_stages - 1 in stages and "embeddings" not in t[0])]
@@ -192,12 +198,12 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
         memory.append(mem)
     if p.tp > 1:
         size = p.micro_batch * p.seq_len * model.d_model * a
-        calls = 2 * layers * len(rank_stages(p, 0)) * p.grad_accum
+        calls = 2 * rank_layers(p, model.num_layers, 0) * p.grad_accum
         kinds = [k for phase in ("forward", "backward") for bd in both
                  for k in bd[(p.sp, phase)]]
         tp_bus = calls * sum((2.0 if k == "all_reduce" else 1.0) * (p.tp - 1) / p.tp * size
                              for k in kinds)
-    units = max(1, layers * len(rank_stages(p, 0)) // p.unit_size)
+    units = max(1, rank_layers(p, model.num_layers, 0) // p.unit_size)
     return PipelineWork(forward_s=forward, backward_s=backward, send_s=send_s, head_s=head_s,
                         tail_s=tail_s, memory_bytes=memory, state_bytes=state,
                         in_flight=in_flight,
