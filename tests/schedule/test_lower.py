@@ -15,6 +15,7 @@ from zsim.analytic.comm import step_comm
 from zsim.analytic.compute import block_forward_flops, step_flops
 from zsim.errors import ConfigError
 from zsim.schedule.lower import lower
+from zsim.schedule.ops import Schedule
 from zsim.simulate import simulate
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
@@ -285,10 +286,13 @@ def test_checkpoint_host_time_lands_on_each_checkpointed_block(
     base = block_ops(sync)
     with_hooks = block_ops(replace(sync, checkpoint_overhead_s=overhead))
     assert base.keys() == with_hooks.keys() and len(base) == 2
+    # FSDP: one unit of 2 blocks, each op pays for both. DDP has no units: it runs (and
+    # is lowered) block by block whatever the plan's unit size.
+    blocks = 2 if strategy == "fsdp" else 1
     for name, seconds in with_hooks.items():
         per_kernel_s = 3e-6 if " forward " in name else 7e-6
-        # One unit of 2 blocks: each op pays for both blocks.
-        assert seconds - base[name] == pytest.approx(2 * kernels * per_kernel_s, rel=1e-9)
+        assert seconds - base[name] == pytest.approx(blocks * kernels * per_kernel_s,
+                                                     rel=1e-9)
     # An async host runs the hooks while the GPU works: nothing lands on the timeline.
     assert block_ops(replace(h100, checkpoint_overhead_s=overhead)) == block_ops(h100)
 
@@ -315,3 +319,19 @@ def test_calls_per_step(strategy: str, kw: dict[str, int], all_gather: Callable[
     assert result.collective_calls == {k: v for k, v in expected.items() if v}
     assert sum(result.collective_algorithms.values()) == sum(expected.values())
     assert 0 < result.comm_latency_share < 1
+
+
+@pytest.mark.parametrize(("strategy", "impl"), [("ddp", "torch"), ("zero1", "torch"),
+                                                ("zero1", "deepspeed"), ("zero2", "deepspeed"),
+                                                ("zero3", "deepspeed")])
+def test_programs_without_units_ignore_the_unit_size(tiny_model: ModelSpec,
+                                                     h100: HardwareProfile, strategy: str,
+                                                     impl: str) -> None:
+    # DDP and DeepSpeed wrap no units: their step is the same schedule whatever unit size
+    # the plan names, one compute op per block; FSDP2's changes with it.
+    def schedule(s: str, i: str, unit_size: int) -> Schedule:
+        return lower(tiny_model, h100, Plan.for_strategy(
+            s, gpus=8, seq_len=128, impl=i, unit_size=unit_size))  # type: ignore[arg-type]
+
+    assert schedule(strategy, impl, 2).key() == schedule(strategy, impl, 1).key()
+    assert schedule("fsdp", "fsdp2", 2).key() != schedule("fsdp", "fsdp2", 1).key()

@@ -145,6 +145,8 @@ def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
                           "parameter offload needs sharded parameters "
                           "(fsdp, fsdp-no-reshard, hsdp)")
     prog = PROGRAMS[plan.impl]
+    if not prog.wraps_units and plan.unit_size <= model.num_layers:  # (units() refuses more)
+        plan = plan.with_(unit_size=1)
     b = Builder(model, hw, plan, acts=activation_sizes(model, plan,
                                                        autocast=prog.autocast(plan)))
     root, blocks = units(model, plan, prog.shard_elems)

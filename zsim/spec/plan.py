@@ -118,7 +118,8 @@ class Plan:
     recompute: Recompute = "none"
     """Activation checkpointing: none, selective (recompute cheap ops), full (keep block inputs)."""
     unit_size: int = 1
-    """Transformer blocks per FSDP unit (one fully_shard call)."""
+    """Transformer blocks per FSDP unit (one fully_shard call or FlatParameter). DDP and
+    DeepSpeed have no units: their plans run block by block whatever it says."""
     prefetch: int = 1
     """Units all-gathered ahead of the one computing (0 disables prefetch; FSDP2 uses 1)."""
     bucket_bytes: int = 25 * MiB

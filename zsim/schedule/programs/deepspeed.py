@@ -702,4 +702,4 @@ def _lower(b: Builder, root: Unit, blocks: list[Unit]) -> None:
 PROGRAM = Program(name="deepspeed", shard_elems=shard_elems, autocast=lambda plan: False,
                   state_at_rest_bytes=state_at_rest_bytes,
                   gathered_floor_bytes=gathered_floor_bytes, lower=_lower,
-                  host_state_bytes=host_state_bytes)
+                  host_state_bytes=host_state_bytes, wraps_units=False)

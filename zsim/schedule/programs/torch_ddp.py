@@ -241,4 +241,5 @@ def _param_all_gather(b: Builder, opt: int) -> None:
 
 PROGRAM = Program(name="torch", shard_elems=shard_elems, autocast=runs_autocast,
                   state_at_rest_bytes=state_at_rest_bytes,
-                  gathered_floor_bytes=lambda model, plan: 0.0, lower=_lower)
+                  gathered_floor_bytes=lambda model, plan: 0.0, lower=_lower,
+                  wraps_units=False)
