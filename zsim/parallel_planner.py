@@ -11,10 +11,11 @@ peak; a pipeline's estimate is its simulation (zsim.simulate.simulate replays th
 pipeline); without PP the best `top` fitting estimates then run through the engine
 (zsim.simulate.simulate); simulated plans rank first, by throughput. No I/O.
 
-Every plan runs FSDP2 over the data-parallel axes (fully_shard on a 2-D or 3-D mesh, as
-torchtitan composes it), with sequence parallelism whenever tp > 1 (torchtitan's Llama
-plan), TP inside a node, a global batch fixed in sequences so that every plan trains the
-same tokens per step.
+Every plan runs FSDP2 (fully_shard on a 2-D or 3-D mesh, as torchtitan composes it) or
+torch DDP (the state replicated over the data-parallel ranks, as Megatron-LM runs without
+its distributed optimizer) over the data-parallel axes, with sequence parallelism
+whenever tp > 1 (torchtitan's Llama plan), TP inside a node, a global batch fixed in
+sequences so that every plan trains the same tokens per step.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from zsim.engine.pipeline import run_pipeline
 from zsim.errors import ConfigError
 from zsim.fanout import simulate_all
 from zsim.result import Result
-from zsim.schedule.lower import memory_floor_bytes, rank_model, rank_plan
+from zsim.schedule.lower import check_modelled, memory_floor_bytes, rank_model, rank_plan
 from zsim.schedule.pipeline import rank_actions
 from zsim.schedule.pipeline_work import pipeline_work
 from zsim.simulate import simulate
@@ -79,11 +80,13 @@ def parallel_plans(model: ModelSpec, hw: HardwareProfile, *, gpus: int, seq_len:
     """Every factorization of `gpus` the simulator models: tp dividing a node and the
     heads, cp (without PP) up to MAX_CP with the sequence in 2 cp chunks, pp dividing
     the layers up to MAX_PP, 1F1B and (where the layers allow 2 stages per rank)
-    interleaved 1F1B; FSDP over the data-parallel ranks, and HSDP sharding over one
-    node's data-parallel ranks; each recomputation policy; grad_accum the micro-batches
-    the global batch (sequences) leaves each data-parallel rank, their gradients reduced
+    interleaved 1F1B; FSDP over the data-parallel ranks, HSDP sharding over one
+    node's data-parallel ranks, and DDP replicating over them; each recomputation
+    policy; grad_accum the micro-batches the global batch (sequences) leaves each
+    data-parallel rank, their gradients reduced
     after every micro-batch as torchtitan's loop does (grad_sync "every"), except under
-    pipelining, whose stages reduce on the last. Invalid combinations are left out."""
+    pipelining, whose stages reduce on the last, and with DDP, run with no_sync until the
+    last. Invalid combinations are left out."""
     gpn = hw.gpus_per_node
     out: list[Plan] = []
     for tp in (t for t in range(1, gpn + 1) if gpn % t == 0):
@@ -114,6 +117,7 @@ def _variants(model: ModelSpec, hw: HardwareProfile, *, tp: int, cp: int, pp: in
     shardings = [("fsdp", dp, 1)]
     if 1 < group < dp and dp % group == 0:
         shardings.append(("hsdp", group, dp // group))
+    shardings.append(("ddp", 1, dp))
     out = []
     for strategy, shard, repl in shardings:
         for schedule, virtual in schedules:
@@ -123,9 +127,11 @@ def _variants(model: ModelSpec, hw: HardwareProfile, *, tp: int, cp: int, pp: in
                                 tp=tp, cp=cp, pp=pp, sp=tp > 1, pp_schedule=schedule,  # type: ignore[arg-type]
                                 virtual_stages=virtual, micro_batch=micro_batch,
                                 grad_accum=m, seq_len=seq_len, recompute=rc,  # type: ignore[arg-type]
-                                grad_sync="every" if pp == 1 and m > 1 else "last",
+                                grad_sync="every" if pp == 1 and m > 1
+                                and strategy != "ddp" else "last",
                                 **knobs)  # type: ignore[arg-type]
                     validate(model, hw, plan)
+                    check_modelled(plan)  # DDP with context parallelism is not
                 except ConfigError:
                     continue
                 out.append(plan)

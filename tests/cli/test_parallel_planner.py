@@ -46,6 +46,14 @@ def test_factorizations_cover_every_axis_and_keep_the_batch() -> None:
         # Every plan trains the same tokens per step: 64 sequences.
         assert p.tokens_per_step == 64 * 4096
         assert not (p.cp > 1 and p.pp > 1)
+    # The data-parallel ranks are sharded (fsdp), sharded within a node and replicated
+    # across (hsdp), or replicated (ddp), the last with TP and PP but without CP, which
+    # is modelled with FSDP2 only.
+    assert {p.strategy for p in plans} == {"fsdp", "hsdp", "ddp"}
+    ddp = [p for p in plans if p.strategy == "ddp"]
+    assert {(p.tp, p.pp) for p in ddp} >= {(1, 1), (2, 2), (8, 4)}
+    assert all(p.dp_shard == 1 and p.dp_replicate == 32 // (p.tp * p.pp) and p.cp == 1
+               for p in ddp)
 
 
 def test_ranking_puts_a_simulated_fitting_plan_first() -> None:
