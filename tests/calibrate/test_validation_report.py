@@ -110,3 +110,22 @@ def test_parallel_rows_without_a_prediction_say_why() -> None:
         assert (r["predicted"] == "") == (r["error_pct"] == ""), r
         if r["predicted"] == "":
             assert r["note"].startswith(("not simulated: ", "not predicted: ")), r
+
+
+@pytest.mark.parametrize("report", [REPORT, PARALLEL_REPORT], ids=["grid", "parallel"])
+def test_committed_predictions_are_the_current_simulators(report: Path,
+                                                          tmp_path: Path) -> None:
+    """Every committed prediction is what the simulator predicts today: a change of the
+    model that moves one must repredict the report (python -m zsim.calibrate.validate
+    --out DIR --repredict, measured figures kept), so no row shows an error the model
+    no longer makes."""
+    pytest.importorskip("torch")
+    from shutil import copytree
+
+    from zsim.calibrate.validate import repredict_report
+    from zsim.spec.registry import resolve_hardware
+
+    copy = tmp_path / "report"
+    copytree(report.parent, copy)
+    repredict_report(resolve_hardware("local-cpu"), out_dir=copy)
+    assert (copy / "validation.csv").read_bytes() == report.read_bytes()

@@ -192,10 +192,11 @@ def test_fsdp_step_on_a_synchronous_host_runs_every_op_alone_in_host_order(
         ("compute", "unit 1 copy-out forward (mb 0)", copy_block + hooks),
         ("compute", "unit 1 forward (mb 0)", fwd),
         ("compute", "output+loss forward (mb 0)", head),
-        ("compute", "loss backward (mb 0)", 2 * loss),
-        # the root's pre-backward, on the logits' gradient, prefetches unit 1
+        # the root's pre-backward, on the loss's gradient as the backward starts,
+        # prefetches unit 1
         ("all_gather", "unit 1 copy-in backward (mb 0)", cin_block),
         ("all_gather", "unit 1 all-gather backward (mb 0)", ag_block),
+        ("compute", "loss backward (mb 0)", 2 * loss),
         ("compute", "output backward (mb 0)", 2 * (head - loss)),
         ("compute", "unit 1 copy-out backward (mb 0)", copy_block),
         # unit 1's pre-backward prefetches unit 0

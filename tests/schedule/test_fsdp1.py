@@ -108,12 +108,14 @@ def test_backward_prefetch_hides_the_next_all_gather(h100: HardwareProfile) -> N
 
 
 @pytest.mark.parametrize("impl", ["fsdp2", "fsdp1"])
-def test_the_roots_pre_backward_prefetch_follows_the_losss_backward(
+def test_the_roots_pre_backward_prefetch_starts_the_backward(
         h100: HardwareProfile, impl: str) -> None:
-    """Both programs hook the root's pre-backward on its output, the logits: it runs
-    once the loss's backward has made their gradient, and only then prefetches the last
-    unit, so the loss's fp32 gradients and that unit's gathered parameters are never
-    live together."""
+    """Both programs hook the root's pre-backward on the root module's output, which is
+    the loss (the reference model computes it in its forward): the hook runs as the
+    backward starts and prefetches the last unit before the loss's backward, whose fp32
+    gradients then meet that unit's gathered parameters (the CPU validation's peaks of
+    the FSDP programs match the real runs to the byte so; with the prefetch after the
+    loss's backward they were 2.2-3.6% under)."""
     model = resolve_model("7b")
     r = simulate(model, h100, Plan.for_strategy("fsdp", gpus=64, seq_len=4096, impl=impl),
                  trace=True)
@@ -122,8 +124,8 @@ def test_the_roots_pre_backward_prefetch_follows_the_losss_backward(
     gather = next(sp for name, sp in spans.items()
                   if name.startswith(f"unit {last} ") and " backward (mb 0)" in name
                   and sp.stream == "all_gather")
-    assert gather.start_s >= spans["loss backward (mb 0)"].end_s
-    assert gather.start_s < spans["output backward (mb 0)"].end_s  # still a prefetch
+    assert gather.start_s >= spans["output+loss forward (mb 0)"].end_s
+    assert gather.start_s < spans["loss backward (mb 0)"].end_s
 
 
 def test_one_nccl_stream_runs_the_shard_groups_collectives_in_order(

@@ -259,19 +259,29 @@ def root_saved_tensors(model: ModelSpec, *, micro_batch: int, seq_len: int,
     return out
 
 
+def loss_forward_working_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int,
+                               act_bytes: int = 2) -> int:
+    """Transient bytes of the loss's forward beside what it saves: the logits the
+    log-softmax reads (their fp32 copy when upcast; the compute-dtype logits, freed once
+    copied, never meet the saved log-softmax output, and the two together are less than
+    copy and output). Over ModelSpec.loss_vocab, as loss_working_bytes."""
+    logit = FP32_BYTES if model.logits_upcast else act_bytes
+    return micro_batch * seq_len * model.loss_vocab * logit
+
+
 def loss_working_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int,
                        act_bytes: int = 2) -> int:
     """Transient bytes at the loss beyond what is saved: in backward, the gradient of
     the log-softmax output and of its input (fp32 when upcast) exist together; in forward
-    the logits in compute dtype and their fp32 copy exist together. The larger of the two.
+    the logits the log-softmax reads (loss_forward_working_bytes). The larger of the two.
     Over the vocabulary the loss reads (ModelSpec.loss_vocab: the whole one on a TP rank,
     whose logits are all-gathered).
     """
     bsv = micro_batch * seq_len * model.loss_vocab
     logit = FP32_BYTES if model.logits_upcast else act_bytes
-    forward = bsv * act_bytes + (bsv * logit if model.logits_upcast else 0)
-    backward = 2 * bsv * logit
-    return max(forward, backward)
+    forward = loss_forward_working_bytes(model, micro_batch=micro_batch, seq_len=seq_len,
+                                         act_bytes=act_bytes)
+    return max(forward, 2 * bsv * logit)
 
 
 def head_backward_working_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int,

@@ -159,38 +159,50 @@ def compare(spec: ModelSpec, plan: Plan, profile: HardwareProfile,
     Raises:
         ConfigError: the simulator refuses the plan on any other field.
     """
+    predicted, note = predictions(spec, plan, profile, backend=measured.backend)
+    common = {"model": spec.name, "plan": plan.label, "nproc": plan.world_size,
+              "backend": measured.backend}
+    return [_row(common, metric, predicted, value, note)
+            for metric, value in measured_figures(measured, times=times).items()]
+
+
+def predictions(spec: ModelSpec, plan: Plan, profile: HardwareProfile, *, backend: str
+                ) -> tuple[dict[str, float | None] | None, str]:
+    """The simulator's figures of a case by metric (None where it gives none), and "";
+    or None and why, for a plan it refuses on an UNSIMULATED_FIELDS field.
+
+    Raises:
+        ConfigError: the simulator refuses the plan on any other field.
+    """
     try:
         result = simulate(spec, profile, plan)
     except ConfigError as e:
         if e.field not in UNSIMULATED_FIELDS:
             raise
-        predicted: dict[str, float] | None = None
-        note = f"not simulated: {e}"
-    else:
-        # On CPU ranks the host is the device: what offload moves there is measured too.
-        host = host_state_bytes(spec, plan) if measured.backend == "gloo" else 0.0
-        block_pred, root_pred = predicted_activation_bytes(spec, plan)
-        predicted = {"peak_memory_bytes": result.peak_memory_bytes + host,
-                     "state_memory_bytes": result.baseline_memory_bytes + host,
-                     "activation_bytes_blocks": block_pred,
-                     "activation_bytes_root": root_pred, "step_time_s": result.step_time_s,
-                     "comm_busy_s": result.comm_busy_total_s,
-                     "forward_time_s": result.phase_time_s.get("forward")}
-        note = ""
-    common = {"model": spec.name, "plan": plan.label, "nproc": plan.world_size,
-              "backend": measured.backend}
-    rows = []
-    for metric, value in measured_figures(measured, times=times).items():
-        figure = None if predicted is None else predicted[metric]
-        pred = None if figure is None else float(figure)
-        err = (None if pred is None else
-               round(100.0 * (pred - value) / value, 2) if value else float("nan"))
-        why = note or ("" if pred is not None else
-                       "not predicted: a pipeline is replayed per rank without its "
-                       "collectives' or forward phase's times (zsim.simulate.simulate_pipeline)")
-        rows.append({**common, "metric": metric, "predicted": pred, "measured": float(value),
-                     "error_pct": err, "note": why})
-    return rows
+        return None, f"not simulated: {e}"
+    # On CPU ranks the host is the device: what offload moves there is measured too.
+    host = host_state_bytes(spec, plan) if backend == "gloo" else 0.0
+    block_pred, root_pred = predicted_activation_bytes(spec, plan)
+    return {"peak_memory_bytes": result.peak_memory_bytes + host,
+            "state_memory_bytes": result.baseline_memory_bytes + host,
+            "activation_bytes_blocks": block_pred,
+            "activation_bytes_root": root_pred, "step_time_s": result.step_time_s,
+            "comm_busy_s": result.comm_busy_total_s,
+            "forward_time_s": result.phase_time_s.get("forward")}, ""
+
+
+def _row(common: dict[str, Any], metric: str, predicted: dict[str, float | None] | None,
+         value: float, note: str) -> dict[str, Any]:
+    """One report row: the measured `value` of `metric`, its prediction and error."""
+    figure = None if predicted is None else predicted[metric]
+    pred = None if figure is None else float(figure)
+    err = (None if pred is None else
+           round(100.0 * (pred - value) / value, 2) if value else float("nan"))
+    why = note or ("" if pred is not None else
+                   "not predicted: a pipeline is replayed per rank without its "
+                   "collectives' or forward phase's times (zsim.simulate.simulate_pipeline)")
+    return {**common, "metric": metric, "predicted": pred, "measured": float(value),
+            "error_pct": err, "note": why}
 
 
 def measured_figures(measured: PlanMeasurement, *, times: bool = True) -> dict[str, float]:
@@ -416,6 +428,52 @@ def regenerate_report(profile: HardwareProfile | None, *, out_dir: Path, steps: 
     return path
 
 
+def repredict_report(profile: HardwareProfile, *, out_dir: Path) -> Path:
+    """The report in `out_dir` predicted again by the simulator as it is now, its
+    measured figures kept (the real runs are not repeated): for a change of the model
+    that moves predictions. Each case is predicted as regenerate_report predicts it
+    (`profile` at its world size, the profiles already in out_dir at the others); rows of
+    cases no longer in the grid stay as they are. The re-prediction is appended to the
+    provenance's batches.
+
+    Returns:
+        The CSV path.
+    """
+    from datetime import datetime, timezone
+
+    csv_path = out_dir / "validation.csv"
+    rows = _read_csv(csv_path)
+    knobs = backend_knobs("cpu")
+    cases = {case_key(s, p): (s, p) for s, p in ((replace(m, **knobs), p) for m, p in grid())}
+    keys = [f"{r['model']} {r['plan']} n{r['nproc']}" for r in rows]
+    worlds = sorted({cases[k][1].world_size for k in keys if k in cases})
+    profiles = _profiles_per_world(profile, worlds, out_dir, backend="gloo", reuse=True)
+    made: dict[str, tuple[dict[str, float | None] | None, str]] = {}
+    out = []
+    for key, row in zip(keys, rows, strict=True):
+        if key not in cases:
+            out.append(row)
+            continue
+        spec, plan = cases[key]
+        if key not in made:
+            made[key] = predictions(spec, plan, profiles[plan.world_size],
+                                    backend=row["backend"])
+        predicted, note = made[key]
+        common = {k: row[k] for k in ("model", "plan", "nproc", "backend")}
+        out.append(_row(common, row["metric"], predicted, row["measured"], note))
+    path = write_csv(out, csv_path)
+    _plot(out, out_dir)
+    batch = {
+        "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": f"python -m zsim.calibrate.validate --out {out_dir} --repredict",
+        "profiles": {n: p.name for n, p in profiles.items()},
+        "metrics": "predictions made again; measured figures kept from the batches above",
+        "cases": sorted(made),
+    }
+    _write_provenance(out_dir / "provenance.yaml", batch, knobs, append=True)
+    return path
+
+
 def _write_provenance(path: Path, batch: dict[str, Any], knobs: dict[str, Any], *,
                       append: bool) -> None:
     """provenance.yaml: the kernel knobs, the bounds, and every batch that measured rows
@@ -585,6 +643,9 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--min-timed-s", type=float, default=MIN_TIMED_S, metavar="SECONDS",
                         help="time more steps until each run's timed steps fill this many "
                              "seconds (default %(default)g)")
+    parser.add_argument("--repredict", action="store_true",
+                        help="measure nothing: predict the report's rows again with the "
+                             "simulator as it is now, keeping their measured figures")
     args = parser.parse_args(argv)
     if args.min_timed_s < 0:
         parser.error("--min-timed-s must be >= 0")
@@ -595,6 +656,10 @@ def main(argv: list[str] | None = None) -> Path:
         from zsim.spec.registry import resolve_hardware
 
         profile = resolve_hardware(args.profile)
+    if args.repredict:
+        if profile is None:
+            parser.error("--repredict predicts with --profile, not --calibrate-here")
+        return repredict_report(profile, out_dir=args.out)
     return regenerate_report(profile, out_dir=args.out, steps=args.steps, runs=args.runs,
                              only=tuple(args.only), keep_time=not args.no_time,
                              min_timed_s=args.min_timed_s,

@@ -24,6 +24,7 @@ from zsim.analytic.activations import (
     block_backward_working_bytes,
     block_recompute_bytes,
     head_backward_working_bytes,
+    loss_forward_working_bytes,
     loss_working_bytes,
     root_saved_tensors,
 )
@@ -118,7 +119,9 @@ class ActivationSizes:
     loss_saved: int
     """Of root_saved, the loss's (its backward frees them)."""
     loss_working: int
-    """Working memory of the output projection and loss forward."""
+    """The loss's working memory, forward or backward, whichever is larger (the floor's)."""
+    loss_forward_working: int
+    """Working memory of the loss forward beside its saved output."""
     head_backward_working: tuple[int, int]
     """Working memory of the loss's backward, then of the output projection's."""
 
@@ -144,6 +147,7 @@ def activation_sizes(model: ModelSpec, plan: Plan, *, autocast: bool) -> Activat
         root_saved=sum(t.bytes for t in root),
         loss_saved=sum(t.bytes for t in root if t.name.startswith(LOSS_PREFIX)),
         loss_working=loss_working_bytes(model, **kw),
+        loss_forward_working=loss_forward_working_bytes(model, **kw),
         head_backward_working=head_backward_working_bytes(model, **kw))
 
 
@@ -368,7 +372,7 @@ def head_forward(b: Builder, mb: int, *, after: tuple[int, ...],
     return b.add(name=f"output+loss forward (mb {mb})", kind="forward", stream="compute",
                  microbatch=mb, after=after, compute_s=b.compute(head), flops=head.total,
                  allocs=(Buffer(name=f"mb{mb}/loss/fwd", category="activations",
-                                bytes=acts.loss_working,
+                                bytes=acts.loss_forward_working,
                                 pieces=allocations.loss_forward_pieces(
                                     b.model, b.plan, saved_per_block=acts.saved_per_block)),
                          Buffer(name=f"mb{mb}/root/saved", category="activations",
@@ -385,15 +389,19 @@ def head_forward(b: Builder, mb: int, *, after: tuple[int, ...],
 
 def head_backward(b: Builder, mb: int, *, after: tuple[int, ...] = (),
                   grads: tuple[Buffer, ...] = (), frees: tuple[str, ...] = (),
-                  on_logits_grad: Callable[..., object] | None = None) -> int:
+                  on_backward_start: Callable[[], object] | None = None) -> int:
     """Loss backward, then output projection backward, of micro-batch mb (together twice
-    the forward's work); returns the second. Between the two the logits' gradient
-    exists: a hook on the root's output (FSDP's root pre-backward) runs there,
-    `on_logits_grad(after=loss_op)` adding its ops after the loss's backward."""
+    the forward's work); returns the second. A hook on the root module's output (FSDP's
+    root pre-backward) runs as the backward starts, before the loss's backward: the
+    reference model computes its loss in its forward (zsim.calibrate.model, as Hugging
+    Face models given labels do), so the root's output is the loss, whose gradient
+    exists first. `on_backward_start()` adds the hook's ops, placed as its caller says."""
     loss_flops, output_flops = head_backward_flops(
         b.model, micro_batch=b.plan.micro_batch, seq_len=b.plan.seq_len, act_bytes=b.a)
     acts, kw = b.acts, dict(saved_per_block=b.acts.saved_per_block)
     loss_bytes, output_bytes = acts.head_backward_working
+    if on_backward_start is not None:
+        on_backward_start()
     loss = b.add(name=f"loss backward (mb {mb})", kind="backward", stream="compute",
                  microbatch=mb, after=after, compute_s=b.compute(loss_flops),
                  flops=loss_flops.total,
@@ -401,8 +409,6 @@ def head_backward(b: Builder, mb: int, *, after: tuple[int, ...] = (),
                                 bytes=loss_bytes,
                                 pieces=allocations.loss_backward_pieces(b.model, b.plan, **kw)),),
                  frees=(f"mb{mb}/loss/bwd", f"mb{mb}/loss/saved"))
-    if on_logits_grad is not None:
-        on_logits_grad(after=loss)
     return b.add(name=f"output backward (mb {mb})", kind="backward", stream="compute",
                  microbatch=mb, after=(loss,), compute_s=b.compute(output_flops),
                  flops=output_flops.total,

@@ -226,14 +226,15 @@ class _Step:
                                              params * acc_bytes)),)
 
             emb_grad = 0 if b.model.tied_embeddings else b.model.embedding_params
-            head_forward(b, mb, after=(fwd[-1],), frees=self.release_all_gather())
+            head_f = head_forward(b, mb, after=(fwd[-1],), frees=self.release_all_gather())
             issued: dict[int, int] = {}
-            # The root's pre-backward hook runs on the logits' gradient: it prefetches the
-            # last units.
+            # The root's pre-backward hook runs as the backward starts (on the loss's
+            # gradient): it prefetches the last units once the forward has ended.
             head_b = head_backward(
                 b, mb, grads=grad_alloc(root, root.params - emb_grad),
-                on_logits_grad=partial(self.backward_prefetch, blocks, mb, gathered, issued,
-                                       below=len(blocks)) if reshard else None)
+                on_backward_start=partial(self.backward_prefetch, blocks, mb, gathered,
+                                          issued, below=len(blocks), after=head_f)
+                if reshard else None)
             tensor_parallel(b, after=head_b, phase="backward", regions=1,
                             boundaries=(TP_ENTER,), name="output", mb=mb)
             bwd: dict[int, int] = {}
