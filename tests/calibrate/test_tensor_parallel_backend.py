@@ -128,7 +128,7 @@ def test_tp2_shards_the_projections_and_saves_a_tp_slice_of_attention_and_mlp(
 @pytest.mark.slow
 def test_tp2_with_sequence_parallelism_shards_the_norms_on_the_sequence() -> None:
     plan = Plan(strategy="ddp", dp_shard=1, tp=TP, sp=True, seq_len=S, micro_batch=B)
-    m = measure_plan(TINY, plan, nproc=TP, steps=1)
+    m = measure_plan(TINY, plan, nproc=TP, steps=0, warmup_steps=0)  # memory steps only
     param_bytes = 4 * sum(math.prod(s) for s in _local_shapes(TINY, TP))
     _check_common(m, param_bytes=param_bytes, moment_bytes=[param_bytes] * TP,
                   autocast=True)
@@ -141,7 +141,7 @@ def test_fsdp2_x_tp2_on_a_2d_mesh_halves_the_tp_shards_again() -> None:
     # to 2 x 87 over the dp axis.
     spec = replace(TINY, ffn_hidden=346)
     plan = Plan(strategy="fsdp", dp_shard=2, tp=TP, seq_len=S, micro_batch=B)
-    m = measure_plan(spec, plan, nproc=4, steps=1)
+    m = measure_plan(spec, plan, nproc=4, steps=0, warmup_steps=0)  # memory steps only
     shapes = _local_shapes(spec, TP)
     param_bytes = 4 * sum(_fsdp_numel(s, 2) for s in shapes)
     # Mesh (dp, tp): ranks 0, 1 are dp rank 0, ranks 2, 3 dp rank 1, which holds 86 real
