@@ -9,6 +9,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+from _runs import RealRuns
+
 from zsim.calibrate.step import measure_plan
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
@@ -16,7 +18,9 @@ from zsim.spec.plan import Plan
 pytestmark = pytest.mark.slow
 
 TINY = ModelSpec(name="tiny", num_layers=2, d_model=128, num_heads=4, num_kv_heads=2,
-                 ffn_hidden=344, vocab_size=500, max_seq_len=64)
+                 ffn_hidden=344, vocab_size=500, max_seq_len=64, norm_kernel="composite")
+"""The kernel knob as validate() sets it on CPU (the real run does not read it), so the
+FSDP2 run is test_validate's too."""
 B, S = 2, 48
 ROPE_BYTES = 2 * TINY.max_seq_len * TINY.head_dim * 4
 """The fp32 cos and sin tables, buffers of the root."""
@@ -36,9 +40,9 @@ def _cpu_block_saved_bytes(spec: ModelSpec, b: int, s: int) -> int:
     return 2 * norm + attention + mlp
 
 
-def test_fsdp_two_ranks_memory_and_saved_activations() -> None:
+def test_fsdp_two_ranks_memory_and_saved_activations(real_runs: RealRuns) -> None:
     plan = Plan.for_strategy("fsdp", gpus=2, seq_len=S, micro_batch=B)
-    m = measure_plan(TINY, plan, nproc=2, steps=2)
+    m = real_runs.measure(TINY, plan, nproc=2, steps=2)
     assert all(math.isfinite(r.loss) for r in m.ranks)
     assert m.step_time_s > 0
     shard_bytes = TINY.num_params * 4 // 2  # fp32 parameters, half on each rank

@@ -34,10 +34,11 @@ def test_raising_rank_is_reported_and_nothing_is_left_running() -> None:
 
 
 def test_hung_job_times_out_and_is_killed() -> None:
+    # Past the deadline the ranks are killed, hanging or still starting up alike.
     start = time.monotonic()
-    with pytest.raises(RankFailed, match="timed out after 15 s"):
-        run_ranks(hang, None, nproc=2, timeout_s=15)
-    assert time.monotonic() - start < 40
+    with pytest.raises(RankFailed, match="timed out after 5 s"):
+        run_ranks(hang, None, nproc=2, timeout_s=5)
+    assert time.monotonic() - start < 30
     assert multiprocessing.active_children() == []
 
 

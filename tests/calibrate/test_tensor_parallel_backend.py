@@ -12,6 +12,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+from _runs import RealRuns
+
 from zsim.calibrate.step import PlanMeasurement, measure_plan
 from zsim.calibrate.tensor_parallel import check_plan
 from zsim.errors import ConfigError
@@ -19,7 +21,9 @@ from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 
 TINY = ModelSpec(name="tiny", num_layers=2, d_model=128, num_heads=4, num_kv_heads=2,
-                 ffn_hidden=344, vocab_size=500, max_seq_len=64)
+                 ffn_hidden=344, vocab_size=500, max_seq_len=64, norm_kernel="composite")
+"""The kernel knob as validate() sets it on CPU (the real run does not read it), so the
+TP run is test_validate's too."""
 B, S, TP = 2, 48, 2
 ROPE_BYTES = 2 * TINY.max_seq_len * TINY.head_dim * 4
 """The fp32 cos and sin tables, buffers of the root (whole on every rank)."""
@@ -108,9 +112,10 @@ def _check_common(m: PlanMeasurement, *, param_bytes: int, moment_bytes: list[in
 
 
 @pytest.mark.slow
-def test_tp2_shards_the_projections_and_saves_a_tp_slice_of_attention_and_mlp() -> None:
+def test_tp2_shards_the_projections_and_saves_a_tp_slice_of_attention_and_mlp(
+        real_runs: RealRuns) -> None:
     plan = Plan(strategy="ddp", dp_shard=1, tp=TP, seq_len=S, micro_batch=B)
-    m = measure_plan(TINY, plan, nproc=TP, steps=1)
+    m = real_runs.measure(TINY, plan, nproc=TP, steps=1)
     param_bytes = 4 * sum(math.prod(s) for s in _local_shapes(TINY, TP))
     _check_common(m, param_bytes=param_bytes, moment_bytes=[param_bytes] * TP,
                   autocast=True)
@@ -123,7 +128,7 @@ def test_tp2_shards_the_projections_and_saves_a_tp_slice_of_attention_and_mlp() 
 @pytest.mark.slow
 def test_tp2_with_sequence_parallelism_shards_the_norms_on_the_sequence() -> None:
     plan = Plan(strategy="ddp", dp_shard=1, tp=TP, sp=True, seq_len=S, micro_batch=B)
-    m = measure_plan(TINY, plan, nproc=TP, steps=1)
+    m = measure_plan(TINY, plan, nproc=TP, steps=0, warmup_steps=0)  # memory steps only
     param_bytes = 4 * sum(math.prod(s) for s in _local_shapes(TINY, TP))
     _check_common(m, param_bytes=param_bytes, moment_bytes=[param_bytes] * TP,
                   autocast=True)
@@ -136,7 +141,7 @@ def test_fsdp2_x_tp2_on_a_2d_mesh_halves_the_tp_shards_again() -> None:
     # to 2 x 87 over the dp axis.
     spec = replace(TINY, ffn_hidden=346)
     plan = Plan(strategy="fsdp", dp_shard=2, tp=TP, seq_len=S, micro_batch=B)
-    m = measure_plan(spec, plan, nproc=4, steps=1)
+    m = measure_plan(spec, plan, nproc=4, steps=0, warmup_steps=0)  # memory steps only
     shapes = _local_shapes(spec, TP)
     param_bytes = 4 * sum(_fsdp_numel(s, 2) for s in shapes)
     # Mesh (dp, tp): ranks 0, 1 are dp rank 0, ranks 2, 3 dp rank 1, which holds 86 real

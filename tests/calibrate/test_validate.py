@@ -1,15 +1,19 @@
 """validate(): one real 2-rank run against the simulator, rows and CSV; runs of a plan
-pool their timed steps."""
+pool their timed steps. The real runs are those test_backend's FSDP2 test and
+test_tensor_parallel_backend's TP test check (shared through the real_runs fixture)."""
 
 from __future__ import annotations
 
 import csv
+import importlib
 import math
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
+
+from _runs import RealRuns
 
 from zsim.calibrate.step import PhaseMemory, PlanMeasurement, RankMeasurement
 from zsim.calibrate.validate import BOUNDS_PCT, validate
@@ -21,11 +25,20 @@ pytestmark = pytest.mark.slow
 
 TINY = ModelSpec(name="tiny", num_layers=2, d_model=128, num_heads=4, num_kv_heads=2,
                  ffn_hidden=344, vocab_size=500, max_seq_len=64)
+# By module path: the package zsim.calibrate exports a function named validate.
+validate_module = importlib.import_module("zsim.calibrate.validate")
 
 
+@pytest.fixture
+def shared_runs(monkeypatch: pytest.MonkeyPatch, real_runs: RealRuns) -> None:
+    """validate() measures through the session's real runs."""
+    monkeypatch.setattr(validate_module, "measure_plan", real_runs.measure)
+
+
+@pytest.mark.usefixtures("shared_runs")
 def test_validate_rows_and_csv(tmp_path: Path) -> None:
     plan = Plan.for_strategy("fsdp", gpus=2, seq_len=48, micro_batch=2)
-    rows = validate(TINY, plan, nproc=2, profile=resolve_hardware("local-cpu"), steps=1,
+    rows = validate(TINY, plan, nproc=2, profile=resolve_hardware("local-cpu"), steps=2,
                     min_timed_s=0.0, out_dir=tmp_path)
     metrics = {r["metric"] for r in rows}
     assert {"step_time_s", "peak_memory_bytes", "activation_bytes_blocks",
@@ -63,6 +76,7 @@ def test_runs_pool_their_steps_rank_by_rank() -> None:
     assert {r.loss for r in pooled.ranks} == {7.0}  # the rest is the first run's
 
 
+@pytest.mark.usefixtures("shared_runs")
 def test_validate_a_tp_plan_is_predicted_within_bounds(tmp_path: Path) -> None:
     """TP without data parallelism (ddp, one data-parallel rank): the simulator predicts
     the real run's memory figures per rank within the report's bounds (in a file of its

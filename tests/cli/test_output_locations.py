@@ -8,6 +8,9 @@ Caches of the libraries zsim uses (matplotlib's font cache; torch's inductor cac
 torch creates under TMPDIR when FSDP2 is imported) go to XDG_CACHE_HOME, MPLCONFIGDIR and
 TORCHINDUCTOR_CACHE_DIR, which the test points at a folder it does not check; bytecode is
 off (PYTHONDONTWRITEBYTECODE), as Python, not zsim, writes it.
+
+The profile the installed `zsim calibrate` function writes there is also the suite's end to
+end check of calibrate() (the benchmark takes half a minute; it runs once, here).
 """
 
 from __future__ import annotations
@@ -18,11 +21,14 @@ import shutil
 import subprocess
 import sys
 import venv
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
+
+from zsim.spec.hardware import HardwareProfile  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -97,11 +103,28 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return src, env_dir
 
 
-def test_every_writing_command_writes_only_into_its_folder(
-        installed: tuple[Path, Path], tmp_path: Path) -> None:
+@dataclass(frozen=True)
+class Written:
+    """Every writing command run once: where they were told to write, and the trees
+    (relative paths) of the other folders, by name: env (the virtual environment), src
+    (the source it was installed from), inputs, run (the working folder), home, tmp."""
+
+    out: Path
+    """The folder holding each command's own output folder."""
+    before: dict[str, set[str]]
+    """Trees before the commands ran (env, src and inputs; the others were empty)."""
+    after: dict[str, set[str]]
+    """Trees after the commands ran."""
+
+
+@pytest.fixture(scope="module")
+def written(installed: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+            ) -> Written:
+    """Every command that writes, run from an empty folder with HOME and TMPDIR empty."""
     src, env_dir = installed
     bin_dir = env_dir / "bin"
-    run_dir, home, tmp, cache, inputs, out = (tmp_path / d for d in (
+    root = tmp_path_factory.mktemp("written")
+    run_dir, home, tmp, cache, inputs, out = (root / d for d in (
         "run", "home", "tmp", "cache", "inputs", "out"))
     for d in (run_dir, home, tmp, cache, inputs):
         d.mkdir()
@@ -112,7 +135,9 @@ def test_every_writing_command_writes_only_into_its_folder(
            "MPLCONFIGDIR": str(cache / "matplotlib"), "PYTHONDONTWRITEBYTECODE": "1",
            "TORCHINDUCTOR_CACHE_DIR": str(cache / "torchinductor"),
            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    before = {d: _tree(d) for d in (env_dir, src, inputs)}
+    checked = {"env": env_dir, "src": src, "inputs": inputs, "run": run_dir, "home": home,
+               "tmp": tmp}
+    before = {name: _tree(checked[name]) for name in ("env", "src", "inputs")}
     commands = [
         ["zsim", "plan", "--model", "13b", "--gpus", "128"],
         ["zsim", "simulate", "--model", "13b", "--gpus", "128", "--strategy", "fsdp",
@@ -129,9 +154,16 @@ def test_every_writing_command_writes_only_into_its_folder(
         proc = subprocess.run(cmd, cwd=run_dir, env=env, capture_output=True, text=True,
                               timeout=600)
         assert proc.returncode == 0, f"{cmd[:2]}: {proc.stderr[-2000:]}"
-    parquet = subprocess.run([str(bin_dir / "python"), "-c", "import pyarrow"],
-                             env=env, capture_output=True).returncode == 0
-    assert _tree(out) == {
+    return Written(out=out, before=before,
+                   after={name: _tree(d) for name, d in checked.items()})
+
+
+def test_every_writing_command_writes_only_into_its_folder(
+        installed: tuple[Path, Path], written: Written) -> None:
+    _, env_dir = installed
+    parquet = subprocess.run([str(env_dir / "bin" / "python"), "-c", "import pyarrow"],
+                             capture_output=True).returncode == 0
+    assert _tree(written.out) == {
         "trace", "trace/step.json",
         "sweep", "sweep/where.csv", "sweep/where.md", "sweep/where-step-time.png",
         "sweep/where-memory.png", "sweep/where-memory-curve.png", "sweep/where-step-time.svg",
@@ -139,7 +171,40 @@ def test_every_writing_command_writes_only_into_its_folder(
         "sweep/results.csv", *(["sweep/results.parquet"] if parquet else []),
         "validate", "validate/tiny-fsdp-n2.csv",
         "calibrate", "calibrate/cpu.yaml"}
-    assert _tree(run_dir) == set()
-    assert _tree(home) == set()
-    assert _tree(tmp) == set()
-    assert {d: _tree(d) for d in (env_dir, src, inputs)} == before
+    assert written.after["run"] == set()
+    assert written.after["home"] == set()
+    assert written.after["tmp"] == set()
+    assert {name: written.after[name] for name in written.before} == written.before
+
+
+def test_the_installed_calibrate_writes_a_loadable_profile_with_provenance(
+        written: Written) -> None:
+    out = written.out / "calibrate" / "cpu.yaml"
+    hw = HardwareProfile.from_yaml(out)
+    assert hw.name == "cpu"
+    assert hw.gpus_per_node == 2
+    assert set(hw.peak_flop_per_s) == {"fp32", "bf16"}
+    assert hw.intra_node.latency_s >= 0
+    assert 0 < hw.intra_node.efficiency <= 1
+    text = out.read_text()
+    assert f"torch {torch.__version__}" in text
+    assert "--backend gloo --nproc 2" in text
+    # The compute model's memory-bound and per-kernel terms are measured, not defaulted:
+    # a bf16 elementwise mix below the copy rate, and a per-kernel cost of a CPU dispatch
+    # (microseconds: more than 100 ns, far less than a millisecond).
+    assert 0 < hw.memory_bound_efficiency <= 1
+    assert 1e-7 < hw.kernel_overhead_s < 1e-3
+    assert "kernel_overhead" in text and "log_softmax" in text
+    # CPU ranks run their kernels on the calling thread; the host costs are measured:
+    # FSDP2's hooks take host time per unit (tens of microseconds at least, under a
+    # second), and reduce_scatter (an all-reduce of the whole buffer in gloo) has its
+    # own fitted rate.
+    assert hw.launch == "synchronous"
+    assert 1e-5 < hw.fsdp_unit_overhead_s < 1.0
+    assert hw.rank_skew >= 0 and hw.collective_overhead_s >= 0
+    assert set(hw.intra_node.kind_efficiency) == {"all_gather", "reduce_scatter", "all_reduce"}
+    assert hw.intra_node.kind_efficiency["all_gather"] == 1.0
+    # Selective recomputation runs every op of a block through SAC's Python dispatch
+    # mode in forward: microseconds per kernel, far above nothing, far below a millisecond.
+    assert 1e-6 < hw.checkpoint_overhead_s["selective"]["forward"] < 1e-3
+    assert all(v >= 0 for phases in hw.checkpoint_overhead_s.values() for v in phases.values())

@@ -212,7 +212,10 @@ def record_saved_tensors(model: nn.Module, block_names: list[str]) -> Iterator[l
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
+    """A DTensor's local shard (the tensor itself otherwise), read from the DTensor rather
+    than through to_local(): that would run a view op through the dispatch modes (the live
+    tensor tracker's included) for every parameter each saved tensor is checked against."""
+    return t._local_tensor if isinstance(t, DTensor) else t
 
 
 @dataclass(slots=True)
