@@ -62,7 +62,7 @@ from zsim.schedule.programs import fsdp2, torch_ddp
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
-from zsim.units import dtype_bytes
+from zsim.units import FP32_BYTES, dtype_bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -139,7 +139,7 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
         backward.append(bw)
     send_bytes = p.micro_batch * p.seq_len * model.d_model * b.a / (p.tp if p.sp else 1)
     # The residual stream is fp32 under autocast (zsim.analytic.activations).
-    recv_bytes = send_bytes / b.a * (dtype_bytes("fp32") if runs_autocast(p) else b.a)
+    recv_bytes = send_bytes / b.a * (FP32_BYTES if runs_autocast(p) else b.a)
     link = hw.inter_node if pipeline_hop_crosses_nodes(p, hw) else hw.intra_node
     send_s = link.latency_s + send_bytes / link.achievable_bytes_per_s
     placement = place(p, hw)
