@@ -193,6 +193,20 @@ class _Meter:
             self.tracker.reset_peak()
 
 
+_REST_S = 0.05
+"""How long a rank sleeps, without the GIL, before its state at rest is read, seconds."""
+
+
+def _come_to_rest(device: str) -> None:
+    """Let the rank come to rest before its model state is read: the device finishes its
+    queued work, then the main thread sleeps without the GIL. A gloo worker thread drops a
+    finished collective, and the buffers it holds, only once it takes the GIL, and a rank
+    read straight after a step's last reduce-scatter sometimes still counted that
+    collective's output (the FSDP1 test: the root's gradient shard, 1 step in 60)."""
+    sync_device(device)
+    time.sleep(_REST_S)
+
+
 def _batches(job: _Job, ctx: RankContext, *, step: int
              ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The micro-batches of `step` on this rank: its data-parallel rank's."""
@@ -205,8 +219,10 @@ def _measure_rank(ctx: RankContext, job: _Job) -> RankMeasurement:
     tracking = meter.tracker if meter.tracker is not None else _NoTracking()
     with tracking:
         prep = training.prepare(job.spec, job.plan, device=ctx.device, world_size=ctx.world_size)
+        _come_to_rest(ctx.device)
         after_init = meter.live()
         training.train_step(prep, _batches(job, ctx, step=0))
+        _come_to_rest(ctx.device)
         after_first = meter.live()
         memory, saved, loss = _memory_step(prep, job, ctx, meter)
     memory = PhaseMemory(after_init_bytes=after_init, after_first_step_bytes=after_first,
