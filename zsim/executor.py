@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zsim import simulate as simulate_module
+from zsim.engine.allocator import use_compiled_replay
 from zsim.errors import ConfigError
 from zsim.fanout import workers_for
 from zsim.scenario import Run
@@ -50,12 +51,14 @@ class RunOutcome:
 def evaluate(runs: Sequence[Run], indices: Sequence[int], curves: frozenset[str]
              ) -> list[RunOutcome]:
     """Simulate `runs[i]` for each i of `indices` (symmetric mode, one step, with the
-    reserved-memory replay), as `zsim sweep` always has, each distinct lowered schedule
-    once (zsim.simulate.SimulationCache); keep the memory curve of the runs named in
+    reserved-memory replay, compiled: zsim.engine.allocator.use_compiled_replay), as
+    `zsim sweep` always has, each distinct lowered schedule once
+    (zsim.simulate.SimulationCache); keep the memory curve of the runs named in
     `curves`. A run the simulator rejects gives an outcome with its error; the
     batch goes on."""
     from zsim.report.frame import sweep_row
 
+    use_compiled_replay()  # loaded once per process (inherited by forked workers)
     out = []
     cache = simulate_module.SimulationCache()  # plans of a batch that simulate alike
     for i in indices:
@@ -87,6 +90,7 @@ def run_local(runs: Sequence[Run], pending: Sequence[int], curves: frozenset[str
         return
     global _RUNS
     _RUNS = runs  # inherited by the forked workers, so only indices are sent
+    use_compiled_replay()  # loaded here, once, for every worker
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork"),
                                initializer=_ignore_interrupts)
     try:

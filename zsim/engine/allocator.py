@@ -38,13 +38,15 @@ has the rules by hand).
 
 `steady_reserved` replays a training step until the allocator's segments stop growing:
 what `max_memory_reserved` reads in a steady-state step, whose allocations the first
-steps have already cached. Imports only the standard library.
+steps have already cached. `replay_reserved` runs it, or its compiled twin
+(zsim.engine.compiled_allocator) in a process that loaded that (`use_compiled_replay`):
+the same bytes, some five times sooner, for a sweep. Imports only the standard library.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import NamedTuple
 
 K_MIN_BLOCK_SIZE = 512
@@ -237,3 +239,30 @@ def steady_reserved(state: Sequence[Request], step: Sequence[Request | str], *,
         if n > 0 and alloc.segments == segments:
             break
     return alloc.reserved_bytes
+
+
+_compiled: Callable[..., int | None] | None = None
+"""zsim.engine.compiled_allocator.steady_reserved once use_compiled_replay loaded it."""
+
+
+def use_compiled_replay() -> None:
+    """Make `replay_reserved` run the compiled replay (zsim.engine.compiled_allocator) in
+    this process from now on: the same reserved bytes, some five times sooner, after
+    about 0.8 s to load it (the first load on a machine compiles and caches it, some
+    5 s). For a process that replays many plans (zsim sweep and zsim report, whose forked
+    workers inherit it); one plan is sooner in Python."""
+    global _compiled
+    if _compiled is None:
+        from zsim.engine.compiled_allocator import steady_reserved as compiled
+        _compiled = compiled
+
+
+def replay_reserved(state: Sequence[Request], step: Sequence[Request | str], *,
+                    created_in_first_step: dict[int, Sequence[Request]]) -> int:
+    """`steady_reserved`, by the compiled replay where this process loaded it
+    (`use_compiled_replay`) and its addresses fit, else in Python."""
+    if _compiled is not None:
+        reserved = _compiled(state, step, created_in_first_step=created_in_first_step)
+        if reserved is not None:
+            return reserved
+    return steady_reserved(state, step, created_in_first_step=created_in_first_step)

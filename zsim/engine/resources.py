@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import simpy
 
-from zsim.engine.allocator import Request, steady_reserved
+from zsim.engine.allocator import Request, replay_reserved
 
 
 class _Task:
@@ -287,7 +287,7 @@ class MemoryPool:
     @property
     def reserved_bytes(self) -> int:
         """`max_memory_reserved` of a steady-state step: the recorded step replayed on a
-        model of the CUDA caching allocator (zsim.engine.allocator.steady_reserved) after
+        model of the CUDA caching allocator (zsim.engine.allocator.replay_reserved) after
         the model state, until its segments stop growing. The optimizer states are
         created by the first step's optimizer, right before its first allocation of
         category optimizer_states, as torch.optim creates them lazily (into blocks the
@@ -299,7 +299,7 @@ class MemoryPool:
             first = self._states_made_at
             states = [r for r, c in self._state if c == "optimizer_states"]
             lazy = first is not None and bool(states)
-            reserved = steady_reserved(
+            reserved = replay_reserved(
                 [r for r, c in self._state if not lazy or c != "optimizer_states"],
                 self._step, created_in_first_step={first: states} if lazy else {})
             self._reserved = (events, max(reserved, self.peak_bytes))
