@@ -17,7 +17,14 @@ from zsim.engine.simulate import Jitter, run
 from zsim.engine.trace import chrome_trace_events
 from zsim.errors import ConfigError
 from zsim.result import Result, StageFigures, closed_form_result, summarize
-from zsim.schedule.lower import check_modelled, lower, memory_floor_bytes, rank_model
+from zsim.schedule.lower import (
+    check_modelled,
+    lower,
+    memory_floor_bytes,
+    program_plan,
+    rank_model,
+)
+from zsim.schedule.ops import Schedule
 from zsim.schedule.pipeline import rank_actions, rank_stages
 from zsim.schedule.pipeline_work import pipeline_work
 from zsim.spec.hardware import HardwareProfile
@@ -38,13 +45,30 @@ class SimulationCache:
     Owned by its caller (zsim.executor.evaluate keeps one per batch of runs); it grows
     with every distinct schedule simulated."""
 
-    __slots__ = ("results",)
+    __slots__ = ("results", "schedules")
 
     def __init__(self) -> None:
         self.results: dict[int, tuple[tuple[object, ...], Result]] = {}
         """Hash of (schedule key, trace, fit_only, reserved) -> that key and the Result
         simulate made. A tuple hashes itself anew at every lookup (about 1.5 ms for a
         1,600-op schedule), so `find` takes the hash once for its `keep`."""
+        self.schedules: dict[tuple[int, int, Plan],
+                             tuple[ModelSpec, HardwareProfile, Schedule]] = {}
+        """(id of the model, id of the hardware, program_plan of the plan) -> those
+        objects and the schedule lowered for them (a hardware profile does not hash; the
+        objects are kept, so their ids stay theirs)."""
+
+    def lower(self, model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
+        """zsim.schedule.lower.lower(model, hw, plan), lowered once for the plans whose
+        program reads them alike (zsim.schedule.lower.program_plan: DDP's and DeepSpeed's
+        plans over unit sizes and prefetch depths) on the same model and hardware."""
+        key = (id(model), id(hw), program_plan(plan))
+        known = self.schedules.get(key)
+        if known is not None and known[0] is model and known[1] is hw:
+            return known[2]
+        schedule = lower(model, hw, plan)
+        self.schedules[key] = (model, hw, schedule)
+        return schedule
 
     def find(self, key: tuple[object, ...]) -> tuple[int, Result | None]:
         """The key's hash, and the Result kept for it (None: not simulated yet)."""
@@ -106,7 +130,7 @@ def simulate(model: ModelSpec, hw: HardwareProfile, plan: Plan, *, trace: bool =
         return closed_form_result(model=model.name, hardware=hw.name, plan_label=plan.label,
                                   floor_bytes=floor, hbm_bytes=hw.hbm_bytes,
                                   world_size=plan.world_size)
-    schedule = lower(model, hw, plan)
+    schedule = lower(model, hw, plan) if cache is None else cache.lower(model, hw, plan)
     if not rank_level:
         key = (schedule.key(), trace, fit_only, reserved) if cache is not None else ()
         h, known = (0, None) if cache is None else cache.find(key)

@@ -78,16 +78,25 @@ def test_plans_that_lower_to_one_schedule_are_simulated_once_per_batch(
                                                    strict=True) if k == other}
     assert alike == {"zero3", "ddp"}
     engine_runs: list[int] = []
-    real = zsim.simulate.run
+    lowered: list[str] = []
+    real, real_lower = zsim.simulate.run, zsim.simulate.lower
 
     def counted(schedule, **kwargs):  # type: ignore[no-untyped-def]
         engine_runs.append(len(schedule.ops))
         return real(schedule, **kwargs)
 
+    def counted_lower(model, hw, plan):  # type: ignore[no-untyped-def]
+        lowered.append(plan.label)
+        return real_lower(model, hw, plan)
+
     monkeypatch.setattr(zsim.simulate, "run", counted)
+    monkeypatch.setattr(zsim.simulate, "lower", counted_lower)
     batch = evaluate(runs, range(len(runs)), frozenset())
-    assert len(engine_runs) == len(set(keys)) == len(runs) - 2 * 2  # ddp, zero3 x 2 mb
+    # ddp and zero3 x 2 micro-batch sizes: lowered and simulated once for both depths.
+    assert len(engine_runs) == len(set(keys)) == len(runs) - 2 * 2
+    assert len(lowered) == len(runs) - 2 * 2
     monkeypatch.setattr(zsim.simulate, "run", real)
+    monkeypatch.setattr(zsim.simulate, "lower", real_lower)
     assert [o.row for o in batch] == [
         sweep_row(r, simulate(r.model, r.hardware, r.plan)) for r in runs]
 

@@ -127,6 +127,17 @@ def rank_plan(plan: Plan) -> Plan:
     return plan if plan.cp == 1 else plan.with_(seq_len=plan.seq_len // plan.cp)
 
 
+def program_plan(plan: Plan) -> Plan:
+    """The plan as its program reads it. A program that wraps no units (DDP, DeepSpeed's
+    ZeRO: Program.wraps_units) runs block by block whatever unit size the plan names, and
+    has no units to prefetch ahead (DeepSpeed prefetches by its own bucket size), so its
+    unit size and prefetch depth are the defaults, 1: plans that differ only there lower
+    to one schedule."""
+    if PROGRAMS[plan.impl].wraps_units:
+        return plan
+    return plan.with_(unit_size=1, prefetch=1)
+
+
 def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
     """Build the schedule of one optimizer step of a representative rank.
 
@@ -145,8 +156,8 @@ def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
                           "parameter offload needs sharded parameters "
                           "(fsdp, fsdp-no-reshard, hsdp)")
     prog = PROGRAMS[plan.impl]
-    if not prog.wraps_units and plan.unit_size <= model.num_layers:  # (units() refuses more)
-        plan = plan.with_(unit_size=1)
+    if plan.unit_size <= model.num_layers:  # (units() refuses more)
+        plan = program_plan(plan)
     b = Builder(model, hw, plan, acts=activation_sizes(model, plan,
                                                        autocast=prog.autocast(plan)))
     root, blocks = units(model, plan, prog.shard_elems)

@@ -61,10 +61,11 @@ class Program:
     """Bytes a rank keeps in host memory between steps (offloaded state and its
     staging buffers); the device's figures exclude them."""
     state_pieces: Callable[[ModelSpec, Plan], dict[str, tuple[int, ...]]] = no_state_pieces
+    """The tensors of each category of the state at rest, as the CUDA caching allocator
+    sees them (zsim.schedule.ops.Buffer.pieces); a category missing is one tensor."""
     wraps_units: bool = True
     """Whether the program groups blocks into units (FSDP's fully_shard or FlatParameter
     per `plan.unit_size` blocks). One that does not (DDP, DeepSpeed) is lowered block by
-    block, as it runs, whatever unit size the plan names."""
-    """The tensors of each category of the state at rest, as the CUDA caching allocator
-    sees them (zsim.schedule.ops.Buffer.pieces); a category missing is one tensor."""
+    block, as it runs, whatever unit size and prefetch depth the plan names
+    (zsim.schedule.lower.program_plan)."""
 
