@@ -42,7 +42,8 @@ class SimulationCache:
     schedule (a knob their program ignores, such as DeepSpeed's ZeRO under FSDP's prefetch
     depth) are simulated once. The engine and the summary read nothing but the schedule,
     so a cached Result, given the plan's names, is the one simulating it again would give.
-    Owned by its caller (zsim.executor.evaluate keeps one per batch of runs); it grows
+    Plans their program reads alike (zsim.schedule.lower.program_plan) are also lowered
+    once. Owned by its caller (zsim.executor.evaluate keeps one per batch of runs); it grows
     with every distinct schedule simulated."""
 
     __slots__ = ("results", "schedules")
