@@ -5,9 +5,10 @@ not in HOME or TMPDIR, not in the installed package (where `zsim validate` used 
 its CSV), not in the source it was installed from.
 
 Caches of the libraries zsim uses (matplotlib's font cache; torch's inductor cache, which
-torch creates under TMPDIR when FSDP2 is imported) go to XDG_CACHE_HOME, MPLCONFIGDIR and
-TORCHINDUCTOR_CACHE_DIR, which the test points at a folder it does not check; bytecode is
-off (PYTHONDONTWRITEBYTECODE), as Python, not zsim, writes it.
+torch creates under TMPDIR when FSDP2 is imported; numba's machine code of the sweep's
+compiled allocator replay, which zsim sends under XDG_CACHE_HOME) go to XDG_CACHE_HOME,
+MPLCONFIGDIR and TORCHINDUCTOR_CACHE_DIR, which the test points at a folder it does not
+check; bytecode is off (PYTHONDONTWRITEBYTECODE), as Python, not zsim, writes it.
 
 The profile the installed `zsim calibrate` function writes there is also the suite's end to
 end check of calibrate() (the benchmark takes half a minute; it runs once, here).

@@ -13,15 +13,23 @@ C++ allocator links them, so a freed block merges without a lookup by address. E
 (a stream's small or large requests) keeps its free blocks' keys sorted, (size << 32 |
 address) in units of kMinBlockSize (every size and address is a multiple of it): the
 order (size, address) of zsim.engine.allocator's pools. A replay whose addresses outgrow
-those 32 bits (2 TiB of segments) is left to the Python replay. Imports numba.
+those 32 bits (2 TiB of segments) is left to the Python replay.
+
+numba caches the machine code beside the source by default: inside the installed package,
+where zsim writes nothing. Unless NUMBA_CACHE_DIR names a place, the cache goes where the
+user's caches go, $XDG_CACHE_HOME/zsim/numba (else ~/.cache/zsim/numba); the variable is
+set for this process and its children (Ray's workers find the same cache). Imports numba.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Hashable, Sequence
+from pathlib import Path
 
 import numpy as np
 from numba import njit
+from numba.core.config import reload_config
 
 from zsim.engine.allocator import (
     K_LARGE_BUFFER,
@@ -32,6 +40,10 @@ from zsim.engine.allocator import (
     K_SMALL_SIZE,
     Request,
 )
+
+os.environ.setdefault("NUMBA_CACHE_DIR", str(
+    Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "zsim" / "numba"))
+reload_config()  # numba reads the variable now, before the functions below ask where to cache
 
 _UNITS_LIMIT = 1 << 31
 """A key's size and address, in units of kMinBlockSize, stay below this."""
