@@ -249,11 +249,12 @@ def use_compiled_replay() -> None:
     """Make `replay_reserved` run the compiled replay (zsim.engine.compiled_allocator) in
     this process from now on: the same reserved bytes, some five times sooner, after
     about 0.8 s to load it (the first load on a machine compiles and caches it, some
-    5 s). For a process that replays many plans (zsim sweep and zsim report, whose forked
-    workers inherit it); one plan is sooner in Python."""
+    7 s). For a process that replays many plans (zsim sweep and zsim report, whose forked
+    workers inherit it loaded); one plan is sooner in Python."""
     global _compiled
     if _compiled is None:
         from zsim.engine.compiled_allocator import steady_reserved as compiled
+        compiled([], [], created_in_first_step={})  # compiled or loaded now, not per worker
         _compiled = compiled
 
 
