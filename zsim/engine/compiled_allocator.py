@@ -4,8 +4,8 @@ allocator, rule for rule, on arrays, for a sweep's tens of thousands of replays.
 `steady_reserved` here takes and returns what zsim.engine.allocator.steady_reserved does
 and gives the same reserved bytes (tests/engine/test_compiled_allocator.py checks them
 against each other); it is some five times faster. Loading it costs about 0.8 s (numba's
-import and its cached machine code; the first load ever compiles, some 5 s, and caches),
-which a sweep repays in its first hundred plans and one plan never does:
+import and its cached machine code; the first load on a machine compiles, some 7 s, and
+caches), which a sweep repays in its first hundred plans and one plan never does:
 zsim.engine.allocator.use_compiled_replay loads it for the processes that replay many.
 
 The blocks are array rows linked to their segment neighbours (`prev`, `next`), as the
@@ -131,7 +131,7 @@ def _replay(pieces: np.ndarray, req_start: np.ndarray, req_stream: np.ndarray,
             created_at: np.ndarray, created_ptr: np.ndarray, created: np.ndarray,
             nstreams: int, max_steps: int) -> int:
     """zsim.engine.allocator.steady_reserved on arrays. Request r's pieces are
-    pieces[req_start[r]:req_start[r + 1]] (bytes; ~i frees the r's i-th), on stream
+    pieces[req_start[r]:req_start[r + 1]] (bytes; ~i frees its i-th tensor), on stream
     req_stream[r], for buffer key req_key[r]. `state`: the requests allocated first;
     `events`: the step (r >= 0 allocates request r, ~k frees key k's buffer); the
     requests created[created_ptr[j]:created_ptr[j + 1]] are made right before event
