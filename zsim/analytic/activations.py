@@ -271,17 +271,14 @@ def loss_forward_working_bytes(model: ModelSpec, *, micro_batch: int, seq_len: i
 
 def loss_working_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int,
                        act_bytes: int = 2) -> int:
-    """Transient bytes at the loss beyond what is saved: in backward, the gradient of
-    the log-softmax output and of its input (fp32 when upcast) exist together; in forward
-    the logits the log-softmax reads (loss_forward_working_bytes). The larger of the two.
-    Over the vocabulary the loss reads (ModelSpec.loss_vocab: the whole one on a TP rank,
-    whose logits are all-gathered).
+    """Transient bytes at the loss beyond what is saved, the larger of its backward's and
+    its forward's: in backward, the gradient of the log-softmax output and of its input
+    (fp32 when upcast) exist together, twice the logits the forward's log-softmax reads
+    (loss_forward_working_bytes). Over the vocabulary the loss reads (ModelSpec.loss_vocab:
+    the whole one on a TP rank, whose logits are all-gathered).
     """
-    bsv = micro_batch * seq_len * model.loss_vocab
-    logit = FP32_BYTES if model.logits_upcast else act_bytes
-    forward = loss_forward_working_bytes(model, micro_batch=micro_batch, seq_len=seq_len,
-                                         act_bytes=act_bytes)
-    return max(forward, 2 * bsv * logit)
+    return 2 * loss_forward_working_bytes(model, micro_batch=micro_batch, seq_len=seq_len,
+                                          act_bytes=act_bytes)
 
 
 def head_backward_working_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int,

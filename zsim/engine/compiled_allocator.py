@@ -32,13 +32,11 @@ from numba import njit
 from numba.core.config import reload_config
 
 from zsim.engine.allocator import (
-    K_LARGE_BUFFER,
     K_MIN_BLOCK_SIZE,
-    K_MIN_LARGE_ALLOC,
-    K_ROUND_LARGE,
-    K_SMALL_BUFFER,
     K_SMALL_SIZE,
     Request,
+    allocation_size,
+    round_size,
 )
 
 os.environ.setdefault("NUMBA_CACHE_DIR", str(
@@ -47,6 +45,16 @@ reload_config()  # numba reads the variable now, before the functions below ask 
 
 _UNITS_LIMIT = 1 << 31
 """A key's size and address, in units of kMinBlockSize, stay below this."""
+
+# The size rules of zsim.engine.allocator, compiled as they are written there.
+_round_size = njit(cache=True)(round_size)
+_allocation_size = njit(cache=True)(allocation_size)
+
+
+@njit(cache=True, inline="always")
+def _key(size: int, addr: int) -> int:
+    """A free block's place in its pool: (size, address) as one int."""
+    return (size // K_MIN_BLOCK_SIZE) << 32 | (addr // K_MIN_BLOCK_SIZE)
 
 
 @njit(cache=True, inline="always")
@@ -88,6 +96,20 @@ def _pool_remove_at(pkeys: np.ndarray, pids: np.ndarray, plen: np.ndarray, pool:
     plen[pool] = n
 
 
+@njit(cache=True, inline="always")
+def _pool_remove(pkeys: np.ndarray, pids: np.ndarray, plen: np.ndarray, pool: int,
+                 key: int) -> None:
+    _pool_remove_at(pkeys, pids, plen, pool, _lower_bound(pkeys[pool], plen[pool], key))
+
+
+@njit(cache=True, inline="always")
+def _take_row(spare: np.ndarray, nspare: int, nrows: int) -> tuple[int, int, int]:
+    """A block row: the last one merged away, else a new one; (row, nspare, nrows)."""
+    if nspare > 0:
+        return spare[nspare - 1], nspare - 1, nrows
+    return nrows, nspare, nrows + 1
+
+
 @njit(cache=True)
 def _free(block: int, addr: np.ndarray, size: np.ndarray, pool_of: np.ndarray,
           prev: np.ndarray, nxt: np.ndarray, is_free: np.ndarray, spare: np.ndarray,
@@ -97,8 +119,7 @@ def _free(block: int, addr: np.ndarray, size: np.ndarray, pool_of: np.ndarray,
     pool = pool_of[block]
     p = prev[block]
     if p != -1 and is_free[p]:
-        key = (size[p] // K_MIN_BLOCK_SIZE) << 32 | (addr[p] // K_MIN_BLOCK_SIZE)
-        _pool_remove_at(pkeys, pids, plen, pool, _lower_bound(pkeys[pool], plen[pool], key))
+        _pool_remove(pkeys, pids, plen, pool, _key(size[p], addr[p]))
         addr[block] = addr[p]
         size[block] += size[p]
         pp = prev[p]
@@ -109,8 +130,7 @@ def _free(block: int, addr: np.ndarray, size: np.ndarray, pool_of: np.ndarray,
         nspare += 1
     n = nxt[block]
     if n != -1 and is_free[n]:
-        key = (size[n] // K_MIN_BLOCK_SIZE) << 32 | (addr[n] // K_MIN_BLOCK_SIZE)
-        _pool_remove_at(pkeys, pids, plen, pool, _lower_bound(pkeys[pool], plen[pool], key))
+        _pool_remove(pkeys, pids, plen, pool, _key(size[n], addr[n]))
         size[block] += size[n]
         nn = nxt[n]
         nxt[block] = nn
@@ -119,9 +139,7 @@ def _free(block: int, addr: np.ndarray, size: np.ndarray, pool_of: np.ndarray,
         spare[nspare] = n
         nspare += 1
     is_free[block] = True
-    _pool_insert(pkeys, pids, plen, pool,
-                 (size[block] // K_MIN_BLOCK_SIZE) << 32 | (addr[block] // K_MIN_BLOCK_SIZE),
-                 block)
+    _pool_insert(pkeys, pids, plen, pool, _key(size[block], addr[block]), block)
     return nspare
 
 
@@ -229,29 +247,17 @@ def _replay(pieces: np.ndarray, req_start: np.ndarray, req_stream: np.ndarray,
                         nspare = _free(block, addr, size, pool_of, prev, nxt, is_free,
                                        spare, nspare, pkeys, pids, plen)
                         continue
-                    want = (K_MIN_BLOCK_SIZE if n < K_MIN_BLOCK_SIZE
-                            else -(-n // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE)
+                    want = _round_size(n)
                     small = want <= K_SMALL_SIZE
                     pool = 2 * stream + (0 if small else 1)
-                    pos = _lower_bound(pkeys[pool], plen[pool],
-                                       (want // K_MIN_BLOCK_SIZE) << 32)
+                    pos = _lower_bound(pkeys[pool], plen[pool], _key(want, 0))
                     if pos < plen[pool]:
                         block = pids[pool, pos]
                         _pool_remove_at(pkeys, pids, plen, pool, pos)
                         is_free[block] = False
                     else:
-                        if small:
-                            segment = K_SMALL_BUFFER
-                        elif want < K_MIN_LARGE_ALLOC:
-                            segment = K_LARGE_BUFFER
-                        else:
-                            segment = -(-want // K_ROUND_LARGE) * K_ROUND_LARGE
-                        if nspare > 0:
-                            nspare -= 1
-                            block = spare[nspare]
-                        else:
-                            block = nrows
-                            nrows += 1
+                        segment = _allocation_size(want)
+                        block, nspare, nrows = _take_row(spare, nspare, nrows)
                         addr[block] = next_addr
                         size[block] = segment
                         pool_of[block] = pool
@@ -266,12 +272,7 @@ def _replay(pieces: np.ndarray, req_start: np.ndarray, req_stream: np.ndarray,
                         segments += 1
                     remaining = size[block] - want
                     if (remaining >= K_MIN_BLOCK_SIZE) if small else (remaining > K_SMALL_SIZE):
-                        if nspare > 0:
-                            nspare -= 1
-                            rest = spare[nspare]
-                        else:
-                            rest = nrows
-                            nrows += 1
+                        rest, nspare, nrows = _take_row(spare, nspare, nrows)
                         addr[rest] = addr[block] + want
                         size[rest] = remaining
                         pool_of[rest] = pool
@@ -283,9 +284,7 @@ def _replay(pieces: np.ndarray, req_start: np.ndarray, req_stream: np.ndarray,
                         nxt[block] = rest
                         size[block] = want
                         is_free[rest] = True
-                        _pool_insert(pkeys, pids, plen, pool,
-                                     (remaining // K_MIN_BLOCK_SIZE) << 32
-                                     | (addr[rest] // K_MIN_BLOCK_SIZE), rest)
+                        _pool_insert(pkeys, pids, plen, pool, _key(remaining, addr[rest]), rest)
                     handles[nh] = block
                     nh += 1
                 k = req_key[r]
