@@ -367,6 +367,12 @@ def test_offloaded_step_gets_its_share_of_the_node_cores() -> None:
     ("host", "optimizer_tensor_us", {"plain": 1}, "host.optimizer_tensor_us"),
     ("host", "optimizer_tensor_us", {"plain": 1, "dtensor": -2},
      "host.optimizer_tensor_us.dtensor"),
+    ("host", "program_overhead_us", {"megatron": {"forward_block": 1, "backward_block": 1,
+                                                  "step": 1}}, "host.program_overhead_us"),
+    ("host", "program_overhead_us", {"tp": {"forward_block": 1}}, "host.program_overhead_us.tp"),
+    ("host", "program_overhead_us", {"tp": {"forward_block": 1, "backward_block": -1,
+                                            "step": 0}},
+     "host.program_overhead_us.tp.backward_block"),
 ])
 def test_bad_host_keys_name_the_field(section: str, key: str, value: Any, field: str) -> None:
     data = _raw("hgx-h200")
@@ -374,3 +380,14 @@ def test_bad_host_keys_name_the_field(section: str, key: str, value: Any, field:
     with pytest.raises(ConfigError) as e:
         HardwareProfile.from_dict(data, name="hgx-h200")
     assert e.value.field == field
+
+
+def test_program_overhead_in_seconds_for_the_programs_given() -> None:
+    data = _raw("local-cpu")
+    data["host"]["program_overhead_us"] = {
+        "deepspeed-zero3": {"forward_block": 1500, "backward_block": 2500, "step": 4000}}
+    hw = HardwareProfile.from_dict(data, name="local-cpu")
+    assert hw.program_overhead_s == {"deepspeed-zero3": {
+        "forward_block": pytest.approx(1.5e-3), "backward_block": pytest.approx(2.5e-3),
+        "step": pytest.approx(4e-3)}}
+    assert resolve_hardware("local-cpu").program_overhead_s == {}

@@ -3,7 +3,8 @@ point bandwidth, matmul (alone and as linear layers forward + backward) and atte
 throughput, memory copy and elementwise-kernel rates, the AdamW step, how much a
 collective in flight slows a matmul, how far ranks drift apart between collectives, and
 the host time of the reference model's blocks unsharded, under FSDP2 alone and with its
-collectives (the fixed cost per kernel is derived from the first).
+collectives (the fixed cost per kernel is derived from the first), and on a CPU host under
+DeepSpeed's ZeRO stages and DTensor TP (zsim.calibrate.program_overhead).
 
 Owns what is timed and how (medians of timed calls after warm-ups, a barrier before each
 collective so ranks start together, and every figure the median over rounds of the whole
@@ -50,7 +51,8 @@ block); "fsdp_no_reshard", on all ranks with reshard_after_forward=False (1 + 1)
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BenchConfig:
-    """What to run; the defaults take a minute or two on 2 CPU ranks."""
+    """What to run; the defaults take two to three minutes on 2 CPU ranks (2 min 12 s on
+    a 2-core AMD EPYC with the programs, 1 min 43 s without)."""
 
     sizes_bytes: tuple[int, ...] = SIZES_BYTES
     iters_small: int = 10
@@ -77,6 +79,11 @@ class BenchConfig:
     all-gather (rank_skew: the slope of the line fitted through them)."""
     host_layers: tuple[int, int] = (2, 10)
     """Block counts of the two nano models whose plain and FSDP2 steps are timed."""
+    programs: bool = True
+    """Time the library programs on the nano model on a CPU host
+    (zsim.calibrate.program_overhead: DeepSpeed's ZeRO stages, DTensor TP), for the
+    profile's host.program_overhead_us; off, or on CUDA (whose host runs ahead), the
+    profile has none."""
     rounds: int = 3
     """Times the whole set runs; each figure is its median over the rounds. A shared host
     has slow spells of seconds to minutes (here a compute-only loop varied by +-8% from
@@ -115,6 +122,9 @@ class RankBench:
     """Extra time of a tiny all-gather per second of compute before it (see _rank_skew)."""
     block_step_s: dict[str, float] = field(default_factory=dict)
     """Time per extra block of the nano model, by BLOCK_STEPS entry, seconds."""
+    program_step_s: dict[str, dict[str, float]] = field(default_factory=dict)
+    """The nano model's step and forward times under each library program, by program
+    (zsim.calibrate.program_overhead.program_steps_s), seconds."""
 
 
 def _median_s(fn: Callable[[], Any], iters: int, warmup: int = 1,
@@ -199,6 +209,11 @@ def _bench_round(ctx: RankContext, cfg: BenchConfig) -> RankBench:
     # The shared host is noisy: the median of five fits.
     out.rank_skew = statistics.median(_rank_skew(ctx, cfg.sync_segments) for _ in range(5))
     out.block_step_s = _block_step_s(ctx, cfg.host_layers)
+    if cfg.programs and ctx.device == "cpu":
+        # Imported here: program_overhead builds on this module's nano model.
+        from zsim.calibrate.program_overhead import program_steps_s
+
+        out.program_step_s = program_steps_s(ctx, cfg.host_layers)
     return out
 
 

@@ -13,8 +13,10 @@ section comes from the width-16 reference model (kernels cost almost nothing the
 per-kernel overhead is its block's step time over the kernels zsim.analytic.compute counts,
 FSDP2's hook time and the cost of its collective calls are differences between its
 unsharded, 1-rank-mesh and all-rank runs, checkpointing's host time the difference
-between its checkpointed and plain runs; rank skew from collectives after compute.
-Imports torch.
+between its checkpointed and plain runs; rank skew from collectives after compute; on a
+CPU host, the library programs' own host time (DeepSpeed ZeRO, DTensor TP) is what their
+nano-model steps take beyond the simulation of the same plans with the rest of the
+profile (zsim.calibrate.program_overhead). Imports torch.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ def calibrate(backend: str, nproc: int, out: Path, *, config: BenchConfig | None
     disk = _disk_rates(out.parent)
     data = profile_dict(ranks, name=Path(out).stem, backend=backend, nproc=nproc,
                         started=started, disk_bytes_per_s=disk, config=cfg)
+    with_program_overhead(data, ranks, nproc=nproc, layers=cfg.host_layers)
     out = Path(out)
     HardwareProfile.from_dict(data, name=out.stem)  # never write a profile that won't load
     (written,) = write_files(out.parent, {
@@ -248,6 +251,28 @@ class _HostCosts:
     """Kernels of one block's forward, as zsim.analytic.compute counts them."""
     checkpoint_s: dict[str, dict[str, float]]
     """Per recompute mode and phase, seconds per forward kernel of a block."""
+
+
+def with_program_overhead(data: dict[str, Any], ranks: list[RankBench], *, nproc: int,
+                          layers: tuple[int, int]) -> None:
+    """Add host.program_overhead_us to the profile structure `data`, fitted against the
+    simulator with the rest of `data` (zsim.calibrate.program_overhead.fit), when the
+    ranks timed the programs; its source goes into the host section's."""
+    if not all(r.program_step_s for r in ranks):
+        return
+    from zsim.calibrate.program_overhead import fit
+
+    overhead = fit([r.program_step_s for r in ranks], data, world_size=nproc, layers=layers)
+    host = data["host"]
+    host["program_overhead_us"] = {p: {k: _r(v) for k, v in parts.items()}
+                                   for p, parts in overhead.items()}
+    host["source"] += (
+        f"; program_overhead per program (DeepSpeed ZeRO-1/2/3 with every parameter "
+        f"partitioned, TP over 2 ranks), from the width-16 reference Llama at {layers[0]} "
+        f"and {layers[1]} blocks on all {nproc} ranks (median over ranks): forward_block = "
+        f"growth per block of the time to the loss, backward_block = of the rest of the "
+        f"step, step = the {layers[0]}-block step beyond its blocks, each less what the "
+        f"simulator gives the same plan with the rest of this profile")
 
 
 def _host_costs(ranks: list[RankBench], link: AlphaBeta, nproc: int) -> _HostCosts:

@@ -238,6 +238,37 @@ class Builder:
                         link_loads=algo.link_loads, group_ranks=group.ranks,
                         group=gname, **kw)
 
+    def programs(self) -> tuple[str, ...]:
+        """The plan's programs with a host.program_overhead_us entry
+        (zsim.spec.hardware.OVERHEAD_PROGRAMS): DeepSpeed's ZeRO stage, and tensor
+        parallelism on top of the data-parallel program."""
+        p = self.plan
+        names = ((f"deepspeed-{p.strategy}",) if p.impl == "deepspeed" else ()) + (
+            ("tp",) if p.tp > 1 else ())
+        return tuple(n for n in names if n in self.hw.program_overhead_s)
+
+    def block_host_s(self, phase: str, blocks: int) -> float:
+        """Host time of `blocks` blocks in one phase beyond their kernels, 0 on an async
+        host: "forward", "recompute" (a checkpointed block's forward re-run inside its
+        backward; 0 without recomputation) or "backward". Checkpointing's
+        (checkpoint_host_s: its forward figure in forward, its backward figure with the
+        re-run) and the programs' per block (HardwareProfile.program_overhead_s: the
+        forward figure in forward and again in the re-run, whose hooks fire again; the
+        backward figure in backward)."""
+        if phase == "recompute" and self.plan.recompute == "none":
+            return 0.0
+        checkpoint = (self.checkpoint_host_s("forward" if phase == "forward" else "backward",
+                                             blocks) if phase != "backward" else 0.0)
+        part = "backward_block" if phase == "backward" else "forward_block"
+        per_block = sum(self.hw.program_overhead_s[name][part] for name in self.programs())
+        return checkpoint + self.host(per_block) * blocks
+
+    def step_host_s(self) -> float:
+        """The programs' host time once per step outside the blocks
+        (HardwareProfile.program_overhead_s "step"); 0 on an async host."""
+        return self.host(sum(self.hw.program_overhead_s[name]["step"]
+                             for name in self.programs()))
+
     def checkpoint_host_s(self, phase: str, blocks: int) -> float:
         """Host time of activation checkpointing for `blocks` blocks in one phase
         ("forward" or "backward"), beyond the kernels it re-runs: the profile's
@@ -330,7 +361,7 @@ def block_forward(b: Builder, u: Unit, mb: int, *, after: tuple[int, ...] = (),
     return b.add(
         name=f"{u.name} forward (mb {mb})", kind="forward", stream="compute", unit=u.index,
         microbatch=mb, after=after, flops=flops.total,
-        compute_s=max(b.compute(flops) + b.checkpoint_host_s("forward", u.blocks), host_s),
+        compute_s=max(b.compute(flops) + b.block_host_s("forward", u.blocks), host_s),
         allocs=(Buffer(name=f"mb{mb}/{u.name}/saved", category="activations",
                        bytes=b.acts.saved_per_block * u.blocks,
                        pieces=allocations.block_saved_pieces(
@@ -353,7 +384,8 @@ def block_backward(b: Builder, u: Unit, mb: int, *, after: tuple[int, ...] = (),
     return b.add(
         name=f"{u.name} backward (mb {mb})", kind="backward", stream="compute",
         unit=u.index, microbatch=mb, after=after,
-        compute_s=max(b.compute(flops) + b.checkpoint_host_s("backward", u.blocks), host_s),
+        compute_s=max(b.compute(flops) + b.block_host_s("recompute", u.blocks)
+                  + b.block_host_s("backward", u.blocks), host_s),
         flops=flops.total,
         allocs=(Buffer(name=work, category="activations",
                        bytes=b.acts.block_transient if transient is None else transient,

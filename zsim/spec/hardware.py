@@ -41,7 +41,7 @@ _SCHEMA: dict[str, tuple[str, ...]] = {
 OPTIONAL: dict[str, tuple[str, ...]] = {
     "": ("kernels", "error_bands"), "node": ("cpu_cores", "pageable_pcie_gb_per_s"),
     "efficiency": ("host_adam_threads", "host_adam_serial_fraction"),
-    "host": ("optimizer_tensor_us", "fsdp2_block_host_us")}
+    "host": ("optimizer_tensor_us", "fsdp2_block_host_us", "program_overhead_us")}
 """Keys a section may leave out: measured kernel rates, the host's cores and how the host
 AdamW scales with threads, the host time of the optimizer step per parameter tensor (a
 profile without them keeps the simpler model their fields describe)."""
@@ -68,6 +68,15 @@ CHECKPOINT_MODES: tuple[str, ...] = ("full", "selective")
 
 PHASES: tuple[str, ...] = ("forward", "backward")
 """Keys of each host.checkpoint_overhead_us entry."""
+
+OVERHEAD_PROGRAMS: tuple[str, ...] = ("deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3",
+                                      "tp")
+"""Keys of host.program_overhead_us: DeepSpeed's ZeRO stages (impl "deepspeed") and DTensor
+tensor parallelism (plan.tp > 1, on top of its data-parallel program)."""
+
+OVERHEAD_PARTS: tuple[str, ...] = ("forward_block", "backward_block", "step")
+"""Keys of each host.program_overhead_us entry: per block per micro-batch in forward, in
+backward (with its share of the optimizer step), and once per step outside the blocks."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -226,6 +235,13 @@ class HardwareProfile:
     """Host time to issue one FSDP2-wrapped block on an async host (YAML
     host.fsdp2_block_host_us, optional; None: the host keeps ahead). A block's kernels
     cannot run faster than the host issues them."""
+    program_overhead_s: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Host time a program spends beyond what the other fields model, by program
+    (OVERHEAD_PROGRAMS) and part (OVERHEAD_PARTS), seconds (YAML host.program_overhead_us,
+    optional; a program absent: none): DeepSpeed's hooks, bucket and partition
+    bookkeeping and engine step, DTensor's dispatch. Measured by zsim calibrate as the
+    nano model's step time under the program less what the simulator gives it without
+    this field; on the step's timeline only when launch is "synchronous"."""
     kernels: KernelRates | None = None
     """Measured kernel rates by shape (YAML kernels, optional): with them a kernel's time
     follows its shape (zsim.analytic.compute.compute_time_s); without, the flat
@@ -320,6 +336,7 @@ class HardwareProfile:
                                        if "host_adam_serial_fraction" in eff else 0.0),
             optimizer_tensor_s=_tensor_overhead(host.get("optimizer_tensor_us")),
             fsdp2_block_host=_block_host(host.get("fsdp2_block_host_us")),
+            program_overhead_s=_program_overhead(host.get("program_overhead_us")),
             kernels=KernelRates.from_dict(data["kernels"]) if "kernels" in data else None,
             error_bands=(ErrorBands.from_dict(data["error_bands"]) if "error_bands" in data
                          else None),
@@ -470,6 +487,28 @@ def _block_host(d: Any) -> BlockHost | None:
         per_phase[phase] = (v[0] * US, v[1] * US)
     return BlockHost(per_phase=per_phase,
                      checkpoint_s=_non_negative(d, where, "checkpoint") * US)
+
+
+def _program_overhead(d: Any) -> dict[str, dict[str, float]]:
+    """host.program_overhead_us: {program: {forward_block, backward_block, step}} us >= 0,
+    programs among OVERHEAD_PROGRAMS (absent: empty)."""
+    if d is None:
+        return {}
+    where = "host.program_overhead_us"
+    if not isinstance(d, dict) or not set(d) <= set(OVERHEAD_PROGRAMS):
+        raise ConfigError(where, d, f"must map some of {', '.join(OVERHEAD_PROGRAMS)} to "
+                                    f"{{{', '.join(OVERHEAD_PARTS)}}}")
+    out = {}
+    for program in OVERHEAD_PROGRAMS:
+        if program not in d:
+            continue
+        parts = d[program]
+        if not isinstance(parts, dict) or sorted(parts) != sorted(OVERHEAD_PARTS):
+            raise ConfigError(f"{where}.{program}", parts,
+                              f"must map exactly {', '.join(OVERHEAD_PARTS)} to numbers")
+        out[program] = {k: _non_negative(parts, f"{where}.{program}", k) * US
+                        for k in OVERHEAD_PARTS}
+    return out
 
 
 def _tensor_overhead(d: Any) -> dict[str, float]:

@@ -563,7 +563,7 @@ class _Step3:
             unit_frees += [saved, working]
         return b.add(name=f"{call.name} {phase} (mb {mb})", kind=kind, stream="compute",
                      unit=u.index, microbatch=mb, after=waits, flops=flops,
-                     compute_s=kernel_s + (b.checkpoint_host_s(kind, u.blocks)
+                     compute_s=kernel_s + (b.block_host_s(phase, u.blocks)
                                            if call.first else 0.0),
                      allocs=tuple(allocs), frees=frees + grad_frees + tuple(unit_frees))
 

@@ -1,0 +1,93 @@
+"""zsim.calibrate.program_overhead: the fit recovers overheads planted on top of what the
+simulator gives the nano plans and floors a faster-than-simulated host at 0; the rank
+measurement times every program a 2-rank CPU job can run, and the profile written with
+it loads and lands the fitted figures on the step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from zsim.calibrate.microbench import nano_model
+from zsim.calibrate.program_overhead import fit, nano_plans, program_steps_s
+from zsim.calibrate.runner import RankContext, run_ranks
+from zsim.simulate import simulate
+from zsim.spec.hardware import HardwareProfile
+from zsim.spec.registry import PROFILES_DIR
+
+LAYERS = (2, 10)
+PLANTED = {"forward_block": 400.0, "backward_block": 900.0, "step": 7000.0}
+"""Microseconds."""
+
+
+def _profile() -> dict[str, Any]:
+    data = yaml.safe_load((PROFILES_DIR / "local-cpu.yaml").read_text())
+    assert "program_overhead_us" not in data["host"]
+    return data
+
+
+def _measured(data: dict[str, Any], extra_us: dict[str, float]) -> dict[str, dict[str, float]]:
+    """What a host that is the simulator plus `extra_us` would measure: per block, the
+    forward and backward figures; once, the step figure."""
+    hw = HardwareProfile.from_dict(data, name="local-cpu")
+    out = {}
+    for program, plan in nano_plans(2).items():
+        times = {}
+        for depth, n in zip(("lo", "hi"), LAYERS, strict=True):
+            r = simulate(nano_model(n), hw, plan)
+            per_block = (extra_us["forward_block"] + extra_us["backward_block"]) * 1e-6
+            times[depth] = r.step_time_s + n * per_block + extra_us["step"] * 1e-6
+            times[f"{depth}_forward"] = (r.phase_time_s["forward"]
+                                         + n * extra_us["forward_block"] * 1e-6)
+        out[program] = times
+    return out
+
+
+def test_the_fit_recovers_planted_overheads() -> None:
+    data = _profile()
+    measured = _measured(data, PLANTED)
+    fitted = fit([measured, measured], data, world_size=2, layers=LAYERS)
+    assert set(fitted) == set(nano_plans(2)) and "tp" in fitted
+    for program, parts in fitted.items():
+        for part, us in parts.items():
+            assert us == pytest.approx(PLANTED[part], rel=1e-6), (program, part)
+
+
+def test_a_host_faster_than_the_simulation_gets_no_negative_overhead() -> None:
+    data = _profile()
+    fitted = fit([_measured(data, {"forward_block": -50.0, "backward_block": -50.0,
+                                   "step": -500.0})], data, world_size=2, layers=LAYERS)
+    assert fitted and all(v == 0.0 for parts in fitted.values() for v in parts.values())
+
+
+def test_a_program_one_rank_did_not_time_is_left_out() -> None:
+    data = _profile()
+    full = _measured(data, PLANTED)
+    partial = {k: v for k, v in full.items() if k != "tp"}
+    assert "tp" not in fit([full, partial], data, world_size=2, layers=LAYERS)
+
+
+def _steps(ctx: RankContext, layers: tuple[int, int]) -> dict[str, dict[str, float]]:
+    return program_steps_s(ctx, layers, steps=2, warmup=1)
+
+
+@pytest.mark.slow
+def test_two_ranks_time_every_program_and_the_profile_charges_it() -> None:
+    from zsim.calibrate.microbench import RankBench
+    from zsim.calibrate.profile import with_program_overhead
+
+    ranks = run_ranks(_steps, (1, 2), nproc=2, timeout_s=600)
+    for r in ranks:
+        assert set(r) == set(nano_plans(2))
+        for program, t in r.items():
+            assert 0 < t["lo_forward"] < t["lo"] and 0 < t["hi_forward"] < t["hi"], program
+    data = _profile()
+    with_program_overhead(data, [RankBench(program_step_s=r) for r in ranks], nproc=2,
+                          layers=(1, 2))
+    hw = HardwareProfile.from_dict(data, name="local-cpu")
+    assert set(hw.program_overhead_s) == set(nano_plans(2))
+    assert "program_overhead" in data["host"]["source"]
+    # The rest of the profile is what calibrate() wrote: only host gained a key.
+    assert set(data["host"]) - set(_profile()["host"]) == {"program_overhead_us"}

@@ -1,0 +1,69 @@
+"""A program's host overhead (HardwareProfile.program_overhead_s) on the step's timeline:
+per block per micro-batch in forward, again in a recomputed forward, and in backward;
+once per step; only for the plan's own programs; nothing on an async host. The expected
+seconds are counted by hand from the figures below."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from zsim.schedule.lower import lower
+from zsim.spec.hardware import HardwareProfile
+from zsim.spec.model import ModelSpec
+from zsim.spec.plan import Plan
+
+OVERHEAD = {
+    "deepspeed-zero1": {"forward_block": 1e-6, "backward_block": 2e-6, "step": 3e-3},
+    "deepspeed-zero2": {"forward_block": 10e-6, "backward_block": 20e-6, "step": 30e-3},
+    "deepspeed-zero3": {"forward_block": 100e-6, "backward_block": 200e-6, "step": 0.3},
+    "tp": {"forward_block": 1e-3, "backward_block": 2e-3, "step": 3.0},
+}
+"""Each program's figures a power of ten apart, so a figure charged to the wrong plan
+shows."""
+
+
+def _compute_s(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> float:
+    """Seconds of every op on the compute stream of the lowered step."""
+    return sum(op.compute_s for op in lower(model, hw, plan).ops if op.stream == "compute")
+
+
+@pytest.mark.parametrize(("plan", "programs"), [
+    (Plan.for_strategy("zero1", gpus=8, seq_len=128, grad_accum=2), ("deepspeed-zero1",)),
+    (Plan.for_strategy("zero2", gpus=8, seq_len=128, grad_accum=2), ("deepspeed-zero2",)),
+    (Plan.for_strategy("zero3", gpus=8, seq_len=128, grad_accum=2), ("deepspeed-zero3",)),
+    (Plan.for_strategy("zero3", gpus=8, seq_len=128, recompute="full"), ("deepspeed-zero3",)),
+    (Plan.for_strategy("zero2", gpus=8, seq_len=128, recompute="selective"),
+     ("deepspeed-zero2",)),
+    (Plan(strategy="ddp", dp_shard=1, dp_replicate=4, tp=2, seq_len=128, grad_accum=2), ("tp",)),
+    (Plan(strategy="fsdp", dp_shard=4, tp=2, seq_len=128, recompute="full"), ("tp",)),
+    # Programs whose host costs the profile models otherwise: nothing added.
+    (Plan.for_strategy("fsdp", gpus=8, seq_len=128), ()),
+    (Plan.for_strategy("zero1", gpus=8, seq_len=128, impl="torch"), ()),
+    (Plan.for_strategy("fsdp", gpus=8, seq_len=128, impl="fsdp1"), ()),
+    (Plan.for_strategy("ddp", gpus=8, seq_len=128), ()),
+])
+def test_each_block_and_the_step_pay_their_programs_figures(
+        tiny_model: ModelSpec, h100: HardwareProfile, plan: Plan,
+        programs: tuple[str, ...]) -> None:
+    sync = replace(h100, launch="synchronous")
+    added = (_compute_s(tiny_model, replace(sync, program_overhead_s=OVERHEAD), plan)
+             - _compute_s(tiny_model, sync, plan))
+    # Per block and micro-batch: the forward figure, again when the forward is re-run,
+    # and the backward figure; once per step, the step figure.
+    forwards = 2 if plan.recompute != "none" else 1
+    expected = sum(
+        tiny_model.num_layers * plan.grad_accum
+        * (forwards * OVERHEAD[p]["forward_block"] + OVERHEAD[p]["backward_block"])
+        + OVERHEAD[p]["step"] for p in programs)
+    assert added == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+def test_an_async_host_runs_the_programs_overhead_ahead_of_the_device(
+        tiny_model: ModelSpec, h100: HardwareProfile) -> None:
+    for plan in (Plan.for_strategy("zero3", gpus=8, seq_len=128),
+                 Plan(strategy="ddp", dp_shard=1, dp_replicate=4, tp=2, seq_len=128)):
+        assert h100.launch == "async"
+        assert lower(tiny_model, replace(h100, program_overhead_s=OVERHEAD), plan).ops == \
+            lower(tiny_model, h100, plan).ops
