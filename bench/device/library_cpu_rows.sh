@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Step time of the validation grid's library plans (DeepSpeed ZeRO-1/2/3, ZeRO-2 with the
 # optimizer offloaded to the CPU, FSDP1 FULL_SHARD and SHARD_GRAD_OP) on a lent machine's
-# CPU, which unlike the repository's host has native bf16: gloo ranks on its cores,
-# predicted with hardware profiles calibrated on that same host
-# (python -m zsim.calibrate.validate --calibrate-here).
+# CPU, which unlike the repository's host until 2026-11-30 has native bf16: gloo ranks on
+# its cores, predicted with hardware profiles calibrated on that same host
+# (python -m zsim.calibrate.validate --calibrate-here). It runs on any host with native
+# bf16: on the repository's 2-core host of 2026-12-01 the 12 n2 cases took 4-5 minutes
+# (DeepSpeed's ops built in ~90 s, the n2 calibration with 1 round ~40 s).
 #
 # Usage:  OUT=/some/folder bash bench/device/library_cpu_rows.sh [BUDGET_S] [PATTERN...]
 #   BUDGET_S  wall-clock seconds for everything (default 330); a batch that would not end
@@ -32,8 +34,8 @@
 # all its cases are measured): ZeRO-1/2/3 together, the two FSDP1 plans together, the
 # offload case alone (DeepSpeed's CPUAdam: the likeliest to fail).
 #
-# Time: estimates for the lent 16-core host with native bf16, and [what this repository's
-# host measured: 2 cores shared with other jobs, bf16 matmuls emulated at 0.9 GFLOP/s
+# Time: estimates for the lent 16-core host with native bf16, and [what the repository's
+# host until 2026-11-30 measured: 2 cores shared with other jobs, bf16 matmuls emulated at 0.9 GFLOP/s
 # against 37 for fp32, so every bf16 figure there is 20-40x too slow]:
 #   environment + 1-thread matmul rates                     ~5 s  [14 s]
 #   wheel install (pip --target --no-compile)               ~5 s  [5-9 s, python 3.12]
@@ -88,7 +90,7 @@ log "phase environment: repo $REPO, scratch $SCRATCH, budget ${BUDGET_S}s"
   ldd --version 2>&1 | head -1 || true
   c++ --version 2>&1 | head -1 || echo "c++: none"
   # Rates with one thread (each calibrated rank has several): bf16 about as fast as fp32,
-  # or faster (AMX), means native bf16; the repository's host runs it ~40x slower.
+  # or faster (AMX), means native bf16; an emulating host runs it ~40x slower.
   CUDA_VISIBLE_DEVICES="" "$PY" - <<'EOF' 2>&1 || true
 import sys, sysconfig, time
 import torch

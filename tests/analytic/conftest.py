@@ -3,16 +3,24 @@ hand-worked times exact."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from zsim.spec.hardware import HardwareProfile
 
 
 @pytest.fixture
-def two_tier_hw() -> HardwareProfile:
+def two_tier_hw(two_tier_data: dict[str, Any]) -> HardwareProfile:
     """4 GPUs per node; NVLink-like 100 GB/s with 1 us per hop inside a node, NIC-like
     10 GB/s with 10 us per hop across nodes; efficiency 1; 1 TFLOP/s peaks, matmul at
     half of peak and attention at a quarter."""
+    return HardwareProfile.from_dict(two_tier_data, name="two-tier")
+
+
+@pytest.fixture
+def two_tier_data() -> dict[str, Any]:
+    """two_tier_hw's YAML structure (a new copy each time, for tests that change it)."""
 
     def link(name: str, gb_per_s: float, us: float) -> dict[str, object]:
         return {"name": name, "bandwidth_gb_per_s": gb_per_s, "latency_us": us,
@@ -20,7 +28,7 @@ def two_tier_hw() -> HardwareProfile:
                 "collective_efficiency": {"all_gather": 1.0, "reduce_scatter": 1.0,
                                           "all_reduce": 1.0}}
 
-    return HardwareProfile.from_dict({
+    return {
         "name": "two-tier", "description": "toy",
         "gpu": {"name": "toy", "hbm_gib": 80, "hbm_bandwidth_gb_per_s": 1000,
                 "peak_tflops": {"bf16": 1, "fp32": 0.5}, "source": "test"},
@@ -38,4 +46,4 @@ def two_tier_hw() -> HardwareProfile:
                  "checkpoint_overhead_us": {m: {"forward": 0, "backward": 0}
                                             for m in ("full", "selective")},
                  "source": "test"},
-    }, name="two-tier")
+    }

@@ -18,7 +18,7 @@ from zsim.calibrate.microbench import (
     RankBench,
     median_of_rounds,
 )
-from zsim.calibrate.profile import _host_costs, calibrate
+from zsim.calibrate.profile import _host_costs, _measured_us, calibrate
 from zsim.errors import ConfigError
 
 
@@ -58,3 +58,17 @@ def test_host_costs_of_a_noisy_host_are_floored_at_zero() -> None:
     costs = _host_costs([RankBench(block_step_s=noisy)], link, nproc=2)
     assert costs.kernel_s == costs.fsdp_unit_s == costs.collective_s == 0.0
     assert all(v == 0.0 for phases in costs.checkpoint_s.values() for v in phases.values())
+
+
+def test_measured_calls_are_the_median_over_ranks_by_kind_and_size() -> None:
+    """collectives.measured_us: each kind's sizes ascending, each time the median of the
+    ranks' (in us, four significant digits)."""
+    def rank(times_us: list[float]) -> RankBench:
+        ops = [("all_reduce", 65536), ("all_reduce", 4096), ("all_gather", 4096)]
+        return RankBench(collectives=[
+            CollectiveSample(op=op, size_bytes=size, world_size=3, time_s=t * 1e-6)
+            for (op, size), t in zip(ops, times_us, strict=True)])
+
+    ranks = [rank([300, 100, 50]), rank([310, 130, 40]), rank([900, 120, 45])]
+    assert _measured_us(ranks, 3) == {"ranks": 3, "all_reduce": [[4096, 120], [65536, 310]],
+                                      "all_gather": [[4096, 45]]}

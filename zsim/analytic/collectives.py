@@ -9,7 +9,8 @@ links at its own bandwidth relative to the ring's (`Algorithm.link_loads`), so t
 byte counts stay comparable across algorithms.
 
 Choice (profile `collectives.model`):
-- "ring" (gloo, textbook): every call is a ring paying the link's per-step latency.
+- "ring" (gloo, textbook): every call is a ring paying the link's per-step latency, or,
+  for the group size a calibration timed, the measured time of its size (interpolated).
 - "nccl": NCCL's tuning model (NVIDIA/nccl src/graph/tuning.cc, ncclTopoTuneModel and
   ncclTopoGetAlgoTime, as of 2026): each (algorithm, protocol) it may run the call with
   gets a latency (a base, plus per-step hardware latencies times its step count) and a
@@ -201,6 +202,28 @@ def ring_latency_s(kind: str, group: CommGroup, hw: HardwareProfile,
     return (steps - inter) * intra_s + inter * hw.inter_node.latency_for(protocol)
 
 
+def _ring(kind: str, size_bytes: float, group: CommGroup, hw: HardwareProfile,
+          loads: tuple[tuple[str, float], ...]) -> Algorithm:
+    """The one algorithm of the "ring" model: the fitted per-step latency and link loads,
+    or, for a group the profile measured calls of (HardwareProfile.measured_collectives:
+    as many ranks, inside a node), the time measured for the size: the latency is what
+    it leaves beyond the bytes' time on the link, the loads are stretched when the
+    measured call is faster than the fitted link (so a lone call takes the measured time
+    and concurrent calls still share the link)."""
+    measured = hw.measured_collectives
+    t = (measured.time_s(kind, size_bytes) if measured is not None
+         and measured.ranks == group.ranks and not group.spans_nodes else None)
+    if t is None:
+        return Algorithm(algorithm=RING, protocol="Simple", link_loads=loads,
+                         latency_s=ring_latency_s(kind, group, hw))
+    wire = Algorithm(algorithm=RING, protocol="Simple", link_loads=loads,
+                     latency_s=0.0).time_s(bus_bytes(kind, size_bytes, group.ranks), hw)
+    if t >= wire:
+        return Algorithm(algorithm=RING, protocol="Simple", link_loads=loads, latency_s=t - wire)
+    return Algorithm(algorithm=RING, protocol="Simple", latency_s=0.0,
+                     link_loads=tuple((link, load * t / wire) for link, load in loads))
+
+
 def candidates(kind: str, size_bytes: float, group: CommGroup, hw: HardwareProfile
                ) -> list[Algorithm]:
     """Every (algorithm, protocol) the profile's collective library may run the call
@@ -209,8 +232,7 @@ def candidates(kind: str, size_bytes: float, group: CommGroup, hw: HardwareProfi
     if group.ranks <= 1:  # nothing to exchange
         return [Algorithm(algorithm=RING, protocol="Simple", link_loads=ring, latency_s=0.0)]
     if hw.collectives == "ring":
-        return [Algorithm(algorithm=RING, protocol="Simple", link_loads=ring,
-                          latency_s=ring_latency_s(kind, group, hw))]
+        return [_ring(kind, size_bytes, group, hw, ring)]
     links = (hw.intra_node, hw.inter_node) if group.spans_nodes else (hw.intra_node,)
     protocols = [p for p in ("LL", "LL128", "Simple")
                  if all(link.offers(p) for link in links)]

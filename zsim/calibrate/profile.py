@@ -187,8 +187,11 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
         "collectives": {
             "model": "ring",
             "nvls_busbw_gb_per_s": 0,
+            "measured_us": _measured_us(ranks, nproc),
             "source": f"{backend} measured: every call charged as a ring with the fitted "
-                      f"per-step latency and bandwidth above",
+                      f"per-step latency and bandwidth above, except a call of {nproc} "
+                      f"ranks, which takes the time interpolated between measured_us: "
+                      f"the calls of the fit, median over ranks ([full buffer bytes, us])",
         },
         "efficiency": {
             "matmul": _r(min(matmul_eff, 1.0)),
@@ -317,6 +320,16 @@ def _host_costs(ranks: list[RankBench], link: AlphaBeta, nproc: int) -> _HostCos
                       fsdp_unit_s=max(per["fsdp_local"] - per["plain"], 0.0),
                       collective_s=max(statistics.mean(extra), 0.0),
                       fwd_kernels=fwd.kernels, checkpoint_s=checkpoint)
+
+
+def _measured_us(ranks: list[RankBench], nproc: int) -> dict[str, Any]:
+    """collectives.measured_us: per kind, [size_bytes, median time over ranks in us] of
+    every size timed, ascending."""
+    out: dict[str, Any] = {"ranks": nproc}
+    for i, sample in enumerate(ranks[0].collectives):
+        t = statistics.median(r.collectives[i].time_s for r in ranks)
+        out.setdefault(sample.op, []).append([sample.size_bytes, _r(t * 1e6)])
+    return {k: sorted(v) if k != "ranks" else v for k, v in out.items()}
 
 
 def _r(x: float) -> float:

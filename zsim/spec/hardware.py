@@ -9,6 +9,7 @@ only in hardware_profiles/*.yaml; no code branches on device names.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ _SCHEMA: dict[str, tuple[str, ...]] = {
 
 OPTIONAL: dict[str, tuple[str, ...]] = {
     "": ("kernels", "error_bands"), "node": ("cpu_cores", "pageable_pcie_gb_per_s"),
+    "collectives": ("measured_us",),
     "efficiency": ("host_adam_threads", "host_adam_serial_fraction"),
     "host": ("optimizer_tensor_us", "fsdp2_block_host_us", "program_overhead_us")}
 """Keys a section may leave out: measured kernel rates, the host's cores and how the host
@@ -118,6 +120,29 @@ class Link:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MeasuredCollectives:
+    """Median times of lone collective calls over `ranks` ranks, by kind and size."""
+
+    ranks: int
+    points: dict[str, tuple[tuple[float, float], ...]]
+    """By kind (COLLECTIVES): (size_bytes, seconds), sizes ascending, at least two."""
+
+    def time_s(self, kind: str, size_bytes: float) -> float | None:
+        """The call's time, linear between the measured sizes around `size_bytes`, along
+        the last two points' line past the largest, the smallest's time below it; None
+        for a kind not measured."""
+        points = self.points.get(kind)
+        if not points:
+            return None
+        if size_bytes <= points[0][0]:
+            return points[0][1]
+        i = next((k for k in range(1, len(points)) if points[k][0] >= size_bytes),
+                 len(points) - 1)
+        (s0, t0), (s1, t1) = points[i - 1], points[i]
+        return max(t0 + (t1 - t0) * (size_bytes - s0) / (s1 - s0), 0.0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BlockHost:
     """Host time to issue one transformer block: its own ops and the wrapper's hooks
     around it, seconds."""
@@ -162,6 +187,11 @@ class HardwareProfile:
     nvls_bus_bytes_per_s: float
     """All-reduce bus bandwidth with NVLink SHARP (NVLS) inside a node, per GPU; 0 where
     the NVSwitch has none."""
+    measured_collectives: MeasuredCollectives | None = None
+    """Call times measured by zsim calibrate for its world size (YAML
+    collectives.measured_us, optional): under the "ring" model a call of a group of that
+    many ranks inside a node takes the time interpolated from them
+    (zsim.analytic.collectives.candidates) rather than the alpha-beta fit's."""
     matmul_efficiency: float
     """Achievable fraction of peak for transformer matmuls."""
     attention_efficiency: float
@@ -314,6 +344,7 @@ class HardwareProfile:
             inter_node=_link(data["inter_node"], "inter_node"),
             collectives=str(coll["model"]),
             nvls_bus_bytes_per_s=_non_negative(coll, "collectives", "nvls_busbw_gb_per_s") * GB,
+            measured_collectives=_measured_collectives(coll.get("measured_us")),
             matmul_efficiency=_fraction(eff, "matmul"),
             attention_efficiency=_fraction(eff, "attention"),
             memory_bound_efficiency=_fraction(eff, "memory_bound"),
@@ -487,6 +518,36 @@ def _block_host(d: Any) -> BlockHost | None:
         per_phase[phase] = (v[0] * US, v[1] * US)
     return BlockHost(per_phase=per_phase,
                      checkpoint_s=_non_negative(d, where, "checkpoint") * US)
+
+
+def _measured_collectives(d: Any) -> MeasuredCollectives | None:
+    """collectives.measured_us: {ranks: N >= 2, <kind>: [[size_bytes, us], ...]} for some
+    of COLLECTIVES, sizes ascending and > 0, times >= 0, two points at least (absent:
+    None)."""
+    if d is None:
+        return None
+    where = "collectives.measured_us"
+    if not isinstance(d, dict) or "ranks" not in d or not set(d) - {"ranks"} <= set(COLLECTIVES):
+        raise ConfigError(where, d, f"must map ranks and some of {', '.join(COLLECTIVES)} to "
+                                    f"[[size_bytes, us], ...]")
+    ranks = _count(d, where, "ranks")
+    if ranks < 2:
+        raise ConfigError(f"{where}.ranks", ranks, "must be >= 2")
+    points = {}
+    for kind in COLLECTIVES:
+        if kind not in d:
+            continue
+        rows = d[kind]
+        ok = isinstance(rows, list) and len(rows) >= 2 and all(
+            isinstance(r, list) and len(r) == 2 and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) for x in r)
+            and r[0] > 0 and r[1] >= 0 for r in rows)
+        if not ok or any(a[0] >= b[0] for a, b in itertools.pairwise(rows)):
+            raise ConfigError(f"{where}.{kind}", rows, "must be [[size_bytes, us], ...]: two "
+                                                      "or more, sizes ascending and > 0, "
+                                                      "times >= 0")
+        points[kind] = tuple((float(size), float(us) * US) for size, us in rows)
+    return MeasuredCollectives(ranks=ranks, points=points)
 
 
 def _program_overhead(d: Any) -> dict[str, dict[str, float]]:
