@@ -23,6 +23,7 @@ from typing import Any
 from zsim.calibrate import training
 from zsim.calibrate.microbench import NANO_TOKENS, nano_model
 from zsim.calibrate.runner import RankContext, sync_device
+from zsim.simulate import simulate
 from zsim.spec.deepspeed import DeepSpeedZero
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.plan import Plan
@@ -95,9 +96,8 @@ def fit(measured: list[dict[str, dict[str, float]]], profile: dict[str, Any], *,
     the rest of the profile (its YAML structure, without program_overhead_us): per block,
     forward_block = the measured forward's growth per block less the simulated one's,
     backward_block = the same for the rest of the step; step = what the shallower run
-    takes beyond its simulation and its blocks' overhead. Microseconds, each >= 0."""
-    from zsim.simulate import simulate
-
+    takes beyond its simulation and the overhead charged to its blocks. Microseconds,
+    each >= 0."""
     hw = HardwareProfile.from_dict(profile, name=str(profile["name"]))
     lo, hi = layers
     out = {}
@@ -112,9 +112,9 @@ def fit(measured: list[dict[str, dict[str, float]]], profile: dict[str, Any], *,
         per_block = ((m["hi"] - m["lo"]) - (s["hi"] - s["lo"])) / (hi - lo)
         forward = ((m["hi_forward"] - m["lo_forward"])
                    - (s["hi_forward"] - s["lo_forward"])) / (hi - lo)
-        out[program] = {
-            "forward_block": max(forward, 0.0) * 1e6,
-            "backward_block": max(per_block - max(forward, 0.0), 0.0) * 1e6,
-            "step": max(m["lo"] - s["lo"] - lo * per_block, 0.0) * 1e6,
-        }
+        forward_block = max(forward, 0.0)
+        backward_block = max(per_block - forward_block, 0.0)
+        step = max(m["lo"] - s["lo"] - lo * (forward_block + backward_block), 0.0)
+        out[program] = {"forward_block": forward_block * 1e6,
+                        "backward_block": backward_block * 1e6, "step": step * 1e6}
     return out
