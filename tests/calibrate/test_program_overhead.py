@@ -91,3 +91,16 @@ def test_two_ranks_time_every_program_and_the_profile_charges_it() -> None:
     assert "program_overhead" in data["host"]["source"]
     # The rest of the profile is what calibrate() wrote: only host gained a key.
     assert set(data["host"]) - set(_profile()["host"]) == {"program_overhead_us"}
+
+
+def test_where_a_figure_floors_the_shallower_run_is_still_reproduced() -> None:
+    """Forward grows 400 us a block, the whole step only 300 (a noisy backward, -100):
+    backward floors at 0, and the step figure takes what the 2-block run has left once
+    its blocks are charged 400 each, 7,600 - 800."""
+    data = _profile()
+    measured = _measured(data, {"forward_block": 400.0, "backward_block": -100.0,
+                                "step": 7000.0})
+    for parts in fit([measured], data, world_size=2, layers=LAYERS).values():
+        assert parts["forward_block"] == pytest.approx(400.0, rel=1e-6)
+        assert parts["backward_block"] == 0.0
+        assert parts["step"] == pytest.approx(7600.0 - LAYERS[0] * 400.0, rel=1e-6)
