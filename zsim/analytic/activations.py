@@ -271,9 +271,9 @@ def loss_forward_working_bytes(model: ModelSpec, *, micro_batch: int, seq_len: i
 
 def loss_working_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int,
                        act_bytes: int = 2) -> int:
-    """Transient bytes at the loss beyond what is saved, the larger of its backward's and
-    its forward's: in backward, the gradient of the log-softmax output and of its input
-    (fp32 when upcast) exist together, twice the logits the forward's log-softmax reads
+    """Transient bytes at the loss beyond what is saved: its backward's, which hold more
+    than its forward's: the gradient of the log-softmax output and of its input (fp32
+    when upcast) exist together, twice the logits the forward's log-softmax reads
     (loss_forward_working_bytes). Over the vocabulary the loss reads (ModelSpec.loss_vocab:
     the whole one on a TP rank, whose logits are all-gathered).
     """

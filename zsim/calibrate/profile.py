@@ -325,11 +325,11 @@ def _host_costs(ranks: list[RankBench], link: AlphaBeta, nproc: int) -> _HostCos
 def _measured_us(ranks: list[RankBench], nproc: int) -> dict[str, Any]:
     """collectives.measured_us: per kind, [size_bytes, median time over ranks in us] of
     every size timed, ascending."""
-    out: dict[str, Any] = {"ranks": nproc}
+    calls: dict[str, list[list[float]]] = {}
     for i, sample in enumerate(ranks[0].collectives):
         t = statistics.median(r.collectives[i].time_s for r in ranks)
-        out.setdefault(sample.op, []).append([sample.size_bytes, _r(t * 1e6)])
-    return {k: sorted(v) if k != "ranks" else v for k, v in out.items()}
+        calls.setdefault(sample.op, []).append([sample.size_bytes, _r(t * 1e6)])
+    return {"ranks": nproc} | {op: sorted(rows) for op, rows in calls.items()}
 
 
 def _r(x: float) -> float:

@@ -117,6 +117,8 @@ def _free(block: int, addr: np.ndarray, size: np.ndarray, pool_of: np.ndarray,
     """Return `block` to its pool merged with its free neighbours (free_block,
     try_merge_blocks); the rows merged away go to `spare`. Returns the spare count."""
     pool = pool_of[block]
+    # The two merges mirror each other, written out: one helper for both (with the
+    # neighbour's side as a branch) made the bench's sweep 8-10% slower.
     p = prev[block]
     if p != -1 and is_free[p]:
         _pool_remove(pkeys, pids, plen, pool, _key(size[p], addr[p]))

@@ -45,7 +45,7 @@ from zsim.analytic.memory import optimizer_bytes_per_param
 from zsim.analytic.placement import place
 from zsim.errors import ConfigError
 from zsim.schedule.ops import Buffer, Op
-from zsim.spec.hardware import HardwareProfile
+from zsim.spec.hardware import OVERHEAD_PARTS, HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 from zsim.units import dtype_bytes
@@ -187,6 +187,16 @@ class Builder:
         """Work of one block's backward for one micro-batch, recomputation excluded."""
         self.block_bwd = self.block_bwd_only + self.block_recompute
         """Work of one block's backward for one micro-batch, recomputation included."""
+        # DeepSpeed's ZeRO stage, and tensor parallelism on top of the data-parallel program.
+        programs = ((f"deepspeed-{plan.strategy}",) if plan.impl == "deepspeed" else ()) + (
+            ("tp",) if plan.tp > 1 else ())
+        overhead = [hw.program_overhead_s[p] for p in programs if p in hw.program_overhead_s]
+        self.program_host_s = {part: self.host(sum(o[part] for o in overhead))
+                               for part in OVERHEAD_PARTS}
+        """The plan's programs' host time beyond the profile's other figures
+        (HardwareProfile.program_overhead_s), on the step's timeline, by OVERHEAD_PARTS:
+        per block per micro-batch, and once per step (the end of the step, which lower
+        charges it to); 0 on an async host."""
 
     def add(self, **kw: object) -> int:
         index = len(self.ops)
@@ -238,36 +248,20 @@ class Builder:
                         link_loads=algo.link_loads, group_ranks=group.ranks,
                         group=gname, **kw)
 
-    def programs(self) -> tuple[str, ...]:
-        """The plan's programs with a host.program_overhead_us entry
-        (zsim.spec.hardware.OVERHEAD_PROGRAMS): DeepSpeed's ZeRO stage, and tensor
-        parallelism on top of the data-parallel program."""
-        p = self.plan
-        names = ((f"deepspeed-{p.strategy}",) if p.impl == "deepspeed" else ()) + (
-            ("tp",) if p.tp > 1 else ())
-        return tuple(n for n in names if n in self.hw.program_overhead_s)
-
     def block_host_s(self, phase: str, blocks: int) -> float:
         """Host time of `blocks` blocks in one phase beyond their kernels, 0 on an async
         host: "forward", "recompute" (a checkpointed block's forward re-run inside its
         backward; 0 without recomputation) or "backward". Checkpointing's
         (checkpoint_host_s: its forward figure in forward, its backward figure with the
-        re-run) and the programs' per block (HardwareProfile.program_overhead_s: the
-        forward figure in forward and again in the re-run, whose hooks fire again; the
-        backward figure in backward)."""
+        re-run) and the programs' per block (program_host_s: the forward figure in
+        forward and again in the re-run, whose hooks fire again; the backward figure in
+        backward)."""
         if phase == "recompute" and self.plan.recompute == "none":
             return 0.0
         checkpoint = (self.checkpoint_host_s("forward" if phase == "forward" else "backward",
                                              blocks) if phase != "backward" else 0.0)
         part = "backward_block" if phase == "backward" else "forward_block"
-        per_block = sum(self.hw.program_overhead_s[name][part] for name in self.programs())
-        return checkpoint + self.host(per_block) * blocks
-
-    def step_host_s(self) -> float:
-        """The programs' host time once per step outside the blocks
-        (HardwareProfile.program_overhead_s "step"); 0 on an async host."""
-        return self.host(sum(self.hw.program_overhead_s[name]["step"]
-                             for name in self.programs()))
+        return checkpoint + self.program_host_s[part] * blocks
 
     def checkpoint_host_s(self, phase: str, blocks: int) -> float:
         """Host time of activation checkpointing for `blocks` blocks in one phase

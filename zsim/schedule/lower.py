@@ -175,8 +175,9 @@ def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
     last_per_stream: dict[str, int] = {}
     for op in b.ops:
         last_per_stream[op.stream] = op.index
-    # The programs' host work outside the blocks (Builder.step_host_s) closes the step.
-    b.add(name="end of step", kind="sync", stream="compute", compute_s=b.step_host_s(),
+    # The programs' host work outside the blocks (Builder.program_host_s) closes the step.
+    b.add(name="end of step", kind="sync", stream="compute",
+          compute_s=b.program_host_s["step"],
           after=tuple(i for s, i in last_per_stream.items() if s != "compute"))
     model_flops, _ = step_flops(model, micro_batch=plan.micro_batch, seq_len=plan.seq_len,
                                 grad_accum=plan.grad_accum, recompute=plan.recompute)
