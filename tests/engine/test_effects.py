@@ -183,7 +183,10 @@ def test_zero3_at_thousands_of_ranks_turns_latency_bound_as_the_micro_batch_shri
     assert wide.collective_calls == narrow.collective_calls
     assert sum(narrow.collective_calls.values()) > 1000
     assert narrow.comm_latency_share > wide.comm_latency_share + 0.1
-    assert wide.exposed_comm_s < 0.01 * wide.step_time_s
+    # Wide, compute hides the fetches; what stays exposed is the step's tail, where
+    # nothing hides it: two scalar all-reduces and, after the optimizer, one all-gather
+    # per persistent tensor (norms and biases, ~10 a block), each a 1,023-step ring.
+    assert wide.exposed_comm_s < 0.03 * wide.step_time_s
     assert narrow.exposed_comm_s > 0.2 * narrow.step_time_s
     assert narrow.tflops_per_gpu < 0.75 * wide.tflops_per_gpu
 

@@ -31,11 +31,11 @@ def test_scaling_study_statements() -> None:
         assert num(z2, "peak_memory_gib") < num(z1, "peak_memory_gib")
     flat = [num(r[f"zero1 gpus={g}"], "mfu") for g in gpus]
     assert max(flat) - min(flat) < 0.02  # "scale flat"
-    for g in gpus[:6]:  # ZeRO-3 the fastest from 8 to 256 GPUs
+    for g in gpus[:5]:  # ZeRO-3 the fastest from 8 to 128 GPUs
         best = max(("zero1", "zero2", "zero3", "fsdp", "hsdp"),
                    key=lambda p: num(r[f"{p} gpus={g}"], "mfu"))
         assert best == "zero3", g
-    zero3 = [num(r[f"zero3 gpus={g}"], "mfu") for g in gpus[5:]]
+    zero3 = [num(r[f"zero3 gpus={g}"], "mfu") for g in gpus[4:]]
     assert zero3 == sorted(zero3, reverse=True)  # then falls
     assert num(r["zero3 gpus=4096"], "exposed_comm_s") > 0.5 * num(r["zero3 gpus=4096"],
                                                                    "step_time_s")

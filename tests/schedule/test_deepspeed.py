@@ -59,8 +59,10 @@ def test_zero12_reduce_by_all_reduce_and_gather_once(tiny_model: ModelSpec,
         ops = lower(tiny_model, h100, _plan(strategy, grad_accum=grad_accum)).ops
         # DeepSpeed 0.19 all-reduces each bucket (use_multi_rank_bucket_allreduce): stage 1
         # once per step, stage 2 on every micro-batch; then the updated bf16 parameters are
-        # all-gathered once. Bus bytes per rank: 2 (N-1)/N and (N-1)/N of 2-byte elements.
-        assert _bus(ops, "all_reduce") == pytest.approx(reductions * 2 * (N - 1) / N * psi * 2)
+        # all-gathered once. Bus bytes per rank: 2 (N-1)/N and (N-1)/N of 2-byte elements,
+        # and the step's two scalars (the 1-byte overflow flag, the fp32 norm) all-reduced.
+        assert _bus(ops, "all_reduce") == pytest.approx(
+            reductions * 2 * (N - 1) / N * psi * 2 + 2 * (N - 1) / N * (1 + 4))
         assert _bus(ops, "all_gather") == pytest.approx((N - 1) / N * psi * 2)
         assert _bus(ops, "reduce_scatter") == 0
 
@@ -98,12 +100,15 @@ def test_zero3_gathers_each_partitioned_parameter_per_use(
     # Partitioned elements, each padded to a multiple of N: embedding, output, 2 x (w1, w3,
     # w2). Without reuse each is gathered in forward and again in backward; with the
     # default distance (1e9 elements, far more than this model) nothing is released
-    # between them. Gradients of every parameter are reduce-scattered once.
+    # between them. Gradients of every parameter are reduce-scattered once. After the
+    # step the persistent ones (2 norms and 4 attention projections a block, the final
+    # norm) are gathered once each.
     partitioned = 2 * 1000 * 256 + 2 * 3 * 256 * 512
+    persistent = 2 * (2 * 256 + 4 * 256 * 256) + 256
     ops = lower(tiny_model, h100, _plan(
         "zero3", ds=DeepSpeedZero(prefetch_bucket_size=0, max_reuse_distance=max_reuse))).ops
     assert _bus(ops, "all_gather") == pytest.approx(
-        gathers_per_use * (N - 1) / N * partitioned * 2)
+        (gathers_per_use * partitioned + persistent) * (N - 1) / N * 2)
     assert _bus(ops, "reduce_scatter") == pytest.approx(
         (N - 1) / N * tiny_model.num_params * 2)
 
@@ -167,3 +172,54 @@ def test_zero3_state_is_deepspeeds_estimate_plus_the_16_bit_partitions(
     partition = grads_master_moments / 14
     assert estimate - largest_mem == pytest.approx(18 * psi / N, rel=1e-6)
     assert partition == pytest.approx(psi / N, rel=0.02)  # padding and whole norms
+
+
+@pytest.mark.parametrize("strategy", ["zero1", "zero2"])
+def test_zero12_offload_still_gathers_the_updated_parameters(tiny_model: ModelSpec,
+                                                              h100: HardwareProfile,
+                                                              strategy: str) -> None:
+    """stage_1_and_2.step() with cpu_offload: DeepSpeedCPUAdam on the host, the updated
+    16-bit partition copied back, then all_gather_dp_groups as without offload; the host
+    step runs at DeepSpeedCPUAdam's rate where the profile measured it, the node's rate
+    shared by its GPUs: psi / N parameters at 8e9 / 8 a second."""
+    from dataclasses import replace
+
+    hw = replace(h100, deepspeed_adam_params_per_s=8e9)
+    ops = lower(tiny_model, hw, _plan(strategy, offload="optimizer")).ops
+    by_name = {op.name: op for op in ops}
+    step, copy = by_name["optimizer step (host)"], by_name["params to GPU"]
+    (gather,) = [op for op in ops if op.kind == "all_gather"]
+    assert step.index in copy.after and copy.index in gather.after
+    assert gather.bus_bytes == pytest.approx((N - 1) / N * tiny_model.num_params * 2)
+    torch_ops = lower(tiny_model, h100, _plan(strategy, offload="optimizer")).ops
+    (torch_step,) = [op for op in torch_ops if op.name == "optimizer step (host)"]
+    # dgx-h100 gives no cores or threads: each of the node's 8 GPUs gets 1/8 of the rate.
+    # The same step at torch's AdamW rate (770e6 a node) differs in the rate term only.
+    assert not h100.cpu_cores and h100.gpus_per_node == 8
+    psi = tiny_model.num_params
+    assert torch_step.compute_s - step.compute_s == pytest.approx(
+        psi / N * (8 / 770e6 - 8 / 8e9), rel=1e-9)
+
+
+def test_zero3_step_all_reduces_its_norm_and_regathers_each_persistent_parameter(
+        tiny_model: ModelSpec, h100: HardwareProfile) -> None:
+    """stage3.py step(): the gradient norm (a float64 scalar; fp16 adds the 1-byte
+    overflow flag first) all-reduced before the optimizer; _post_step: one all-gather per
+    persistent parameter after it. The tiny model under the default threshold (1e5
+    elements) keeps 2 norms and 4 attention projections per block and the final norm
+    whole: 2 x 6 + 1 = 13 calls, 13 x 2 bytes x (the norms' 256 or the projections'
+    65,536 elements) gathered."""
+    d = 256
+    for dtype, scalars in (("bf16", [8]), ("fp16", [1, 8])):
+        plan = _plan("zero3").with_(param_dtype=dtype, grad_dtype=dtype, reduce_dtype=dtype)
+        ops = lower(tiny_model, h100, plan).ops
+        norms = [op for op in ops if op.name in ("overflow check all-reduce",
+                                                 "gradient norm all-reduce")]
+        assert [op.size_bytes for op in norms] == scalars
+        step = next(op for op in ops if op.name == "optimizer step")
+        assert norms[-1].index in next(op for op in ops if op.name == "fp32 gradients").after
+        persistent = [op for op in ops if op.name.startswith("persistent ")]
+        assert len(persistent) == 2 * 6 + 1
+        assert sum(op.size_bytes for op in persistent) == 2 * (5 * d + 8 * d * d)
+        assert all(op.kind == "all_gather" and op.async_op for op in persistent)
+        assert all(op.index > step.index for op in persistent)

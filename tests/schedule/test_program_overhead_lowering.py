@@ -18,6 +18,7 @@ OVERHEAD = {
     "deepspeed-zero1": {"forward_block": 1e-6, "backward_block": 2e-6, "step": 3e-3},
     "deepspeed-zero2": {"forward_block": 10e-6, "backward_block": 20e-6, "step": 30e-3},
     "deepspeed-zero3": {"forward_block": 100e-6, "backward_block": 200e-6, "step": 0.3},
+    "deepspeed-zero2-offload": {"forward_block": 1e-2, "backward_block": 2e-2, "step": 30.0},
     "tp": {"forward_block": 1e-3, "backward_block": 2e-3, "step": 3.0},
 }
 """Each program's figures a power of ten apart, so a figure charged to the wrong plan
@@ -36,6 +37,11 @@ def _compute_s(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> float:
     (Plan.for_strategy("zero3", gpus=8, seq_len=128, recompute="full"), ("deepspeed-zero3",)),
     (Plan.for_strategy("zero2", gpus=8, seq_len=128, recompute="selective"),
      ("deepspeed-zero2",)),
+    # ZeRO-2 offloading its optimizer runs its own figures; ZeRO-1 offloading, its stage's.
+    (Plan.for_strategy("zero2", gpus=8, seq_len=128, offload="optimizer"),
+     ("deepspeed-zero2-offload",)),
+    (Plan.for_strategy("zero1", gpus=8, seq_len=128, offload="optimizer"),
+     ("deepspeed-zero1",)),
     (Plan(strategy="ddp", dp_shard=1, dp_replicate=4, tp=2, seq_len=128, grad_accum=2), ("tp",)),
     (Plan(strategy="fsdp", dp_shard=4, tp=2, seq_len=128, recompute="full"), ("tp",)),
     # Programs whose host costs the profile models otherwise: nothing added.

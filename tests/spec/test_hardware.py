@@ -361,6 +361,24 @@ def test_offloaded_step_gets_its_share_of_the_node_cores() -> None:
         765677963 / 8)
 
 
+def test_deepspeeds_cpu_adam_takes_its_own_rate_shared_the_same_way() -> None:
+    """efficiency.deepspeed_adam_params_per_s (optional): DeepSpeedCPUAdam's node rate,
+    split over the node's GPUs and threads as torch's AdamW rate is; absent, DeepSpeed's
+    offloaded step takes torch's rate."""
+    data = _raw("hgx-h200")
+    data["efficiency"]["deepspeed_adam_params_per_s"] = 3e9
+    hw = HardwareProfile.from_dict(data, name="h200-ds")
+    assert hw.deepspeed_adam_params_per_s == 3e9
+    assert hw.rank_host_adam_params_per_s("deepspeed") == pytest.approx(
+        hw.rank_host_adam_params_per_s() * 3e9 / 765677963)
+    plain = resolve_hardware("hgx-h200")
+    assert plain.rank_host_adam_params_per_s("deepspeed") == \
+        plain.rank_host_adam_params_per_s()
+    data["efficiency"]["deepspeed_adam_params_per_s"] = 0
+    with pytest.raises(ConfigError, match=r"efficiency\.deepspeed_adam_params_per_s"):
+        HardwareProfile.from_dict(data, name="h200-ds")
+
+
 @pytest.mark.parametrize(("section", "key", "value", "field"), [
     ("node", "cpu_cores", 0, "node.cpu_cores"),
     ("efficiency", "host_adam_serial_fraction", 1.5, "efficiency.host_adam_serial_fraction"),

@@ -187,9 +187,15 @@ class Builder:
         """Work of one block's backward for one micro-batch, recomputation excluded."""
         self.block_bwd = self.block_bwd_only + self.block_recompute
         """Work of one block's backward for one micro-batch, recomputation included."""
-        # DeepSpeed's ZeRO stage, and tensor parallelism on top of the data-parallel program.
-        programs = ((f"deepspeed-{plan.strategy}",) if plan.impl == "deepspeed" else ()) + (
-            ("tp",) if plan.tp > 1 else ())
+        # DeepSpeed's ZeRO stage (its offload path where measured: ZeRO-2 with the
+        # optimizer offloaded), and tensor parallelism on top of the data-parallel program.
+        programs: tuple[str, ...] = ()
+        if plan.impl == "deepspeed":
+            stage = f"deepspeed-{plan.strategy}"
+            offload = f"{stage}-offload"
+            programs = ((offload,) if plan.offload == "optimizer"
+                        and offload in hw.program_overhead_s else (stage,))
+        programs += ("tp",) if plan.tp > 1 else ()
         overhead = [hw.program_overhead_s[p] for p in programs if p in hw.program_overhead_s]
         self.program_host_s = {part: self.host(sum(o[part] for o in overhead))
                                for part in OVERHEAD_PARTS}
@@ -512,15 +518,17 @@ def _optimizer_temporaries(plan: Plan, local_params: float,
 
 
 def host_optimizer(b: Builder, *, after: tuple[int, ...], frees: tuple[str, ...],
-                   local_params: float, tensors: int = 0, dtensor: bool = False) -> int:
+                   local_params: float, tensors: int = 0, dtensor: bool = False,
+                   program: str = "torch") -> int:
     """Offloaded step (ZeRO-Offload, Ren et al. 2021, Sec. 4): CPU AdamW on the local shard
-    at one rank's host rate (HardwareProfile.rank_host_adam_params_per_s: its share of
-    the node's cores), plus the host's per-tensor cost of the step over `tensors`
+    at one rank's host rate of the `program`'s optimizer
+    (HardwareProfile.rank_host_adam_params_per_s: torch's AdamW, or DeepSpeedCPUAdam; its
+    share of the node's cores), plus the host's per-tensor cost of the step over `tensors`
     parameter tensors; with optimizer offload the updated compute-dtype shard is copied
     back to the GPU (parameter offload keeps it on the host until the next all-gather
     copies it in)."""
     p, hw = b.plan, b.hw
-    seconds = (local_params / hw.rank_host_adam_params_per_s()
+    seconds = (local_params / hw.rank_host_adam_params_per_s(program)
                + optimizer_host_s(hw, tensors, dtensor=dtensor))
     step = b.add(name="optimizer step (host)", kind="optimizer", stream="host",
                  microbatch=p.grad_accum - 1, after=after, compute_s=seconds, frees=frees)

@@ -42,7 +42,8 @@ _SCHEMA: dict[str, tuple[str, ...]] = {
 OPTIONAL: dict[str, tuple[str, ...]] = {
     "": ("kernels", "error_bands"), "node": ("cpu_cores", "pageable_pcie_gb_per_s"),
     "collectives": ("measured_us",),
-    "efficiency": ("host_adam_threads", "host_adam_serial_fraction"),
+    "efficiency": ("host_adam_threads", "host_adam_serial_fraction",
+                   "deepspeed_adam_params_per_s"),
     "host": ("optimizer_tensor_us", "fsdp2_block_host_us", "program_overhead_us")}
 """Keys a section may leave out: measured kernel rates, the host's cores and how the host
 AdamW scales with threads, the host time of the optimizer step per parameter tensor (a
@@ -72,9 +73,11 @@ PHASES: tuple[str, ...] = ("forward", "backward")
 """Keys of each host.checkpoint_overhead_us entry."""
 
 OVERHEAD_PROGRAMS: tuple[str, ...] = ("deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3",
-                                      "tp")
-"""Keys of host.program_overhead_us: DeepSpeed's ZeRO stages (impl "deepspeed") and DTensor
-tensor parallelism (plan.tp > 1, on top of its data-parallel program)."""
+                                      "deepspeed-zero2-offload", "tp")
+"""Keys of host.program_overhead_us: DeepSpeed's ZeRO stages (impl "deepspeed"; ZeRO-2 with
+offload_optimizer has its own, and a plan offloading the optimizer under a stage without
+one takes the stage's) and DTensor tensor parallelism (plan.tp > 1, on top of its
+data-parallel program)."""
 
 OVERHEAD_PARTS: tuple[str, ...] = ("forward_block", "backward_block", "step")
 """Keys of each host.program_overhead_us entry: per block per micro-batch in forward, in
@@ -202,6 +205,10 @@ class HardwareProfile:
     """Achievable fraction of PCIe line rate for pinned copies."""
     host_adam_params_per_s: float
     """CPU AdamW throughput for offloaded optimizer steps, parameters per second per node."""
+    deepspeed_adam_params_per_s: float = 0.0
+    """The same for DeepSpeedCPUAdam, the vectorised kernel DeepSpeed's offload_optimizer
+    runs (YAML efficiency.deepspeed_adam_params_per_s, optional; 0: not measured, its
+    steps take host_adam_params_per_s)."""
     comm_compute_slowdown: float
     """Fraction by which compute slows while communication kernels hold SMs (0 = none)."""
     compute_comm_slowdown: float = 0.0
@@ -277,19 +284,22 @@ class HardwareProfile:
     follows its shape (zsim.analytic.compute.compute_time_s); without, the flat
     efficiencies above apply."""
 
-    def rank_host_adam_params_per_s(self) -> float:
+    def rank_host_adam_params_per_s(self, program: str = "torch") -> float:
         """CPU AdamW rate of one rank's offloaded step: the node's rate shared by its GPUs,
         or, with the node's cores and the threads the rate was measured with, the rate of
-        cpu_cores // gpus_per_node threads by Amdahl's law."""
+        cpu_cores // gpus_per_node threads by Amdahl's law. `program` "deepspeed" runs
+        DeepSpeedCPUAdam: its node rate where measured, shared the same way."""
+        node = (self.deepspeed_adam_params_per_s
+                if program == "deepspeed" and self.deepspeed_adam_params_per_s
+                else self.host_adam_params_per_s)
         if not (self.cpu_cores and self.host_adam_threads):
-            return self.host_adam_params_per_s / self.gpus_per_node
+            return node / self.gpus_per_node
 
         def speedup(threads: int) -> float:
             return threads / (1.0 + self.host_adam_serial_fraction * (threads - 1))
 
         threads = max(1, self.cpu_cores // self.gpus_per_node)
-        return (self.host_adam_params_per_s * speedup(threads)
-                / speedup(self.host_adam_threads))
+        return node * speedup(threads) / speedup(self.host_adam_threads)
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for a compute dtype.
@@ -350,6 +360,9 @@ class HardwareProfile:
             memory_bound_efficiency=_fraction(eff, "memory_bound"),
             pcie_efficiency=_fraction(eff, "pcie"),
             host_adam_params_per_s=_pos(eff, "efficiency", "host_adam_params_per_s"),
+            deepspeed_adam_params_per_s=(
+                _pos(eff, "efficiency", "deepspeed_adam_params_per_s")
+                if "deepspeed_adam_params_per_s" in eff else 0.0),
             comm_compute_slowdown=_fraction(eff, "comm_compute_slowdown", allow_zero=True),
             compute_comm_slowdown=_fraction(eff, "compute_comm_slowdown", allow_zero=True),
             kernel_overhead_s=_non_negative(eff, "efficiency", "kernel_overhead_us") * US,
@@ -407,6 +420,10 @@ def _check_rates(hw: HardwareProfile) -> None:
                   hw.pcie_bytes_per_s * hw.pcie_efficiency))
     rates.append(("efficiency.host_adam_params_per_s", hw.host_adam_params_per_s,
                   hw.rank_host_adam_params_per_s()))
+    if hw.deepspeed_adam_params_per_s:
+        rates.append(("efficiency.deepspeed_adam_params_per_s",
+                      hw.deepspeed_adam_params_per_s,
+                      hw.rank_host_adam_params_per_s("deepspeed")))
     for section, link in (("intra_node", hw.intra_node), ("inter_node", hw.inter_node)):
         for kind, value in link.kind_efficiency.items():
             rates.append((f"{section}.collective_efficiency.{kind}", value,

@@ -19,11 +19,13 @@ Stages 1 and 2 (DeepSpeedZeroOptimizer):
   freed at once; stage 1 keeps the full gradients and reduces them all at the end of the
   last micro-batch's backward. Without overlap_comm (stages 1 and 2 by default) the
   reduction runs on the compute stream: backward waits for it.
-- Step: the partition's gradients are cast to fp32, Adam updates the fp32 partition,
-  which is copied into the rank's slice of the 16-bit buffer, and the 16-bit parameters
-  are all-gathered in one call into the flat buffer (after backward: exposed;
+- Step: the overflow flag and the gradient norm are all-reduced (two blocking scalar
+  calls); the partition's gradients are cast to fp32, Adam updates the fp32 partition
+  (offloaded: DeepSpeedCPUAdam on the host, the 16-bit partition copied back), which is
+  copied into the rank's slice of the 16-bit buffer, and the 16-bit parameters are
+  all-gathered in one call into the flat buffer (after backward: exposed;
   all_gather_dp_groups ignores `allgather_bucket_size` where torch has
-  all_gather_into_tensor).
+  all_gather_into_tensor), with or without offload.
 Stage 3 (DeepSpeedZeroOptimizer_Stage3):
 - State: each parameter partitioned into ceil(numel / N) elements (parameters of at most
   `param_persistence_threshold` elements stay whole on every rank), fp32 master
@@ -39,7 +41,10 @@ Stage 3 (DeepSpeedZeroOptimizer_Stage3):
   bucket is reduce-scattered on a side stream (overlap_comm, the stage-3 default) and
   the rank's partition accumulated into the gradient partition buffer, on every
   micro-batch.
-- Step: fp32 gradients cast from the partition buffer, Adam, fp32 -> 16-bit partitions.
+- Step: the gradient norm all-reduced (fp16 adds the overflow flag), fp32 gradients cast
+  from the partition buffer, Adam, fp32 -> 16-bit partitions; then every persistent
+  parameter's partition all-gathered again, one call each (_post_step), which at
+  thousands of ranks is a latency-bound tail of one ring per norm and bias.
 Offload: see zsim.schedule.build.host_optimizer (the closed-form state of
 zsim.analytic.memory stands for the offloaded parts).
 """
@@ -337,29 +342,51 @@ class _Step12:
         self.bucket_grads = []
 
     def optimizer(self, after: tuple[int, ...]) -> None:
-        """fp32 gradients from the partition buffer, Adam on the flat fp32 partition, then
-        the all-gather of the updated 16-bit parameters into the flat buffer, on the
-        compute stream: all_gather_dp_groups makes one all_gather_into_tensor per
-        parameter group (one here) wherever torch has it (every torch DeepSpeed 0.19
-        supports), so allgather_bucket_size is not used (deepspeed/runtime/utils.py)."""
+        """The overflow flag and the gradient norm all-reduced; fp32 gradients from the
+        partition buffer and Adam on the flat fp32 partition (or DeepSpeedCPUAdam on the
+        host, the 16-bit partition copied back); then the all-gather of the updated 16-bit
+        parameters into the flat buffer, on the compute stream: all_gather_dp_groups makes
+        one all_gather_into_tensor per parameter group (one here) wherever torch has it
+        (every torch DeepSpeed 0.19 supports), so allgather_bucket_size is not used
+        (deepspeed/runtime/utils.py)."""
         b, p = self.b, self.b.plan
         frees = (self.partition_grads,) if self.have_partition else ()
+        # check_overflow (a 1-byte flag) and scaled_global_norm (an fp32 scalar), each a
+        # blocking all-reduce before the step (stage_1_and_2.py step()).
+        after = _scalar_all_reduces(b, after, (("overflow check", 1), ("gradient norm", 4)))
         if p.offload != "none":
-            host_optimizer(b, after=after, frees=frees,
-                           local_params=b.model.num_params / p.dp_shard)
-            return
-        m = _master_bytes(p)
-        fp32_grad = Buffer(name="fp32 grad partition", category="grads", bytes=self.part * m)
-        cast = Flops(matmul=0.0, attention=0.0, memory_bytes=self.part * (b.a + m), kernels=1)
-        first = b.add(name="fp32 gradients", kind="optimizer", stream="compute",
-                      microbatch=p.grad_accum - 1, after=after, compute_s=b.compute(cast),
-                      allocs=(fp32_grad,), frees=frees)
-        prev = device_optimizer(b, after=(first,), frees=(fp32_grad.name,),
-                                local_params=self.part, tensors=1, master_bytes=m,
-                                grad_bytes=m)
+            # the step on the host, the updated 16-bit partition copied back: the
+            # all-gather below runs all the same (step(): all_gather_dp_groups after
+            # either branch)
+            prev = host_optimizer(b, after=after, frees=frees,
+                                  local_params=b.model.num_params / p.dp_shard,
+                                  program="deepspeed")
+        else:
+            m = _master_bytes(p)
+            fp32_grad = Buffer(name="fp32 grad partition", category="grads",
+                               bytes=self.part * m)
+            cast = Flops(matmul=0.0, attention=0.0, memory_bytes=self.part * (b.a + m),
+                         kernels=1)
+            first = b.add(name="fp32 gradients", kind="optimizer", stream="compute",
+                          microbatch=p.grad_accum - 1, after=after, compute_s=b.compute(cast),
+                          allocs=(fp32_grad,), frees=frees)
+            prev = device_optimizer(b, after=(first,), frees=(fp32_grad.name,),
+                                    local_params=self.part, tensors=1, master_bytes=m,
+                                    grad_bytes=m)
         b.collective(kind="all_gather", size_bytes=_flat_elems(b.model, p.dp_shard) * b.a,
                      group=b.shard, gname="shard", name="param all-gather", unit=0,
                      microbatch=p.grad_accum - 1, after=(prev,))
+
+
+def _scalar_all_reduces(b: Builder, after: tuple[int, ...],
+                        calls: tuple[tuple[str, int], ...]) -> tuple[int, ...]:
+    """The step's blocking all-reduces of scalars, (name, bytes) in order over the shard
+    group, each after the one before; returns what the step then waits for."""
+    for name, size in calls:
+        after = (b.collective(kind="all_reduce", size_bytes=size, group=b.shard,
+                              gname="shard", name=f"{name} all-reduce", unit=0,
+                              microbatch=b.plan.grad_accum - 1, after=after),)
+    return after
 
 
 def _with_frees(op: Op, name: str) -> Op:
@@ -592,23 +619,42 @@ class _Step3:
                        bytes=numel * self.b.a),)
 
     def optimizer(self, after: tuple[int, ...]) -> None:
-        """Per sub-group (_sub_groups), one after the other: fp32 gradients cast from the
-        partition buffer, Adam on the flat fp32 partition, copied back to 16 bits, the
-        fp32 gradients released."""
+        """The gradient norm all-reduced (and fp16's overflow flag); per sub-group
+        (_sub_groups), one after the other: fp32 gradients cast from the partition
+        buffer, Adam on the flat fp32 partition, copied back to 16 bits, the fp32 gradients
+        released (offloaded: DeepSpeedCPUAdam on the host); then each persistent
+        parameter gathered again."""
         b, p = self.b, self.b.plan
+        # The fp16 overflow flag, then the gradient norm (a float64 scalar), each a blocking
+        # all-reduce (stage3.py step(): _overflow_check_and_loss_scale_update,
+        # _get_norm_groups).
+        checks = (("overflow check", 1),) if p.param_dtype == "fp16" else ()
+        prev = _scalar_all_reduces(b, after, (*checks, ("gradient norm", 8)))
         if p.offload != "none":
-            host_optimizer(b, after=after, frees=(), local_params=b.model.num_params / p.dp_shard)
-            return
-        m = _master_bytes(p)
-        prev = after
-        for i, elems in enumerate(_sub_groups(b.model, p)):
-            grad = Buffer(name=f"fp32 grad sub-group {i}", category="grads", bytes=elems * m)
-            cast = Flops(matmul=0.0, attention=0.0, memory_bytes=elems * (b.a + m), kernels=1)
-            first = b.add(name="fp32 gradients" if i == 0 else f"fp32 gradients {i}",
-                          kind="optimizer", stream="compute", microbatch=p.grad_accum - 1,
-                          after=prev, compute_s=b.compute(cast), allocs=(grad,))
-            prev = (device_optimizer(b, after=(first,), frees=(grad.name,), local_params=elems,
-                                     tensors=1, master_bytes=m, grad_bytes=m),)
+            prev = (host_optimizer(b, after=prev, frees=(),
+                                   local_params=b.model.num_params / p.dp_shard,
+                                   program="deepspeed"),)
+        else:
+            m = _master_bytes(p)
+            for i, elems in enumerate(_sub_groups(b.model, p)):
+                grad = Buffer(name=f"fp32 grad sub-group {i}", category="grads",
+                              bytes=elems * m)
+                cast = Flops(matmul=0.0, attention=0.0, memory_bytes=elems * (b.a + m),
+                             kernels=1)
+                first = b.add(name="fp32 gradients" if i == 0 else f"fp32 gradients {i}",
+                              kind="optimizer", stream="compute", microbatch=p.grad_accum - 1,
+                              after=prev, compute_s=b.compute(cast), allocs=(grad,))
+                prev = (device_optimizer(b, after=(first,), frees=(grad.name,),
+                                         local_params=elems, tensors=1, master_bytes=m,
+                                         grad_bytes=m),)
+        # _post_step: every persistent parameter's updated partition gathered again, one
+        # all_gather_into_tensor each (_allgather_params_coalesced launches them all, then
+        # waits), so a model with many small norms and biases pays one call per tensor.
+        for name, param in self.params.items():
+            if param.persistent:
+                b.collective(kind="all_gather", size_bytes=param.numel * b.a, group=b.shard,
+                             gname="shard", name=f"persistent {name} all-gather",
+                             microbatch=p.grad_accum - 1, after=prev, async_op=True)
 
 
 class _Call(NamedTuple):
