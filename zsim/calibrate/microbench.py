@@ -114,6 +114,9 @@ class RankBench:
     """Bytes read + written per second by a mix of the block's memory-bound kernels in
     bf16 (the plans' compute dtype), total bytes over total time."""
     adam_params_per_s: float = 0.0
+    deepspeed_adam_params_per_s: float = 0.0
+    """DeepSpeedCPUAdam's step on the same parameters (0: not timed; see
+    _deepspeed_adam)."""
     comm_compute_slowdown: float = 0.0
     """Fraction of its rate a matmul loses while an all-reduce is in flight."""
     compute_comm_slowdown: float = 0.0
@@ -214,6 +217,7 @@ def _bench_round(ctx: RankContext, cfg: BenchConfig) -> RankBench:
         from zsim.calibrate.program_overhead import program_steps_s
 
         out.program_step_s = program_steps_s(ctx, cfg.host_layers)
+        out.deepspeed_adam_params_per_s = _deepspeed_adam(ctx, cfg.adam_params)
     return out
 
 
@@ -294,6 +298,22 @@ def _adam(ctx: RankContext, numel: int) -> float:
     p = torch.nn.Parameter(torch.randn(numel, device=ctx.device))
     p.grad = torch.randn_like(p)
     opt = torch.optim.AdamW([p], lr=1e-4, foreach=True)
+    return numel / _median_s(opt.step, 3)
+
+
+def _deepspeed_adam(ctx: RankContext, numel: int) -> float:
+    """DeepSpeedCPUAdam's step (AdamW mode: what ZeRO's offload_optimizer runs on the host,
+    its own vectorised kernel) on `numel` fp32 parameters, parameters per second; 0 where
+    DeepSpeed does not import. Its op is built the first time (DeepSpeed's JIT)."""
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:
+        return 0.0
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    p = torch.nn.Parameter(torch.randn(numel, device=ctx.device))
+    p.grad = torch.randn_like(p)
+    opt = DeepSpeedCPUAdam([p], lr=1e-4, adamw_mode=True)
     return numel / _median_s(opt.step, 3)
 
 

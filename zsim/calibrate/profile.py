@@ -121,6 +121,7 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
     elementwise = statistics.median(r.elementwise_bytes_per_s for r in ranks)
     host = _host_costs(ranks, link, nproc)
     adam = statistics.median(r.adam_params_per_s for r in ranks)
+    ds_adam = statistics.median(r.deepspeed_adam_params_per_s for r in ranks)
     slowdown = statistics.mean(r.comm_compute_slowdown for r in ranks)
     comm_slowdown = statistics.mean(r.compute_comm_slowdown for r in ranks)
     skew = statistics.mean(r.rank_skew for r in ranks)
@@ -199,6 +200,7 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
             "memory_bound": _r(min(elementwise / copy, 1.0)),
             "pcie": 1.0,
             "host_adam_params_per_s": _r(adam * nproc),
+            **({"deepspeed_adam_params_per_s": _r(ds_adam * nproc)} if ds_adam > 0 else {}),
             "comm_compute_slowdown": _r(min(slowdown, 0.99)),
             "compute_comm_slowdown": _r(min(comm_slowdown, 0.99)),
             "kernel_overhead_us": _r(host.kernel_s * 1e6),
@@ -212,7 +214,8 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
                       f"per block of the width-16 reference Llama (bf16, unsharded, "
                       f"{cfg.host_layers[0]} vs {cfg.host_layers[1]} blocks) / its "
                       f"{host.kernels_per_block:g} kernels (fwd, bwd, AdamW); host "
-                      f"AdamW(foreach) on 4 Mi params x ranks; "
+                      f"AdamW(foreach) on 4 Mi params x ranks (deepspeed_adam: "
+                      f"DeepSpeedCPUAdam, where DeepSpeed imports); "
                       f"comm_compute_slowdown = a 1024^3 matmul inside a 64 MiB all_reduce "
                       f"vs alone; "
                       f"compute_comm_slowdown = a 64 MiB all_reduce while 256^3 matmuls run "
@@ -271,7 +274,8 @@ def with_program_overhead(data: dict[str, Any], ranks: list[RankBench], *, nproc
                                    for p, parts in overhead.items()}
     host["source"] += (
         f"; program_overhead per program (DeepSpeed ZeRO-1/2/3 with every parameter "
-        f"partitioned, TP over 2 ranks), from the width-16 reference Llama at {layers[0]} "
+        f"partitioned, ZeRO-2 with the optimizer offloaded, TP over 2 ranks), from the "
+        f"width-16 reference Llama at {layers[0]} "
         f"and {layers[1]} blocks on all {nproc} ranks (median over ranks): forward_block = "
         f"growth per block of the time to the loss, backward_block = of the rest of the "
         f"step, step = the {layers[0]}-block step beyond its blocks, each less what the "

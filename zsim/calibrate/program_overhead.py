@@ -1,7 +1,8 @@
 """The host time a program spends that the simulator's other figures do not model
 (HardwareProfile.program_overhead_s): DeepSpeed's ZeRO stages (their module hooks, the
 parameter fetch and release of stage 3, gradient bucketing and partition bookkeeping, the
-engine's step) and DTensor tensor parallelism (dispatch of every sharded op).
+engine's step; ZeRO-2 also with the optimizer offloaded, whose gradients go to the host
+parameter by parameter) and DTensor tensor parallelism (dispatch of every sharded op).
 
 Measured as the FSDP2 host costs are (zsim.calibrate.microbench): the nano model (width 16,
 8 tokens: its kernels cost almost nothing) trained under the program at two depths on
@@ -41,7 +42,8 @@ STEPS, WARMUP = 25, 5
 
 def nano_plans(world_size: int) -> dict[str, Plan]:
     """The plan timed for each program of zsim.spec.hardware.OVERHEAD_PROGRAMS this
-    machine can run at `world_size`: ZeRO-1/2/3 under DeepSpeed (when it imports), TP
+    machine can run at `world_size`: ZeRO-1/2/3 under DeepSpeed, and ZeRO-2 with
+    offload_optimizer (when DeepSpeed imports), TP
     over 2 ranks (alone at world 2, under FSDP2 over the other ranks at an even world
     above)."""
     mb, seq = NANO_TOKENS
@@ -50,6 +52,9 @@ def nano_plans(world_size: int) -> dict[str, Plan]:
         plans |= {f"deepspeed-{s}": Plan.for_strategy(s, gpus=world_size, ds=NANO_DS,
                                                       seq_len=seq, micro_batch=mb)
                   for s in ("zero1", "zero2", "zero3")}
+        plans["deepspeed-zero2-offload"] = Plan.for_strategy(
+            "zero2", gpus=world_size, ds=NANO_DS, offload="optimizer", seq_len=seq,
+            micro_batch=mb)
     if world_size % 2 == 0:
         plans["tp"] = Plan(strategy="ddp" if world_size == 2 else "fsdp",
                            dp_shard=world_size // 2, tp=2, seq_len=seq, micro_batch=mb)
