@@ -223,3 +223,26 @@ def test_zero3_step_all_reduces_its_norm_and_regathers_each_persistent_parameter
         assert sum(op.size_bytes for op in persistent) == 2 * (5 * d + 8 * d * d)
         assert all(op.kind == "all_gather" and op.async_op for op in persistent)
         assert all(op.index > step.index for op in persistent)
+
+
+def test_a_synchronous_host_blocks_in_the_reductions_not_in_the_prefetches(
+        tiny_model: ModelSpec, h100: HardwareProfile) -> None:
+    """DeepSpeed issues its gradient reductions without async_op (overlap_comm overlaps
+    them through a CUDA stream) and its parameter fetches with it (the coordinator waits
+    on the handle at use). On a synchronous host (gloo ranks) the next op the host issues
+    after a reduction waits for it; after a prefetch, it does not."""
+    from dataclasses import replace
+
+    sync = replace(h100, launch="synchronous")
+    for strategy, reduction in (("zero2", "all-reduce"), ("zero3", "reduce-scatter")):
+        ops = lower(tiny_model, sync, _plan(strategy)).ops
+        reductions = [op for op in ops if op.name.startswith("bucket ")
+                      and reduction in op.name]
+        assert reductions and not any(op.async_op for op in reductions)
+        for op in reductions:
+            assert ops[op.index + 1].issue_after == (op.index,), op.name
+    ops = lower(tiny_model, sync, _plan("zero3")).ops
+    prefetches = [op for op in ops if op.name.startswith("prefetch ")]
+    assert prefetches and all(op.async_op for op in prefetches)
+    for op in prefetches:
+        assert ops[op.index + 1].issue_after != (op.index,), op.name

@@ -103,9 +103,10 @@ class Op(NamedTuple):
     "replicate" (ranks holding the same shard, one per shard group), "tp" or "cp" (the
     tensor- and context-parallel groups)."""
     async_op: bool = False
-    """Issued with async_op=True (DDP's reducer, DeepSpeed's reduce buckets): the host
-    gets a Work back and goes on. FSDP2 issues its collectives without it, which on a
-    synchronous host (Schedule.launch) blocks the thread until they complete."""
+    """Issued with async_op=True (DDP's reducer, DeepSpeed's parameter fetches): the host
+    gets a Work back and goes on. FSDP2 and DeepSpeed's gradient reductions issue theirs
+    without it (a CUDA stream overlaps them), which on a synchronous host
+    (Schedule.launch) blocks the thread until they complete."""
     allocs: tuple[Buffer, ...] = ()
     """Buffers allocated when the op starts."""
     frees_at_start: tuple[str, ...] = ()

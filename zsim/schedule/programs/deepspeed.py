@@ -330,9 +330,11 @@ class _Step12:
                       frees_at_start=tuple(self.bucket_grads),
                       allocs=(*allocs, Buffer(name=flat, category="comm_buffers",
                                               bytes=elements * r)))
+        # dist.all_reduce without async_op (allreduce_bucket): overlap_comm overlaps it
+        # through the reduction stream, so a synchronous host blocks in it either way.
         coll = b.collective(kind="all_reduce", size_bytes=elements * r, group=b.shard,
                             gname="shard", name=f"bucket {i} all-reduce", unit=i,
-                            microbatch=p.grad_accum - 1, after=(first,), async_op=self.overlap)
+                            microbatch=p.grad_accum - 1, after=(first,))
         scatter = Flops(matmul=0.0, attention=0.0,
                         memory_bytes=elements / p.dp_shard * (r + b.a), kernels=1)
         self.last_reduce = b.add(name=f"bucket {i} copy to partition", kind="backward",
@@ -509,10 +511,13 @@ class _Step3:
         for n in names:
             self.owner[n] = buf
         kind = "prefetch" if prefetch else "fetch"
+        # all_gather_into_tensor with async_op=True (_allgather_params_coalesced): the
+        # coordinator waits on the handle when a submodule needs the parameters, at once
+        # for an on-demand fetch (the next op's dependency), later for a prefetch.
         op = b.collective(kind="all_gather", size_bytes=numel * b.a, group=b.shard,
                           gname="shard", microbatch=mb, name=f"{kind} {i} ({len(names)} params)",
                           allocs=(Buffer(name=buf, category="gathered_params",
-                                         bytes=numel * b.a),), **deps)
+                                         bytes=numel * b.a),), async_op=True, **deps)
         for n in names:
             self.gathers[n] = op
         return op
@@ -710,10 +715,11 @@ class _Reducer3:
         first = b.add(name=f"bucket {i} copy-in (mb {self.mb})", kind="backward",
                       stream="reduce_scatter", microbatch=self.mb, after=(after,),
                       compute_s=b.compute(copy))
+        # reduce_scatter_coalesced calls reduce_scatter_fn with async_op=False: the
+        # reduction stream overlaps it on a GPU; a synchronous host blocks in it.
         coll = b.collective(kind="reduce_scatter", size_bytes=self.elements * r,
                             group=b.shard, gname="shard", microbatch=self.mb,
-                            name=f"bucket {i} reduce-scatter (mb {self.mb})", after=(first,),
-                            async_op=True)
+                            name=f"bucket {i} reduce-scatter (mb {self.mb})", after=(first,))
         acc = Flops(matmul=0.0, attention=0.0,
                     memory_bytes=self.elements / p.dp_shard * (r + 2 * b.a), kernels=1)
         self.last = b.add(name=f"bucket {i} accumulate (mb {self.mb})", kind="backward",
