@@ -51,13 +51,16 @@ block); "fsdp_no_reshard", on all ranks with reshard_after_forward=False (1 + 1)
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BenchConfig:
-    """What to run; the defaults take two to three minutes on 2 CPU ranks (2 min 12 s on
-    a 2-core AMD EPYC with the programs, 1 min 43 s without)."""
+    """What to run; the defaults take about three minutes on 2 CPU ranks (2 min 44 s to
+    2 min 50 s on a 2-core AMD EPYC with the programs, `zsim calibrate --nproc 2`)."""
 
     sizes_bytes: tuple[int, ...] = SIZES_BYTES
-    iters_small: int = 10
-    """Timed calls for sizes up to 1 MiB."""
-    iters_large: int = 3
+    iters_small: int = 30
+    """Timed calls for sizes up to 1 MiB. Their median is the figure, and enough calls
+    keep it off the tail: on the 2-core VM a third of gloo's calls up to 1 MiB stall for
+    3-4 ms, so the median of 10 landed on a stall one time in four (a 1 MiB
+    reduce-scatter read 2,602 us in one calibration and 811 us in the next)."""
+    iters_large: int = 7
     """Timed calls for larger sizes."""
     matmul_shapes: tuple[tuple[int, int, int], ...] = (
         (1024, 1024, 1024), (2048, 512, 512), (2048, 512, 1376), (2048, 1376, 512),
