@@ -10,6 +10,7 @@ embedding and output (256,000) are partitioned.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -182,8 +183,6 @@ def test_zero12_offload_still_gathers_the_updated_parameters(tiny_model: ModelSp
     16-bit partition copied back, then all_gather_dp_groups as without offload; the host
     step runs at DeepSpeedCPUAdam's rate where the profile measured it, the node's rate
     shared by its GPUs: psi / N parameters at 8e9 / 8 a second."""
-    from dataclasses import replace
-
     hw = replace(h100, deepspeed_adam_params_per_s=8e9)
     ops = lower(tiny_model, hw, _plan(strategy, offload="optimizer")).ops
     by_name = {op.name: op for op in ops}
@@ -231,8 +230,6 @@ def test_a_synchronous_host_blocks_in_the_reductions_not_in_the_prefetches(
     them through a CUDA stream) and its parameter fetches with it (the coordinator waits
     on the handle at use). On a synchronous host (gloo ranks) the next op the host issues
     after a reduction waits for it; after a prefetch, it does not."""
-    from dataclasses import replace
-
     sync = replace(h100, launch="synchronous")
     for strategy, reduction in (("zero2", "all-reduce"), ("zero3", "reduce-scatter")):
         ops = lower(tiny_model, sync, _plan(strategy)).ops

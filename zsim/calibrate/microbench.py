@@ -15,6 +15,7 @@ torch.
 
 from __future__ import annotations
 
+import importlib.util
 import statistics
 import time
 import warnings
@@ -308,8 +309,6 @@ def _deepspeed_adam(ctx: RankContext, numel: int) -> float:
     """DeepSpeedCPUAdam's step (AdamW mode: what ZeRO's offload_optimizer runs on the host,
     its own vectorised kernel) on `numel` fp32 parameters, parameters per second; 0 where
     DeepSpeed does not import. Its op is built the first time (DeepSpeed's JIT)."""
-    import importlib.util
-
     if importlib.util.find_spec("deepspeed") is None:
         return 0.0
     from deepspeed.ops.adam import DeepSpeedCPUAdam

@@ -26,7 +26,7 @@ from zsim.calibrate.microbench import NANO_TOKENS, nano_model
 from zsim.calibrate.runner import RankContext, sync_device
 from zsim.simulate import simulate
 from zsim.spec.deepspeed import DeepSpeedZero
-from zsim.spec.hardware import HardwareProfile
+from zsim.spec.hardware import HardwareProfile, overhead_programs
 from zsim.spec.plan import Plan
 
 NANO_DS = DeepSpeedZero(reduce_bucket_size=500_000, allgather_bucket_size=500_000,
@@ -47,18 +47,17 @@ def nano_plans(world_size: int) -> dict[str, Plan]:
     over 2 ranks (alone at world 2, under FSDP2 over the other ranks at an even world
     above)."""
     mb, seq = NANO_TOKENS
-    plans = {}
+    plans = []
     if importlib.util.find_spec("deepspeed") is not None:
-        plans |= {f"deepspeed-{s}": Plan.for_strategy(s, gpus=world_size, ds=NANO_DS,
-                                                      seq_len=seq, micro_batch=mb)
-                  for s in ("zero1", "zero2", "zero3")}
-        plans["deepspeed-zero2-offload"] = Plan.for_strategy(
-            "zero2", gpus=world_size, ds=NANO_DS, offload="optimizer", seq_len=seq,
-            micro_batch=mb)
+        plans += [Plan.for_strategy(s, gpus=world_size, ds=NANO_DS, seq_len=seq,
+                                    micro_batch=mb) for s in ("zero1", "zero2", "zero3")]
+        plans.append(Plan.for_strategy("zero2", gpus=world_size, ds=NANO_DS,
+                                       offload="optimizer", seq_len=seq, micro_batch=mb))
     if world_size % 2 == 0:
-        plans["tp"] = Plan(strategy="ddp" if world_size == 2 else "fsdp",
-                           dp_shard=world_size // 2, tp=2, seq_len=seq, micro_batch=mb)
-    return plans
+        plans.append(Plan(strategy="ddp" if world_size == 2 else "fsdp",
+                          dp_shard=world_size // 2, tp=2, seq_len=seq, micro_batch=mb))
+    # Each plan runs one program: keyed as the lowering looks it up (its first key).
+    return {overhead_programs(p)[0][0]: p for p in plans}
 
 
 def program_steps_s(ctx: RankContext, layers: tuple[int, int], *, steps: int = STEPS,

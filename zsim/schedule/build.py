@@ -45,7 +45,7 @@ from zsim.analytic.memory import optimizer_bytes_per_param
 from zsim.analytic.placement import place
 from zsim.errors import ConfigError
 from zsim.schedule.ops import Buffer, Op
-from zsim.spec.hardware import OVERHEAD_PARTS, HardwareProfile
+from zsim.spec.hardware import OVERHEAD_PARTS, HardwareProfile, overhead_programs
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 from zsim.units import dtype_bytes
@@ -187,16 +187,12 @@ class Builder:
         """Work of one block's backward for one micro-batch, recomputation excluded."""
         self.block_bwd = self.block_bwd_only + self.block_recompute
         """Work of one block's backward for one micro-batch, recomputation included."""
-        # DeepSpeed's ZeRO stage (its offload path where measured: ZeRO-2 with the
-        # optimizer offloaded), and tensor parallelism on top of the data-parallel program.
-        programs: tuple[str, ...] = ()
-        if plan.impl == "deepspeed":
-            stage = f"deepspeed-{plan.strategy}"
-            offload = f"{stage}-offload"
-            programs = ((offload,) if plan.offload == "optimizer"
-                        and offload in hw.program_overhead_s else (stage,))
-        programs += ("tp",) if plan.tp > 1 else ()
-        overhead = [hw.program_overhead_s[p] for p in programs if p in hw.program_overhead_s]
+        # Each of the plan's programs by the first of its keys the profile has.
+        overhead = []
+        for keys in overhead_programs(plan):
+            known = [k for k in keys if k in hw.program_overhead_s]
+            if known:
+                overhead.append(hw.program_overhead_s[known[0]])
         self.program_host_s = {part: self.host(sum(o[part] for o in overhead))
                                for part in OVERHEAD_PARTS}
         """The plan's programs' host time beyond the profile's other figures

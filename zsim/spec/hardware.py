@@ -12,13 +12,16 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from zsim.errors import ConfigError
 from zsim.spec.error_bands import ErrorBands
 from zsim.spec.kernel_rates import KernelRates
 from zsim.spec.yaml_file import read_yaml
 from zsim.units import GB, US, GiB
+
+if TYPE_CHECKING:
+    from zsim.spec.plan import Plan
 
 _SCHEMA: dict[str, tuple[str, ...]] = {
     "": ("name", "description", "gpu", "node", "intra_node", "inter_node", "collectives",
@@ -78,6 +81,23 @@ OVERHEAD_PROGRAMS: tuple[str, ...] = ("deepspeed-zero1", "deepspeed-zero2", "dee
 offload_optimizer has its own, and a plan offloading the optimizer under a stage without
 one takes the stage's) and DTensor tensor parallelism (plan.tp > 1, on top of its
 data-parallel program)."""
+
+
+def overhead_programs(plan: Plan) -> tuple[tuple[str, ...], ...]:
+    """The plan's programs that host.program_overhead_us may hold, each as its keys in
+    order of preference (OVERHEAD_PROGRAMS): DeepSpeed's ZeRO stage (with the optimizer
+    offloaded: the stage's offload key where there is one, then the stage's), and TP on
+    top of the data-parallel program."""
+    out: list[tuple[str, ...]] = []
+    if plan.impl == "deepspeed":
+        stage = f"deepspeed-{plan.strategy}"
+        offload = f"{stage}-offload"
+        out.append((offload, stage) if plan.offload == "optimizer"
+                   and offload in OVERHEAD_PROGRAMS else (stage,))
+    if plan.tp > 1:
+        out.append(("tp",))
+    return tuple(out)
+
 
 OVERHEAD_PARTS: tuple[str, ...] = ("forward_block", "backward_block", "step")
 """Keys of each host.program_overhead_us entry: per block per micro-batch in forward, in
@@ -284,7 +304,8 @@ class HardwareProfile:
     follows its shape (zsim.analytic.compute.compute_time_s); without, the flat
     efficiencies above apply."""
 
-    def rank_host_adam_params_per_s(self, program: str = "torch") -> float:
+    def rank_host_adam_params_per_s(self, program: Literal["torch", "deepspeed"] = "torch"
+                                    ) -> float:
         """CPU AdamW rate of one rank's offloaded step: the node's rate shared by its GPUs,
         or, with the node's cores and the threads the rate was measured with, the rate of
         cpu_cores // gpus_per_node threads by Amdahl's law. `program` "deepspeed" runs
