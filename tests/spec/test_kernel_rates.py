@@ -64,6 +64,21 @@ def test_time_with_rates_by_hand() -> None:
     assert compute_time_s(work, hw, "bf16") == pytest.approx(expected, rel=1e-12)
 
 
+def test_an_optional_class_runs_at_its_rate_and_at_the_flat_rate_when_left_out() -> None:
+    """reduce_copy_in (zsim.spec.kernel_rates.OPTIONAL_MEMORY_CLASSES): 1 GB at 250 GB/s
+    where the profile gives it; where it does not, the flat memory-bound rate."""
+    with_class = KernelRates.from_dict({**TOY, "memory_gb_per_s": {
+        **TOY["memory_gb_per_s"], "reduce_copy_in": {"forward": 250, "backward": 250}}})
+    hw = replace(resolve_hardware("hgx-h200"), kernel_overhead_s=0.0)
+    work = Flops(matmul=0.0, attention=0.0, memory_bytes=1e9,
+                 traffic=(("reduce_copy_in", "backward", 1e9),))
+    assert compute_time_s(work, replace(hw, kernels=with_class), "bf16") == \
+        pytest.approx(1e9 / 250e9, rel=1e-12)
+    flat_memory = hw.hbm_bandwidth_bytes_per_s * hw.memory_bound_efficiency
+    assert compute_time_s(work, replace(hw, kernels=KernelRates.from_dict(TOY)), "bf16") == \
+        pytest.approx(1e9 / flat_memory, rel=1e-12)
+
+
 def test_a_dtype_without_a_table_keeps_the_flat_efficiency() -> None:
     hw = resolve_hardware("hgx-h200")
     spec = resolve_model("7b")
@@ -112,6 +127,10 @@ def test_h200_matmul_table_predicts_its_own_points_left_out() -> None:
     ({"attention": {"bf16": [[1, 2, 3]]}}, "kernels.attention.bf16[0]"),
     ({"memory_gb_per_s": {"norm": {"forward": 1}}}, "kernels.memory_gb_per_s.norm.backward"),
     ({"typo": 1}, "kernels.typo"),
+    ({"memory_gb_per_s": {"reduce_copy_in": {"forward": 1}}},
+     "kernels.memory_gb_per_s.reduce_copy_in.backward"),
+    ({"memory_gb_per_s": {"copy": {"forward": 1, "backward": 1}}},
+     "kernels.memory_gb_per_s.copy"),
 ])
 def test_bad_rates_name_the_field(change: dict[str, Any], field: str) -> None:
     data = {**TOY, **change}

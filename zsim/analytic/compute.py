@@ -45,7 +45,8 @@ Attention = tuple[int, int, str, float]
 
 Traffic = tuple[str, str, float]
 """Memory-bound bytes read + written: (kernel class, pass, bytes); classes as
-zsim.spec.kernel_rates.MEMORY_CLASSES."""
+zsim.spec.kernel_rates.MEMORY_CLASSES and OPTIONAL_MEMORY_CLASSES (a class the profile
+lacks runs at the flat memory-bound rate)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,8 +70,9 @@ class Flops:
     attention_calls: tuple[Attention, ...] = ()
     """The attention calls behind `attention`."""
     traffic: tuple[Traffic, ...] = ()
-    """`memory_bytes` by kernel class and pass, where known (copies and casts are not
-    classed: they run at the flat memory-bound rate)."""
+    """`memory_bytes` by kernel class and pass, where known (copies and casts other than
+    FSDP2's reduce-scatter copy-in are not classed: they run at the flat memory-bound
+    rate)."""
     matmul_dtype: str = ""
     """The dtype the matmuls run at when not the step's compute dtype ("fp8": torchao's
     Float8Linear, see with_float8_linears); "" = the compute dtype."""
@@ -381,8 +383,10 @@ def compute_time_s(flops: Flops, hw: HardwareProfile, dtype: str) -> float:
             seconds += work / rate
             attention -= work * (1.0 if phase == "forward" else BACKWARD_FACTOR)
     for cls, phase, nbytes in flops.traffic:
-        seconds += nbytes / rates.memory_bytes_per_s[cls][phase]
-        memory -= nbytes
+        by_pass = rates.memory_bytes_per_s.get(cls)
+        if by_pass is not None:
+            seconds += nbytes / by_pass[phase]
+            memory -= nbytes
     return (seconds + max(matmul, 0.0) / flat_matmul + max(attention, 0.0) / flat_attention
             + max(memory, 0.0) / flat_memory + flops.kernels * hw.kernel_overhead_s)
 

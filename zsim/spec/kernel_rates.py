@@ -32,8 +32,14 @@ MEMORY_CLASSES: tuple[str, ...] = ("norm", "rope", "elementwise", "cross_entropy
                                    "optimizer")
 """Classes of memory-bound kernels: RMSNorm/LayerNorm, rotary embedding, elementwise
 (activations, residual adds, embedding gathers), the loss (logit upcast, log-softmax,
-NLL), the foreach optimizer step. Copies and casts (FSDP copy-in/out, gradient casts) run
-at the profile's flat memory-bound rate (efficiency.memory_bound)."""
+NLL), the foreach optimizer step."""
+
+OPTIONAL_MEMORY_CLASSES: tuple[str, ...] = ("reduce_copy_in",)
+"""Classes a profile may leave out: FSDP2's reduce-scatter copy-in when it casts
+(torch.ops.fsdp.chunk_cat writing the unsharded gradients, cast to the reduce dtype, into
+the flat reduce-scatter input: bf16 gradients reduced in fp32). Traffic of a class the
+profile lacks, and other copies and casts (FSDP copy-in/out, gradient casts), run at the
+profile's flat memory-bound rate (efficiency.memory_bound)."""
 
 PASSES: tuple[str, ...] = ("forward", "backward")
 
@@ -80,8 +86,8 @@ class KernelRates:
     """Measured causal attention per compute dtype, by sequence length and head
     dimension."""
     memory_bytes_per_s: dict[str, dict[str, float]]
-    """Bytes read + written per second by memory-bound kernel class (MEMORY_CLASSES) and
-    pass (PASSES)."""
+    """Bytes read + written per second by memory-bound kernel class (MEMORY_CLASSES, and
+    those of OPTIONAL_MEMORY_CLASSES the profile gives) and pass (PASSES)."""
     source: str
     _looked_up: dict[tuple[int, int, int, str], float | None] = field(
         default_factory=dict, init=False, compare=False, repr=False)
@@ -145,9 +151,10 @@ class KernelRates:
         attention = _tables(data["attention"], "kernels.attention", _attention_point,
                             "[seq, head_dim, fwd, bwd]")
         mem = data["memory_gb_per_s"]
-        _keys(mem, "kernels.memory_gb_per_s", MEMORY_CLASSES)
+        _keys(mem, "kernels.memory_gb_per_s", MEMORY_CLASSES,
+              optional=OPTIONAL_MEMORY_CLASSES)
         rates = {}
-        for c in MEMORY_CLASSES:
+        for c in (*MEMORY_CLASSES, *(c for c in OPTIONAL_MEMORY_CLASSES if c in mem)):
             _keys(mem[c], f"kernels.memory_gb_per_s.{c}", PASSES)
             rates[c] = {p: _positive(mem[c][p], f"kernels.memory_gb_per_s.{c}.{p}") * GB
                         for p in PASSES}
@@ -165,13 +172,16 @@ def _tables(data: Any, where: str, point: Callable[[Any, str], Point],
             for dtype, rows in data.items()}
 
 
-def _keys(data: Any, where: str, expected: tuple[str, ...]) -> None:
+def _keys(data: Any, where: str, expected: tuple[str, ...],
+          optional: tuple[str, ...] = ()) -> None:
+    """`data` is a mapping with every key of `expected`, and no key outside it and
+    `optional`."""
     if not isinstance(data, dict):
         raise ConfigError(where, data, "must be a mapping")
     for key in data:
-        if key not in expected:
+        if key not in expected and key not in optional:
             raise ConfigError(f"{where}.{key}", data[key],
-                              f"unknown key; expected one of {', '.join(expected)}")
+                              f"unknown key; expected one of {', '.join(expected + optional)}")
     for key in expected:
         if key not in data:
             raise ConfigError(f"{where}.{key}", None, "missing required key")

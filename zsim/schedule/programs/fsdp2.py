@@ -158,11 +158,15 @@ def _grad_bytes(plan: Plan) -> int:
     return _at_rest_bytes(plan) if plan.offload == "none" else dtype_bytes(plan.grad_dtype)
 
 
+def _unsharded_grad_dtype(plan: Plan) -> str:
+    """The dtype of a unit's unsharded gradient: the compute dtype, or the reduce dtype
+    when micro-batches accumulate into it."""
+    return plan.reduce_dtype if plan.accumulates_unsharded_grads else plan.param_dtype
+
+
 def _unsharded_grad_bytes(plan: Plan) -> int:
-    """Bytes per element of a unit's unsharded gradient: the compute dtype, or the reduce
-    dtype when micro-batches accumulate into it."""
-    return dtype_bytes(plan.reduce_dtype if plan.accumulates_unsharded_grads
-                       else plan.param_dtype)
+    """Bytes per element of a unit's unsharded gradient."""
+    return dtype_bytes(_unsharded_grad_dtype(plan))
 
 
 class _Step:
@@ -431,9 +435,12 @@ class _Step:
         rs_in = f"mb{mb}/{u.name}/reduce_scatter_input"
         held = self.held_rs_input
         self.held_rs_input = None if final else rs_in
-        copy_in = Flops(matmul=0.0, attention=0.0,
-                        memory_bytes=u.params * _unsharded_grad_bytes(p) + rs_in_bytes,
-                        kernels=1)
+        copy_bytes = u.params * _unsharded_grad_bytes(p) + rs_in_bytes
+        # chunk_cat casting to the reduce dtype runs at its own measured rate; a copy
+        # without a cast at the flat one.
+        casts = _unsharded_grad_dtype(p) != p.reduce_dtype
+        copy_in = Flops(matmul=0.0, attention=0.0, memory_bytes=copy_bytes, kernels=1,
+                        traffic=(("reduce_copy_in", "backward", copy_bytes),) if casts else ())
         first = b.add(name=f"{u.name} reduce-scatter copy-in", kind="backward",
                       stream="compute", unit=u.index, microbatch=mb, after=(after,),
                       compute_s=b.compute(copy_in), frees_at_start=(held,) if held else (),
