@@ -27,7 +27,13 @@ from zsim.engine.pipeline import run_pipeline
 from zsim.errors import ConfigError
 from zsim.fanout import simulate_all
 from zsim.result import Result
-from zsim.schedule.lower import check_modelled, memory_floor_bytes, rank_model, rank_plan
+from zsim.schedule.lower import (
+    check_modelled,
+    memory_floor_bytes,
+    rank_model,
+    rank_plan,
+    workspace_bytes,
+)
 from zsim.schedule.pipeline import rank_actions
 from zsim.schedule.pipeline_work import pipeline_work
 from zsim.simulate import simulate
@@ -178,13 +184,14 @@ def estimate(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Estimate:
     step = max(work.head_s) + max(ends)
     slowest = max(range(lp.pp), key=lambda r: ends[r])
     if plan.pp > 1:
-        peak = max(sum(m.values()) for m in work.memory_bytes) + local.buffer_bytes
+        peak = (max(sum(m.values()) for m in work.memory_bytes) + local.buffer_bytes
+                + workspace_bytes(hw))
     else:
         # The floor, and the unsharded gradients FSDP2 accumulates across micro-batches
         # when only the last one reduces them.
         grads = local.num_params * (dtype_bytes(plan.reduce_dtype)
                                     if plan.accumulates_unsharded_grads else 0)
-        peak = sum(memory_floor_bytes(model, plan).values()) + grads
+        peak = sum(memory_floor_bytes(model, plan, hw).values()) + grads
     return Estimate(plan=plan, step_time_s=step, peak_bytes=peak, hbm_bytes=hw.hbm_bytes,
                     bubble_fraction=t.bubble_fraction(slowest) if plan.pp > 1 else 0.0)
 

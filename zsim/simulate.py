@@ -23,6 +23,7 @@ from zsim.schedule.lower import (
     memory_floor_bytes,
     program_plan,
     rank_model,
+    workspace_bytes,
 )
 from zsim.schedule.ops import Schedule
 from zsim.schedule.pipeline import rank_actions, rank_stages
@@ -126,7 +127,7 @@ def simulate(model: ModelSpec, hw: HardwareProfile, plan: Plan, *, trace: bool =
             raise ConfigError("rank_level", True, "a pipeline is replayed per pipeline rank "
                               "already: simulate it in symmetric mode")
         return with_bands(simulate_pipeline(model, hw, plan), hw, plan)
-    floor = memory_floor_bytes(model, plan)
+    floor = memory_floor_bytes(model, plan, hw)
     if sum(floor.values()) > hw.hbm_bytes:
         return closed_form_result(model=model.name, hardware=hw.name, plan_label=plan.label,
                                   floor_bytes=floor, hbm_bytes=hw.hbm_bytes,
@@ -173,7 +174,8 @@ def simulate_pipeline(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Resu
     head = max(work.head_s)
     ends = [head + timeline.spans[r][-1][2] + work.tail_s[r] for r in range(plan.pp)]
     step = max(ends)
-    peaks = [math.ceil(sum(m.values())) + local.buffer_bytes for m in work.memory_bytes]
+    fixed = local.buffer_bytes + workspace_bytes(hw)  # module buffers, cuBLAS workspaces
+    peaks = [math.ceil(sum(m.values())) + fixed for m in work.memory_bytes]
     worst_mem = max(range(plan.pp), key=lambda r: peaks[r])
     slowest = max(range(plan.pp), key=lambda r: ends[r])
     stages = tuple(StageFigures(
@@ -190,11 +192,13 @@ def simulate_pipeline(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Resu
     tflops = model_flops / plan.pp / step / 1e12
     at_peak = {c: math.ceil(v) for c, v in work.memory_bytes[worst_mem].items() if v > 0}
     at_peak["params"] = at_peak.get("params", 0) + local.buffer_bytes
+    if workspace_bytes(hw):
+        at_peak["workspace"] = workspace_bytes(hw)
     oom = None if peaks[worst_mem] <= hw.hbm_bytes else (
         f"pipeline rank {worst_mem} holds {peaks[worst_mem] / 2**30:.2f} GiB at its peak > "
         f"{hw.hbm_bytes / 2**30:.2f} GiB HBM")
     bubble = step - busy
-    state = math.ceil(work.state_bytes[worst_mem]) + local.buffer_bytes
+    state = math.ceil(work.state_bytes[worst_mem]) + fixed
     return Result(
         model=model.name, hardware=hw.name, plan_label=plan.label, step_time_s=step,
         compute_time_s=busy, exposed_comm_s=head, exposed_by_reason_s={

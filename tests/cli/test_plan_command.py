@@ -88,7 +88,7 @@ def test_recommended_plan_fits_and_ranks_first(ranking: dict[str, Any]) -> None:
 
 def test_peak_is_the_sum_of_its_categories(ranking: dict[str, Any]) -> None:
     categories = ("params", "grads", "master_params", "optimizer_states", "gathered_params",
-                  "gathered_grads", "activations", "comm_buffers")
+                  "gathered_grads", "activations", "comm_buffers", "workspace")
     for c in ranking["candidates"]:
         total = sum(c[f"{cat}_gib"] for cat in categories)
         assert c["peak_gib"] == pytest.approx(total, abs=0.01), c["plan"]

@@ -17,7 +17,7 @@ MODEL = PRESETS["llama2-13b"]
 def test_only_plans_whose_memory_floor_cannot_fit_skip_the_engine() -> None:
     choices = choose(MODEL, H100, gpus=128, seq_len=8192)
     for ch in choices:
-        floor = sum(memory_floor_bytes(MODEL, ch.plan).values())
+        floor = sum(memory_floor_bytes(MODEL, ch.plan, H100).values())
         assert (ch.result.evaluated == "closed form") == (floor > H100.hbm_bytes), ch.plan.label
         assert ch.result.peak_memory_bytes >= floor * (1 - 1e-12)
     # DDP keeps 16 bytes per parameter: 208 GB > 80 GB before any activation.

@@ -20,6 +20,7 @@ from zsim.analytic.memory import estimate_memory
 from zsim.result import Result
 from zsim.schedule.lower import memory_floor_bytes
 from zsim.simulate import simulate
+from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 from zsim.spec.registry import resolve_hardware, resolve_model
@@ -46,7 +47,7 @@ plans = st.builds(
     offload=st.sampled_from(["none", "none", "optimizer", "params"]))
 
 
-def check_invariants(r: Result, model: ModelSpec, plan: Plan) -> None:
+def check_invariants(r: Result, model: ModelSpec, plan: Plan, hw: HardwareProfile) -> None:
     eps = 1e-9 * r.step_time_s
     comm = r.comm_busy_total_s
     assert max(r.compute_time_s, comm, r.host_busy_s) <= r.step_time_s + eps
@@ -59,7 +60,7 @@ def check_invariants(r: Result, model: ModelSpec, plan: Plan) -> None:
     assert r.peak_memory_bytes >= estimate_memory(model, plan).steady_state_bytes
     # The floor that lets simulate() skip the engine is never above a simulated peak
     # (buffers are whole bytes in the ledger: allow their rounding).
-    assert r.peak_memory_bytes >= sum(memory_floor_bytes(model, plan).values()) - 8
+    assert r.peak_memory_bytes >= sum(memory_floor_bytes(model, plan, hw).values()) - 8
     assert r.reserved_memory_bytes >= r.peak_memory_bytes
     assert sum(r.memory_at_peak.values()) == r.peak_memory_bytes
     assert sum(r.phase_time_s.values()) == pytest.approx(r.compute_time_s, rel=1e-12)
@@ -75,7 +76,7 @@ def check_invariants(r: Result, model: ModelSpec, plan: Plan) -> None:
 def test_invariants_on_random_plans(plan: Plan, latency_us: float, slowdown: float) -> None:
     hw = make_toy_hw(latency_s=latency_us * 1e-6, slowdown=slowdown)
     r = simulate(TINY, hw, plan)
-    check_invariants(r, TINY, plan)
+    check_invariants(r, TINY, plan, hw)
     assert simulate(TINY, hw, plan).to_dict(curve=True) == r.to_dict(curve=True)
 
 
@@ -89,7 +90,7 @@ def test_invariants_on_13b_128(strategy: str, shard_group: int | None,
     plan = Plan.for_strategy(strategy, gpus=128, shard_group=shard_group, seq_len=8192,
                              recompute=recompute, grad_accum=2)
     r = simulate(model, hw, plan)
-    check_invariants(r, model, plan)
+    check_invariants(r, model, plan, hw)
     again = simulate(model, hw, plan)
     assert again.to_dict(curve=True) == r.to_dict(curve=True)
 
@@ -100,7 +101,8 @@ def test_fsdp_ledger_at_the_optimizer_step_is_the_closed_form(strategy: str) -> 
                            num_kv_heads=4, ffn_hidden=512, vocab_size=1024, max_seq_len=512)
     n = 8
     plan = Plan.for_strategy(strategy, gpus=n, seq_len=128)
-    r = simulate(model, make_toy_hw(gpus_per_node=n), plan, trace=True)
+    hw = make_toy_hw(gpus_per_node=n)
+    r = simulate(model, hw, plan, trace=True)
     psi = model.num_params
     assert psi % n == 0 and model.params_per_block % n == 0 and model.root_params % n == 0
     closed = estimate_memory(model, plan).steady_state_bytes
@@ -114,4 +116,4 @@ def test_fsdp_ledger_at_the_optimizer_step_is_the_closed_form(strategy: str) -> 
     levels = [b - buffers for t, b in r.memory_curve if t == opt.start_s]
     assert psi * 16 / n == closed in levels
     assert r.phase_peak_bytes["optimizer"] - buffers == psi * 20 / n
-    check_invariants(r, model, plan)
+    check_invariants(r, model, plan, hw)

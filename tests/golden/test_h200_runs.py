@@ -93,9 +93,19 @@ def test_guard_step_time_without_communication(rows: list[dict[str, Any]]) -> No
 
 
 def test_guard_peak_allocated(rows: list[dict[str, Any]]) -> None:
-    """Today's level (mean 0.7%, max 3.0%: full recomputation 3% short) is not lost."""
+    """Today's level (mean 0.8%, max 2.3%: full recomputation on 13B 2.3% short) is not
+    lost."""
     mean, worst = _stats(rows, "peak_memory_bytes")
-    assert mean < 0.01 and worst < 0.035
+    assert mean < 0.01 and worst < 0.025
+
+
+def test_state_after_step(rows: list[dict[str, Any]]) -> None:
+    """What a rank holds between steps (sharded parameters, AdamW's states, module buffers,
+    the two cuBLAS workspaces) against state_after_step_gib: mean 0.9%, max 2.3%. The
+    CPU-offloaded run keeps only buffers and the workspaces on the GPU (0.063 GiB): without
+    the workspaces it read 0.002 GiB."""
+    mean, worst = _stats(rows, "state_memory_bytes")
+    assert mean < 0.01 and worst < 0.025
 
 
 @pytest.mark.xfail(strict=True, reason="issue 11 target not reached: mean 4.0%, max 13.0%")
@@ -104,12 +114,12 @@ def test_target_step_time(rows: list[dict[str, Any]]) -> None:
     assert mean <= 0.03 and worst <= 0.06
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11 target not reached: mean 0.7%, max 3.0%")
+@pytest.mark.xfail(strict=True, reason="issue 11 target not reached: mean 0.8%, max 2.3%")
 def test_target_peak_allocated(rows: list[dict[str, Any]]) -> None:
     mean, worst = _stats(rows, "peak_memory_bytes")
     assert mean <= 0.005 and worst <= 0.015
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11 target not reached: reserved within 8.5%")
+@pytest.mark.xfail(strict=True, reason="issue 11 target not reached: reserved within 8.2%")
 def test_target_peak_reserved(rows: list[dict[str, Any]]) -> None:
     assert _stats(rows, "reserved_memory_bytes")[1] <= 0.03

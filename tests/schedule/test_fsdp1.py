@@ -43,11 +43,11 @@ def test_flat_parameter_state_by_hand(tiny_model: ModelSpec) -> None:
     assert fsdp2["master_params"] != shard * 4
 
 
-def test_gathered_floor(tiny_model: ModelSpec) -> None:
+def test_gathered_floor(tiny_model: ModelSpec, h100: HardwareProfile) -> None:
     """FULL_SHARD keeps only the root gathered through forward (bf16: 2 B); SHARD_GRAD_OP
     every unit too. 3 ranks: padded to 3 x 170,752 and 3 x 218,624 elements."""
-    full = memory_floor_bytes(tiny_model, _plan("fsdp", gpus=3))
-    keep = memory_floor_bytes(tiny_model, _plan("fsdp-no-reshard", gpus=3))
+    full = memory_floor_bytes(tiny_model, _plan("fsdp", gpus=3), h100)
+    keep = memory_floor_bytes(tiny_model, _plan("fsdp-no-reshard", gpus=3), h100)
     assert full["gathered_params"] == 3 * 170_752 * 2
     assert keep["gathered_params"] == 3 * (170_752 + 2 * 218_624) * 2
 

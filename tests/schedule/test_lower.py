@@ -225,8 +225,9 @@ def test_state_at_rest_of_the_programs(tiny_model: ModelSpec, h100: HardwareProf
     # Plus the module buffers: fp32 RoPE cos and sin, max_seq_len x head_dim each,
     # replicated on every rank.
     buffers = 2 * tiny_model.max_seq_len * tiny_model.head_dim * 4
+    # And the two 32 MiB cuBLAS workspaces of an H100 (the forward's and autograd's).
     assert got == {**{f"state/{c}": psi * v for c, v in expected_per_param.items()},
-                   "state/buffers": buffers}
+                   "state/buffers": buffers, "state/blas_workspaces": 2 * 32 * 2**20}
 
 
 def test_fsdp_grad_shards_are_fp32_and_live_until_the_optimizer(

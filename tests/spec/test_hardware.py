@@ -116,6 +116,12 @@ def test_si_conversion(write_yaml: Callable[..., Path]) -> None:
     assert hw.fsdp_unit_overhead_s == pytest.approx(300e-6, rel=1e-12)
 
 
+def test_blas_workspace_is_optional_and_in_bytes(write_yaml: Callable[..., Path]) -> None:
+    assert HardwareProfile.from_yaml(write_yaml(TOY)).blas_workspace_bytes == 0
+    data = _mutated(lambda d: d["gpu"].update({"blas_workspace_mib": 32}))
+    assert HardwareProfile.from_yaml(write_yaml(data)).blas_workspace_bytes == 32 * 2**20
+
+
 def test_missing_peak_dtype_names_it(write_yaml: Callable[..., Path]) -> None:
     hw = HardwareProfile.from_yaml(write_yaml(TOY))
     with pytest.raises(ConfigError) as e:
@@ -178,6 +184,7 @@ def test_missing_key_names_it(write_yaml: Callable[..., Path], section: str, key
     ("gpu", "hbm_gib", "80"),            # a quoted number
     ("gpu", "hbm_gib", "7.7e8"),         # what PyYAML makes of an unsigned-exponent float
     ("gpu", "hbm_bandwidth_gb_per_s", -1),
+    ("gpu", "blas_workspace_mib", 0),
     ("node", "gpus_per_node", 8.5),
     ("node", "gpus_per_node", True),
     ("intra_node", "efficiency", 1.5),

@@ -30,9 +30,10 @@ from zsim.units import dtype_bytes
 
 CATEGORIES: tuple[str, ...] = (
     "params", "grads", "master_params", "optimizer_states", "gathered_params",
-    "gathered_grads", "activations", "comm_buffers",
+    "gathered_grads", "activations", "comm_buffers", "workspace",
 )
-"""Memory categories, shared by the closed form and the simulator's ledger."""
+"""Memory categories, shared by the closed form and the simulator's ledger ("workspace":
+library workspaces a step keeps, cuBLAS's)."""
 
 
 def optimizer_bytes_per_param(plan: Plan) -> float:

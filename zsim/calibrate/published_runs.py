@@ -40,7 +40,8 @@ the measured rank's."""
 METRICS: dict[str, str] = {
     "step_time_s": "step_time_s", "forward_time_s": "fwd_time_s",
     "backward_time_s": "bwd_time_s", "optimizer_time_s": "opt_time_s",
-    "peak_memory_bytes": "peak_allocated_gib", "reserved_memory_bytes": "peak_reserved_gib"}
+    "peak_memory_bytes": "peak_allocated_gib", "reserved_memory_bytes": "peak_reserved_gib",
+    "state_memory_bytes": "state_after_step_gib"}
 """Simulator figure -> the run's measured field (memory in GiB there)."""
 
 
@@ -104,7 +105,8 @@ def predict(run: PublishedRun, hw: HardwareProfile) -> dict[str, float]:
             "backward_time_s": r.phase_time_s["backward"],
             "optimizer_time_s": r.phase_time_s.get("optimizer", r.host_busy_s or 0.0),
             "peak_memory_bytes": float(r.peak_memory_bytes),
-            "reserved_memory_bytes": float(r.reserved_memory_bytes)}
+            "reserved_memory_bytes": float(r.reserved_memory_bytes),
+            "state_memory_bytes": float(r.baseline_memory_bytes)}
 
 
 def residuals(runs: list[PublishedRun], hw: HardwareProfile) -> list[dict[str, Any]]:

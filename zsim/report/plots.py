@@ -28,7 +28,7 @@ _COLORS = {
     "compute": "#4c72b0", "exposed_comm": "#dd8452", "other_idle": "#bbbbbb",
     "params": "#4c72b0", "grads": "#55a868", "master_params": "#8172b3",
     "optimizer_states": "#937860", "gathered_params": "#64b5cd", "gathered_grads": "#8c8c8c",
-    "activations": "#dd8452", "comm_buffers": "#c44e52",
+    "activations": "#dd8452", "comm_buffers": "#c44e52", "workspace": "#da8bc3",
 }
 
 

@@ -58,6 +58,18 @@ def state_at_rest_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
     return PROGRAMS[plan.impl].state_at_rest_bytes(rank_model(model, plan), plan)
 
 
+BLAS_HANDLES = 2
+"""cuBLAS handles whose workspaces a training step holds: torch keeps a handle per thread,
+and a step runs its matmuls on two, the forward's (and the optimizer's) and autograd's
+device thread for the backward, recomputation included."""
+
+
+def workspace_bytes(hw: HardwareProfile) -> int:
+    """Bytes of library workspaces a rank holds through every step (the cuBLAS
+    workspaces of its BLAS_HANDLES handles; none on a profile without them)."""
+    return BLAS_HANDLES * math.ceil(hw.blas_workspace_bytes)
+
+
 def host_state_bytes(model: ModelSpec, plan: Plan) -> float:
     """Bytes a rank of the plan's program keeps in host memory between steps (what
     offload moves there); on a CPU backend they share the memory the device's figures
@@ -65,18 +77,22 @@ def host_state_bytes(model: ModelSpec, plan: Plan) -> float:
     return PROGRAMS[plan.impl].host_state_bytes(rank_model(model, plan), plan)
 
 
-def memory_floor_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
+def memory_floor_bytes(model: ModelSpec, plan: Plan,
+                       hw: HardwareProfile) -> dict[str, float]:
     """Bytes the plan's program holds at once at the least, by category: what is live
     when the loss's forward of the first micro-batch starts. That is its model state at
-    rest (module buffers included), the tensors every block and the root saved, the
-    loss's working memory, and the gathered parameters the program keeps then (FSDP2:
-    the root, and every unit without resharding). The simulated peak is never below their
+    rest (module buffers included), the library workspaces of `hw` (workspace_bytes), the
+    tensors every block and the root saved, the loss's working memory, and the gathered
+    parameters the program keeps then (FSDP2: the root, and every unit without
+    resharding). The simulated peak is never below their
     sum (tested), so a plan whose floor exceeds HBM cannot fit, whatever the schedule
     around it. Under TP and CP, of the rank's shard and share."""
     prog = PROGRAMS[plan.impl]
     model, plan = rank_model(model, plan), rank_plan(plan)
     floor = dict(prog.state_at_rest_bytes(model, plan))
     floor["params"] = floor.get("params", 0.0) + model.buffer_bytes
+    if workspace_bytes(hw):
+        floor["workspace"] = float(workspace_bytes(hw))
     gathered = prog.gathered_floor_bytes(model, plan)
     if gathered:
         floor["gathered_params"] = gathered
@@ -171,6 +187,10 @@ def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
         half = model.buffer_bytes // 2
         baseline += (Buffer(name="state/buffers", category="params", bytes=model.buffer_bytes,
                             pieces=(half, model.buffer_bytes - half)),)
+    if hw.blas_workspace_bytes:
+        one = math.ceil(hw.blas_workspace_bytes)
+        baseline += (Buffer(name="state/blas_workspaces", category="workspace",
+                            bytes=workspace_bytes(hw), pieces=(one,) * BLAS_HANDLES),)
     prog.lower(b, root, blocks)
     last_per_stream: dict[str, int] = {}
     for op in b.ops:

@@ -18,7 +18,7 @@ from zsim.errors import ConfigError
 from zsim.spec.error_bands import ErrorBands
 from zsim.spec.kernel_rates import KernelRates
 from zsim.spec.yaml_file import read_yaml
-from zsim.units import GB, US, GiB
+from zsim.units import GB, US, GiB, MiB
 
 if TYPE_CHECKING:
     from zsim.spec.plan import Plan
@@ -43,7 +43,8 @@ _SCHEMA: dict[str, tuple[str, ...]] = {
 """Required keys of each section; no others are accepted."""
 
 OPTIONAL: dict[str, tuple[str, ...]] = {
-    "": ("kernels", "error_bands"), "node": ("cpu_cores", "pageable_pcie_gb_per_s"),
+    "": ("kernels", "error_bands"), "gpu": ("blas_workspace_mib",),
+    "node": ("cpu_cores", "pageable_pcie_gb_per_s"),
     "collectives": ("measured_us",),
     "efficiency": ("host_adam_threads", "host_adam_serial_fraction",
                    "deepspeed_adam_params_per_s"),
@@ -191,6 +192,11 @@ class HardwareProfile:
     hbm_bytes: float
     """Usable HBM per GPU, bytes (what the allocator can hand out)."""
     hbm_bandwidth_bytes_per_s: float
+    blas_workspace_bytes: float = 0.0
+    """The cuBLAS workspace torch allocates per cuBLAS handle and stream, bytes (YAML
+    gpu.blas_workspace_mib, optional; 0: none, as on a CPU). torch takes it from its
+    caching allocator at a handle's first matmul on a stream and keeps it for the
+    process's life (aten/src/ATen/cuda/CublasHandlePool.cpp, cuBLASLt sharing it)."""
     peak_flop_per_s: dict[str, float]
     """Dense peak per dtype ("bf16", "fp16", "fp32", "tf32"), FLOP/s."""
     gpus_per_node: int
@@ -365,6 +371,8 @@ class HardwareProfile:
             gpu_name=str(gpu["name"]),
             hbm_bytes=_pos(gpu, "gpu", "hbm_gib") * GiB,
             hbm_bandwidth_bytes_per_s=_pos(gpu, "gpu", "hbm_bandwidth_gb_per_s") * GB,
+            blas_workspace_bytes=(_pos(gpu, "gpu", "blas_workspace_mib") * MiB
+                                  if "blas_workspace_mib" in gpu else 0.0),
             peak_flop_per_s={k: _pos(peaks, "gpu.peak_tflops", k) * 1e12 for k in peaks},
             gpus_per_node=_count(node, "node", "gpus_per_node"),
             host_memory_bytes=_pos(node, "node", "host_memory_gib") * GiB,
