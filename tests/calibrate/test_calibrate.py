@@ -55,7 +55,7 @@ def test_host_costs_of_a_noisy_host_are_floored_at_zero() -> None:
     (efficiency.kernel_overhead_us must be >= 0); each is floored at 0 instead."""
     noisy = {k: -1e-4 for k in BLOCK_STEPS}
     link = AlphaBeta(latency_s=1e-5, bandwidth_bytes_per_s=1e9, max_rel_error=0.0)
-    costs = _host_costs([RankBench(block_step_s=noisy)], link, nproc=2)
+    costs = _host_costs([RankBench(block_step_s=noisy)], link, nproc=2, foreach="per_tensor")
     assert costs.kernel_s == costs.fsdp_unit_s == costs.collective_s == 0.0
     assert all(v == 0.0 for phases in costs.checkpoint_s.values() for v in phases.values())
 

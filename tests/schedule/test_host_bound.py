@@ -57,3 +57,19 @@ def test_bad_block_host_names_the_field() -> None:
     with pytest.raises(ConfigError) as e:
         HardwareProfile.from_dict(data, name="hgx-h200")
     assert e.value.field == "host.fsdp2_block_host_us.forward"
+
+
+def test_the_optimizer_step_pipelines_host_and_device() -> None:
+    """AdamW on an async host: the host issues the 8 foreach ops one after another while
+    the device runs the ones issued, max(host, device) + min(host, device) / 8. The host
+    time is 53.8 us per DTensor (hgx-h200's optimizer_tensor_us); the device time is the
+    step's alone, found with the host time set to 0."""
+    hw = resolve_hardware("hgx-h200")
+    plan = Plan.for_strategy("fsdp", gpus=8, seq_len=4096)
+    spec = resolve_model("7b")
+    tensors = spec.num_layers * len(spec.block_tensors()) + len(spec.root_tensors())
+    host = tensors * 53.8 * US
+    device = _ops("7b", plan, replace(hw, optimizer_tensor_s={"plain": 0.0,
+                                                              "dtensor": 0.0}))["optimizer step"]
+    assert _ops("7b", plan, hw)["optimizer step"] == pytest.approx(
+        max(host, device) + min(host, device) / 8, rel=1e-12)

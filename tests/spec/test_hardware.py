@@ -88,7 +88,7 @@ def test_every_section_cites_a_source(name: str) -> None:
 @pytest.mark.parametrize("name", hardware_names())
 def test_numbers_are_numbers(name: str) -> None:
     # PyYAML reads 7.7e8 as a string; every numeric field must load as int or float.
-    text = {"name", "description", "source", "launch", "model"}
+    text = {"name", "description", "source", "launch", "model", "foreach_kernels"}
     for path, value in _leaves(_raw(name)):
         if path.rsplit(".", 1)[-1] not in text:
             assert isinstance(value, (int, float)) and not isinstance(value, bool), (path, value)
@@ -193,6 +193,7 @@ def test_missing_key_names_it(write_yaml: Callable[..., Path], section: str, key
     ("efficiency", "compute_comm_slowdown", -0.1),
     ("efficiency", "kernel_overhead_us", -1),
     ("host", "launch", "eager"),
+    ("efficiency", "foreach_kernels", "fused"),
     ("host", "rank_skew", -0.1),
     ("host", "fsdp_unit_overhead_us", "1 ms"),
     ("efficiency", "matmul", 0),

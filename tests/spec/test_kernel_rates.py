@@ -16,6 +16,7 @@ from zsim.analytic.compute import (
     block_backward_flops,
     block_forward_flops,
     compute_time_s,
+    foreach_launches,
 )
 from zsim.errors import ConfigError
 from zsim.spec.kernel_rates import KernelRates
@@ -77,6 +78,17 @@ def test_an_optional_class_runs_at_its_rate_and_at_the_flat_rate_when_left_out()
     flat_memory = hw.hbm_bandwidth_bytes_per_s * hw.memory_bound_efficiency
     assert compute_time_s(work, replace(hw, kernels=KernelRates.from_dict(TOY)), "bf16") == \
         pytest.approx(1e9 / flat_memory, rel=1e-12)
+
+
+def test_foreach_launches_by_hand() -> None:
+    # 10 tensors of 1M elements: 16 chunks each (+ half a chunk per tensor on average,
+    # 165 in all): one launch of up to 320 chunks; one kernel per tensor on a CPU.
+    assert foreach_launches(10 * 2**20, 10, 1, "multi_tensor_apply") == 1
+    assert foreach_launches(10 * 2**20, 10, 1, "per_tensor") == 10
+    # 100M elements: 1526 + 5 chunks, 5 launches of 320; 200 tiny tensors at depth 3
+    # (48 a launch): 5 launches although their chunks fit one.
+    assert foreach_launches(1e8, 10, 1, "multi_tensor_apply") == 5
+    assert foreach_launches(200 * 1024, 200, 3, "multi_tensor_apply") == 5
 
 
 def test_a_dtype_without_a_table_keeps_the_flat_efficiency() -> None:

@@ -15,6 +15,10 @@ prints two of the profile's figures with the measurements they come from
   convert_dq_to_16bits, the fp32 dQ accumulator cast to bf16; the profiler classes them
   "other"), as the micro-benchmarked rows of the table time the whole op; the median per
   (dtype, seq, head_dim).
+- `efficiency.kernel_overhead_us`: the idle time between back-to-back kernels on the
+  compute stream (its gaps under 10 us) per kernel launched, pooled over the forward and
+  backward phases that kept the device busy (busy_fraction at least DEVICE_BOUND), from
+  phases.csv.
 - `kernels.memory_gb_per_s.reduce_copy_in`: per run and profiled step, the rate of FSDP2's
   reduce-scatter copy-in (torch.ops.fsdp.chunk_cat casting the unsharded bf16 gradients
   into the flat fp32 reduce buffer: 2 bytes read and 4 written per parameter); the median.
@@ -50,6 +54,10 @@ ATTENTION_BACKWARD_AUX = ("compute_dot_do_o", "convert_dq")
 
 PRECISION_RATES = {"bf16": "bf16", "fp32": "tf32"}
 """A run's precision -> the rate table it measures (the fp32 run used TF32 matmuls)."""
+
+
+DEVICE_BOUND = 0.9
+"""Busy fraction from which a phase's gaps are the device's own, not waits on the host."""
 
 
 class AttentionRate(NamedTuple):
@@ -131,6 +139,20 @@ def attention_rows(rates: list[AttentionRate]) -> dict[str, list[list[float]]]:
     return out
 
 
+def kernel_gap_s(phases_dir: Path) -> float:
+    """Idle seconds per kernel launched on the compute stream: the gaps under 10 us
+    (compute_idle_s less compute_idle_over_10us_s) over the launches, pooled over the
+    device-bound forward and backward phases of phases.csv."""
+    idle = launches = 0.0
+    with (phases_dir / "phases.csv").open(newline="") as f:
+        for row in csv.DictReader(f):
+            if row["phase"] in ("forward", "backward") and \
+                    float(row["busy_fraction"]) >= DEVICE_BOUND:
+                idle += float(row["compute_idle_s"]) - float(row["compute_idle_over_10us_s"])
+                launches += float(row["launches"])
+    return idle / launches
+
+
 def reduce_copy_in_rates(phases_dir: Path, cases: Path) -> list[CopyInRate]:
     """The copy-in's rate in every profiled backward of the runs that cast bf16 gradients
     into an fp32 reduce buffer."""
@@ -165,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{a.forward_flop_per_s / 1e12:11.1f} {a.backward_flop_per_s / 1e12:11.1f}")
     for dtype, rows in attention_rows(attention).items():
         print(f"kernels.attention.{dtype} rows: {rows}")
+    print(f"\nkernel_overhead_us {kernel_gap_s(args.phases) * 1e6:.1f} (compute-stream gaps "
+          f"under 10 us per launch, device-bound forward and backward phases)")
     rates = reduce_copy_in_rates(args.phases, args.cases)
     print(f"\n{'run':16s} {'step':>4s} {'seconds':>10s} {'GB/s':>8s}")
     for r in rates:

@@ -119,7 +119,8 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
     attention = statistics.median(r.attention_flop_per_s for r in ranks)
     copy = statistics.median(r.copy_bytes_per_s for r in ranks)
     elementwise = statistics.median(r.elementwise_bytes_per_s for r in ranks)
-    host = _host_costs(ranks, link, nproc)
+    foreach = "multi_tensor_apply" if backend == "nccl" else "per_tensor"
+    host = _host_costs(ranks, link, nproc, foreach)
     adam = statistics.median(r.adam_params_per_s for r in ranks)
     ds_adam = statistics.median(r.deepspeed_adam_params_per_s for r in ranks)
     slowdown = statistics.mean(r.comm_compute_slowdown for r in ranks)
@@ -204,6 +205,7 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
             "comm_compute_slowdown": _r(min(slowdown, 0.99)),
             "compute_comm_slowdown": _r(min(comm_slowdown, 0.99)),
             "kernel_overhead_us": _r(host.kernel_s * 1e6),
+            "foreach_kernels": foreach,
             "source": f"{prov}; matmul = median over block-shaped linear layers, forward "
                       f"+ backward (3 GEMMs), of rate / peak; "
                       f"attention = causal SDPA bf16 fwd+bwd at "
@@ -282,7 +284,8 @@ def with_program_overhead(data: dict[str, Any], ranks: list[RankBench], *, nproc
         f"simulator gives the same plan with the rest of this profile")
 
 
-def _host_costs(ranks: list[RankBench], link: AlphaBeta, nproc: int) -> _HostCosts:
+def _host_costs(ranks: list[RankBench], link: AlphaBeta, nproc: int,
+                foreach: str) -> _HostCosts:
     """Host costs from the nano model's per-block step times (RankBench.block_step_s,
     medians over ranks): the unsharded block's time over the kernels
     zsim.analytic.compute counts for it (forward, backward and its share of the AdamW
@@ -291,14 +294,16 @@ def _host_costs(ranks: list[RankBench], link: AlphaBeta, nproc: int) -> _HostCos
     FSDP2's Python and copies around it), the mean over resharding after forward
     (2 all-gathers and a reduce-scatter per block) and not (1 + 1); what checkpointing
     a block adds in forward and in backward beyond the kernels it re-runs, per forward
-    kernel of the block."""
+    kernel of the block. `foreach`: how the device runs the AdamW step's foreach ops
+    (HardwareProfile.foreach_kernels), which sets its kernels."""
     per = {k: statistics.median(r.block_step_s[k] for r in ranks) for k in BLOCK_STEPS}
     spec = nano_model(1)
     micro_batch, seq_len = NANO_TOKENS
     fwd = block_forward_flops(spec, micro_batch=micro_batch, seq_len=seq_len, act_bytes=2)
     opt = optimizer_flops(spec.params_per_block, optimizer="adamw",
                           tensors=len(spec.block_tensors()), master_bytes=2,
-                          state_bytes_per_param=4, grad_bytes=2, param_copy_bytes=0)
+                          state_bytes_per_param=4, grad_bytes=2, param_copy_bytes=0,
+                          foreach=foreach)
     kernels = fwd.kernels * (1 + BACKWARD_FACTOR) + opt.kernels
     plan = Plan.for_strategy("fsdp", gpus=nproc, seq_len=seq_len)
     params = spec.params_per_block

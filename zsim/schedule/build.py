@@ -31,10 +31,12 @@ from zsim.analytic.activations import (
 from zsim.analytic.collectives import Algorithm, CommGroup, bus_bytes, choose
 from zsim.analytic.comm import replicate_group, shard_group
 from zsim.analytic.compute import (
+    ADAMW_FOREACH_DEPTHS,
     Flops,
     block_backward_flops,
     block_forward_flops,
     compute_time_s,
+    foreach_launches,
     head_backward_flops,
     head_forward_flops,
     optimizer_flops,
@@ -462,18 +464,22 @@ def device_optimizer(b: Builder, *, after: tuple[int, ...], frees: tuple[str, ..
     copy) and the optimizer states, reads the `grad_bytes`-wide gradient, and writes the
     compute-dtype params when a master copy exists (traffic and kernels counted by
     zsim.analytic.compute.optimizer_flops); frees `frees` when done. On an async host the
-    step lasts at least the host's time to issue it (`optimizer_host_s`): nothing else
-    is queued ahead of it, so the device waits for the host. `tensor_elems`: the
+    host issues it op by op (`optimizer_host_s`, nothing else queued ahead of it) while
+    the device runs the ops already issued: a two-stage pipeline over the optimizer's
+    foreach ops, max(host, device) + min(host, device) / ops. `tensor_elems`: the
     elements of each parameter tensor the optimizer steps, when it holds one state
     tensor per parameter (the pieces of its working memory)."""
     p = b.plan
     seconds = b.compute(optimizer_flops(
         local_params, optimizer=p.optimizer, tensors=tensors, master_bytes=master_bytes,
         state_bytes_per_param=optimizer_bytes_per_param(p), grad_bytes=grad_bytes,
-        param_copy_bytes=b.a if p.has_master_copy else 0) + loss_scaling_flops(
-            p, local_params, tensors=tensors, grad_bytes=grad_bytes))
+        param_copy_bytes=b.a if p.has_master_copy else 0, foreach=b.hw.foreach_kernels)
+        + loss_scaling_flops(p, local_params, tensors=tensors, grad_bytes=grad_bytes,
+                             foreach=b.hw.foreach_kernels))
     if b.hw.launch == "async":
-        seconds = max(seconds, optimizer_host_s(b.hw, tensors, dtensor=dtensor))
+        host = optimizer_host_s(b.hw, tensors, dtensor=dtensor)
+        ops = len(ADAMW_FOREACH_DEPTHS) if p.optimizer == "adamw" else 1
+        seconds = max(seconds, host) + min(seconds, host) / ops
     temp = _optimizer_temporaries(p, local_params, tensor_elems)
     return b.add(name="optimizer step", kind="optimizer", stream="compute",
                  microbatch=p.grad_accum - 1, after=after, compute_s=seconds,
@@ -481,7 +487,7 @@ def device_optimizer(b: Builder, *, after: tuple[int, ...], frees: tuple[str, ..
 
 
 def loss_scaling_flops(plan: Plan, local_params: float, *, tensors: int,
-                       grad_bytes: int) -> Flops:
+                       grad_bytes: int, foreach: str = "per_tensor") -> Flops:
     """fp16's dynamic loss scaling before the step: the scaler unscales the gradients and
     checks them for inf/NaN in one foreach pass (torch.amp's
     _amp_foreach_non_finite_check_and_unscale_, DeepSpeed's overflow check folded into
@@ -490,7 +496,7 @@ def loss_scaling_flops(plan: Plan, local_params: float, *, tensors: int,
     if plan.param_dtype != "fp16":
         return Flops(matmul=0.0, attention=0.0)
     return Flops(matmul=0.0, attention=0.0, memory_bytes=2.0 * local_params * grad_bytes,
-                 kernels=float(tensors))
+                 kernels=float(foreach_launches(local_params, tensors, 1, foreach)))
 
 
 def optimizer_host_s(hw: HardwareProfile, tensors: int, *, dtensor: bool) -> float:

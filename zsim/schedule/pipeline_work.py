@@ -167,7 +167,7 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
         opt = b.compute(optimizer_flops(
             local, optimizer=p.optimizer, tensors=len(shapes), master_bytes=at_rest,
             state_bytes_per_param=optimizer_bytes_per_param(p), grad_bytes=at_rest,
-            param_copy_bytes=a if p.has_master_copy else 0))
+            param_copy_bytes=a if p.has_master_copy else 0, foreach=hw.foreach_kernels))
         head_s.append(first_ag)
         if not fsdp:  # DDP: one all-reduce of the stage's gradients, in buckets
             last_rs = (collective_time_s("all_reduce", params * r, repl, hw)

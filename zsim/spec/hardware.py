@@ -47,7 +47,7 @@ OPTIONAL: dict[str, tuple[str, ...]] = {
     "node": ("cpu_cores", "pageable_pcie_gb_per_s"),
     "collectives": ("measured_us",),
     "efficiency": ("host_adam_threads", "host_adam_serial_fraction",
-                   "deepspeed_adam_params_per_s"),
+                   "deepspeed_adam_params_per_s", "foreach_kernels"),
     "host": ("optimizer_tensor_us", "fsdp2_block_host_us", "program_overhead_us")}
 """Keys a section may leave out: measured kernel rates, the host's cores and how the host
 AdamW scales with threads, the host time of the optimizer step per parameter tensor (a
@@ -69,6 +69,9 @@ PROTOCOLS: tuple[str, ...] = ("LL", "LL128", "Simple")
 
 LAUNCH_MODES: tuple[str, ...] = ("async", "synchronous")
 """Values of host.launch (see HardwareProfile.launch)."""
+
+FOREACH_KERNELS: tuple[str, ...] = ("per_tensor", "multi_tensor_apply")
+"""Values of efficiency.foreach_kernels (see HardwareProfile.foreach_kernels)."""
 
 CHECKPOINT_MODES: tuple[str, ...] = ("full", "selective")
 """Keys of host.checkpoint_overhead_us: the recompute modes that checkpoint a block."""
@@ -244,6 +247,11 @@ class HardwareProfile:
     """Fixed cost per kernel on the compute stream (dispatch and launch not hidden behind
     earlier work), seconds; YAML key efficiency.kernel_overhead_us (required there).
     Profiles built in code may leave it 0."""
+    foreach_kernels: str = "per_tensor"
+    """How the device runs a foreach op over a list of tensors (YAML
+    efficiency.foreach_kernels, optional): "per_tensor", a kernel per tensor (the CPU's
+    fallback loop), or "multi_tensor_apply", CUDA's launches that pack chunks of many
+    tensors (zsim.analytic.compute.foreach_launches)."""
     launch: str = "async"
     """How the host thread drives the device (YAML host.launch): "async" (CUDA streams:
     kernels and collectives queue on device streams while the host runs ahead) or
@@ -395,6 +403,8 @@ class HardwareProfile:
             comm_compute_slowdown=_fraction(eff, "comm_compute_slowdown", allow_zero=True),
             compute_comm_slowdown=_fraction(eff, "compute_comm_slowdown", allow_zero=True),
             kernel_overhead_s=_non_negative(eff, "efficiency", "kernel_overhead_us") * US,
+            foreach_kernels=_choice(eff, "efficiency", "foreach_kernels", FOREACH_KERNELS)
+            if "foreach_kernels" in eff else "per_tensor",
             launch=str(host["launch"]),
             collective_overhead_s=_non_negative(host, "host", "collective_overhead_us") * US,
             rank_skew=_non_negative(host, "host", "rank_skew"),
@@ -487,6 +497,13 @@ def _text(d: dict[str, Any], section: str, key: str) -> str:
         raise ConfigError(f"{section + '.' if section else ''}{key}", v,
                           "must be a non-empty string")
     return v
+
+
+def _choice(d: dict[str, Any], section: str, key: str, values: tuple[str, ...]) -> str:
+    v = d[key]
+    if v not in values:
+        raise ConfigError(f"{section}.{key}", v, f"must be one of {', '.join(values)}")
+    return str(v)
 
 
 def _count(d: dict[str, Any], section: str, key: str) -> int:
