@@ -67,6 +67,22 @@ def test_quick_mode_end_to_end(tmp_path: Path) -> None:
         assert by_class[(name, "optimizer", "optimizer")] > 0  # AdamW's foreach ops
         assert by_class[(name, "forward", "copies")] > 0  # FSDP2's all-gather copy-in/out
 
+    header, kernels = _read(tmp_path / "kernel_names.csv")
+    assert header == list(gpu_phases.KERNEL_FIELDS)
+    # Every kernel of a phase, by stream and launching op: they add up to its classes.
+    for r in phases:
+        if r["phase"] == "step":
+            continue
+        where = (r["run"], r["step"], r["phase"])
+        mine = [x for x in kernels if (x["run"], x["step"], x["phase"]) == where]
+        assert sum(int(x["calls"]) for x in mine) == int(r["kernels"]), where
+        for cls in gpu_phases.KERNEL_CLASSES:
+            (c,) = [c for c in classes if (c["run"], c["step"], c["phase"]) == where
+                    and c["kernel_class"] == cls]
+            assert sum(float(x["device_s"]) for x in mine if x["kernel_class"] == cls) == \
+                pytest.approx(float(c["device_s"]), rel=1e-4, abs=1e-6), (where, cls)
+    assert any(x["aten_op"] == "aten::mm" for x in kernels)
+
     header, gemms = _read(tmp_path / "gemm_shapes.csv")
     assert header == list(gpu_phases.GEMM_FIELDS)
     assert all(float(g["device_s"]) > 0 and float(g["flops"]) > 0 for g in gemms)
@@ -98,7 +114,7 @@ def test_run_list_matches_the_published_runs(cases_dir: Path) -> None:
     planned = gpu_phases.runs(False, "cuda")
     assert [p.run.name for p in planned] == [
         "1p3b_n8", "1p3b_n64", "7b_n8", "13b_n128_mb1", "1p3b_n8_ac", "1p3b_n8_raf0",
-        "1p3b_n8_fp32"]
+        "1p3b_n8_fp32", "1p3b_n8_offload"]
     for p in planned:
         case, spec, plan = published[p.run.published], p.run.spec, p.run.plan
         assert p.run.published == p.run.name
@@ -114,10 +130,12 @@ def test_run_list_matches_the_published_runs(cases_dir: Path) -> None:
         assert p.run.tf32 == (case["plan"]["precision"] == "fp32")
         assert plan.recompute == {"none": "none", "full": "full"}[
             case["plan"]["activation_checkpointing"]]
-        assert not case["plan"]["cpu_offload"] and plan.strategy in ("fsdp", "fsdp-no-reshard")
+        assert (plan.offload != "none") == case["plan"]["cpu_offload"]
+        assert plan.strategy in ("fsdp", "fsdp-no-reshard")
     groups = gpu_phases.by_world_size(planned)
     assert [(w, [p.run.name for p in g]) for w, g in groups] == [
-        (8, ["1p3b_n8", "7b_n8", "1p3b_n8_ac", "1p3b_n8_raf0", "1p3b_n8_fp32"]),
+        (8, ["1p3b_n8", "7b_n8", "1p3b_n8_ac", "1p3b_n8_raf0", "1p3b_n8_fp32",
+             "1p3b_n8_offload"]),
         (64, ["1p3b_n64"]),
         (128, ["13b_n128_mb1"])]
 

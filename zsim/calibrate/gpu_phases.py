@@ -22,7 +22,8 @@ host spends in ATen) and the "streams" the threads.
 
 Outputs in DIR, appended as each run finishes (a killed command keeps the finished runs):
 phases.csv (PHASE_FIELDS), kernel_classes.csv (CLASS_FIELDS), gemm_shapes.csv
-(GEMM_FIELDS), runs.jsonl (each run's status and seconds, its warm-up steps' time and
+(GEMM_FIELDS), kernel_names.csv (KERNEL_FIELDS: every kernel, by stream and launching op),
+runs.jsonl (each run's status and seconds, its warm-up steps' time and
 host issue time without synchronisation, events read, SM clock range) and provenance.yaml
 (environment, command, budget, what ran, what was skipped; rewritten after each world
 size). The budget: a world size's process gets a share of the time left (by the runs'
@@ -127,6 +128,16 @@ device_s, the summed durations of the kernels the calls launched (CPU: the calls
 time); flops, 2*m*k*n (times the batch) per call, summed; kernel, the name with the most
 device time among the calls' longest kernels."""
 
+KERNEL_FIELDS = ("run", "world_size", "device", "step", "phase", "stream", "aten_op",
+                 "kernel", "kernel_class", "calls", "device_s")
+"""Columns of kernel_names.csv, one row per (run, step, phase, stream, the ATen op that
+launched the kernel, kernel name): every kernel of the phase, so that a class's time can
+be taken apart (which elementwise kernels RoPE, the norms or the loss run, and on which
+stream)."""
+
+KERNEL_NAME_CHARS = 200
+"""Kernel names are cut to this many characters (templates make them long)."""
+
 STOP_S = 8.0
 """Seconds kept at the budget's end for stopping a process and writing provenance."""
 STARTUP_S = 8.0
@@ -171,7 +182,8 @@ QUICK_STEPS = Steps(warmup=1, phased=2, profiled=2, long_step_s=math.inf)
 
 def runs(quick: bool, device_type: str) -> list[PhaseRun]:
     """The runs, most wanted first, their specs with the device's kernel knobs: those
-    gpu_report defines taken from it, 7b_n8 and 13b_n128_mb1 added."""
+    gpu_report defines taken from it, 7b_n8 and 13b_n128_mb1 added; the CPU-offloaded
+    run last (profiled after the others, 2026-12-01)."""
     known = {r.name: r for g in gpu_report.groups(quick, device_type) for r in g.runs}
     if quick:
         return [PhaseRun(run=known["tiny_n8"], world_size=8, estimate_s=5.0)]
@@ -187,7 +199,9 @@ def runs(quick: bool, device_type: str) -> list[PhaseRun]:
             PhaseRun(run=p13b, world_size=128, estimate_s=26.0),
             PhaseRun(run=known["1p3b_n8_ac"], world_size=8, estimate_s=12.0),
             PhaseRun(run=known["1p3b_n8_raf0"], world_size=8, estimate_s=10.0),
-            PhaseRun(run=known["1p3b_n8_fp32"], world_size=8, estimate_s=14.0)]
+            PhaseRun(run=known["1p3b_n8_fp32"], world_size=8, estimate_s=14.0),
+            # Its forward is 30% longer than zsim's: the profile should say where.
+            PhaseRun(run=known["1p3b_n8_offload"], world_size=8, estimate_s=20.0)]
 
 
 def by_world_size(planned: list[PhaseRun]) -> list[tuple[int, list[PhaseRun]]]:
@@ -376,6 +390,9 @@ class Trace:
     blocking: list[Span]
     """CUDA synchronise calls on the host."""
     gemms: list[GemmCall]
+    launched_by: list[str]
+    """Per activity, the innermost ATen op that launched it ("" when none did: memcpys
+    of the process group, the profiler's own); on CPU the op itself."""
 
 
 _CUDA_SYNC_RECORDS = ("Stream ", "Event ", "Context ", "Device ")
@@ -419,12 +436,14 @@ def read_trace(events: list[Any], cuda: bool) -> Trace:
             launches.append(start)
         elif "Synchronize" in name:
             blocking.append(span)
+    op_names = {e.correlation_id(): s.name for s, e in ops}
     calls = {e.correlation_id(): GemmCall(s.start, s.name, [list(x) for x in e.shapes()],
                                           0.0 if cuda else s.end - s.start, 0 if cuda else 1,
                                           "" if cuda else s.name)
              for s, e in ops if s.name in GEMM_OPS}
     if cuda:
         activity = [s for s, _ in device]
+        launched_by = [op_names.get(link, "") for _, link in device]
         launched: dict[int, list[Span]] = defaultdict(list)
         for s, link in device:
             if link in calls:
@@ -435,13 +454,15 @@ def read_trace(events: list[Any], cuda: bool) -> Trace:
                                                kernels=len(spans), kernel=longest.name)
     else:
         activity = _outermost([s for s, _ in ops])
+        launched_by = [s.name for s in activity]
     steps = []
     for s in sorted(windows.get("step", [])):
         inside = {p: [w for w in windows.get(p, []) if s[0] <= w[0] and w[1] <= s[1]]
                   for p in PHASES}
         steps.append({"step": [s], **inside})
     return Trace(steps=steps, activity=activity, aten=[s.start for s, _ in ops],
-                 launches=launches, blocking=blocking, gemms=list(calls.values()))
+                 launches=launches, blocking=blocking, gemms=list(calls.values()),
+                 launched_by=launched_by)
 
 
 def _outermost(ops: list[Span]) -> list[Span]:
@@ -525,6 +546,24 @@ def class_rows(trace: Trace, windows: list[tuple[float, float]]) -> list[dict[st
     return rows
 
 
+def kernel_rows(trace: Trace, windows: list[tuple[float, float]]) -> list[dict[str, Any]]:
+    """kernel_names.csv's figures of one phase: one dict per (stream, launching ATen op,
+    kernel name), costliest first."""
+    groups: dict[tuple[int, str, str], list[float]] = defaultdict(list)
+    for s, op in zip(trace.activity, trace.launched_by, strict=True):
+        mid = (s.start + s.end) / 2
+        for a, b in windows:
+            if a <= mid <= b:
+                groups[s.lane, op, s.name].append(min(s.end, b) - max(s.start, a))
+                break
+    rows = [{"stream": lane, "aten_op": op, "kernel": name[:KERNEL_NAME_CHARS],
+             "kernel_class": kernel_class(name), "calls": len(us),
+             "device_s": 1e-6 * sum(us)}
+            for (lane, op, name), us in groups.items()]
+    return sorted(rows, key=lambda r: (-r["device_s"], r["stream"], r["aten_op"],
+                                       r["kernel"]))
+
+
 def gemm_rows(trace: Trace, windows: list[tuple[float, float]]) -> list[dict[str, Any]]:
     """gemm_shapes.csv's figures of one phase, one dict per (op, shapes)."""
     groups: dict[tuple[str, str], dict[str, Any]] = {}
@@ -556,7 +595,7 @@ def measure_run(ctx: RankContext, run: Run, steps: Steps) -> dict[str, list[dict
     """Build the run, time and profile it (see the module docstring).
 
     Returns:
-        Rows for "phases", "classes" and "gemms", and "summary" (one dict).
+        Rows for "phases", "classes", "gemms" and "kernels", and "summary" (one dict).
     """
     with gpu_bench.matmul_precision("tf32") if run.tf32 else nullcontext():
         return _measure_run(ctx, run, steps)
@@ -588,7 +627,8 @@ def _measure_run(ctx: RankContext, run: Run, steps: Steps) -> dict[str, list[dic
     note = ("" if len(trace.steps) == active else
             f"the profile holds {len(trace.steps)} steps, not {active}")
     common = {"run": run.name, "world_size": ctx.world_size, "device": device}
-    out: dict[str, list[dict[str, Any]]] = {"phases": [], "classes": [], "gemms": []}
+    out: dict[str, list[dict[str, Any]]] = {"phases": [], "classes": [], "gemms": [],
+                                            "kernels": []}
     for k, windows in enumerate(trace.steps[:active]):
         marks = profiled[1 + k]
         for phase in (*PHASES, "step"):
@@ -608,6 +648,8 @@ def _measure_run(ctx: RankContext, run: Run, steps: Steps) -> dict[str, list[dic
             out["classes"] += [{**common, "step": k, "phase": phase, **row}
                                for row in class_rows(trace, windows[phase])]
             if phase != "step":
+                out["kernels"] += [{**common, "step": k, "phase": phase, **row}
+                                   for row in kernel_rows(trace, windows[phase])]
                 out["gemms"] += [{**common, "step": k, "phase": phase, **row}
                                  for row in gemm_rows(trace, windows[phase])]
     clock_mhz = [mhz for _, mhz in clock.samples]
@@ -635,7 +677,8 @@ class GroupJob:
 
 
 FILES = {"phases": ("phases.csv", PHASE_FIELDS), "classes": ("kernel_classes.csv", CLASS_FIELDS),
-         "gemms": ("gemm_shapes.csv", GEMM_FIELDS)}
+         "gemms": ("gemm_shapes.csv", GEMM_FIELDS),
+         "kernels": ("kernel_names.csv", KERNEL_FIELDS)}
 """Output tables: rows key -> (file, columns)."""
 
 
