@@ -84,9 +84,9 @@ def memory_floor_bytes(model: ModelSpec, plan: Plan,
     rest (module buffers included), the library workspaces of `hw` (workspace_bytes), the
     tensors every block and the root saved, the loss's working memory, and the gathered
     parameters the program keeps then (FSDP2: the root, and every unit without
-    resharding). The simulated peak is never below their
-    sum (tested), so a plan whose floor exceeds HBM cannot fit, whatever the schedule
-    around it. Under TP and CP, of the rank's shard and share."""
+    resharding). The simulated peak is never below their sum (tested), so a plan whose
+    floor exceeds HBM cannot fit, whatever the schedule around it. Under TP and CP, of the
+    rank's shard and share."""
     prog = PROGRAMS[plan.impl]
     model, plan = rank_model(model, plan), rank_plan(plan)
     floor = dict(prog.state_at_rest_bytes(model, plan))
