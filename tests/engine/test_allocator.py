@@ -135,6 +135,45 @@ def test_pieces_free_their_transients() -> None:
     assert a.allocated_bytes == 0
 
 
+def test_past_the_capacity_unused_segments_go_back_and_cudamalloc_is_retried() -> None:
+    # 30 MiB of device: a freed 12 MiB segment stays cached; 20 MiB more would pass the
+    # capacity, so the cached segment is released first: 20 MiB held, the peak 20 MiB.
+    a = CachingAllocator(capacity_bytes=30 * MiB)
+    a.free(a.malloc(12 * MiB, "s"))
+    a.malloc(20 * MiB, "s")
+    assert (a.reserved_bytes, a.peak_reserved_bytes, a.segments) == (20 * MiB, 20 * MiB, 2)
+    # Unlimited, both stay: 32 MiB.
+    b = CachingAllocator()
+    b.free(b.malloc(12 * MiB, "s"))
+    b.malloc(20 * MiB, "s")
+    assert b.reserved_bytes == 32 * MiB
+
+
+def test_a_segment_with_a_block_in_use_is_not_released() -> None:
+    # 4 MiB takes a 20 MiB kLargeBuffer segment (16 MiB left free in it); 18 MiB then needs
+    # a segment of its own, past the 30 MiB capacity, and nothing can be released: 38 MiB,
+    # a step the real allocator cannot place (out of memory with 16 MiB cached).
+    a = CachingAllocator(capacity_bytes=30 * MiB)
+    a.malloc(4 * MiB, "s")
+    a.malloc(18 * MiB, "s")
+    assert (a.reserved_bytes, a.peak_reserved_bytes) == (38 * MiB, 38 * MiB)
+
+
+def test_steady_reserved_is_the_last_steps_peak_under_a_capacity() -> None:
+    # State: w, 8 MiB in a 20 MiB kLargeBuffer segment (12 MiB left). Step: a (16 MiB, a
+    # segment of its own), freed; b (24 MiB): no cached block holds it, a new segment.
+    # Unlimited: 20 + 16 + 24 = 60 MiB, and step 2 reuses them. On 50 MiB, b's segment
+    # would pass it: a's cached 16 MiB segment goes back first (20 + 24 = 44 MiB); in
+    # step 2 a takes part of b's free 24 MiB block and b all of it: no new segment, its
+    # peak 44 MiB.
+    step: list[Request | str] = [Request("a", 16 * MiB, (), "s"), "a",
+                                 Request("b", 24 * MiB, (), "s"), "b"]
+    state = [Request("w", 8 * MiB, (), "s")]
+    assert steady_reserved(state, step, created_in_first_step={}) == 60 * MiB
+    assert steady_reserved(state, step, created_in_first_step={},
+                           capacity_bytes=50 * MiB) == 44 * MiB
+
+
 # ------------------------------------------------------------------ steady state
 def _step() -> list[Request | str]:
     """A step: a 30 MiB activation made and freed, then a 4 MiB optimizer temporary."""

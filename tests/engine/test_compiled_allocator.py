@@ -66,6 +66,15 @@ def test_hand_worked_steps(replay: Replay, case: str) -> None:
 
 
 @IMPLEMENTATIONS
+def test_cached_segments_released_past_the_capacity(replay: Replay) -> None:
+    # test_allocator.py's: 60 MiB unlimited, 44 MiB on a 50 MiB device.
+    step: list[Request | str] = [_req("a", 16 * MiB), "a", _req("b", 24 * MiB), "b"]
+    state = [_req("w", 8 * MiB)]
+    assert replay(state, step, created_in_first_step={}) == 60 * MiB
+    assert replay(state, step, created_in_first_step={}, capacity_bytes=50 * MiB) == 44 * MiB
+
+
+@IMPLEMENTATIONS
 def test_states_made_by_the_first_step(replay: Replay) -> None:
     # test_allocator.py's lazy and eager optimizer states: 60 and 50 MiB.
     step: list[Request | str] = [_req("act", 30 * MiB), "act", _req("tmp", 4 * MiB), "tmp"]
@@ -130,12 +139,17 @@ def _trace(draw: st.DrawFn) -> tuple[list[Request], list[Request | str],
 
 
 @settings(max_examples=300, deadline=None)
-@given(_trace())
+@given(_trace(), st.one_of(st.just(float("inf")), st.integers(20 * MiB, 400 * MiB)))
 def test_random_steps_replay_alike(trace: tuple[list[Request], list[Request | str],
-                                                dict[int, Sequence[Request]]]) -> None:
+                                                dict[int, Sequence[Request]]],
+                                   capacity: float) -> None:
+    """On a device without a limit and on small ones, where cached segments are released
+    and cudaMalloc retried."""
     state, step, created = trace
-    assert (compiled_steady_reserved(state, step, created_in_first_step=created)
-            == steady_reserved(state, step, created_in_first_step=created))
+    assert (compiled_steady_reserved(state, step, created_in_first_step=created,
+                                     capacity_bytes=capacity)
+            == steady_reserved(state, step, created_in_first_step=created,
+                               capacity_bytes=capacity))
 
 
 # ------------------------------------------------------------------ real plans
@@ -155,9 +169,11 @@ def test_real_plans_replay_alike(monkeypatch: pytest.MonkeyPatch) -> None:
                        dict[int, Sequence[Request]]]] = []
 
     def record(state: Sequence[Request], step: Sequence[Request | str], *,
-               created_in_first_step: dict[int, Sequence[Request]]) -> int:
+               created_in_first_step: dict[int, Sequence[Request]],
+               capacity_bytes: float) -> int:
         traces.append((list(state), list(step), dict(created_in_first_step)))
-        return steady_reserved(state, step, created_in_first_step=created_in_first_step)
+        return steady_reserved(state, step, created_in_first_step=created_in_first_step,
+                               capacity_bytes=capacity_bytes)
 
     monkeypatch.setattr(resources, "replay_reserved", record)
     for model, hw, plan in PLANS:

@@ -24,10 +24,15 @@ calls. The rules, as that file states them (function names of the C++ source):
   unsplit block is handed out whole.
 - `free_block` / `try_merge_blocks`: a freed block merges with its free neighbours in its
   segment and goes back to its pool.
-- Segments are never released: no `empty_cache`, no `release_cached_blocks` on a failed
-  cudaMalloc (zsim reports the out-of-memory instead), expandable_segments off,
-  max_split_size unlimited (the oversize rules of `get_free_block` never apply). So the
-  reserved bytes only grow, and `max_memory_reserved` is the final `reserved_bytes`.
+- `malloc`'s retry: when a new segment would take the reserved bytes past the device's
+  capacity (cudaMalloc fails), `release_cached_blocks` returns every cached segment with
+  no block in use to the device, and the segment is allocated again (`alloc_block`);
+  a replay still past the capacity then is a step the allocator cannot place (the real
+  one raises out of memory: fragmentation), its bytes reported as they come.
+  `release_available_cached_blocks` never frees anything with max_split_size unlimited.
+  No `empty_cache`; expandable_segments off, max_split_size unlimited (the oversize rules
+  of `get_free_block` never apply). So the reserved bytes only grow until the capacity is
+  reached, and `max_memory_reserved` is their peak.
 
 Blocks live in a virtual address space: each segment gets a fresh range with a gap after
 it, so two blocks are neighbours exactly when one ends where the other starts. Each pool's
@@ -93,10 +98,11 @@ class CachingAllocator:
     any hashable; requests on different streams never share a cached block.
     """
 
-    __slots__ = ("_free", "_free_by_end", "_live", "_next_address", "_pools",
-                 "allocated_bytes", "reserved_bytes", "segments")
+    __slots__ = ("_free", "_free_by_end", "_live", "_next_address", "_pools", "_segments",
+                 "allocated_bytes", "capacity_bytes", "peak_reserved_bytes", "reserved_bytes",
+                 "segments")
 
-    def __init__(self) -> None:
+    def __init__(self, capacity_bytes: float = float("inf")) -> None:
         self._pools: dict[Hashable, tuple[list[int], list[int]]] = {}
         """stream -> its (small, large) pools, each its free blocks' keys (size <<
         ADDRESS_BITS | address), sorted."""
@@ -107,14 +113,43 @@ class CachingAllocator:
         """Free block end address -> its start, to merge with a block freed after it."""
         self._live: dict[int, tuple[int, list[int]]] = {}
         """Allocated block address -> (size, the pool it returns to)."""
+        self._segments: dict[int, int] = {}
+        """Segment start address -> its size, for the segments held."""
         self._next_address = 0
+        self.capacity_bytes = capacity_bytes
+        """What cudaMalloc can hand out in all (the device's usable memory)."""
         self.reserved_bytes = 0
-        """Bytes in cudaMalloc'd segments (`reserved_bytes` of the allocator's stats);
-        never decreases here, so it is also `max_memory_reserved`."""
+        """Bytes in cudaMalloc'd segments held (`reserved_bytes` of the allocator's
+        stats)."""
+        self.peak_reserved_bytes = 0
+        """The most `reserved_bytes` held since the last `reset_peak`
+        (`max_memory_reserved`)."""
         self.allocated_bytes = 0
         """Bytes in allocated blocks (rounded sizes, `allocated_bytes`)."""
         self.segments = 0
         """Segments cudaMalloc'd."""
+
+    def reset_peak(self) -> None:
+        """Start `peak_reserved_bytes` over from what is held now
+        (torch.cuda.reset_peak_memory_stats)."""
+        self.peak_reserved_bytes = self.reserved_bytes
+
+    def release_cached_blocks(self) -> None:
+        """Return every segment with no block in use to the device
+        (`release_cached_blocks`: a free block that spans its whole segment)."""
+        free, free_by_end, segments = self._free, self._free_by_end, self._segments
+        for pools in self._pools.values():
+            for pool in pools:
+                kept = []
+                for key in pool:
+                    address = key & ((1 << ADDRESS_BITS) - 1)
+                    size = key >> ADDRESS_BITS
+                    if segments.get(address) == size:
+                        del free[address], free_by_end[address + size], segments[address]
+                        self.reserved_bytes -= size
+                    else:
+                        kept.append(key)
+                pool[:] = kept
 
     def malloc(self, nbytes: int, stream: Hashable) -> int:
         """Serve a request of `nbytes` on `stream`; returns the block's handle."""
@@ -175,10 +210,14 @@ class CachingAllocator:
                 del free_by_end[address + block_size]
             else:
                 block_size = allocation_size(size)
+                if self.reserved_bytes + block_size > self.capacity_bytes:
+                    self.release_cached_blocks()  # cudaMalloc failed: retry after
                 address = self._next_address
                 self._next_address += block_size + K_MIN_BLOCK_SIZE  # a gap: no neighbour
                 assert self._next_address <= mask, "address space of the model exhausted"
+                self._segments[address] = block_size
                 self.reserved_bytes += block_size
+                self.peak_reserved_bytes = max(self.peak_reserved_bytes, self.reserved_bytes)
                 self.segments += 1
             remaining = block_size - size
             if remaining >= K_MIN_BLOCK_SIZE if small else remaining > K_SMALL_SIZE:
@@ -212,20 +251,22 @@ class Request(NamedTuple):
 
 def steady_reserved(state: Sequence[Request], step: Sequence[Request | str], *,
                     created_in_first_step: dict[int, Sequence[Request]],
-                    max_steps: int = 4) -> int:
-    """Reserved bytes of a steady-state step: `state` allocated first (what exists
+                    max_steps: int = 4, capacity_bytes: float = float("inf")) -> int:
+    """`max_memory_reserved` of a steady-state step: `state` allocated first (what exists
     before the first step), then the step's events (a Request allocates, a str frees
     the buffer of that key) replayed until a whole step cudaMallocs no new segment, at
-    most `max_steps` times. `created_in_first_step` maps an event index to buffers the
-    first step creates right before that event and keeps (torch.optim creates its
-    states in its first step()); later steps find them allocated, and whatever else a
-    step leaves allocated."""
-    alloc = CachingAllocator()
+    most `max_steps` times; the peak reserved bytes of the last step replayed, on a
+    device that hands out `capacity_bytes`. `created_in_first_step` maps an event index
+    to buffers the first step creates right before that event and keeps (torch.optim
+    creates its states in its first step()); later steps find them allocated, and
+    whatever else a step leaves allocated."""
+    alloc = CachingAllocator(capacity_bytes)
     kept: dict[str, list[int]] = {}
     for r in state:
         kept[r.key] = alloc.allocate(r.nbytes, r.pieces, r.stream)
     for n in range(max_steps):
         segments = alloc.segments
+        alloc.reset_peak()
         live: dict[str, list[int]] = {}
         for i, e in enumerate(step):
             if n == 0 and i in created_in_first_step:
@@ -238,7 +279,7 @@ def steady_reserved(state: Sequence[Request], step: Sequence[Request | str], *,
         kept.update(live)  # what the step leaves allocated, the next step finds so
         if n > 0 and alloc.segments == segments:
             break
-    return alloc.reserved_bytes
+    return alloc.peak_reserved_bytes
 
 
 _compiled: Callable[..., int | None] | None = None
@@ -259,11 +300,14 @@ def use_compiled_replay() -> None:
 
 
 def replay_reserved(state: Sequence[Request], step: Sequence[Request | str], *,
-                    created_in_first_step: dict[int, Sequence[Request]]) -> int:
+                    created_in_first_step: dict[int, Sequence[Request]],
+                    capacity_bytes: float = float("inf")) -> int:
     """`steady_reserved`, by the compiled replay where this process loaded it
     (`use_compiled_replay`) and its addresses fit, else in Python."""
     if _compiled is not None:
-        reserved = _compiled(state, step, created_in_first_step=created_in_first_step)
+        reserved = _compiled(state, step, created_in_first_step=created_in_first_step,
+                             capacity_bytes=capacity_bytes)
         if reserved is not None:
             return reserved
-    return steady_reserved(state, step, created_in_first_step=created_in_first_step)
+    return steady_reserved(state, step, created_in_first_step=created_in_first_step,
+                           capacity_bytes=capacity_bytes)

@@ -43,6 +43,9 @@ os.environ.setdefault("NUMBA_CACHE_DIR", str(
     Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "zsim" / "numba"))
 reload_config()  # numba reads the variable now, before the functions below ask where to cache
 
+_NO_LIMIT = 1 << 62
+"""The capacity of a device without one (an int64 for the compiled code)."""
+
 _UNITS_LIMIT = 1 << 31
 """A key's size and address, in units of kMinBlockSize, stay below this."""
 
@@ -146,17 +149,41 @@ def _free(block: int, addr: np.ndarray, size: np.ndarray, pool_of: np.ndarray,
 
 
 @njit(cache=True)
+def _release_cached_blocks(size: np.ndarray, prev: np.ndarray, nxt: np.ndarray,
+                           spare: np.ndarray, nspare: int, pkeys: np.ndarray,
+                           pids: np.ndarray, plen: np.ndarray) -> tuple[int, int]:
+    """Drop from every pool the free blocks that span their whole segment (no
+    neighbours), their rows to `spare` (zsim.engine.allocator's
+    release_cached_blocks). Returns (bytes released, the spare count)."""
+    released = 0
+    for pool in range(plen.size):
+        kept = 0
+        for t in range(plen[pool]):
+            block = pids[pool, t]
+            if prev[block] == -1 and nxt[block] == -1:
+                released += size[block]
+                spare[nspare] = block
+                nspare += 1
+            else:
+                pkeys[pool, kept] = pkeys[pool, t]
+                pids[pool, kept] = block
+                kept += 1
+        plen[pool] = kept
+    return released, nspare
+
+
+@njit(cache=True)
 def _replay(pieces: np.ndarray, req_start: np.ndarray, req_stream: np.ndarray,
             req_key: np.ndarray, nkeys: int, state: np.ndarray, events: np.ndarray,
             created_at: np.ndarray, created_ptr: np.ndarray, created: np.ndarray,
-            nstreams: int, max_steps: int) -> int:
+            nstreams: int, max_steps: int, capacity: int) -> int:
     """zsim.engine.allocator.steady_reserved on arrays. Request r's pieces are
     pieces[req_start[r]:req_start[r + 1]] (bytes; ~i frees its i-th tensor), on stream
     req_stream[r], for buffer key req_key[r]. `state`: the requests allocated first;
     `events`: the step (r >= 0 allocates request r, ~k frees key k's buffer); the
     requests created[created_ptr[j]:created_ptr[j + 1]] are made right before event
-    created_at[j] of the first step. Returns the reserved bytes, or -1 when the
-    addresses outgrow the keys."""
+    created_at[j] of the first step; `capacity`: the bytes cudaMalloc hands out. Returns
+    the last step's peak reserved bytes, or -1 when the addresses outgrow the keys."""
     nreq = req_key.size
     # The tensors each request leaves allocated (offsets into live_handles), and the most
     # any request of a key leaves (offsets into kept_handles).
@@ -197,6 +224,7 @@ def _replay(pieces: np.ndarray, req_start: np.ndarray, req_stream: np.ndarray,
     plen = np.zeros(2 * nstreams, np.int64)
     next_addr = 0
     reserved = 0
+    peak = 0
     segments = 0
     live_handles = np.empty(max(1, req_off[nreq]), np.int64)
     kept_handles = np.empty(max(1, key_off[nkeys]), np.int64)
@@ -205,6 +233,7 @@ def _replay(pieces: np.ndarray, req_start: np.ndarray, req_stream: np.ndarray,
     handles = np.empty(longest, np.int64)
     for phase in range(max_steps + 1):  # 0: the state; n + 1: step n
         segments_before = segments
+        peak = reserved
         ci = 0
         for i in range(state.size if phase == 0 else events.size):
             lo = hi = 0
@@ -259,6 +288,10 @@ def _replay(pieces: np.ndarray, req_start: np.ndarray, req_stream: np.ndarray,
                         is_free[block] = False
                     else:
                         segment = _allocation_size(want)
+                        if reserved + segment > capacity:  # cudaMalloc failed: retry after
+                            released, nspare = _release_cached_blocks(
+                                size, prev, nxt, spare, nspare, pkeys, pids, plen)
+                            reserved -= released
                         block, nspare, nrows = _take_row(spare, nspare, nrows)
                         addr[block] = next_addr
                         size[block] = segment
@@ -271,6 +304,7 @@ def _replay(pieces: np.ndarray, req_start: np.ndarray, req_stream: np.ndarray,
                                 or segment // K_MIN_BLOCK_SIZE >= _UNITS_LIMIT):
                             return -1
                         reserved += segment
+                        peak = max(peak, reserved)
                         segments += 1
                     remaining = size[block] - want
                     if (remaining >= K_MIN_BLOCK_SIZE) if small else (remaining > K_SMALL_SIZE):
@@ -310,12 +344,12 @@ def _replay(pieces: np.ndarray, req_start: np.ndarray, req_stream: np.ndarray,
                     live_req[k] = -1
             if phase > 1 and segments == segments_before:
                 break
-    return reserved
+    return peak
 
 
 def steady_reserved(state: Sequence[Request], step: Sequence[Request | str], *,
                     created_in_first_step: dict[int, Sequence[Request]],
-                    max_steps: int = 4) -> int | None:
+                    max_steps: int = 4, capacity_bytes: float = float("inf")) -> int | None:
     """zsim.engine.allocator.steady_reserved's reserved bytes, compiled; None when the
     addresses outgrow the compiled keys (replay in Python)."""
     streams: dict[Hashable, int] = {}
@@ -347,5 +381,6 @@ def steady_reserved(state: Sequence[Request], step: Sequence[Request | str], *,
 
     reserved = _replay(ints(pieces), ints(req_start), ints(req_stream), ints(req_key),
                        len(keys), ints(state_ids), ints(events), ints(at),
-                       ints(created_ptr), ints(created), max(1, len(streams)), max_steps)
+                       ints(created_ptr), ints(created), max(1, len(streams)), max_steps,
+                       int(min(capacity_bytes, _NO_LIMIT)))
     return None if reserved < 0 else int(reserved)

@@ -288,7 +288,9 @@ class MemoryPool:
     def reserved_bytes(self) -> int:
         """`max_memory_reserved` of a steady-state step: the recorded step replayed on a
         model of the CUDA caching allocator (zsim.engine.allocator.replay_reserved) after
-        the model state, until its segments stop growing. The optimizer states are
+        the model state, until its segments stop growing, on a device of this pool's
+        capacity (past it the allocator releases its unused cached segments and retries,
+        as cudaMalloc's failure makes it). The optimizer states are
         created by the first step's optimizer, right before its first allocation of
         category optimizer_states, as torch.optim creates them lazily (into blocks the
         first step's activations left cached; a step with no such allocation finds them
@@ -301,6 +303,7 @@ class MemoryPool:
             lazy = first is not None and bool(states)
             reserved = replay_reserved(
                 [r for r, c in self._state if not lazy or c != "optimizer_states"],
-                self._step, created_in_first_step={first: states} if lazy else {})
+                self._step, created_in_first_step={first: states} if lazy else {},
+                capacity_bytes=self.capacity_bytes)
             self._reserved = (events, max(reserved, self.peak_bytes))
         return self._reserved[1]
