@@ -26,6 +26,10 @@ Stages 1 and 2 (DeepSpeedZeroOptimizer):
   all-gathered in one call into the flat buffer (after backward: exposed;
   all_gather_dp_groups ignores `allgather_bucket_size` where torch has
   all_gather_into_tensor), with or without offload.
+- With `offload_optimizer` (cpu_offload): no partition buffer on the GPU; each reduced
+  bucket's slice of the rank's partition is copied to the host's fp32 gradient partition
+  as it comes (async_inplace_copy_grad_to_fp32_buffer_from_gpu, non_blocking: a D2H copy
+  of the 16-bit slice, cast on the host).
 Stage 3 (DeepSpeedZeroOptimizer_Stage3):
 - State: each parameter partitioned into ceil(numel / N) elements (parameters of at most
   `param_persistence_threshold` elements stay whole on every rank), fp32 master
@@ -309,7 +313,8 @@ class _Step12:
 
     def flush(self, after: int) -> None:
         """One bucket: flattened (a copy in the reduce dtype) and all-reduced, the rank's
-        slice copied into the partition buffer (allocated by the first bucket)."""
+        slice copied into the partition buffer (allocated by the first bucket), or with
+        optimizer offload to the host's gradient partition."""
         elements = self.bucket_elems
         if not elements:
             return
@@ -317,7 +322,8 @@ class _Step12:
         r = dtype_bytes(p.reduce_dtype)
         stream = "all_reduce" if self.overlap else "compute"
         allocs = []
-        if not self.have_partition and p.ds.contiguous_gradients:
+        offload = p.offload == "optimizer"
+        if not self.have_partition and p.ds.contiguous_gradients and not offload:
             allocs.append(Buffer(name=self.partition_grads, category="grads",
                                  bytes=self.part * b.a))
             self.have_partition = True
@@ -335,11 +341,17 @@ class _Step12:
         coll = b.collective(kind="all_reduce", size_bytes=elements * r, group=b.shard,
                             gname="shard", name=f"bucket {i} all-reduce", unit=i,
                             microbatch=p.grad_accum - 1, after=(first,))
-        scatter = Flops(matmul=0.0, attention=0.0,
-                        memory_bytes=elements / p.dp_shard * (r + b.a), kernels=1)
-        self.last_reduce = b.add(name=f"bucket {i} copy to partition", kind="backward",
-                                 stream=stream, unit=i, microbatch=p.grad_accum - 1,
-                                 after=(coll,), compute_s=b.compute(scatter), frees=(flat,))
+        if offload:
+            self.last_reduce = b.copy(kind="d2h", nbytes=math.ceil(elements / p.dp_shard) * b.a,
+                                      name=f"bucket {i} partition to host", unit=i,
+                                      microbatch=p.grad_accum - 1, after=(coll,), frees=(flat,))
+        else:
+            scatter = Flops(matmul=0.0, attention=0.0,
+                            memory_bytes=elements / p.dp_shard * (r + b.a), kernels=1)
+            self.last_reduce = b.add(name=f"bucket {i} copy to partition", kind="backward",
+                                     stream=stream, unit=i, microbatch=p.grad_accum - 1,
+                                     after=(coll,), compute_s=b.compute(scatter),
+                                     frees=(flat,))
         self.bucket_elems = 0
         self.bucket_grads = []
 
