@@ -5,6 +5,7 @@ nccl-tests sweeps (shared/cases/published.yaml)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -117,6 +118,63 @@ def test_nvls_needs_nvlink_sharp() -> None:
     # NVLS runs inside a node only.
     across = CommGroup(ranks=16, ranks_per_node=8)
     assert all(a.algorithm != "nvls" for a in candidates("all_reduce", 1e9, across, h100))
+
+
+def test_nvls_tree_by_hand() -> None:
+    """NVLSTree (dgx-h100, 2 nodes x 8): 25 us on NVLink + 2 x log2(2) x 14 us on the
+    network. Bandwidth: each GPU's NIC carries its 1/8 of the buffer once (0.94 x 50 =
+    47 GB/s: 376 GB/s of algorithm bandwidth for the node), NVLS carries 2 x 7/8 of it at
+    480 GB/s (274 GB/s): a 1 GiB all-reduce takes 25 + 28 us + 2^30 / 274.3e9 s. Beyond two
+    nodes the tree crosses each NIC twice. Only across NVLink-SHARP nodes, several ranks
+    on each."""
+    hw = resolve_hardware("dgx-h100")
+    two = CommGroup(ranks=16, ranks_per_node=8)
+    (tree,) = [a for a in candidates("all_reduce", 2**30, two, hw) if a.algorithm == "nvls_tree"]
+    assert tree.latency_s == pytest.approx((25 + 2 * 14) * 1e-6)
+    intra_algbw = 480e9 / (2 * 7 / 8)
+    assert tree.time_s(bus_bytes("all_reduce", 2**30, 16), hw) == pytest.approx(
+        53e-6 + 2**30 / intra_algbw)
+    # With 8 x 200 Gb/s NICs the network binds: 8 x 0.94 x 25 GB/s.
+    slow = replace(hw, inter_node=replace(hw.inter_node, bandwidth_bytes_per_s=25e9))
+    (tree,) = [a for a in candidates("all_reduce", 2**30, two, slow)
+               if a.algorithm == "nvls_tree"]
+    assert tree.time_s(bus_bytes("all_reduce", 2**30, 16), slow) == pytest.approx(
+        53e-6 + 2**30 / (8 * 0.94 * 25e9))
+    four = CommGroup(ranks=32, ranks_per_node=8)
+    (tree4,) = [a for a in candidates("all_reduce", 2**30, four, slow)
+                if a.algorithm == "nvls_tree"]
+    assert tree4.time_s(bus_bytes("all_reduce", 2**30, 32), slow) == pytest.approx(
+        (25 + 2 * 2 * 14) * 1e-6 + 2 * 2**30 / (8 * 0.94 * 25e9))
+    for hw_, group in ((resolve_hardware("dgx-a100"), two),
+                       (hw, CommGroup(ranks=16, ranks_per_node=1)), (hw, NODE)):
+        assert all(a.algorithm != "nvls_tree"
+                   for a in candidates("all_reduce", 2**30, group, hw_))
+    assert all(a.algorithm != "nvls_tree" for a in candidates("all_gather", 2**30, two, hw))
+
+
+def test_two_node_all_reduce_exceeds_the_nics_as_published(
+        published_cases: dict[str, dict[str, Any]]) -> None:
+    """C-GCP-A3Mega-2node-allreduce-TCPXO: 16 H100s on 2 nodes of 8 x 200 Gb/s NICs reach
+    331-339 GB/s bus bandwidth from 4 GiB, above the 8 x 25 GB/s a ring gets from one
+    NIC per channel: NCCL runs NVLSTree there (the maintainers' two-node caveat,
+    C-NCCL-maintainer-multinode-reference-points). dgx-h100 with those NICs: within 10%
+    from 4 GiB, with NVLSTree. Below, TCPXO's ~125 us floor (IB's latencies here) and its
+    ramp are not modelled."""
+    case = published_cases["C-GCP-A3Mega-2node-allreduce-TCPXO"]
+    assert "two_node_caveat" in published_cases[
+        "C-NCCL-maintainer-multinode-reference-points"]["measured"]
+    hw = resolve_hardware("dgx-h100")
+    hw = replace(hw, inter_node=replace(hw.inter_node, bandwidth_bytes_per_s=25e9))
+    group = CommGroup(ranks=16, ranks_per_node=8)
+    checked = 0
+    for size, _, _, busbw in case["measured"]["rows"]:
+        if size < 4 * 2**30:
+            continue
+        assert choose("all_reduce", size, group, hw).algorithm == "nvls_tree"
+        predicted = size / collective_time_s("all_reduce", size, group, hw) * 2 * 15 / 16
+        assert predicted / (busbw * 1e9) == pytest.approx(1.0, abs=0.10), size
+        checked += 1
+    assert checked == 2
 
 
 def test_ring_model_profiles_run_every_call_as_a_plain_ring() -> None:

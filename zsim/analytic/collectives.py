@@ -20,8 +20,9 @@ Choice (profile `collectives.model`):
   the NVLS bandwidth come from the hardware profile. Modelled: ring (all kinds, protocols
   LL, LL128, Simple as the profile offers them), tree (all_reduce, with NCCL's size
   correction), NVLS (all_reduce inside one node on NVSwitch systems with NVLink SHARP),
-  PAT (all_gather and reduce_scatter with one rank per node). Left out: CollNet/SHARP
-  in-network reduction, NVLS tree across nodes, NVLS all_gather/reduce_scatter, the
+  NVLS tree (all_reduce across such nodes, several ranks on each), PAT (all_gather and
+  reduce_scatter with one rank per node). Left out: CollNet/SHARP in-network reduction,
+  NVLS all_gather/reduce_scatter, the
   ring all_reduce's latency plateau factor, per-channel bandwidth caps, the latency
   grouped calls share, the tree's own per-hop latencies (a tree hop is charged the
   ring's) and the tree network latency NCCL charges rings with one rank per node.
@@ -39,17 +40,18 @@ from dataclasses import dataclass
 from zsim.spec.hardware import HardwareProfile
 from zsim.units import US
 
-RING, TREE, NVLS, PAT = "ring", "tree", "nvls", "pat"
+RING, TREE, NVLS, NVLS_TREE, PAT = "ring", "tree", "nvls", "nvls_tree", "pat"
 
 BASE_LATENCY_S: dict[tuple[str, str], float] = {
     (TREE, "LL"): 6.8 * US, (TREE, "LL128"): 14.0 * US, (TREE, "Simple"): 8.4 * US,
     (RING, "LL"): 6.6 * US, (RING, "LL128"): 14.0 * US, (RING, "Simple"): 8.4 * US,
-    (NVLS, "Simple"): 0.0, (PAT, "Simple"): 8.0 * US,
+    (NVLS, "Simple"): 0.0, (NVLS_TREE, "Simple"): 0.0, (PAT, "Simple"): 8.0 * US,
 }
 """NCCL's baseLatencies: a call's fixed cost before its steps, by (algorithm, protocol)."""
 
 NVLS_LATENCY_S = 25.0 * US
-"""NCCL's hwLatencies for NVLS on NVLink (Simple): the whole latency of an NVLS call."""
+"""NCCL's hwLatencies for NVLS on NVLink (Simple): the whole latency of an NVLS call, and
+the node's part of an NVLS tree call (NVLSTree on NVLink, 25 us too)."""
 
 NET_OVERHEAD_S = 1.0 * US
 """NCCL's getNetOverhead (1 us; 2 on AMD hosts): a ring that spans nodes pays at least
@@ -118,7 +120,7 @@ class Algorithm:
     bytes it puts on each link per bus byte."""
 
     algorithm: str
-    """ring, tree, nvls or pat."""
+    """ring, tree, nvls, nvls_tree or pat."""
     protocol: str
     """LL, LL128 or Simple."""
     latency_s: float
@@ -263,6 +265,9 @@ def candidates(kind: str, size_bytes: float, group: CommGroup, hw: HardwareProfi
             algorithm=NVLS, protocol="Simple", latency_s=NVLS_LATENCY_S,
             link_loads=(("intra_node",
                          hw.intra_node.achievable_bytes_per_s / hw.nvls_bus_bytes_per_s),)))
+    if (kind == "all_reduce" and group.spans_nodes and per_node > 1
+            and hw.nvls_bus_bytes_per_s > 0):
+        out.append(_nvls_tree(group, hw))
     if kind != "all_reduce" and per_node == 1 and nodes > 1:
         latency = (BASE_LATENCY_S[(PAT, "Simple")]
                    + math.floor(math.log2(nodes)) * hw.inter_node.latency_for("Simple") / 3.5
@@ -270,6 +275,30 @@ def candidates(kind: str, size_bytes: float, group: CommGroup, hw: HardwareProfi
         out.append(Algorithm(algorithm=PAT, protocol="Simple", latency_s=latency,
                              link_loads=scaled(PAT_BANDWIDTH * (n - 1) / n)))
     return out
+
+
+def _nvls_tree(group: CommGroup, hw: HardwareProfile) -> Algorithm:
+    """NCCL's NVLSTree all_reduce across NVLink-SHARP nodes: inside each node an NVLS
+    reduce-scatter and all-gather (2 (r-1)/r of the buffer at the profile's NVLS bus
+    bandwidth), between nodes a tree over every GPU's own NIC carrying that GPU's 1/r
+    of the buffer, once each way on two nodes and twice beyond (NCCL: bwInter, halved for
+    more than two nodes), the two pipelined. As link loads per bus byte (2 (n-1)/n of
+    the buffer), the NIC's divided by the all_reduce efficiency of the network.
+    Latency (tuning.cc): NVLS's 25 us on NVLink plus 2 log2(nodes) network steps.
+    On two nodes its algorithm bandwidth is the node's NICs together where a ring's is
+    limited by one NIC per channel: NCCL's maintainers' "on 2 nodes NCCL picks
+    Tree/NVLSTree and busbw can exceed NIC bandwidth" (shared/cases/published.yaml
+    C-NCCL-maintainer-multinode-reference-points, C-GCP-A3Mega-2node-allreduce-TCPXO)."""
+    n, r = group.ranks, group.ranks_per_node
+    bus_per_buffer = 2.0 * (n - 1) / n
+    passes = 1 if group.nodes <= 2 else 2
+    inter = passes / r / bus_per_buffer / hw.inter_node.kind_efficiency["all_reduce"]
+    intra = (hw.intra_node.achievable_bytes_per_s / hw.nvls_bus_bytes_per_s
+             * 2.0 * (r - 1) / r / bus_per_buffer)
+    latency = (BASE_LATENCY_S[(NVLS_TREE, "Simple")] + NVLS_LATENCY_S
+               + 2 * math.floor(math.log2(group.nodes)) * hw.inter_node.latency_for("Simple"))
+    return Algorithm(algorithm=NVLS_TREE, protocol="Simple", latency_s=latency,
+                     link_loads=(("intra_node", intra), ("inter_node", inter)))
 
 
 def choose(kind: str, size_bytes: float, group: CommGroup, hw: HardwareProfile
