@@ -287,6 +287,12 @@ def simulate(
                    f"{r['reserved_memory_bytes'] / gib:.2f} GiB reserved -> {verdict}")
     if r["oom"]:
         typer.echo(f"out of memory   {r['oom']}")
+    elif (r["reserved_memory_bytes"] or 0) > r["hbm_bytes"]:
+        typer.echo(f"fragmentation   the caching allocator holds "
+                   f"{r['reserved_memory_bytes'] / gib:.2f} GiB > {r['hbm_bytes'] / gib:.2f} "
+                   f"GiB HBM even after releasing its unused cached segments: the step may "
+                   f"end out of memory (PyTorch's remedy: "
+                   f"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)")
     if r["collective_calls"]:
         kinds = ", ".join(f"{k} {n:,}" for k, n in r["collective_calls"].items())
         algos = ", ".join(f"{k} {n:,}" for k, n in r["collective_algorithms"].items())
