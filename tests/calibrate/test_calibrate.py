@@ -72,3 +72,43 @@ def test_measured_calls_are_the_median_over_ranks_by_kind_and_size() -> None:
     ranks = [rank([300, 100, 50]), rank([310, 130, 40]), rank([900, 120, 45])]
     assert _measured_us(ranks, 3) == {"ranks": 3, "all_reduce": [[4096, 120], [65536, 310]],
                                       "all_gather": [[4096, 45]]}
+
+
+def _bench(ds_adam: float) -> RankBench:
+    """One rank's figures, made up but of the right kinds (a host of round numbers)."""
+    sizes = (4096, 65536, 1 << 20, 4 << 20)
+    return RankBench(
+        collectives=[CollectiveSample(op=op, size_bytes=s, world_size=2,
+                                      time_s=2e-5 + s / 1e9)
+                     for op in ("all_gather", "reduce_scatter", "all_reduce") for s in sizes],
+        p2p_bytes_per_s=1e9, matmul_flop_per_s={"fp32": [1e11, 1.2e11], "bf16": [4e11, 5e11]},
+        linear_flop_per_s={"fp32": [0.9e11, 1e11], "bf16": [3.5e11, 4e11]},
+        attention_flop_per_s=1e11, copy_bytes_per_s=2e10, elementwise_bytes_per_s=1.5e10,
+        adam_params_per_s=1e9, deepspeed_adam_params_per_s=ds_adam,
+        comm_compute_slowdown=0.05, compute_comm_slowdown=0.05, rank_skew=0.05,
+        block_step_s={k: 1e-3 * (i + 1) for i, k in enumerate(BLOCK_STEPS)})
+
+
+@pytest.mark.parametrize("ds_adam", [4e9, 0.0])
+def test_profile_writes_the_host_optimizer_rates(ds_adam: float) -> None:
+    """DeepSpeedCPUAdam's rate is the node's (the ranks' median x ranks), written only
+    where it was timed; torch's AdamW rate always; a gloo host runs foreach ops tensor by
+    tensor. The profile loads."""
+    from datetime import datetime, timezone
+
+    from zsim.calibrate.profile import profile_dict
+    from zsim.spec.hardware import HardwareProfile
+
+    ranks = [_bench(ds_adam), _bench(ds_adam)]
+    data = profile_dict(ranks, name="t", backend="gloo", nproc=2,
+                        started=datetime(2026, 12, 1, tzinfo=timezone.utc),
+                        disk_bytes_per_s=(1e9, 1e9))
+    eff = data["efficiency"]
+    assert eff["host_adam_params_per_s"] == pytest.approx(2e9)
+    assert eff["foreach_kernels"] == "per_tensor"
+    if ds_adam:
+        assert eff["deepspeed_adam_params_per_s"] == pytest.approx(8e9)
+    else:
+        assert "deepspeed_adam_params_per_s" not in eff
+    hw = HardwareProfile.from_dict(data, name="t")
+    assert hw.deepspeed_adam_params_per_s == pytest.approx(ds_adam * 2)
