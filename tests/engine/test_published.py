@@ -9,12 +9,14 @@ from typing import Any
 import pytest
 
 from zsim.simulate import simulate
+from zsim.spec.hardware import HardwareProfile
+from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 from zsim.spec.presets import PRESETS
 from zsim.spec.registry import resolve_hardware
 
 
-def _mpt7b_on_8_a100(case: dict[str, Any]) -> tuple[Any, Any, Plan]:
+def _mpt7b_on_8_a100(case: dict[str, Any]) -> tuple[ModelSpec, HardwareProfile, Plan]:
     """MOS-MPT7B-FSDP-8xA100-80-noAC: GPT-style 7B (the gpt3-6.7b shape with MPT's
     50368-token vocabulary: 6,658,859,008 parameters), FSDP full shard on 8 A100 80GB,
     seq 2048, micro-batch 6 x 2 accumulation, bf16 params with fp32 reduce, no recompute."""
@@ -24,7 +26,7 @@ def _mpt7b_on_8_a100(case: dict[str, Any]) -> tuple[Any, Any, Plan]:
         reduce_dtype="fp32")
 
 
-def _mpt7b(case: dict[str, Any]) -> Any:
+def _mpt7b(case: dict[str, Any]) -> ModelSpec:
     """llm-foundry's MPT-7B benchmark model: the gpt3-6.7b shape with MPT's vocabulary,
     its loss on the bf16 logits (ComposerMPTCausalLM's default loss_fn, flash-attn's
     fused cross-entropy: no fp32 copy of the logits)."""
