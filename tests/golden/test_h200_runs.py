@@ -20,8 +20,8 @@ from zsim.calibrate.phase_rates import (
     attention_rates,
     attention_rows,
     kernel_gap_s,
+    kernel_seconds,
     reduce_copy_in_rates,
-    top_kernel_seconds,
 )
 from zsim.calibrate.published_runs import load_runs, residuals
 from zsim.spec.error_bands import band_ranges
@@ -108,9 +108,9 @@ def test_foreach_adamw_launches_what_the_steps_launched(cases_dir: Path) -> None
 def test_top_kernel_cells_are_read_by_name() -> None:
     cell = ("void at::native::detail::chunk_cat_cuda_kernel<float, c10::BFloat16>(c10::BFlo"
             "at16**, float*, long*,: 0.02071; Memcpy DtoD (Device -> Device): 0.01451")
-    assert top_kernel_seconds(cell, "chunk_cat_cuda_kernel<float") == 0.02071
-    assert top_kernel_seconds(cell, "DtoD") == 0.01451
-    assert top_kernel_seconds(cell, "split_with_sizes") is None
+    assert kernel_seconds(cell, ("chunk_cat_cuda_kernel<float",)) == 0.02071
+    assert kernel_seconds(cell, ("DtoD",)) == 0.01451
+    assert kernel_seconds(cell, ("split_with_sizes",)) is None
 
 
 def test_guard_step_time_without_communication(rows: list[dict[str, Any]]) -> None:

@@ -318,6 +318,9 @@ class Span(NamedTuple):
     name: str
     lane: int
     """The CUDA stream of a device activity, the thread of a CPU event."""
+    op: str = ""
+    """A device activity: the innermost ATen op that launched it ("" when none did:
+    memcpys of the process group, the profiler's own); on CPU the op itself."""
 
 
 def union_us(spans: Iterable[tuple[float, float]]) -> float:
@@ -390,9 +393,6 @@ class Trace:
     blocking: list[Span]
     """CUDA synchronise calls on the host."""
     gemms: list[GemmCall]
-    launched_by: list[str]
-    """Per activity, the innermost ATen op that launched it ("" when none did: memcpys
-    of the process group, the profiler's own); on CPU the op itself."""
 
 
 _CUDA_SYNC_RECORDS = ("Stream ", "Event ", "Context ", "Device ")
@@ -442,8 +442,7 @@ def read_trace(events: list[Any], cuda: bool) -> Trace:
                                           "" if cuda else s.name)
              for s, e in ops if s.name in GEMM_OPS}
     if cuda:
-        activity = [s for s, _ in device]
-        launched_by = [op_names.get(link, "") for _, link in device]
+        activity = [s._replace(op=op_names.get(link, "")) for s, link in device]
         launched: dict[int, list[Span]] = defaultdict(list)
         for s, link in device:
             if link in calls:
@@ -453,16 +452,14 @@ def read_trace(events: list[Any], cuda: bool) -> Trace:
             calls[link] = calls[link]._replace(device_us=sum(s.end - s.start for s in spans),
                                                kernels=len(spans), kernel=longest.name)
     else:
-        activity = _outermost([s for s, _ in ops])
-        launched_by = [s.name for s in activity]
+        activity = [s._replace(op=s.name) for s in _outermost([s for s, _ in ops])]
     steps = []
     for s in sorted(windows.get("step", [])):
         inside = {p: [w for w in windows.get(p, []) if s[0] <= w[0] and w[1] <= s[1]]
                   for p in PHASES}
         steps.append({"step": [s], **inside})
     return Trace(steps=steps, activity=activity, aten=[s.start for s, _ in ops],
-                 launches=launches, blocking=blocking, gemms=list(calls.values()),
-                 launched_by=launched_by)
+                 launches=launches, blocking=blocking, gemms=list(calls.values()))
 
 
 def _outermost(ops: list[Span]) -> list[Span]:
@@ -550,12 +547,8 @@ def kernel_rows(trace: Trace, windows: list[tuple[float, float]]) -> list[dict[s
     """kernel_names.csv's figures of one phase: one dict per (stream, launching ATen op,
     kernel name), costliest first."""
     groups: dict[tuple[int, str, str], list[float]] = defaultdict(list)
-    for s, op in zip(trace.activity, trace.launched_by, strict=True):
-        mid = (s.start + s.end) / 2
-        for a, b in windows:
-            if a <= mid <= b:
-                groups[s.lane, op, s.name].append(min(s.end, b) - max(s.start, a))
-                break
+    for s in _clipped(trace.activity, windows):
+        groups[s.lane, s.op, s.name].append(s.end - s.start)
     rows = [{"stream": lane, "aten_op": op, "kernel": name[:KERNEL_NAME_CHARS],
              "kernel_class": kernel_class(name), "calls": len(us),
              "device_s": 1e-6 * sum(us)}

@@ -298,11 +298,16 @@ def _attention(ctx: RankContext, shape: tuple[int, int, int, int]) -> float:
     return flops / _median_s(call, 7)
 
 
-def _adam(ctx: RankContext, numel: int) -> float:
+def _step_rate(ctx: RankContext, numel: int,
+               optimizer: Callable[[list[torch.nn.Parameter]], Any]) -> float:
+    """Parameters per second of `optimizer`'s step on `numel` fp32 parameters."""
     p = torch.nn.Parameter(torch.randn(numel, device=ctx.device))
     p.grad = torch.randn_like(p)
-    opt = torch.optim.AdamW([p], lr=1e-4, foreach=True)
-    return numel / _median_s(opt.step, 3)
+    return numel / _median_s(optimizer([p]).step, 3)
+
+
+def _adam(ctx: RankContext, numel: int) -> float:
+    return _step_rate(ctx, numel, lambda ps: torch.optim.AdamW(ps, lr=1e-4, foreach=True))
 
 
 def _deepspeed_adam(ctx: RankContext, numel: int) -> float:
@@ -313,10 +318,7 @@ def _deepspeed_adam(ctx: RankContext, numel: int) -> float:
         return 0.0
     from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-    p = torch.nn.Parameter(torch.randn(numel, device=ctx.device))
-    p.grad = torch.randn_like(p)
-    opt = DeepSpeedCPUAdam([p], lr=1e-4, adamw_mode=True)
-    return numel / _median_s(opt.step, 3)
+    return _step_rate(ctx, numel, lambda ps: DeepSpeedCPUAdam(ps, lr=1e-4, adamw_mode=True))
 
 
 def _slowdown(ctx: RankContext) -> float:

@@ -5,16 +5,16 @@ what those kernels moved.
 
     python -m zsim.calibrate.phase_rates --phases DIR --cases PATH
 
-prints two of the profile's figures with the measurements they come from
+prints three of the profile's figures with the measurements they come from
 (tests/golden/test_h200_runs.py checks the committed figures are these):
 
 - `kernels.attention`'s rows of the runs' shapes: per run and profiled step, causal SDPA's
-  forward and backward rates in forward FLOPs per second (4 * batch * heads * seq^2 *
-  head_dim / 2 per layer), the backward timed with the small kernels flash attention's
-  backward runs around its main one (cuDNN's compute_dot_do_o, rowsum(dO * O), and
-  convert_dq_to_16bits, the fp32 dQ accumulator cast to bf16; the profiler classes them
-  "other"), as the micro-benchmarked rows of the table time the whole op; the median per
-  (dtype, seq, head_dim).
+  forward and backward rates in forward FLOPs per second (the attention FLOPs
+  zsim.analytic.compute.block_forward_flops counts, per layer), the backward timed with
+  the small kernels flash attention's backward runs around its main one (cuDNN's
+  compute_dot_do_o, rowsum(dO * O), and convert_dq_to_16bits, the fp32 dQ accumulator
+  cast to bf16; the profiler classes them "other"), as the micro-benchmarked rows of the
+  table time the whole op; the median per (dtype, seq, head_dim).
 - `efficiency.kernel_overhead_us`: the idle time between back-to-back kernels on the
   compute stream (its gaps under 10 us) per kernel launched, pooled over the forward and
   backward phases that kept the device busy (busy_fraction at least DEVICE_BOUND), from
@@ -34,7 +34,8 @@ import statistics
 from pathlib import Path
 from typing import NamedTuple
 
-from zsim.spec.yaml_file import read_yaml
+from zsim.analytic.compute import block_forward_flops
+from zsim.calibrate.published_runs import PublishedRun, load_runs
 from zsim.units import GB
 
 CHUNK_CAT = "chunk_cat_cuda_kernel<float, c10::BFloat16>"
@@ -51,10 +52,6 @@ memory-efficient kernels)."""
 
 ATTENTION_BACKWARD_AUX = ("compute_dot_do_o", "convert_dq")
 """Name fragments of the small kernels around cuDNN flash attention's backward."""
-
-PRECISION_RATES = {"bf16": "bf16", "fp32": "tf32"}
-"""A run's precision -> the rate table it measures (the fp32 run used TF32 matmuls)."""
-
 
 DEVICE_BOUND = 0.9
 """Busy fraction from which a phase's gaps are the device's own, not waits on the host."""
@@ -77,25 +74,14 @@ class CopyInRate(NamedTuple):
     bytes_per_s: float
 
 
-def top_kernel_seconds(top_kernels: str, marker: str) -> float | None:
-    """Summed seconds of the kernel whose name contains `marker` in a kernel_classes.csv
-    `top_kernels` cell ("name: seconds; name: seconds; ..."); None: not among them."""
-    for entry in top_kernels.split("; "):
-        name, _, seconds = entry.rpartition(": ")
-        if marker in name:
-            return float(seconds)
-    return None
-
-
-def _kernel_seconds(top_kernels: str, markers: tuple[str, ...]) -> float:
-    """Summed seconds of the kernels of a `top_kernels` cell whose names contain any of
-    `markers`."""
-    total = 0.0
-    for entry in top_kernels.split("; "):
-        name, _, seconds = entry.rpartition(": ")
-        if name and any(m in name for m in markers):
-            total += float(seconds)
-    return total
+def kernel_seconds(top_kernels: str, markers: tuple[str, ...]) -> float | None:
+    """Summed seconds of the kernels whose names contain any of `markers` in a
+    kernel_classes.csv `top_kernels` cell ("name: seconds; name: seconds; ..."); None:
+    none of them is among the cell's kernels."""
+    found = [float(seconds) for name, _, seconds in
+             (entry.rpartition(": ") for entry in top_kernels.split("; "))
+             if name and any(m in name for m in markers)]
+    return sum(found) if found else None
 
 
 def _class_cells(phases_dir: Path) -> dict[tuple[str, int, str, str], str]:
@@ -105,23 +91,28 @@ def _class_cells(phases_dir: Path) -> dict[tuple[str, int, str, str], str]:
                 for r in csv.DictReader(f)}
 
 
+def _runs(cases: Path) -> dict[str, PublishedRun]:
+    return {r.name: r for r in load_runs(cases)}
+
+
 def attention_rates(phases_dir: Path, cases: Path) -> list[AttentionRate]:
     """SDPA's forward and backward rates in every profiled step of the runs."""
-    runs = {r["name"]: r for r in read_yaml(cases, field="cases")["runs"]}
+    runs = _runs(cases)
     cells = _class_cells(phases_dir)
     out = []
-    for run, step in sorted({(r, s) for r, s, _, _ in cells}, key=lambda k: (k[0], k[1])):
-        m, p = runs[run]["model"], runs[run]["plan"]
-        head_dim = m["d_model"] // m["heads"]
-        flops = m["layers"] * 4 * p["micro_batch"] * m["heads"] * p["seq"] ** 2 * head_dim / 2
-        fwd = _kernel_seconds(cells[run, step, "forward", "attention"],
-                              ATTENTION_MAIN["forward"])
-        bwd = (_kernel_seconds(cells[run, step, "backward", "attention"],
-                               ATTENTION_MAIN["backward"])
-               + _kernel_seconds(cells.get((run, step, "backward", "other"), ""),
-                                 ATTENTION_BACKWARD_AUX))
-        out.append(AttentionRate(run, step, PRECISION_RATES[p["precision"]], p["seq"],
-                                 head_dim, flops / fwd, flops / bwd))
+    for name, step in sorted({(r, s) for r, s, _, _ in cells}):
+        spec, plan = runs[name].spec, runs[name].plan
+        flops = spec.num_layers * block_forward_flops(
+            spec, micro_batch=plan.micro_batch, seq_len=plan.seq_len, act_bytes=2).attention
+        fwd = kernel_seconds(cells[name, step, "forward", "attention"],
+                             ATTENTION_MAIN["forward"])
+        bwd = kernel_seconds(cells[name, step, "backward", "attention"],
+                             ATTENTION_MAIN["backward"])
+        assert fwd and bwd, f"{name} step {step}: no SDPA kernel among the top ones"
+        bwd += kernel_seconds(cells.get((name, step, "backward", "other"), ""),
+                              ATTENTION_BACKWARD_AUX) or 0.0
+        out.append(AttentionRate(name, step, plan.compute_dtype, plan.seq_len,
+                                 spec.head_dim, flops / fwd, flops / bwd))
     return out
 
 
@@ -156,18 +147,14 @@ def kernel_gap_s(phases_dir: Path) -> float:
 def reduce_copy_in_rates(phases_dir: Path, cases: Path) -> list[CopyInRate]:
     """The copy-in's rate in every profiled backward of the runs that cast bf16 gradients
     into an fp32 reduce buffer."""
-    params = {r["name"]: int(r["model"]["params"])
-              for r in read_yaml(cases, field="cases")["runs"]}
+    runs = _runs(cases)
     out = []
-    with (phases_dir / "kernel_classes.csv").open(newline="") as f:
-        for row in csv.DictReader(f):
-            if row["phase"] != "backward" or row["kernel_class"] != "copies":
-                continue
-            seconds = top_kernel_seconds(row["top_kernels"], CHUNK_CAT)
-            if seconds is None or row["run"] not in params:
-                continue
-            out.append(CopyInRate(row["run"], int(row["step"]), seconds,
-                                  params[row["run"]] * BYTES_PER_PARAM / seconds))
+    for (name, step, phase, cls), cell in _class_cells(phases_dir).items():
+        seconds = (kernel_seconds(cell, (CHUNK_CAT,))
+                   if phase == "backward" and cls == "copies" else None)
+        if seconds is not None:
+            out.append(CopyInRate(name, step, seconds,
+                                  runs[name].spec.num_params * BYTES_PER_PARAM / seconds))
     return out
 
 

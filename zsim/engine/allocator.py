@@ -138,12 +138,12 @@ class CachingAllocator:
         """Return every segment with no block in use to the device
         (`release_cached_blocks`: a free block that spans its whole segment)."""
         free, free_by_end, segments = self._free, self._free_by_end, self._segments
+        mask = (1 << ADDRESS_BITS) - 1
         for pools in self._pools.values():
             for pool in pools:
                 kept = []
                 for key in pool:
-                    address = key & ((1 << ADDRESS_BITS) - 1)
-                    size = key >> ADDRESS_BITS
+                    address, size = key & mask, key >> ADDRESS_BITS
                     if segments.get(address) == size:
                         del free[address], free_by_end[address + size], segments[address]
                         self.reserved_bytes -= size

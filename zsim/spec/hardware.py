@@ -364,12 +364,8 @@ class HardwareProfile:
             _text(data[section] if section else data, section, key)
         gpu, node, eff, host = data["gpu"], data["node"], data["efficiency"], data["host"]
         coll = data["collectives"]
-        if coll["model"] not in COLLECTIVE_MODELS:
-            raise ConfigError("collectives.model", coll["model"],
-                              f"must be one of {', '.join(COLLECTIVE_MODELS)}")
-        if host["launch"] not in LAUNCH_MODES:
-            raise ConfigError("host.launch", host["launch"],
-                              f"must be one of {', '.join(LAUNCH_MODES)}")
+        collectives = _choice(coll, "collectives", "model", COLLECTIVE_MODELS)
+        launch = _choice(host, "host", "launch", LAUNCH_MODES)
         peaks = gpu["peak_tflops"]
         if not isinstance(peaks, dict) or not peaks:
             raise ConfigError("gpu.peak_tflops", peaks, "must map dtype names to TFLOP/s")
@@ -389,7 +385,7 @@ class HardwareProfile:
             nvme_write_bytes_per_s=_pos(node, "node", "nvme_write_gb_per_s") * GB,
             intra_node=_link(data["intra_node"], "intra_node"),
             inter_node=_link(data["inter_node"], "inter_node"),
-            collectives=str(coll["model"]),
+            collectives=collectives,
             nvls_bus_bytes_per_s=_non_negative(coll, "collectives", "nvls_busbw_gb_per_s") * GB,
             measured_collectives=_measured_collectives(coll.get("measured_us")),
             matmul_efficiency=_fraction(eff, "matmul"),
@@ -405,7 +401,7 @@ class HardwareProfile:
             kernel_overhead_s=_non_negative(eff, "efficiency", "kernel_overhead_us") * US,
             foreach_kernels=_choice(eff, "efficiency", "foreach_kernels", FOREACH_KERNELS)
             if "foreach_kernels" in eff else "per_tensor",
-            launch=str(host["launch"]),
+            launch=launch,
             collective_overhead_s=_non_negative(host, "host", "collective_overhead_us") * US,
             rank_skew=_non_negative(host, "host", "rank_skew"),
             fsdp_unit_overhead_s=_non_negative(host, "host", "fsdp_unit_overhead_us") * US,
@@ -500,6 +496,7 @@ def _text(d: dict[str, Any], section: str, key: str) -> str:
 
 
 def _choice(d: dict[str, Any], section: str, key: str, values: tuple[str, ...]) -> str:
+    """One of `values` (the section's key names the field when it is not)."""
     v = d[key]
     if v not in values:
         raise ConfigError(f"{section}.{key}", v, f"must be one of {', '.join(values)}")
