@@ -112,3 +112,65 @@ def test_profile_writes_the_host_optimizer_rates(ds_adam: float) -> None:
         assert "deepspeed_adam_params_per_s" not in eff
     hw = HardwareProfile.from_dict(data, name="t")
     assert hw.deepspeed_adam_params_per_s == pytest.approx(ds_adam * 2)
+
+
+def test_profile_writes_the_cold_gemms_as_a_kernel_table() -> None:
+    """Each GEMM shape of the bench config at the median of its rate over ranks, in
+    TFLOP/s; a model's GEMM of a measured shape then takes exactly that rate, and a
+    profile whose ranks timed none has no kernels section."""
+    from datetime import datetime, timezone
+
+    from zsim.calibrate.microbench import BenchConfig, gemm_shapes
+    from zsim.calibrate.profile import profile_dict
+    from zsim.spec.hardware import HardwareProfile
+
+    cfg = BenchConfig(gemm_linears=((512, 256, 1024),))
+    shapes = gemm_shapes(cfg)
+    assert shapes == ((256, 512, 1024), (512, 256, 1024), (512, 1024, 256))
+    ranks = [_bench(0.0) for _ in range(3)]
+    for scale, r in zip((1.0, 1.5, 4.0), ranks, strict=True):
+        r.gemm_flop_per_s = {"bf16": [scale * 1e11 * (i + 1) for i in range(3)],
+                             "fp32": [scale * 2e10] * 3}
+    when = datetime(2026, 12, 1, tzinfo=timezone.utc)
+    data = profile_dict(ranks, name="t", backend="gloo", nproc=3, started=when,
+                        disk_bytes_per_s=(1e9, 1e9), config=cfg)
+    table = data["kernels"]["matmul_tflops"]
+    assert table["bf16"] == [[256, 512, 1024, 0.15], [512, 256, 1024, 0.3],
+                             [512, 1024, 256, 0.45]]
+    assert table["fp32"] == [[*s, 0.03] for s in shapes]
+    hw = HardwareProfile.from_dict(data, name="t")
+    assert hw.kernels is not None
+    assert hw.kernels.matmul_flop_per_s(512, 1024, 256, "bf16") == pytest.approx(0.45e12)
+    without = profile_dict([_bench(0.0)] * 2, name="t", backend="gloo", nproc=2,
+                           started=when, disk_bytes_per_s=(1e9, 1e9))
+    assert "kernels" not in without
+
+
+def test_the_cold_gemms_cover_every_gemm_of_the_validation_grid(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every GEMM the simulator times for the report's plans (library, TP, PP; both
+    world sizes) is one the calibration measures, so each runs at its own measured rate,
+    not one interpolated between neighbours."""
+    from dataclasses import replace
+
+    from zsim.calibrate.microbench import BenchConfig, gemm_shapes
+    from zsim.calibrate.validate import backend_knobs, grid
+    from zsim.simulate import simulate
+    from zsim.spec.kernel_rates import KernelRates
+    from zsim.spec.registry import resolve_hardware
+
+    shapes = gemm_shapes(BenchConfig())
+    asked: set[tuple[int, int, int]] = set()
+    lookup = KernelRates.matmul_flop_per_s
+
+    def record(self: KernelRates, m: int, k: int, n: int, dtype: str) -> float | None:
+        asked.add((m, k, n))
+        return lookup(self, m, k, n, dtype)
+
+    monkeypatch.setattr(KernelRates, "matmul_flop_per_s", record)
+    rates = KernelRates.from_dict({"matmul_tflops": {"bf16": [[*s, 1.0] for s in shapes]},
+                                   "source": "test"})
+    hw = replace(resolve_hardware("local-cpu"), kernels=rates)
+    for spec, plan in grid():
+        simulate(replace(spec, **backend_knobs("cpu")), hw, plan)
+    assert asked and asked <= set(shapes), sorted(asked - set(shapes))

@@ -52,6 +52,7 @@ from zsim.calibrate.microbench import BenchConfig
 from zsim.calibrate.profile import calibrate
 quick = BenchConfig(sizes_bytes=(4096, 65536, 1 << 20, 4 << 20), iters_small=3,
                     iters_large=2, matmul_shapes=((256, 256, 256), (512, 256, 512)),
+                    gemm_linears=((512, 256, 512),), cache_flush_bytes=8 << 20,
                     copy_bytes=8 << 20, adam_params=1 << 18, attention_shape=(1, 2, 128, 64),
                     elementwise_numels=(1 << 16,), sync_segments=(1, 4, 8),
                     host_layers=(1, 3), programs=False, rounds=1)

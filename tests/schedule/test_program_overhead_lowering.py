@@ -19,6 +19,8 @@ OVERHEAD = {
     "deepspeed-zero2": {"forward_block": 10e-6, "backward_block": 20e-6, "step": 30e-3},
     "deepspeed-zero3": {"forward_block": 100e-6, "backward_block": 200e-6, "step": 0.3},
     "deepspeed-zero2-offload": {"forward_block": 1e-2, "backward_block": 2e-2, "step": 30.0},
+    "fsdp1": {"forward_block": 1e-1, "backward_block": 2e-1, "step": 300.0},
+    "fsdp1-no-reshard": {"forward_block": 1.0, "backward_block": 2.0, "step": 3000.0},
     "tp": {"forward_block": 1e-3, "backward_block": 2e-3, "step": 3.0},
 }
 """Each program's figures a power of ten apart, so a figure charged to the wrong plan
@@ -44,10 +46,14 @@ def _compute_s(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> float:
      ("deepspeed-zero1",)),
     (Plan(strategy="ddp", dp_shard=1, dp_replicate=4, tp=2, seq_len=128, grad_accum=2), ("tp",)),
     (Plan(strategy="fsdp", dp_shard=4, tp=2, seq_len=128, recompute="full"), ("tp",)),
+    # FSDP1 by sharding strategy; HYBRID_SHARD runs FULL_SHARD's.
+    (Plan.for_strategy("fsdp", gpus=8, seq_len=128, impl="fsdp1"), ("fsdp1",)),
+    (Plan.for_strategy("fsdp-no-reshard", gpus=8, seq_len=128, impl="fsdp1",
+                       recompute="full"), ("fsdp1-no-reshard",)),
+    (Plan.for_strategy("hsdp", gpus=8, shard_group=4, seq_len=128, impl="fsdp1"), ("fsdp1",)),
     # Programs whose host costs the profile models otherwise: nothing added.
     (Plan.for_strategy("fsdp", gpus=8, seq_len=128), ()),
     (Plan.for_strategy("zero1", gpus=8, seq_len=128, impl="torch"), ()),
-    (Plan.for_strategy("fsdp", gpus=8, seq_len=128, impl="fsdp1"), ()),
     (Plan.for_strategy("ddp", gpus=8, seq_len=128), ()),
 ])
 def test_each_block_and_the_step_pay_their_programs_figures(
@@ -73,3 +79,13 @@ def test_an_async_host_runs_the_programs_overhead_ahead_of_the_device(
         assert h100.launch == "async"
         assert lower(tiny_model, replace(h100, program_overhead_s=OVERHEAD), plan).ops == \
             lower(tiny_model, h100, plan).ops
+
+
+def test_shard_grad_op_takes_full_shards_figures_where_it_has_none(
+        tiny_model: ModelSpec, h100: HardwareProfile) -> None:
+    sync = replace(h100, launch="synchronous")
+    plan = Plan.for_strategy("fsdp-no-reshard", gpus=8, seq_len=128, impl="fsdp1")
+    only_full = replace(sync, program_overhead_s={"fsdp1": OVERHEAD["fsdp1"]})
+    added = _compute_s(tiny_model, only_full, plan) - _compute_s(tiny_model, sync, plan)
+    per_block = OVERHEAD["fsdp1"]["forward_block"] + OVERHEAD["fsdp1"]["backward_block"]
+    assert added == pytest.approx(tiny_model.num_layers * per_block + OVERHEAD["fsdp1"]["step"])

@@ -65,6 +65,21 @@ def test_time_with_rates_by_hand() -> None:
     assert compute_time_s(work, hw, "bf16") == pytest.approx(expected, rel=1e-12)
 
 
+def test_a_matmul_table_alone_leaves_attention_and_memory_at_the_flat_rates() -> None:
+    """What `zsim calibrate` writes for a host: matmul rows only. The same work as
+    test_time_with_rates_by_hand: the GEMM at its row, the rest at the flat efficiencies."""
+    rates = KernelRates.from_dict({k: TOY[k] for k in ("matmul_tflops", "source")})
+    hw = replace(resolve_hardware("hgx-h200"), kernels=rates, kernel_overhead_s=0.0)
+    work = Flops(matmul=2.0 * 1024**3, attention=3e12, memory_bytes=3e9,
+                 gemms=((1024, 1024, 1024, 1.0),),
+                 attention_calls=((1024, 128, "forward", 1e12), (1024, 128, "backward", 1e12)),
+                 traffic=(("norm", "forward", 1e9), ("rope", "backward", 1e9)))
+    flat_attention = hw.peak("bf16") * hw.attention_efficiency
+    flat_memory = hw.hbm_bandwidth_bytes_per_s * hw.memory_bound_efficiency
+    expected = 2.0 * 1024**3 / 100e12 + 3e12 / flat_attention + 3e9 / flat_memory
+    assert compute_time_s(work, hw, "bf16") == pytest.approx(expected, rel=1e-12)
+
+
 def test_an_optional_class_runs_at_its_rate_and_at_the_flat_rate_when_left_out() -> None:
     """reduce_copy_in (zsim.spec.kernel_rates.OPTIONAL_MEMORY_CLASSES): 1 GB at 250 GB/s
     where the profile gives it; where it does not, the flat memory-bound rate."""

@@ -1,10 +1,11 @@
 """Micro-benchmarks run on every rank at once: collectives over a range of sizes, point-to-
-point bandwidth, matmul (alone and as linear layers forward + backward) and attention
-throughput, memory copy and elementwise-kernel rates, the AdamW step, how much a
-collective in flight slows a matmul, how far ranks drift apart between collectives, and
-the host time of the reference model's blocks unsharded, under FSDP2 alone and with its
-collectives (the fixed cost per kernel is derived from the first), and on a CPU host under
-DeepSpeed's ZeRO stages and DTensor TP (zsim.calibrate.program_overhead).
+point bandwidth, matmul (alone, as linear layers forward + backward, and the validation
+grid's GEMMs from a cold cache) and attention throughput, memory copy and
+elementwise-kernel rates, the AdamW step, how much a collective in flight slows a matmul,
+how far ranks drift apart between collectives, and the host time of the reference model's
+blocks unsharded, under FSDP2 alone and with its collectives (the fixed cost per kernel is
+derived from the first), and on a CPU host under DeepSpeed's ZeRO stages, FSDP1 and
+DTensor TP (zsim.calibrate.program_overhead).
 
 Owns what is timed and how (medians of timed calls after warm-ups, a barrier before each
 collective so ranks start together, and every figure the median over rounds of the whole
@@ -69,6 +70,20 @@ class BenchConfig:
         (512, 688, 256))
     """(m, k, n) of the timed matmuls: a square GEMM and block shapes (tokens x width),
     including those of the validation grid (512 tokens, d_model 256, ffn 688)."""
+    gemm_linears: tuple[tuple[int, int, int], ...] = tuple(
+        (512, *io) for w in (64, 128, 256, 344, 688, 896, 1024, 2048)
+        for io in {(256, w), (w, 256)})
+    """(tokens, in, out) of the linear layers whose three GEMMs (gemm_shapes) are timed
+    from a cold cache for the profile's kernels.matmul_tflops: the validation grid's
+    (zsim.calibrate.validate: 512 tokens, width 256; its attention, GQA and MLP
+    projections, their halves under TP, the 2,048-word output layer)."""
+    cache_flush_bytes: int = 64 * MiB
+    """Written before each cold GEMM so that its operands come from memory, as in a
+    training step, where a layer's weights and activations were last touched a block or
+    more before: more than this host's L3 (32 MiB) and a Hopper GPU's L2 (50 MiB). On the
+    2-core EPYC the grid's GEMMs ran 1.05-1.5x faster hot (repeated on the same operands)
+    than cold, and the unsharded grid model's GEMMs ran inside its steps at about the cold
+    rate."""
     attention_shape: tuple[int, int, int, int] = (2, 4, 256, 64)
     """(batch, heads, seq, head_dim) of the timed attention: the validation grid's
     (zsim.calibrate.validate.grid_plans: micro-batch 2, seq 256, head_dim 64). On CPU the
@@ -85,7 +100,7 @@ class BenchConfig:
     """Block counts of the two nano models whose plain and FSDP2 steps are timed."""
     programs: bool = True
     """Time the library programs on the nano model on a CPU host
-    (zsim.calibrate.program_overhead: DeepSpeed's ZeRO stages, DTensor TP), for the
+    (zsim.calibrate.program_overhead: DeepSpeed's ZeRO stages, FSDP1, DTensor TP), for the
     profile's host.program_overhead_us; off, or on CUDA (whose host runs ahead), the
     profile has none."""
     rounds: int = 3
@@ -104,6 +119,9 @@ class RankBench:
     """Point-to-point send/recv bandwidth of a 64 MiB message (rank 0 -> 1)."""
     matmul_flop_per_s: dict[str, list[float]] = field(default_factory=dict)
     """Per dtype ("fp32", "bf16"), one rate per matmul shape, FLOP/s."""
+    gemm_flop_per_s: dict[str, list[float]] = field(default_factory=dict)
+    """Per dtype, one rate per shape of gemm_shapes(config), each GEMM timed from a cold
+    cache (BenchConfig.cache_flush_bytes), FLOP/s."""
     linear_flop_per_s: dict[str, list[float]] = field(default_factory=dict)
     """The same shapes as a linear layer's forward and backward (its three GEMMs: the
     output, the input gradient, the weight gradient, 6mkn FLOPs), as a block's matmuls
@@ -207,6 +225,8 @@ def _bench_round(ctx: RankContext, cfg: BenchConfig) -> RankBench:
             linear.append(6 * m * k * nn / _linear_s(a, b.t().contiguous()))
         out.matmul_flop_per_s[name] = rates
         out.linear_flop_per_s[name] = linear
+        out.gemm_flop_per_s[name] = _cold_gemms(ctx, gemm_shapes(cfg), dtype,
+                                                cfg.cache_flush_bytes)
     out.attention_flop_per_s = _attention(ctx, cfg.attention_shape)
     out.copy_bytes_per_s = _copy_rate(ctx, cfg.copy_bytes)
     out.elementwise_bytes_per_s = _elementwise(ctx, cfg.elementwise_numels)
@@ -223,6 +243,36 @@ def _bench_round(ctx: RankContext, cfg: BenchConfig) -> RankBench:
         out.program_step_s = program_steps_s(ctx, cfg.host_layers)
         out.deepspeed_adam_params_per_s = _deepspeed_adam(ctx, cfg.adam_params)
     return out
+
+
+def gemm_shapes(cfg: BenchConfig) -> tuple[tuple[int, int, int], ...]:
+    """(m, k, n) of the three GEMMs of each of cfg.gemm_linears, as
+    zsim.analytic.compute counts a linear layer's: the output (t, in, out), the input
+    gradient (t, out, in) and the weight gradient (in, t, out); each shape once, sorted."""
+    return tuple(sorted({g for t, i, o in cfg.gemm_linears
+                         for g in ((t, i, o), (t, o, i), (i, t, o))}))
+
+
+def _cold_gemms(ctx: RankContext, shapes: tuple[tuple[int, int, int], ...],
+                dtype: torch.dtype, flush_bytes: int) -> list[float]:
+    """FLOP/s of (m x k) @ (k x n) in `dtype` for each shape, the median of 9 calls, each
+    after writing `flush_bytes` so that it reads its operands from memory."""
+    flush = torch.empty(flush_bytes // 4, device=ctx.device)
+    rates = []
+    for m, k, n in shapes:
+        a = torch.randn(m, k, dtype=dtype, device=ctx.device)
+        b = torch.randn(k, n, dtype=dtype, device=ctx.device)
+
+        def before(flush: torch.Tensor = flush) -> None:
+            flush.zero_()
+            sync_device(ctx.device)
+
+        def call(a: torch.Tensor = a, b: torch.Tensor = b) -> None:
+            a @ b
+            sync_device(ctx.device)
+
+        rates.append(2 * m * k * n / _median_s(call, 9, before=before))
+    return rates
 
 
 def _linear_s(x: torch.Tensor, weight: torch.Tensor) -> float:

@@ -8,13 +8,16 @@ Link line rate is the point-to-point send/recv bandwidth; efficiency is the fitt
 bandwidth of all-gather over it, collective_efficiency each kind's fitted bandwidth
 relative to all-gather's. Peaks are the best matmul rate per dtype measured; efficiencies
 are medians over the block-shaped linear layers (forward + backward), attention relative to
-the bf16 peak, and a mix of bf16 memory-bound kernels relative to the copy rate. The host
+the bf16 peak, and a mix of bf16 memory-bound kernels relative to the copy rate; the
+kernels section holds the validation grid's GEMMs, each timed from a cold cache, by
+shape and dtype (zsim.spec.kernel_rates: a model's GEMMs then run at the rates of their
+shapes, not at one efficiency). The host
 section comes from the width-16 reference model (kernels cost almost nothing there): the
 per-kernel overhead is its block's step time over the kernels zsim.analytic.compute counts,
 FSDP2's hook time and the cost of its collective calls are differences between its
 unsharded, 1-rank-mesh and all-rank runs, checkpointing's host time the difference
 between its checkpointed and plain runs; rank skew from collectives after compute; on a
-CPU host, the library programs' own host time (DeepSpeed ZeRO, DTensor TP) is what their
+CPU host, the library programs' own host time (DeepSpeed ZeRO, FSDP1, DTensor TP) is what their
 nano-model steps take beyond the simulation of the same plans with the rest of the
 profile (zsim.calibrate.program_overhead). Imports torch.
 """
@@ -50,6 +53,7 @@ from zsim.calibrate.microbench import (
     BenchConfig,
     RankBench,
     bench_rank,
+    gemm_shapes,
     nano_model,
 )
 from zsim.calibrate.runner import run_ranks
@@ -149,6 +153,8 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
              for k in COLLECTIVES}
     hbm_gib = (torch.cuda.get_device_properties(0).total_memory / GiB if backend == "nccl"
                else mem_gib)
+    kernels = ({"kernels": _gemm_table(ranks, cfg, prov)}
+               if all(r.gemm_flop_per_s for r in ranks) else {})
     return {
         "name": name,
         "description": f"{nproc} {backend} ranks on {platform.node() or 'this machine'} "
@@ -246,7 +252,23 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
                       f"backward: the same for (step - forward), less its re-run kernels "
                       f"at kernel_overhead",
         },
+        **kernels,
     }
+
+
+def _gemm_table(ranks: list[RankBench], cfg: BenchConfig, prov: str) -> dict[str, Any]:
+    """kernels: the cold GEMMs of gemm_shapes(cfg) per dtype, [m, k, n, TFLOP/s], the
+    median over ranks."""
+    shapes = gemm_shapes(cfg)
+    table = {d: [[*shape, _r(statistics.median(r.gemm_flop_per_s[d][i] for r in ranks) / 1e12)]
+                 for i, shape in enumerate(shapes)]
+             for d in ranks[0].gemm_flop_per_s}
+    return {"matmul_tflops": table,
+            "source": f"{prov}; each GEMM (m x k) @ (k x n) of the validation grid's linear "
+                      f"layers (forward, input gradient, weight gradient), timed after "
+                      f"writing {cfg.cache_flush_bytes // MiB} MiB so that it reads its "
+                      f"operands from memory, median of 9 calls, median over ranks; "
+                      f"attention and memory-bound kernels at the efficiencies above"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -276,7 +298,8 @@ def with_program_overhead(data: dict[str, Any], ranks: list[RankBench], *, nproc
                                    for p, parts in overhead.items()}
     host["source"] += (
         f"; program_overhead per program (DeepSpeed ZeRO-1/2/3 with every parameter "
-        f"partitioned, ZeRO-2 with the optimizer offloaded, TP over 2 ranks), from the "
+        f"partitioned, ZeRO-2 with the optimizer offloaded, FSDP1 FULL_SHARD and "
+        f"SHARD_GRAD_OP, TP over 2 ranks), from the "
         f"width-16 reference Llama at {layers[0]} "
         f"and {layers[1]} blocks on all {nproc} ranks (median over ranks): forward_block = "
         f"growth per block of the time to the loss, backward_block = of the rest of the "

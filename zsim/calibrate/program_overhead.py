@@ -2,7 +2,9 @@
 (HardwareProfile.program_overhead_s): DeepSpeed's ZeRO stages (their module hooks, the
 parameter fetch and release of stage 3, gradient bucketing and partition bookkeeping, the
 engine's step; ZeRO-2 also with the optimizer offloaded, whose gradients go to the host
-parameter by parameter) and DTensor tensor parallelism (dispatch of every sharded op).
+parameter by parameter), FSDP1 (its FlatParameter hooks, views and padding, beyond the
+per-unit host time fitted on FSDP2) and DTensor tensor parallelism (dispatch of every
+sharded op).
 
 Measured as the FSDP2 host costs are (zsim.calibrate.microbench): the nano model (width 16,
 8 tokens: its kernels cost almost nothing) trained under the program at two depths on
@@ -43,11 +45,12 @@ STEPS, WARMUP = 25, 5
 def nano_plans(world_size: int) -> dict[str, Plan]:
     """The plan timed for each program of zsim.spec.hardware.OVERHEAD_PROGRAMS this
     machine can run at `world_size`: ZeRO-1/2/3 under DeepSpeed, and ZeRO-2 with
-    offload_optimizer (when DeepSpeed imports), TP
-    over 2 ranks (alone at world 2, under FSDP2 over the other ranks at an even world
+    offload_optimizer (when DeepSpeed imports), FSDP1's FULL_SHARD and SHARD_GRAD_OP,
+    TP over 2 ranks (alone at world 2, under FSDP2 over the other ranks at an even world
     above)."""
     mb, seq = NANO_TOKENS
-    plans = []
+    plans = [Plan.for_strategy(s, gpus=world_size, impl="fsdp1", seq_len=seq, micro_batch=mb)
+             for s in ("fsdp", "fsdp-no-reshard")]
     if importlib.util.find_spec("deepspeed") is not None:
         plans += [Plan.for_strategy(s, gpus=world_size, ds=NANO_DS, seq_len=seq,
                                     micro_batch=mb) for s in ("zero1", "zero2", "zero3")]

@@ -80,24 +80,30 @@ PHASES: tuple[str, ...] = ("forward", "backward")
 """Keys of each host.checkpoint_overhead_us entry."""
 
 OVERHEAD_PROGRAMS: tuple[str, ...] = ("deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3",
-                                      "deepspeed-zero2-offload", "tp")
+                                      "deepspeed-zero2-offload", "fsdp1", "fsdp1-no-reshard",
+                                      "tp")
 """Keys of host.program_overhead_us: DeepSpeed's ZeRO stages (impl "deepspeed"; ZeRO-2 with
 offload_optimizer has its own, and a plan offloading the optimizer under a stage without
-one takes the stage's) and DTensor tensor parallelism (plan.tp > 1, on top of its
-data-parallel program)."""
+one takes the stage's), FSDP1 (impl "fsdp1": FULL_SHARD, and SHARD_GRAD_OP with its own;
+HYBRID_SHARD takes FULL_SHARD's) and DTensor tensor parallelism (plan.tp > 1, on top of
+its data-parallel program)."""
 
 
 def overhead_programs(plan: Plan) -> tuple[tuple[str, ...], ...]:
     """The plan's programs that host.program_overhead_us may hold, each as its keys in
     order of preference (OVERHEAD_PROGRAMS): DeepSpeed's ZeRO stage (with the optimizer
-    offloaded: the stage's offload key where there is one, then the stage's), and TP on
-    top of the data-parallel program."""
+    offloaded: the stage's offload key where there is one, then the stage's), FSDP1 (its
+    sharding strategy's key, then FULL_SHARD's), and TP on top of the data-parallel
+    program."""
     out: list[tuple[str, ...]] = []
     if plan.impl == "deepspeed":
         stage = f"deepspeed-{plan.strategy}"
         offload = f"{stage}-offload"
         out.append((offload, stage) if plan.offload == "optimizer"
                    and offload in OVERHEAD_PROGRAMS else (stage,))
+    elif plan.impl == "fsdp1":
+        out.append(("fsdp1-no-reshard", "fsdp1") if plan.strategy == "fsdp-no-reshard"
+                   else ("fsdp1",))
     if plan.tp > 1:
         out.append(("tp",))
     return tuple(out)

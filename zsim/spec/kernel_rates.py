@@ -7,7 +7,10 @@ head dimension and dtype, and the bandwidth of each class of memory-bound kernel
 elementwise, the loss, the optimizer) by pass. A profile without the section
 keeps its flat efficiencies (zsim.spec.hardware); one with it gets times that follow the
 shape of each kernel, as measured (for the H200: kernels inside real FSDP2 steps and
-micro-benchmarks, reports/validation-h200/).
+micro-benchmarks, reports/validation-h200/; for a host `zsim calibrate` measured: its
+matmuls, with attention and memory-bound kernels left to the flat efficiencies).
+Only the matmul table is required: without attention rows or memory-bound classes those
+kernels keep the flat efficiencies.
 
 Interpolation between measured shapes: inverse-distance weighting in log2(m, k, n) over
 the nearest INTERP_NEIGHBOURS points of the dtype's table (exact at a measured shape);
@@ -84,10 +87,11 @@ class KernelRates:
     """Measured matmuls per compute dtype ("bf16", "tf32", ...)."""
     attention: dict[str, tuple[AttentionPoint, ...]]
     """Measured causal attention per compute dtype, by sequence length and head
-    dimension."""
+    dimension (none: the flat attention efficiency)."""
     memory_bytes_per_s: dict[str, dict[str, float]]
     """Bytes read + written per second by memory-bound kernel class (MEMORY_CLASSES, and
-    those of OPTIONAL_MEMORY_CLASSES the profile gives) and pass (PASSES)."""
+    those of OPTIONAL_MEMORY_CLASSES the profile gives) and pass (PASSES); empty: the
+    flat memory-bound efficiency for every class."""
     source: str
     _looked_up: dict[tuple[int, int, int, str], float | None] = field(
         default_factory=dict, init=False, compare=False, repr=False)
@@ -143,13 +147,17 @@ class KernelRates:
             ConfigError: a key is unknown or missing, or a value is not a positive number.
         """
         where = "kernels"
-        _keys(data, where, ("matmul_tflops", "attention", "memory_gb_per_s", "source"))
+        _keys(data, where, ("matmul_tflops", "source"),
+              optional=("attention", "memory_gb_per_s"))
         if not isinstance(data["source"], str) or not data["source"].strip():
             raise ConfigError("kernels.source", data["source"], "must be a non-empty string")
         matmul = _tables(data["matmul_tflops"], "kernels.matmul_tflops", _matmul_point,
                          "[m, k, n, tflops]")
-        attention = _tables(data["attention"], "kernels.attention", _attention_point,
-                            "[seq, head_dim, fwd, bwd]")
+        attention = (_tables(data["attention"], "kernels.attention", _attention_point,
+                             "[seq, head_dim, fwd, bwd]") if "attention" in data else {})
+        if "memory_gb_per_s" not in data:
+            return cls(matmul=matmul, attention=attention, memory_bytes_per_s={},
+                       source=data["source"])
         mem = data["memory_gb_per_s"]
         _keys(mem, "kernels.memory_gb_per_s", MEMORY_CLASSES,
               optional=OPTIONAL_MEMORY_CLASSES)
