@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from zsim.calibrate.microbench import nano_model
+from zsim.calibrate.microbench import NanoBlock, nano_model
 from zsim.calibrate.program_overhead import fit, nano_plans, program_steps_s
 from zsim.calibrate.runner import RankContext, run_ranks
 from zsim.simulate import simulate
@@ -28,19 +28,26 @@ def _profile() -> dict[str, Any]:
     return data
 
 
-def _measured(data: dict[str, Any], extra_us: dict[str, float]) -> dict[str, dict[str, float]]:
-    """What a host that is the simulator plus `extra_us` would measure: per block, the
-    forward and backward figures; once, the step figure."""
+def _measured(data: dict[str, Any], extra_us: dict[str, float],
+              blocks: tuple[NanoBlock, ...] = ("llama",)) -> dict[str, dict[str, float]]:
+    """What a host that is the simulator plus `extra_us` would measure with each nano
+    block of `blocks` (TP: Llama's only): per block, the forward and backward figures, and
+    per parameter tensor of a block the *_tensor ones (absent: 0); once, the step figure."""
     hw = HardwareProfile.from_dict(data, name="local-cpu")
     out = {}
     for program, plan in nano_plans(2).items():
         times = {}
-        for depth, n in zip(("lo", "hi"), LAYERS, strict=True):
-            r = simulate(nano_model(n), hw, plan)
-            per_block = (extra_us["forward_block"] + extra_us["backward_block"]) * 1e-6
-            times[depth] = r.step_time_s + n * per_block + extra_us["step"] * 1e-6
-            times[f"{depth}_forward"] = (r.phase_time_s["forward"]
-                                         + n * extra_us["forward_block"] * 1e-6)
+        timed: tuple[NanoBlock, ...] = blocks if program != "tp" else ("llama",)
+        for block in timed:
+            prefix = "" if block == "llama" else f"{block}_"
+            tensors = len(nano_model(1, block=block).block_tensors())
+            fwd, bwd = ((extra_us[f"{ph}_block"] + tensors * extra_us.get(f"{ph}_tensor", 0.0))
+                        * 1e-6 for ph in ("forward", "backward"))
+            for depth, n in zip(("lo", "hi"), LAYERS, strict=True):
+                r = simulate(nano_model(n, block=block), hw, plan)
+                times[f"{prefix}{depth}"] = (r.step_time_s + n * (fwd + bwd)
+                                             + extra_us["step"] * 1e-6)
+                times[f"{prefix}{depth}_forward"] = r.phase_time_s["forward"] + n * fwd
         out[program] = times
     return out
 
@@ -53,6 +60,26 @@ def test_the_fit_recovers_planted_overheads() -> None:
     for program, parts in fitted.items():
         for part, us in parts.items():
             assert us == pytest.approx(PLANTED[part], rel=1e-6), (program, part)
+
+
+def test_two_blocks_split_the_overhead_per_block_and_per_tensor() -> None:
+    """Planted per block and per parameter tensor, measured on Llama's nano block (9
+    tensors) and GPT's (16): the fit recovers both; TP, timed on Llama's alone, takes
+    what its block costs in all (per tensor x 9 folded into its block figure)."""
+    data = _profile()
+    planted = {**PLANTED, "forward_tensor": 20.0, "backward_tensor": 50.0}
+    fitted = fit([_measured(data, planted, blocks=("llama", "gpt"))], data, world_size=2,
+                 layers=LAYERS)
+    for program, parts in fitted.items():
+        if program == "tp":
+            assert set(parts) == {"forward_block", "backward_block", "step"}
+            assert parts["forward_block"] == pytest.approx(400.0 + 9 * 20.0, rel=1e-6)
+            assert parts["backward_block"] == pytest.approx(900.0 + 9 * 50.0, rel=1e-6)
+            assert parts["step"] == pytest.approx(7000.0, rel=1e-6)
+            continue
+        assert set(parts) == set(planted), program
+        for part, us in parts.items():
+            assert us == pytest.approx(planted[part], rel=1e-6), (program, part)
 
 
 def test_a_host_faster_than_the_simulation_gets_no_negative_overhead() -> None:

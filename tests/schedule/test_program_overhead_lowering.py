@@ -15,16 +15,22 @@ from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 
 OVERHEAD = {
-    "deepspeed-zero1": {"forward_block": 1e-6, "backward_block": 2e-6, "step": 3e-3},
-    "deepspeed-zero2": {"forward_block": 10e-6, "backward_block": 20e-6, "step": 30e-3},
-    "deepspeed-zero3": {"forward_block": 100e-6, "backward_block": 200e-6, "step": 0.3},
-    "deepspeed-zero2-offload": {"forward_block": 1e-2, "backward_block": 2e-2, "step": 30.0},
-    "fsdp1": {"forward_block": 1e-1, "backward_block": 2e-1, "step": 300.0},
-    "fsdp1-no-reshard": {"forward_block": 1.0, "backward_block": 2.0, "step": 3000.0},
-    "tp": {"forward_block": 1e-3, "backward_block": 2e-3, "step": 3.0},
-}
+    program: {"forward_block": f * 1e-6, "backward_block": 2 * f * 1e-6,
+              "forward_tensor": 0.1 * f * 1e-6, "backward_tensor": 0.2 * f * 1e-6,
+              "step": 3 * f * 1e-3}
+    for program, f in (("deepspeed-zero1", 1.0), ("deepspeed-zero2", 10.0),
+                       ("deepspeed-zero3", 100.0), ("deepspeed-zero2-offload", 1e4),
+                       ("fsdp1", 1e5), ("fsdp1-no-reshard", 1e6), ("tp", 1e3))}
 """Each program's figures a power of ten apart, so a figure charged to the wrong plan
 shows."""
+
+
+def _per_block(model: ModelSpec, program: str, phase: str) -> float:
+    """A program's seconds per block in a phase: its block figure and its tensor figure
+    times the block's parameter tensors."""
+    figures = OVERHEAD[program]
+    return (figures[f"{phase}_block"]
+            + len(model.block_tensors()) * figures[f"{phase}_tensor"])
 
 
 def _compute_s(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> float:
@@ -62,12 +68,13 @@ def test_each_block_and_the_step_pay_their_programs_figures(
     sync = replace(h100, launch="synchronous")
     added = (_compute_s(tiny_model, replace(sync, program_overhead_s=OVERHEAD), plan)
              - _compute_s(tiny_model, sync, plan))
-    # Per block and micro-batch: the forward figure, again when the forward is re-run,
-    # and the backward figure; once per step, the step figure.
+    # Per block and micro-batch: the forward figures (per block, and per tensor times
+    # the block's tensors), again when the forward is re-run, and the backward figures;
+    # once per step, the step figure.
     forwards = 2 if plan.recompute != "none" else 1
     expected = sum(
         tiny_model.num_layers * plan.grad_accum
-        * (forwards * OVERHEAD[p]["forward_block"] + OVERHEAD[p]["backward_block"])
+        * (forwards * _per_block(tiny_model, p, "forward") + _per_block(tiny_model, p, "backward"))
         + OVERHEAD[p]["step"] for p in programs)
     assert added == pytest.approx(expected, rel=1e-9, abs=1e-12)
 
@@ -87,5 +94,6 @@ def test_shard_grad_op_takes_full_shards_figures_where_it_has_none(
     plan = Plan.for_strategy("fsdp-no-reshard", gpus=8, seq_len=128, impl="fsdp1")
     only_full = replace(sync, program_overhead_s={"fsdp1": OVERHEAD["fsdp1"]})
     added = _compute_s(tiny_model, only_full, plan) - _compute_s(tiny_model, sync, plan)
-    per_block = OVERHEAD["fsdp1"]["forward_block"] + OVERHEAD["fsdp1"]["backward_block"]
+    per_block = _per_block(tiny_model, "fsdp1", "forward") + _per_block(tiny_model, "fsdp1",
+                                                                        "backward")
     assert added == pytest.approx(tiny_model.num_layers * per_block + OVERHEAD["fsdp1"]["step"])

@@ -396,6 +396,9 @@ def test_deepspeeds_cpu_adam_takes_its_own_rate_shared_the_same_way() -> None:
     ("host", "program_overhead_us", {"megatron": {"forward_block": 1, "backward_block": 1,
                                                   "step": 1}}, "host.program_overhead_us"),
     ("host", "program_overhead_us", {"tp": {"forward_block": 1}}, "host.program_overhead_us.tp"),
+    ("host", "program_overhead_us", {"tp": {"forward_block": 1, "backward_block": 1, "step": 1,
+                                            "sideways_tensor": 1}},
+     "host.program_overhead_us.tp"),
     ("host", "program_overhead_us", {"tp": {"forward_block": 1, "backward_block": -1,
                                             "step": 0}},
      "host.program_overhead_us.tp.backward_block"),
@@ -411,9 +414,16 @@ def test_bad_host_keys_name_the_field(section: str, key: str, value: Any, field:
 def test_program_overhead_in_seconds_for_the_programs_given() -> None:
     data = _raw("local-cpu")
     data["host"]["program_overhead_us"] = {
-        "deepspeed-zero3": {"forward_block": 1500, "backward_block": 2500, "step": 4000}}
+        "deepspeed-zero3": {"forward_block": 1500, "backward_block": 2500, "step": 4000},
+        "deepspeed-zero1": {"forward_block": 1, "backward_block": 2, "forward_tensor": 3,
+                            "backward_tensor": 4, "step": 5}}
     hw = HardwareProfile.from_dict(data, name="local-cpu")
-    assert hw.program_overhead_s == {"deepspeed-zero3": {
-        "forward_block": pytest.approx(1.5e-3), "backward_block": pytest.approx(2.5e-3),
-        "step": pytest.approx(4e-3)}}
+    # The per-tensor parts are optional: 0 where left out.
+    assert hw.program_overhead_s == {
+        "deepspeed-zero3": {"forward_block": pytest.approx(1.5e-3),
+                            "backward_block": pytest.approx(2.5e-3), "forward_tensor": 0.0,
+                            "backward_tensor": 0.0, "step": pytest.approx(4e-3)},
+        "deepspeed-zero1": {k: pytest.approx(v * 1e-6) for k, v in (
+            ("forward_block", 1), ("backward_block", 2), ("forward_tensor", 3),
+            ("backward_tensor", 4), ("step", 5))}}
     assert resolve_hardware("local-cpu").program_overhead_s == {}

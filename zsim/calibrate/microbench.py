@@ -22,7 +22,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -453,11 +453,20 @@ NANO_TOKENS: tuple[int, int] = (1, 8)
 """(micro-batch, sequence) of the nano model's steps."""
 
 
-def nano_model(num_layers: int) -> ModelSpec:
+NanoBlock = Literal["llama", "gpt"]
+
+
+def nano_model(num_layers: int, *, block: NanoBlock = "llama") -> ModelSpec:
     """The reference Llama at width 16 (8 tokens): its kernels cost almost nothing, so
-    its step time is the host's (dispatch, autograd, hooks, collective calls)."""
-    return ModelSpec(name="nano", num_layers=num_layers, d_model=16, num_heads=2,
-                     num_kv_heads=2, ffn_hidden=32, vocab_size=64, max_seq_len=NANO_TOKENS[1])
+    its step time is the host's (dispatch, autograd, hooks, collective calls). With
+    block="gpt", GPT's block at the same width (LayerNorm and linears with biases, GELU
+    MLP, learned positions, tied embeddings): 16 parameter tensors a block to Llama's 9."""
+    llama = ModelSpec(name="nano", num_layers=num_layers, d_model=16, num_heads=2,
+                      num_kv_heads=2, ffn_hidden=32, vocab_size=64, max_seq_len=NANO_TOKENS[1])
+    if block == "gpt":
+        return replace(llama, name="nano-gpt", ffn_hidden=64, mlp="gelu", norm="layernorm",
+                       bias=True, learned_pos_emb=True, tied_embeddings=True)
+    return llama
 
 
 def _block_step_s(ctx: RankContext, layers: tuple[int, int]) -> dict[str, float]:

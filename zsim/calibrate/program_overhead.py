@@ -24,11 +24,12 @@ import time
 from typing import Any
 
 from zsim.calibrate import training
-from zsim.calibrate.microbench import NANO_TOKENS, nano_model
+from zsim.calibrate.microbench import NANO_TOKENS, NanoBlock, nano_model
 from zsim.calibrate.runner import RankContext, sync_device
 from zsim.simulate import simulate
 from zsim.spec.deepspeed import DeepSpeedZero
 from zsim.spec.hardware import HardwareProfile, overhead_programs
+from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 
 NANO_DS = DeepSpeedZero(reduce_bucket_size=500_000, allgather_bucket_size=500_000,
@@ -63,65 +64,106 @@ def nano_plans(world_size: int) -> dict[str, Plan]:
     return {overhead_programs(p)[0][0]: p for p in plans}
 
 
+NANO_BLOCKS: dict[str, NanoBlock] = {"": "llama", "gpt_": "gpt"}
+"""The nano blocks each program is timed with (microbench.nano_model), by the prefix of
+their figures' keys: Llama's (9 parameter tensors) and GPT's (16: LayerNorm and linear
+biases). Two counts of tensors per block separate a program's host time per block (module
+hooks, FSDP1's FlatParameter per unit) from its time per parameter tensor (DeepSpeed's
+gradient hook per parameter, its partition bookkeeping). On the 2-core EPYC (2026-12-01)
+ZeRO-1/2's nano backward grew 1.4-2.6x per block from Llama's block to GPT's, ZeRO-3's
+1.2-1.3x; their forwards, and FSDP1's, did not grow. TP runs the Llama block only (the
+backend applies torchtitan's Llama plan)."""
+
+
+def _blocks(program: str) -> dict[str, NanoBlock]:
+    return {"": "llama"} if program == "tp" else NANO_BLOCKS
+
+
 def program_steps_s(ctx: RankContext, layers: tuple[int, int], *, steps: int = STEPS,
                     warmup: int = WARMUP) -> dict[str, dict[str, float]]:
     """This rank's median step time and time to the loss (its forward) of the nano model
-    at each depth of `layers` under each of nano_plans, over `steps` steps after `warmup`
-    untimed ones: {program: {"lo", "hi", "lo_forward", "hi_forward"}}, seconds."""
+    at each depth of `layers` under each of nano_plans, with each of its NANO_BLOCKS,
+    over `steps` steps after `warmup` untimed ones: {program: {"lo", "hi", "lo_forward",
+    "hi_forward", and the same prefixed "gpt_"}}, seconds."""
     out = {}
     for program, plan in nano_plans(ctx.world_size).items():
         times: dict[str, float] = {}
-        for depth, num_layers in zip(("lo", "hi"), layers, strict=True):
-            spec = nano_model(num_layers)
-            prep = training.prepare(spec, plan, device=ctx.device, world_size=ctx.world_size)
-            tokens, labels = training.batches(spec, plan, device=ctx.device,
-                                              rank=training.data_rank(plan, ctx.rank),
-                                              step=0)[0]
-            step_s, forward_s = [], []
-            for i in range(warmup + steps):
-                training.barrier()
-                start = time.perf_counter()
-                marks: list[float] = []
-                training.forward_backward(prep, tokens, labels, last=True,
-                                          after_forward=lambda m=marks: m.append(
-                                              time.perf_counter()))
-                prep.step()
-                sync_device(ctx.device)
-                if i >= warmup:
-                    step_s.append(time.perf_counter() - start)
-                    forward_s.append(marks[0] - start)
-            times[depth] = statistics.median(step_s)
-            times[f"{depth}_forward"] = statistics.median(forward_s)
-            del prep
+        for prefix, block in _blocks(program).items():
+            for depth, num_layers in zip(("lo", "hi"), layers, strict=True):
+                spec = nano_model(num_layers, block=block)
+                step_s, forward_s = _steps_s(ctx, spec, plan, steps=steps, warmup=warmup)
+                times[f"{prefix}{depth}"] = step_s
+                times[f"{prefix}{depth}_forward"] = forward_s
         out[program] = times
     return out
+
+
+def _steps_s(ctx: RankContext, spec: ModelSpec, plan: Plan, *, steps: int,
+             warmup: int) -> tuple[float, float]:
+    """Median step time and time to the loss of `spec` under `plan`, seconds."""
+    prep = training.prepare(spec, plan, device=ctx.device, world_size=ctx.world_size)
+    tokens, labels = training.batches(spec, plan, device=ctx.device,
+                                      rank=training.data_rank(plan, ctx.rank), step=0)[0]
+    step_s, forward_s = [], []
+    for i in range(warmup + steps):
+        training.barrier()
+        start = time.perf_counter()
+        marks: list[float] = []
+        training.forward_backward(prep, tokens, labels, last=True,
+                                  after_forward=lambda m=marks: m.append(time.perf_counter()))
+        prep.step()
+        sync_device(ctx.device)
+        if i >= warmup:
+            step_s.append(time.perf_counter() - start)
+            forward_s.append(marks[0] - start)
+    return statistics.median(step_s), statistics.median(forward_s)
 
 
 def fit(measured: list[dict[str, dict[str, float]]], profile: dict[str, Any], *,
         world_size: int, layers: tuple[int, int]) -> dict[str, dict[str, float]]:
     """host.program_overhead_us from the ranks' program_steps_s (medians over ranks) and
-    the rest of the profile (its YAML structure, without program_overhead_us): per block,
-    forward_block = the measured forward's growth per block less the simulated one's,
-    backward_block = the same for the rest of the step; step = what the shallower run
-    takes beyond its simulation and the overhead charged to its blocks. Microseconds,
-    each >= 0."""
+    the rest of the profile (its YAML structure, without program_overhead_us). Per block
+    of each nano block timed, the forward's extra = the measured forward's growth per
+    block less the simulated one's, the backward's = the same for the rest of the step
+    (each >= 0). With both blocks, each phase's extra is split as a + b x tensors per
+    block through the two points (b >= 0, then a >= 0): *_block = a, *_tensor = b; with
+    Llama's alone, *_block = its extra and no *_tensor. step = what Llama's shallower
+    run takes beyond its simulation and what its blocks are charged. Microseconds."""
     hw = HardwareProfile.from_dict(profile, name=str(profile["name"]))
-    lo, hi = layers
+    lo, _ = layers
     out = {}
     for program, plan in nano_plans(world_size).items():
         if not all(program in m for m in measured):
             continue
-        m = {k: statistics.median(r[program][k] for r in measured)
-             for k in ("lo", "hi", "lo_forward", "hi_forward")}
-        sim = {depth: simulate(nano_model(n), hw, plan) for depth, n in (("lo", lo), ("hi", hi))}
-        s = {depth: r.step_time_s or 0.0 for depth, r in sim.items()}
-        s |= {f"{depth}_forward": r.phase_time_s.get("forward", 0.0) for depth, r in sim.items()}
-        per_block = ((m["hi"] - m["lo"]) - (s["hi"] - s["lo"])) / (hi - lo)
-        forward = ((m["hi_forward"] - m["lo_forward"])
-                   - (s["hi_forward"] - s["lo_forward"])) / (hi - lo)
-        forward_block = max(forward, 0.0)
-        backward_block = max(per_block - forward_block, 0.0)
-        step = max(m["lo"] - s["lo"] - lo * (forward_block + backward_block), 0.0)
-        out[program] = {"forward_block": forward_block * 1e6,
-                        "backward_block": backward_block * 1e6, "step": step * 1e6}
+        m = {k: statistics.median(r[program][k] for r in measured) for k in measured[0][program]}
+        extra = {block: _extra_per_block(m, prefix, hw, plan, layers, block)
+                 for prefix, block in _blocks(program).items() if f"{prefix}lo" in m}
+        t_llama = len(nano_model(1).block_tensors())
+        parts: dict[str, float] = {}
+        for i, phase in enumerate(("forward", "backward")):
+            slope = 0.0
+            if "gpt" in extra:
+                t_gpt = len(nano_model(1, block="gpt").block_tensors())
+                slope = max((extra["gpt"][i] - extra["llama"][i]) / (t_gpt - t_llama), 0.0)
+                parts[f"{phase}_tensor"] = slope * 1e6
+            parts[f"{phase}_block"] = max(extra["llama"][i] - t_llama * slope, 0.0) * 1e6
+        charged = 1e-6 * sum(parts[f"{ph}_block"] + t_llama * parts.get(f"{ph}_tensor", 0.0)
+                             for ph in ("forward", "backward"))
+        lo_sim = simulate(nano_model(lo), hw, plan).step_time_s or 0.0
+        parts["step"] = max(m["lo"] - lo_sim - lo * charged, 0.0) * 1e6
+        out[program] = parts
     return out
+
+
+def _extra_per_block(m: dict[str, float], prefix: str, hw: HardwareProfile, plan: Plan,
+                     layers: tuple[int, int], block: NanoBlock) -> tuple[float, float]:
+    """(forward, backward) seconds per block that the measured runs with `block` take
+    beyond their simulation, each >= 0."""
+    lo, hi = layers
+    sim = {d: simulate(nano_model(n, block=block), hw, plan) for d, n in (("lo", lo), ("hi", hi))}
+    step = {d: r.step_time_s or 0.0 for d, r in sim.items()}
+    fwd = {d: r.phase_time_s.get("forward", 0.0) for d, r in sim.items()}
+    per_block = ((m[f"{prefix}hi"] - m[f"{prefix}lo"]) - (step["hi"] - step["lo"])) / (hi - lo)
+    forward = max(((m[f"{prefix}hi_forward"] - m[f"{prefix}lo_forward"])
+                   - (fwd["hi"] - fwd["lo"])) / (hi - lo), 0.0)
+    return forward, max(per_block - forward, 0.0)

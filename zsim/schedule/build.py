@@ -47,7 +47,7 @@ from zsim.analytic.memory import optimizer_bytes_per_param
 from zsim.analytic.placement import place
 from zsim.errors import ConfigError
 from zsim.schedule.ops import Buffer, Op
-from zsim.spec.hardware import OVERHEAD_PARTS, HardwareProfile, overhead_programs
+from zsim.spec.hardware import HardwareProfile, overhead_programs
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 from zsim.units import dtype_bytes
@@ -195,12 +195,17 @@ class Builder:
             known = [k for k in keys if k in hw.program_overhead_s]
             if known:
                 overhead.append(hw.program_overhead_s[known[0]])
-        self.program_host_s = {part: self.host(sum(o[part] for o in overhead))
-                               for part in OVERHEAD_PARTS}
+        tensors = len(model.block_tensors())
+        self.program_host_s = {
+            f"{phase}_block": self.host(sum(o[f"{phase}_block"] + tensors * o[f"{phase}_tensor"]
+                                            for o in overhead))
+            for phase in ("forward", "backward")} | {
+            "step": self.host(sum(o["step"] for o in overhead))}
         """The plan's programs' host time beyond the profile's other figures
-        (HardwareProfile.program_overhead_s), on the step's timeline, by OVERHEAD_PARTS:
-        per block per micro-batch, and once per step (the end of the step, which lower
-        charges it to); 0 on an async host."""
+        (HardwareProfile.program_overhead_s), on the step's timeline: per block per
+        micro-batch in forward and in backward (each the program's figure per block and
+        its figure per parameter tensor times the block's tensors), and once per step
+        (the end of the step, which lower charges it to); 0 on an async host."""
 
     def add(self, **kw: object) -> int:
         index = len(self.ops)

@@ -109,9 +109,16 @@ def overhead_programs(plan: Plan) -> tuple[tuple[str, ...], ...]:
     return tuple(out)
 
 
-OVERHEAD_PARTS: tuple[str, ...] = ("forward_block", "backward_block", "step")
+OVERHEAD_PARTS: tuple[str, ...] = ("forward_block", "backward_block", "forward_tensor",
+                                   "backward_tensor", "step")
 """Keys of each host.program_overhead_us entry: per block per micro-batch in forward, in
-backward (with its share of the optimizer step), and once per step outside the blocks."""
+backward (with its share of the optimizer step); the same per parameter tensor of a block
+(OPTIONAL_OVERHEAD_PARTS: a block pays them times its tensors); and once per step outside
+the blocks."""
+
+OPTIONAL_OVERHEAD_PARTS: tuple[str, ...] = ("forward_tensor", "backward_tensor")
+"""Parts an entry may leave out (0): a profile fitted on one kind of block has no per-
+tensor figures."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -617,8 +624,9 @@ def _measured_collectives(d: Any) -> MeasuredCollectives | None:
 
 
 def _program_overhead(d: Any) -> dict[str, dict[str, float]]:
-    """host.program_overhead_us: {program: {forward_block, backward_block, step}} us >= 0,
-    programs among OVERHEAD_PROGRAMS (absent: empty)."""
+    """host.program_overhead_us: {program: {part: us >= 0}} for programs among
+    OVERHEAD_PROGRAMS (absent: empty), every part of OVERHEAD_PARTS (those of
+    OPTIONAL_OVERHEAD_PARTS left out: 0)."""
     if d is None:
         return {}
     where = "host.program_overhead_us"
@@ -630,11 +638,14 @@ def _program_overhead(d: Any) -> dict[str, dict[str, float]]:
         if program not in d:
             continue
         parts = d[program]
-        if not isinstance(parts, dict) or sorted(parts) != sorted(OVERHEAD_PARTS):
+        required = set(OVERHEAD_PARTS) - set(OPTIONAL_OVERHEAD_PARTS)
+        if (not isinstance(parts, dict) or not required <= set(parts)
+                or not set(parts) <= set(OVERHEAD_PARTS)):
             raise ConfigError(f"{where}.{program}", parts,
-                              f"must map exactly {', '.join(OVERHEAD_PARTS)} to numbers")
+                              f"must map {', '.join(sorted(required))} and optionally "
+                              f"{', '.join(OPTIONAL_OVERHEAD_PARTS)} to numbers")
         out[program] = {k: _non_negative(parts, f"{where}.{program}", k) * US
-                        for k in OVERHEAD_PARTS}
+                        if k in parts else 0.0 for k in OVERHEAD_PARTS}
     return out
 
 
