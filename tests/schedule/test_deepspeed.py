@@ -244,3 +244,29 @@ def test_a_synchronous_host_blocks_in_the_reductions_not_in_the_prefetches(
     assert prefetches and all(op.async_op for op in prefetches)
     for op in prefetches:
         assert ops[op.index + 1].issue_after != (op.index,), op.name
+
+
+def test_every_call_on_a_synchronous_host_takes_the_cost_of_a_call(
+        tiny_model: ModelSpec, h100: HardwareProfile) -> None:
+    """gloo hands each call to its worker thread and back, waited for at once or not: on a
+    synchronous host a ZeRO-3 prefetch and a persistent parameter's re-gather (async_op)
+    take the profile's cost of a call (collective_overhead_s) in their latency, as a
+    bucket's reduce-scatter (blocking) does; an async host's calls take none. The
+    latency is the algorithm's plus exactly that cost."""
+    from zsim.analytic.collectives import choose
+    from zsim.schedule.build import shard_group
+
+    call_s = 1.25e-3
+    sync = replace(h100, launch="synchronous", collective_overhead_s=call_s)
+    plan = _plan("zero3")
+    group = shard_group(plan, sync)
+    for hw, extra in ((sync, call_s), (h100, 0.0)):
+        ops = lower(tiny_model, hw, plan).ops
+        picked = {op.name.split()[0]: op for op in ops if op.is_collective
+                  and op.name.startswith(("prefetch ", "persistent ", "bucket "))}
+        assert set(picked) == {"prefetch", "persistent", "bucket"}
+        assert picked["prefetch"].async_op and picked["persistent"].async_op
+        assert not picked["bucket"].async_op
+        for op in picked.values():
+            algo = choose(op.kind, op.size_bytes, group, hw)
+            assert op.latency_s == pytest.approx(algo.latency_s + extra, rel=1e-12), op.name

@@ -241,11 +241,14 @@ class Builder:
     def collective(self, *, kind: str, size_bytes: float, group: CommGroup, gname: str,
                    **kw: object) -> int:
         """A collective on its own stream, run with the algorithm the profile's library
-        picks for its size and group (zsim.analytic.collectives.choose); one issued
-        without async_op that blocks a synchronous host starts later by the host's cost
-        of the call."""
+        picks for its size and group (zsim.analytic.collectives.choose). On a synchronous
+        host every call also takes the profile's cost of a call (collective_overhead_s),
+        issued with async_op or not: gloo hands each call to its worker thread and back
+        whether or not the caller waits at once, and that hand-off is most of the cost
+        (calls that stall). One issued without async_op blocks the host through it
+        (on_synchronous_host); an async one leaves the host to run on."""
         hw = self.hw
-        call_s = 0.0 if kw.get("async_op") else self.host(hw.collective_overhead_s)
+        call_s = self.host(hw.collective_overhead_s)
         key = (kind, size_bytes, group)
         algo = self._algorithms.get(key) or self._algorithms.setdefault(
             key, choose(kind, size_bytes, group, hw))
