@@ -17,8 +17,8 @@ per-kernel overhead is its block's step time over the kernels zsim.analytic.comp
 FSDP2's hook time and the cost of its collective calls are differences between its
 unsharded, 1-rank-mesh and all-rank runs, checkpointing's host time the difference
 between its checkpointed and plain runs; rank skew from collectives after compute; on a
-CPU host, the library programs' own host time (DeepSpeed ZeRO, FSDP1, DTensor TP) is what their
-nano-model steps take beyond the simulation of the same plans with the rest of the
+CPU host, the library programs' own host time (DeepSpeed ZeRO, FSDP1, DTensor TP) is what
+their nano-model steps take beyond the simulation of the same plans with the rest of the
 profile (zsim.calibrate.program_overhead). Imports torch.
 """
 
@@ -299,12 +299,13 @@ def with_program_overhead(data: dict[str, Any], ranks: list[RankBench], *, nproc
     host["source"] += (
         f"; program_overhead per program (DeepSpeed ZeRO-1/2/3 with every parameter "
         f"partitioned, ZeRO-2 with the optimizer offloaded, FSDP1 FULL_SHARD and "
-        f"SHARD_GRAD_OP, TP over 2 ranks), from the "
-        f"width-16 reference Llama at {layers[0]} "
-        f"and {layers[1]} blocks on all {nproc} ranks (median over ranks): forward_block = "
-        f"growth per block of the time to the loss, backward_block = of the rest of the "
-        f"step, step = the {layers[0]}-block step beyond its blocks, each less what the "
-        f"simulator gives the same plan with the rest of this profile")
+        f"SHARD_GRAD_OP, TP over 2 ranks), from the width-16 reference Llama and GPT "
+        f"blocks (TP: Llama's) at {layers[0]} and {layers[1]} blocks on all {nproc} ranks "
+        f"(median over ranks): the growth per block of the time to the loss (forward) and "
+        f"of the rest of the step (backward), each less what the simulator gives the same "
+        f"plan with the rest of this profile, split through the two blocks into a figure "
+        f"per block (*_block) and per parameter tensor (*_tensor; 9 and 16 a block); "
+        f"step = Llama's {layers[0]}-block step beyond its blocks")
 
 
 def _host_costs(ranks: list[RankBench], link: AlphaBeta, nproc: int,

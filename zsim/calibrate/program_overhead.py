@@ -8,12 +8,14 @@ sharded op).
 
 Measured as the FSDP2 host costs are (zsim.calibrate.microbench): the nano model (width 16,
 8 tokens: its kernels cost almost nothing) trained under the program at two depths on
-every rank at once, each step's time and the time to its loss; then fitted against the
-simulator: what the simulator gives the same nano plans with the rest of the profile
-(program_overhead_s empty) is taken off, per block (forward, and the rest of the step) and
-once per step, each floored at 0. A program whose library does not import (DeepSpeed is
-an optional dependency) or that the world size cannot run (TP needs an even one) is not
-measured, and the profile has no entry for it. Imports torch.
+every rank at once, with Llama's block and GPT's (NANO_BLOCKS), each step's time and the
+time to its loss; then fitted against the simulator: what the simulator gives the same
+nano plans with the rest of the profile (program_overhead_s empty) is taken off, per
+block (forward, and the rest of the step), split between a figure per block and one per
+parameter tensor by the two blocks, and once per step, each floored at 0. A program
+whose library does not import (DeepSpeed is an optional dependency) or that the world size
+cannot run (TP needs an even one) is not measured, and the profile has no entry for it.
+Imports torch.
 """
 
 from __future__ import annotations
@@ -149,16 +151,15 @@ def fit(measured: list[dict[str, dict[str, float]]], profile: dict[str, Any], *,
             parts[f"{phase}_block"] = max(extra["llama"][i] - t_llama * slope, 0.0) * 1e6
         charged = 1e-6 * sum(parts[f"{ph}_block"] + t_llama * parts.get(f"{ph}_tensor", 0.0)
                              for ph in ("forward", "backward"))
-        lo_sim = simulate(nano_model(lo), hw, plan).step_time_s or 0.0
-        parts["step"] = max(m["lo"] - lo_sim - lo * charged, 0.0) * 1e6
+        parts["step"] = max(m["lo"] - extra["llama"][2] - lo * charged, 0.0) * 1e6
         out[program] = parts
     return out
 
 
 def _extra_per_block(m: dict[str, float], prefix: str, hw: HardwareProfile, plan: Plan,
-                     layers: tuple[int, int], block: NanoBlock) -> tuple[float, float]:
+                     layers: tuple[int, int], block: NanoBlock) -> tuple[float, float, float]:
     """(forward, backward) seconds per block that the measured runs with `block` take
-    beyond their simulation, each >= 0."""
+    beyond their simulation, each >= 0, and the shallower run's simulated step."""
     lo, hi = layers
     sim = {d: simulate(nano_model(n, block=block), hw, plan) for d, n in (("lo", lo), ("hi", hi))}
     step = {d: r.step_time_s or 0.0 for d, r in sim.items()}
@@ -166,4 +167,4 @@ def _extra_per_block(m: dict[str, float], prefix: str, hw: HardwareProfile, plan
     per_block = ((m[f"{prefix}hi"] - m[f"{prefix}lo"]) - (step["hi"] - step["lo"])) / (hi - lo)
     forward = max(((m[f"{prefix}hi_forward"] - m[f"{prefix}lo_forward"])
                    - (fwd["hi"] - fwd["lo"])) / (hi - lo), 0.0)
-    return forward, max(per_block - forward, 0.0)
+    return forward, max(per_block - forward, 0.0), step["lo"]
