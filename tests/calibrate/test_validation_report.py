@@ -162,8 +162,11 @@ def test_committed_predictions_are_the_current_simulators(report: Path,
     assert (copy / "validation.csv").read_bytes() == report.read_bytes()
 
 
-def test_cpu2_predictions_are_the_current_simulators(tmp_path: Path) -> None:
-    """The same for the 2-core host's report, with the profiles calibrated there."""
+@pytest.mark.parametrize("report", [CPU2_REPORT, CPU2_REPORT.parent / "batch-4374dec"
+                                    / "validation.csv"], ids=["committed", "batch-4374dec"])
+def test_cpu2_predictions_are_the_current_simulators(report: Path, tmp_path: Path) -> None:
+    """The same for the 2-core host's report and the batch kept beside it, each with the
+    profiles calibrated in its batch."""
     pytest.importorskip("torch")
     from shutil import copytree
 
@@ -171,6 +174,6 @@ def test_cpu2_predictions_are_the_current_simulators(tmp_path: Path) -> None:
     from zsim.spec.hardware import HardwareProfile
 
     copy = tmp_path / "report"
-    copytree(CPU2_REPORT.parent, copy)
+    copytree(report.parent, copy)
     repredict_report(HardwareProfile.from_yaml(copy / "calibrated-gloo-n2.yaml"), out_dir=copy)
-    assert (copy / "validation.csv").read_bytes() == CPU2_REPORT.read_bytes()
+    assert (copy / "validation.csv").read_bytes() == report.read_bytes()
