@@ -29,10 +29,10 @@ from zsim.fanout import simulate_all
 from zsim.result import Result
 from zsim.schedule.lower import (
     check_modelled,
+    fixed_bytes,
     memory_floor_bytes,
     rank_model,
     rank_plan,
-    workspace_bytes,
 )
 from zsim.schedule.pipeline import rank_actions
 from zsim.schedule.pipeline_work import pipeline_work
@@ -184,8 +184,8 @@ def estimate(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Estimate:
     step = max(work.head_s) + max(ends)
     slowest = max(range(lp.pp), key=lambda r: ends[r])
     if plan.pp > 1:
-        peak = (max(sum(m.values()) for m in work.memory_bytes) + local.buffer_bytes
-                + workspace_bytes(hw))
+        peak = (max(sum(m.values()) for m in work.memory_bytes)
+                + sum(fixed_bytes(local, hw).values()))
     else:
         # The floor, and the unsharded gradients FSDP2 accumulates across micro-batches
         # when only the last one reduces them.

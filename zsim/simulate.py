@@ -19,11 +19,11 @@ from zsim.errors import ConfigError
 from zsim.result import Result, StageFigures, closed_form_result, summarize
 from zsim.schedule.lower import (
     check_modelled,
+    fixed_bytes,
     lower,
     memory_floor_bytes,
     program_plan,
     rank_model,
-    workspace_bytes,
 )
 from zsim.schedule.ops import Schedule
 from zsim.schedule.pipeline import rank_actions, rank_stages
@@ -174,7 +174,7 @@ def simulate_pipeline(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Resu
     head = max(work.head_s)
     ends = [head + timeline.spans[r][-1][2] + work.tail_s[r] for r in range(plan.pp)]
     step = max(ends)
-    fixed = local.buffer_bytes + workspace_bytes(hw)  # module buffers, cuBLAS workspaces
+    fixed = sum(fixed_bytes(local, hw).values())
     peaks = [math.ceil(sum(m.values())) + fixed for m in work.memory_bytes]
     worst_mem = max(range(plan.pp), key=lambda r: peaks[r])
     slowest = max(range(plan.pp), key=lambda r: ends[r])
@@ -191,9 +191,8 @@ def simulate_pipeline(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Resu
     peak = hw.peak(plan.compute_dtype)
     tflops = model_flops / plan.pp / step / 1e12
     at_peak = {c: math.ceil(v) for c, v in work.memory_bytes[worst_mem].items() if v > 0}
-    at_peak["params"] = at_peak.get("params", 0) + local.buffer_bytes
-    if workspace_bytes(hw):
-        at_peak["workspace"] = workspace_bytes(hw)
+    for category, nbytes in fixed_bytes(local, hw).items():
+        at_peak[category] = at_peak.get(category, 0) + nbytes
     oom = None if peaks[worst_mem] <= hw.hbm_bytes else (
         f"pipeline rank {worst_mem} holds {peaks[worst_mem] / 2**30:.2f} GiB at its peak > "
         f"{hw.hbm_bytes / 2**30:.2f} GiB HBM")

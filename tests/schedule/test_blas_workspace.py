@@ -1,4 +1,4 @@
-"""cuBLAS workspaces (zsim.schedule.lower.workspace_bytes): a rank on a GPU profile holds
+"""cuBLAS workspaces (zsim.schedule.lower.workspace_pieces): a rank on a GPU profile holds
 one per cuBLAS handle of its step, the forward thread's and autograd's, from the first
 step on; a CPU profile none. Bytes worked out from the profiles' figures."""
 

@@ -64,10 +64,20 @@ and a step runs its matmuls on two, the forward's (and the optimizer's) and auto
 device thread for the backward, recomputation included."""
 
 
-def workspace_bytes(hw: HardwareProfile) -> int:
-    """Bytes of library workspaces a rank holds through every step (the cuBLAS
-    workspaces of its BLAS_HANDLES handles; none on a profile without them)."""
-    return BLAS_HANDLES * math.ceil(hw.blas_workspace_bytes)
+def workspace_pieces(hw: HardwareProfile) -> tuple[int, ...]:
+    """The library workspaces a rank holds through every step, in bytes: the cuBLAS
+    workspace of each of its BLAS_HANDLES handles (none on a profile without them)."""
+    return (math.ceil(hw.blas_workspace_bytes),) * BLAS_HANDLES if hw.blas_workspace_bytes else ()
+
+
+def fixed_bytes(model: ModelSpec, hw: HardwareProfile) -> dict[str, int]:
+    """Bytes a rank of `model` (its rank model) holds whatever its program and schedule,
+    by category: the module buffers ("params", 0 where none) and the library workspaces
+    ("workspace", where the profile has them)."""
+    out = {"params": model.buffer_bytes}
+    if workspace_pieces(hw):
+        out["workspace"] = sum(workspace_pieces(hw))
+    return out
 
 
 def host_state_bytes(model: ModelSpec, plan: Plan) -> float:
@@ -81,7 +91,7 @@ def memory_floor_bytes(model: ModelSpec, plan: Plan,
                        hw: HardwareProfile) -> dict[str, float]:
     """Bytes the plan's program holds at once at the least, by category: what is live
     when the loss's forward of the first micro-batch starts. That is its model state at
-    rest (module buffers included), the library workspaces of `hw` (workspace_bytes), the
+    rest, what every rank holds (fixed_bytes: module buffers, `hw`'s workspaces), the
     tensors every block and the root saved, the loss's working memory, and the gathered
     parameters the program keeps then (FSDP2: the root, and every unit without
     resharding). The simulated peak is never below their sum (tested), so a plan whose
@@ -90,9 +100,8 @@ def memory_floor_bytes(model: ModelSpec, plan: Plan,
     prog = PROGRAMS[plan.impl]
     model, plan = rank_model(model, plan), rank_plan(plan)
     floor = dict(prog.state_at_rest_bytes(model, plan))
-    floor["params"] = floor.get("params", 0.0) + model.buffer_bytes
-    if workspace_bytes(hw):
-        floor["workspace"] = float(workspace_bytes(hw))
+    for category, nbytes in fixed_bytes(model, hw).items():
+        floor[category] = floor.get(category, 0.0) + nbytes
     gathered = prog.gathered_floor_bytes(model, plan)
     if gathered:
         floor["gathered_params"] = gathered
@@ -187,10 +196,9 @@ def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
         half = model.buffer_bytes // 2
         baseline += (Buffer(name="state/buffers", category="params", bytes=model.buffer_bytes,
                             pieces=(half, model.buffer_bytes - half)),)
-    if hw.blas_workspace_bytes:
-        one = math.ceil(hw.blas_workspace_bytes)
+    if pieces := workspace_pieces(hw):
         baseline += (Buffer(name="state/blas_workspaces", category="workspace",
-                            bytes=workspace_bytes(hw), pieces=(one,) * BLAS_HANDLES),)
+                            bytes=sum(pieces), pieces=pieces),)
     prog.lower(b, root, blocks)
     last_per_stream: dict[str, int] = {}
     for op in b.ops:
