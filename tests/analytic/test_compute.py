@@ -144,3 +144,21 @@ def test_adamw_moves_80_bytes_per_fp32_parameter() -> None:
                             state_bytes_per_param=8, grad_bytes=2, param_copy_bytes=2)
     assert mixed.memory_bytes == (80 - 2 * 2 + 4 + 2) * 1000
     assert mixed.kernels == 10 * 10
+
+
+def test_fused_adamw_moves_28_bytes_per_fp32_parameter() -> None:
+    # DeepSpeed's FusedAdam: read g, p, m, v; write p, m, v: 7 x 4 B. One kernel per tensor
+    # on CPU (ds_adam_step); on CUDA one depth-4 multi_tensor_apply: 10 tensors of 100 Mi
+    # elements are 16,000 chunks of 64 Ki elements and half a chunk per tensor,
+    # ceil(16,005 / 320) = 51 launches of 320 chunks.
+    opt = optimizer_flops(1000, optimizer="adamw", tensors=10, master_bytes=4,
+                          state_bytes_per_param=8, grad_bytes=4, param_copy_bytes=0,
+                          fused=True)
+    assert opt.memory_bytes == 28 * 1000
+    assert opt.kernels == 10
+    cuda = optimizer_flops(10 * 100 * 2**20, optimizer="adamw", tensors=10, master_bytes=4,
+                           state_bytes_per_param=8, grad_bytes=4, param_copy_bytes=2,
+                           foreach="multi_tensor_apply", fused=True)
+    assert cuda.memory_bytes == (28 + 4 + 2) * 10 * 100 * 2**20
+    # The bf16 copy after it: a depth-2 foreach copy, 51 launches too.
+    assert cuda.kernels == 51 + 51

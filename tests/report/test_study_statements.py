@@ -29,8 +29,10 @@ def test_scaling_study_statements() -> None:
         z1, z2 = r[f"zero1 gpus={g}"], r[f"zero2 gpus={g}"]
         assert num(z1, "step_time_s") == num(z2, "step_time_s")
         assert num(z2, "peak_memory_gib") < num(z1, "peak_memory_gib")
-    flat = [num(r[f"zero1 gpus={g}"], "mfu") for g in gpus]
-    assert max(flat) - min(flat) < 0.02  # "scale flat"
+    mfu = [num(r[f"zero1 gpus={g}"], "mfu") for g in gpus]
+    assert mfu[2] < min(mfu[:2])  # across nodes from 32 GPUs
+    assert max(mfu[2:]) - min(mfu[2:]) < 0.01  # "nearly flat" from there
+    assert max(mfu) - min(mfu) < 0.1 * max(mfu)
     for g in gpus[:5]:  # ZeRO-3 the fastest from 8 to 128 GPUs
         best = max(("zero1", "zero2", "zero3", "fsdp", "hsdp"),
                    key=lambda p: num(r[f"{p} gpus={g}"], "mfu"))

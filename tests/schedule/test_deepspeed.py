@@ -14,6 +14,7 @@ from dataclasses import replace
 
 import pytest
 
+from zsim.analytic.compute import Flops, compute_time_s
 from zsim.schedule.lower import fixed_bytes, lower
 from zsim.simulate import simulate
 from zsim.spec.deepspeed import DeepSpeedZero
@@ -154,6 +155,29 @@ def test_zero2_step_matches_deepspeeds_estimator(tiny_model: ModelSpec,
     level = [b for t, b in r.memory_curve if t == cast.start_s][-1]
     # What every rank holds besides: module buffers and cuBLAS workspaces.
     assert level - sum(fixed_bytes(tiny_model, h100).values()) == estimate
+
+
+@pytest.mark.parametrize("strategy", ["zero1", "zero2", "zero3"])
+def test_zero_steps_fused_adam_in_one_pass(tiny_model: ModelSpec, h100: HardwareProfile,
+                                           strategy: str) -> None:
+    """A DeepSpeed config's AdamW runs as FusedAdam (engine.py _configure_basic_optimizer):
+    one pass over the flat fp32 partition reading the gradient, the master weight and both
+    moments and writing the three back (28 B a parameter), then the cast to the bf16
+    partition (4 + 2 B), with no working memory; torch's foreach AdamW (FSDP2's) keeps
+    sqrt(v) as a new list and moves 80 B. The tiny model on 8 ranks: one sub-group under
+    ZeRO-3 (sub_group_size 1e9); every tensor splits evenly (no padding)."""
+    ops = lower(tiny_model, h100, _plan(strategy)).ops
+    (step,) = [op for op in ops if op.name == "optimizer step"]
+    assert step.allocs == ()
+    part = tiny_model.num_params / N
+    device = compute_time_s(Flops(matmul=0.0, attention=0.0, memory_bytes=part * (28 + 6),
+                                  kernels=2.0), h100, "bf16")
+    # dgx-h100's async host issues the one op while nothing else is queued.
+    assert h100.launch == "async" and h100.rank_skew == 0
+    assert step.compute_s == pytest.approx(device + h100.optimizer_tensor_s["plain"])
+    (fsdp_step,) = [op for op in lower(tiny_model, h100, _plan("fsdp")).ops
+                    if op.name == "optimizer step"]
+    assert [b.name for b in fsdp_step.allocs] == ["optimizer/exp_avg_sq_sqrt"]
 
 
 def test_zero3_state_is_deepspeeds_estimate_plus_the_16_bit_partitions(

@@ -156,6 +156,19 @@ def test_unmodelled_keys_warn_once_defaults_do_not(tmp_path: Path) -> None:
     assert json.loads(result.stdout)["warnings"] == list(run.warnings)
 
 
+@pytest.mark.parametrize(("params", "warned"), [({"torch_adam": True}, True),
+                                                 ({"torch_adam": False, "lr": 1e-4}, False)])
+def test_torch_adam_warns_that_fused_adam_is_modelled(tmp_path: Path, params: dict,
+                                                       warned: bool) -> None:
+    # "torch_adam": true makes DeepSpeed build torch.optim.AdamW instead of its FusedAdam,
+    # which zsim models (one pass over the partition).
+    path = write(tmp_path, {"zero_optimization": {"stage": 2},
+                            "optimizer": {"type": "AdamW", "params": params}})
+    warnings = read_ds_config(path, hidden_size=768).warnings
+    assert (len(warnings) == 1 and "optimizer.params.torch_adam=true" in warnings[0]) == warned
+    assert bool(warnings) == warned
+
+
 def test_config_plan_is_the_flags_plan(tmp_path: Path) -> None:
     """A config and the equivalent command line simulate the same step, byte for byte."""
     path = write(tmp_path, {"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True},

@@ -348,7 +348,8 @@ def foreach_launches(elems: float, tensors: int, depth: int, how: str) -> int:
 
 def optimizer_flops(local_params: float, *, optimizer: str, tensors: int, master_bytes: int,
                     state_bytes_per_param: float, grad_bytes: int,
-                    param_copy_bytes: int, foreach: str = "per_tensor") -> Flops:
+                    param_copy_bytes: int, foreach: str = "per_tensor",
+                    fused: bool = False) -> Flops:
     """Optimizer step on `local_params` parameters held in `tensors` tensors: memory
     traffic and kernels (no matmul FLOPs).
 
@@ -363,12 +364,21 @@ def optimizer_flops(local_params: float, *, optimizer: str, tensors: int, master
     increment (the CPU dispatches foreach ops tensor by tensor); with CUDA's
     multi_tensor_apply, the launches of the 8 ops (foreach_launches; the step counts are
     host tensors).
+    AdamW `fused`, as DeepSpeed's FusedAdam runs it (deepspeed/ops/adam/fused_adam.py: the
+    AdamW a DeepSpeed config names, unless offloaded or torch_adam): one pass that reads
+    the gradient, the master weight and both moments and writes the master weight and the
+    moments, 28 B per parameter when all are fp32 (multi_tensor_adam.cu's AdamFunctor on
+    CUDA, the launches of one depth-4 multi_tensor_apply; on CPU ds_adam_step per tensor,
+    csrc/cpu/adam/fused_adam.cpp).
     Other optimizers (sgd, adamw8bit): one pass that reads and writes the master weight
     and the states and reads the gradient, three kernels per tensor.
     A compute-dtype copy written after the step (`param_copy_bytes` > 0) adds a cast
     that reads the master and writes the copy (a two-list foreach copy).
     """
-    if optimizer == "adamw" and foreach == "multi_tensor_apply":
+    if optimizer == "adamw" and fused:
+        per_param = 2 * master_bytes + 2 * state_bytes_per_param + grad_bytes
+        kernels = foreach_launches(local_params, tensors, 4, foreach)
+    elif optimizer == "adamw" and foreach == "multi_tensor_apply":
         per_param = 4 * master_bytes + 14 * state_bytes_per_param / 2 + 2 * grad_bytes
         kernels = sum(foreach_launches(local_params, tensors, d, foreach)
                       for d in ADAMW_FOREACH_DEPTHS)

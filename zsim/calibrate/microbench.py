@@ -78,12 +78,12 @@ class BenchConfig:
     (zsim.calibrate.validate: 512 tokens, width 256; its attention, GQA and MLP
     projections, their halves under TP, the 2,048-word output layer)."""
     cache_flush_bytes: int = 64 * MiB
-    """Written before each cold GEMM so that its operands come from memory, as in a
-    training step, where a layer's weights and activations were last touched a block or
-    more before: more than this host's L3 (32 MiB) and a Hopper GPU's L2 (50 MiB). On the
-    2-core EPYC the grid's GEMMs ran 1.05-1.5x faster hot (repeated on the same operands)
-    than cold, and the unsharded grid model's GEMMs ran inside its steps at about the cold
-    rate."""
+    """Written before each cold GEMM and each host optimizer step (_step_rate) so that
+    they read their operands from memory, as in a training step, where a layer's weights
+    and activations were last touched a block or more before: more than this host's L3
+    (32 MiB) and a Hopper GPU's L2 (50 MiB). On the 2-core EPYC the grid's GEMMs ran
+    1.05-1.5x faster hot (repeated on the same operands) than cold, and the unsharded grid
+    model's GEMMs ran inside its steps at about the cold rate."""
     attention_shape: tuple[int, int, int, int] = (2, 4, 256, 64)
     """(batch, heads, seq, head_dim) of the timed attention: the validation grid's
     (zsim.calibrate.validate.grid_plans: micro-batch 2, seq 256, head_dim 64). On CPU the
@@ -230,7 +230,7 @@ def _bench_round(ctx: RankContext, cfg: BenchConfig) -> RankBench:
     out.attention_flop_per_s = _attention(ctx, cfg.attention_shape)
     out.copy_bytes_per_s = _copy_rate(ctx, cfg.copy_bytes)
     out.elementwise_bytes_per_s = _elementwise(ctx, cfg.elementwise_numels)
-    out.adam_params_per_s = _adam(ctx, cfg.adam_params)
+    out.adam_params_per_s = _adam(cfg.adam_params, cfg.cache_flush_bytes)
     out.comm_compute_slowdown = _slowdown(ctx)
     out.compute_comm_slowdown = _comm_slowdown(ctx)
     # The shared host is noisy: the median of five fits.
@@ -241,7 +241,8 @@ def _bench_round(ctx: RankContext, cfg: BenchConfig) -> RankBench:
         from zsim.calibrate.program_overhead import program_steps_s
 
         out.program_step_s = program_steps_s(ctx, cfg.host_layers)
-        out.deepspeed_adam_params_per_s = _deepspeed_adam(ctx, cfg.adam_params)
+        out.deepspeed_adam_params_per_s = _deepspeed_adam(cfg.adam_params,
+                                                          cfg.cache_flush_bytes)
     return out
 
 
@@ -348,19 +349,26 @@ def _attention(ctx: RankContext, shape: tuple[int, int, int, int]) -> float:
     return flops / _median_s(call, 7)
 
 
-def _step_rate(ctx: RankContext, numel: int,
-               optimizer: Callable[[list[torch.nn.Parameter]], Any]) -> float:
-    """Parameters per second of `optimizer`'s step on `numel` fp32 parameters."""
-    p = torch.nn.Parameter(torch.randn(numel, device=ctx.device))
+def _step_rate(numel: int, optimizer: Callable[[list[torch.nn.Parameter]], Any],
+               flush_bytes: int) -> float:
+    """Parameters per second of `optimizer`'s step on `numel` fp32 parameters in host
+    memory (where an offloaded step runs), the median of 5 steps, each after writing
+    `flush_bytes` so that it reads the parameters, gradients and moments from memory, as
+    in a training step, where the forward and backward streamed through the caches since
+    the last step (on this 2-core host DeepSpeedCPUAdam's in-step rate was 1.1 G params/s
+    a rank, against 1.2 cold and 2.3 hot at 4 Mi parameters, both ranks at once)."""
+    p = torch.nn.Parameter(torch.randn(numel))
     p.grad = torch.randn_like(p)
-    return numel / _median_s(optimizer([p]).step, 3)
+    flush = torch.empty(flush_bytes // 4)
+    return numel / _median_s(optimizer([p]).step, 5, before=flush.zero_)
 
 
-def _adam(ctx: RankContext, numel: int) -> float:
-    return _step_rate(ctx, numel, lambda ps: torch.optim.AdamW(ps, lr=1e-4, foreach=True))
+def _adam(numel: int, flush_bytes: int) -> float:
+    return _step_rate(numel, lambda ps: torch.optim.AdamW(ps, lr=1e-4, foreach=True),
+                      flush_bytes)
 
 
-def _deepspeed_adam(ctx: RankContext, numel: int) -> float:
+def _deepspeed_adam(numel: int, flush_bytes: int) -> float:
     """DeepSpeedCPUAdam's step (AdamW mode: what ZeRO's offload_optimizer runs on the host,
     its own vectorised kernel) on `numel` fp32 parameters, parameters per second; 0 where
     DeepSpeed does not import. Its op is built the first time (DeepSpeed's JIT)."""
@@ -368,7 +376,8 @@ def _deepspeed_adam(ctx: RankContext, numel: int) -> float:
         return 0.0
     from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-    return _step_rate(ctx, numel, lambda ps: DeepSpeedCPUAdam(ps, lr=1e-4, adamw_mode=True))
+    return _step_rate(numel, lambda ps: DeepSpeedCPUAdam(ps, lr=1e-4, adamw_mode=True),
+                      flush_bytes)
 
 
 def _slowdown(ctx: RankContext) -> float:

@@ -466,7 +466,7 @@ def _head_flops(b: Builder) -> Flops:
 def device_optimizer(b: Builder, *, after: tuple[int, ...], frees: tuple[str, ...],
                      local_params: float, tensors: int, master_bytes: int,
                      grad_bytes: int, dtensor: bool = False,
-                     tensor_elems: tuple[int, ...] = ()) -> int:
+                     tensor_elems: tuple[int, ...] = (), fused: bool = False) -> int:
     """AdamW/SGD on the device over `local_params` parameters in `tensors` tensors:
     memory-bound, reads and writes the master weights (or the params without a master
     copy) and the optimizer states, reads the `grad_bytes`-wide gradient, and writes the
@@ -476,19 +476,21 @@ def device_optimizer(b: Builder, *, after: tuple[int, ...], frees: tuple[str, ..
     the device runs the ops already issued: a two-stage pipeline over the optimizer's
     foreach ops, max(host, device) + min(host, device) / ops. `tensor_elems`: the
     elements of each parameter tensor the optimizer steps, when it holds one state
-    tensor per parameter (the pieces of its working memory)."""
+    tensor per parameter (the pieces of its working memory). `fused`: DeepSpeed's
+    FusedAdam, one pass and one op with no working memory (optimizer_flops)."""
     p = b.plan
     seconds = b.compute(optimizer_flops(
         local_params, optimizer=p.optimizer, tensors=tensors, master_bytes=master_bytes,
         state_bytes_per_param=optimizer_bytes_per_param(p), grad_bytes=grad_bytes,
-        param_copy_bytes=b.a if p.has_master_copy else 0, foreach=b.hw.foreach_kernels)
+        param_copy_bytes=b.a if p.has_master_copy else 0, foreach=b.hw.foreach_kernels,
+        fused=fused)
         + loss_scaling_flops(p, local_params, tensors=tensors, grad_bytes=grad_bytes,
                              foreach=b.hw.foreach_kernels))
     if b.hw.launch == "async":
         host = optimizer_host_s(b.hw, tensors, dtensor=dtensor)
-        ops = len(ADAMW_FOREACH_DEPTHS) if p.optimizer == "adamw" else 1
+        ops = len(ADAMW_FOREACH_DEPTHS) if p.optimizer == "adamw" and not fused else 1
         seconds = max(seconds, host) + min(seconds, host) / ops
-    temp = _optimizer_temporaries(p, local_params, tensor_elems)
+    temp = () if fused else _optimizer_temporaries(p, local_params, tensor_elems)
     return b.add(name="optimizer step", kind="optimizer", stream="compute",
                  microbatch=p.grad_accum - 1, after=after, compute_s=seconds,
                  allocs=temp, frees=frees + tuple(t.name for t in temp))

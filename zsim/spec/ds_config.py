@@ -170,6 +170,10 @@ class DsConfigReader:
             raise self.error("optimizer", optimizer, "must be an object")
         if optimizer.get("type", "AdamW") not in ("Adam", "AdamW", "adam", "adamw"):
             self.unmodelled.append(f"optimizer.type={optimizer['type']} (modelled as AdamW)")
+        params = optimizer.get("params", {})
+        if isinstance(params, dict) and params.get("torch_adam") is True:
+            self.unmodelled.append("optimizer.params.torch_adam=true (modelled as DeepSpeed's "
+                                   "FusedAdam)")
         warnings = []
         if self.unmodelled:
             warnings.append(f"{self.where}: read but not modelled: {', '.join(self.unmodelled)}")

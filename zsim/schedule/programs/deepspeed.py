@@ -357,7 +357,7 @@ class _Step12:
 
     def optimizer(self, after: tuple[int, ...]) -> None:
         """The overflow flag and the gradient norm all-reduced; fp32 gradients from the
-        partition buffer and Adam on the flat fp32 partition (or DeepSpeedCPUAdam on the
+        partition buffer and FusedAdam on the flat fp32 partition (or DeepSpeedCPUAdam on the
         host, the 16-bit partition copied back); then the all-gather of the updated 16-bit
         parameters into the flat buffer, on the compute stream: all_gather_dp_groups makes
         one all_gather_into_tensor per parameter group (one here) wherever torch has it
@@ -386,7 +386,7 @@ class _Step12:
                           allocs=(fp32_grad,), frees=frees)
             prev = device_optimizer(b, after=(first,), frees=(fp32_grad.name,),
                                     local_params=self.part, tensors=1, master_bytes=m,
-                                    grad_bytes=m)
+                                    grad_bytes=m, fused=True)
         b.collective(kind="all_gather", size_bytes=_flat_elems(b.model, p.dp_shard) * b.a,
                      group=b.shard, gname="shard", name="param all-gather", unit=0,
                      microbatch=p.grad_accum - 1, after=(prev,))
@@ -638,7 +638,7 @@ class _Step3:
     def optimizer(self, after: tuple[int, ...]) -> None:
         """The gradient norm all-reduced (and fp16's overflow flag); per sub-group
         (_sub_groups), one after the other: fp32 gradients cast from the partition
-        buffer, Adam on the flat fp32 partition, copied back to 16 bits, the fp32 gradients
+        buffer, FusedAdam on the flat fp32 partition, copied back to 16 bits, the fp32 gradients
         released (offloaded: DeepSpeedCPUAdam on the host); then each persistent
         parameter gathered again."""
         b, p = self.b, self.b.plan
@@ -663,7 +663,7 @@ class _Step3:
                               after=prev, compute_s=b.compute(cast), allocs=(grad,))
                 prev = (device_optimizer(b, after=(first,), frees=(grad.name,),
                                          local_params=elems, tensors=1, master_bytes=m,
-                                         grad_bytes=m),)
+                                         grad_bytes=m, fused=True),)
         # _post_step: every persistent parameter's updated partition gathered again, one
         # all_gather_into_tensor each (_allgather_params_coalesced launches them all, then
         # waits), so a model with many small norms and biases pays one call per tensor.
