@@ -17,8 +17,10 @@ from _runs import RealRuns
 from zsim.calibrate.step import PlanMeasurement, measure_plan
 from zsim.calibrate.tensor_parallel import check_plan
 from zsim.errors import ConfigError
+from zsim.simulate import simulate
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
+from zsim.spec.registry import resolve_hardware
 
 TINY = ModelSpec(name="tiny", num_layers=2, d_model=128, num_heads=4, num_kv_heads=2,
                  ffn_hidden=344, vocab_size=500, max_seq_len=64, norm_kernel="composite")
@@ -123,6 +125,13 @@ def test_tp2_shards_the_projections_and_saves_a_tp_slice_of_attention_and_mlp(
     # Row-wise outputs and the embedding lookup all-reduce; the logits all-gather.
     assert set(m.ranks[0].collective_busy_s) == {"all_reduce", "all_gather"}
     assert m.step_time_s > 0
+    # The calls the simulator lowers are the calls the program made: per block 2
+    # all-reduces forward (wo, w2) and 2 backward (one per module input its column-wise
+    # projections share), the embedding's forward and the output's input gradient, and
+    # the logits' all-gather: 4 x 2 + 2 and 1.
+    sim = simulate(TINY, resolve_hardware("local-cpu"), plan).collective_calls
+    assert sim == {"all_reduce": 4 * TINY.num_layers + 2, "all_gather": 1}
+    assert all(r.collective_calls == sim for r in m.ranks)
 
 
 @pytest.mark.slow

@@ -43,11 +43,15 @@ def test_blocking_tp_all_reduces_by_hand(tiny_model: ModelSpec) -> None:
     assert fwd.end_s - fwd.start_s == pytest.approx(hand_durations().fwd / 2, rel=0.15)
     tp = [sp for sp in spans if sp.stream == "tp"]
     # Megatron's f and g: 2 all-reduces per block forward and 2 backward, the embedding's
-    # output forward and the output projection's input gradient: 2 x 2 x 2 + 2 = 10.
-    assert [sp.kind for sp in tp] == ["all_reduce"] * 10
-    # A ring all-reduce over 2 ranks moves 2 x (1/2) x S per rank at 100 GB/s.
+    # output forward and the output projection's input gradient: 2 x 2 x 2 + 2 = 10; and
+    # between the passes the logits all-gathered for the loss (the output projection's
+    # replicated output, no loss parallelism).
+    assert [sp.kind for sp in tp] == ["all_reduce"] * 5 + ["all_gather"] + ["all_reduce"] * 5
+    # A ring all-reduce over 2 ranks moves 2 x (1/2) x S per rank at 100 GB/s; the
+    # all-gather (1/2) of the bf16 logits over the whole vocabulary.
     for sp in tp:
-        assert sp.end_s - sp.start_s == pytest.approx(S / 100e9, rel=1e-12)
+        moved = S if sp.kind == "all_reduce" else TOKENS * V * 2 / 2
+        assert sp.end_s - sp.start_s == pytest.approx(moved / 100e9, rel=1e-12)
     compute = [sp for sp in spans if sp.stream == "compute"]
     for sp in tp:
         # Issued when the kernels before it end (the second of a pair queues behind the
@@ -64,7 +68,7 @@ def test_blocking_tp_all_reduces_by_hand(tiny_model: ModelSpec) -> None:
     copy_in = local_block * 10 / 1e12
     assert copy_in > 2 * S / 100e9
     assert r.exposed_by_kind_s["all_reduce"] == pytest.approx(6 * S / 100e9, rel=1e-9)
-    assert r.collective_calls["all_reduce"] == 10
+    assert r.collective_calls == {"all_reduce": 10, "all_gather": 1}
 
 
 def test_sequence_parallel_and_async_tp(tiny_model: ModelSpec) -> None:
@@ -72,7 +76,11 @@ def test_sequence_parallel_and_async_tp(tiny_model: ModelSpec) -> None:
     tp = [sp for sp in blocking.spans if sp.stream == "tp"]
     # Per block, forward: all-gather before and reduce-scatter after attention and MLP;
     # backward the reverse; the embedding's reduce-scatter forward and all-gather
-    # backward; the output projection's all-gather forward and reduce-scatter backward.
+    # backward; the output projection's all-gather forward and reduce-scatter backward;
+    # and the logits all-gathered.
+    logits = [sp for sp in tp if "logits" in sp.name]
+    assert [sp.kind for sp in logits] == ["all_gather"]
+    tp = [sp for sp in tp if sp not in logits]
     kinds = sorted(sp.kind for sp in tp)
     assert kinds == ["all_gather"] * 10 + ["reduce_scatter"] * 10
     for sp in tp:  # (1/2) x S per rank each

@@ -39,11 +39,15 @@ def test_tp_without_data_parallelism_collectives_and_gradients(
     plan = Plan(strategy="ddp", dp_shard=1, tp=2, seq_len=128, grad_accum=2)
     ops = lower(tiny_model, h100, plan).ops
     # Megatron's f and g without SP, per micro-batch: forward, the embedding's output and
-    # each block's attention and MLP outputs (1 + 2 x 2); backward, the output
+    # each block's attention and MLP outputs (1 + 2 x 2), then the logits all-gathered
+    # for the loss (the output projection's replicated output); backward, the output
     # projection's input gradient and each block's two input gradients (1 + 2 x 2).
     tp = [op for op in ops if op.group == "tp"]
-    assert [op.kind for op in tp] == ["all_reduce"] * 2 * 10
-    assert {op.size_bytes for op in tp} == {128 * 256 * 2}  # b x s x d, bf16
+    assert [op.kind for op in tp] == (["all_reduce"] * 5 + ["all_gather"]
+                                      + ["all_reduce"] * 5) * 2
+    assert {op.size_bytes for op in tp if op.kind == "all_reduce"} == {128 * 256 * 2}
+    # b x s x d and b x s x vocab (the whole vocabulary, 1000), bf16
+    assert {op.size_bytes for op in tp if op.kind == "all_gather"} == {128 * 1000 * 2}
     assert {op.group_ranks for op in tp} == {2}
     assert not [op for op in ops if op.group == "replicate"]  # no DDP
     # Autograd's fp32 gradients of the local shard, allocated in the first micro-batch's

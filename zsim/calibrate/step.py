@@ -70,6 +70,9 @@ class RankMeasurement:
     saved: list[SavedTensor]
     """Storages autograd saved in the first micro-batch of the steady-state step."""
     loss: float
+    collective_calls: dict[str, int] = field(default_factory=dict)
+    """The same profiled step's collective spans, counted by kind as collective_busy_s
+    names them: the calls the program issued."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -246,11 +249,11 @@ def _measure_rank(ctx: RankContext, job: _Job) -> RankMeasurement:
     warm_s = [timed_step(step) for step in range(job.warmup_steps)]
     steps = _timed_steps(job, warm_s[-1] if warm_s else 0.0, ctx.device)
     step_times = [timed_step(job.warmup_steps + i) for i in range(steps)]
-    collectives = (_profile_collectives(prep, job, ctx, 2 + job.warmup_steps + steps)
-                   if steps else {})
+    busy, calls = (_profile_collectives(prep, job, ctx, 2 + job.warmup_steps + steps)
+                   if steps else ({}, {}))
     return RankMeasurement(rank=ctx.rank, step_times_s=step_times, forward_s=forward_s,
-                           backward_s=backward_s, memory=memory,
-                           collective_busy_s=collectives, saved=saved, loss=loss)
+                           backward_s=backward_s, memory=memory, collective_busy_s=busy,
+                           saved=saved, loss=loss, collective_calls=calls)
 
 
 _KINDS = (("all_gather", "all_gather"), ("allgather", "all_gather"),
@@ -271,9 +274,10 @@ def _timed_steps(job: _Job, warm_step_s: float, device: str) -> int:
 
 
 def _profile_collectives(prep: training.Prepared, job: _Job, ctx: RankContext,
-                         batch_step: int) -> dict[str, float]:
+                         batch_step: int) -> tuple[dict[str, float], dict[str, int]]:
     """One more step under torch.profiler; the backend's own spans (gloo's worker-thread
-    spans, or NCCL kernels on the GPU) give how long each collective really ran."""
+    spans, or NCCL kernels on the GPU) give how long each collective really ran and how
+    many ran, by kind."""
     activities = [ProfilerActivity.CPU]
     if ctx.device.startswith("cuda"):
         activities.append(ProfilerActivity.CUDA)
@@ -283,6 +287,7 @@ def _profile_collectives(prep: training.Prepared, job: _Job, ctx: RankContext,
         training.train_step(prep, micro)
         sync_device(ctx.device)
     busy: dict[str, float] = {}
+    calls: dict[str, int] = {}
     for event in prof.events():
         name = event.name.lower()
         if not (name.startswith("gloo:") or name.startswith("nccl")):
@@ -290,7 +295,8 @@ def _profile_collectives(prep: training.Prepared, job: _Job, ctx: RankContext,
         kind = next((k for sub, k in _KINDS if sub in name), None)
         if kind is not None:
             busy[kind] = busy.get(kind, 0.0) + event.time_range.elapsed_us() * 1e-6
-    return busy
+            calls[kind] = calls.get(kind, 0) + 1
+    return busy, calls
 
 
 def _memory_step(prep: training.Prepared, job: _Job, ctx: RankContext,

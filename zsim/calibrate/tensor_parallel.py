@@ -12,6 +12,9 @@ them on the whole sequence; with plan.sp (sequence parallelism, Korthikanti et a
 they are SequenceParallel instead: the residual stream is sharded on the sequence, the
 embedding's and each row-wise projection's output reduce-scattered onto it, and
 PrepareModuleInput all-gathers it before attention and the MLP, as torchtitan always runs.
+Without SP attention and the MLP take a PrepareModuleInput too (replicated in,
+replicated out), as torchtitan's: their column-wise projections share one DTensor input,
+so its gradient is reduced once per module (Megatron-LM's f), not once per projection.
 
 The mesh is ("dp", "tp") of dp_degree x tp ranks, TP innermost (torchtitan's
 ParallelDims order: a rank's TP peers are its neighbours). With dp_shard 1 (strategy
@@ -118,13 +121,15 @@ def tp_plan(inner: Transformer, *, sequence_parallel: bool) -> dict[str, Paralle
         if sequence_parallel:
             styles[f"{block}.attention_norm"] = SequenceParallel()
             styles[f"{block}.ffn_norm"] = SequenceParallel()
-            # The RoPE tables pass through unchanged (layout None).
-            styles[f"{block}.attention"] = PrepareModuleInput(
-                input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None),
-                use_local_output=True)
-            styles[f"{block}.feed_forward"] = PrepareModuleInput(
-                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
-                use_local_output=True)
+        # One replicated DTensor input per module, shared by its column-wise projections,
+        # so that their input gradients are summed as partial DTensors and reduced once
+        # (a reduce-scatter onto the sequence shards with SP, an all-reduce without);
+        # each projection turning a plain tensor into its own DTensor would reduce its
+        # gradient alone (five calls a block). The RoPE tables pass through (layout None).
+        styles[f"{block}.attention"] = PrepareModuleInput(
+            input_layouts=(stream, None), desired_input_layouts=(Replicate(), None))
+        styles[f"{block}.feed_forward"] = PrepareModuleInput(
+            input_layouts=(stream,), desired_input_layouts=(Replicate(),))
     return styles
 
 

@@ -332,6 +332,27 @@ def tensor_parallel(b: Builder, *, after: int, phase: str, regions: int, name: s
         b.waits.append(last)
 
 
+def logits_bytes(b: Builder) -> int:
+    """One micro-batch's whole logits in the compute dtype (over ModelSpec.loss_vocab, the
+    whole vocabulary under TP): what the output projection's all-gather produces."""
+    p = b.plan
+    return p.micro_batch * p.seq_len * b.model.loss_vocab * b.a
+
+
+def gather_logits(b: Builder, *, after: int, mb: int) -> None:
+    """The output projection's ColwiseParallel with a replicated output (no loss
+    parallelism): each rank's vocabulary shard of the logits all-gathered for the loss
+    (logits_bytes) on the "tp" stream after the head's forward; the next compute kernel
+    waits for it. Its backward slices the gradient back to the shard, no call. Nothing
+    with tp = 1."""
+    if b.plan.tp == 1:
+        return
+    b.waits.append(b.collective(kind="all_gather", size_bytes=logits_bytes(b), group=b.tp,
+                                gname="tp", stream="tp",
+                                name=f"output TP logits all_gather forward (mb {mb})",
+                                microbatch=mb, after=(after,)))
+
+
 def context_parallel(b: Builder, *, after: int, phase: str, blocks: int, name: str,
                      mb: int, unit: int | None = None) -> None:
     """Ring attention's K/V exchange for `blocks` blocks in `phase`, as torch's

@@ -12,7 +12,7 @@ pipeline_parallel.py, parallelize.py):
   (zsim.schedule.build: a block's forward and backward, recomputation included, the
   output projection and loss), and its TP collectives per block (zsim.schedule.build
   TP_ENTER, TP_EXIT) block them, or with async TP overlap them (the excess is
-  exposed).
+  exposed); the last stage also all-gathers the logits (build.gather_logits).
 - FSDP2 inside a stage keeps the parameters gathered across micro-batches
   (reshard_after_forward False with PP, torchtitan's default) and reduces gradients once,
   after the last micro-batch (the stage sets requires_gradient_sync on its last
@@ -49,7 +49,13 @@ from zsim.analytic.collectives import collective_time_s
 from zsim.analytic.compute import head_backward_flops, head_forward_flops, optimizer_flops
 from zsim.analytic.memory import optimizer_bytes_per_param
 from zsim.analytic.placement import pipeline_hop_crosses_nodes, place
-from zsim.schedule.build import TP_ENTER, TP_EXIT, Builder, activation_sizes
+from zsim.schedule.build import (
+    TP_ENTER,
+    TP_EXIT,
+    Builder,
+    activation_sizes,
+    logits_bytes,
+)
 from zsim.schedule.lower import runs_autocast
 from zsim.schedule.pipeline import (
     num_stages,
@@ -125,6 +131,9 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
     kw = dict(micro_batch=p.micro_batch, seq_len=p.seq_len, act_bytes=b.a)
     head_f = b.compute(head_forward_flops(model, **kw))
     head_b = sum(b.compute(part) for part in head_backward_flops(model, **kw))
+    # The output projection's logits all-gathered for the loss (build.gather_logits).
+    gather_s = (collective_time_s("all_gather", logits_bytes(b), b.tp, hw) if p.tp > 1
+                else 0.0)
     forward, backward = [], []
     for s in range(n_stages):
         f = layers * (block_f + tp_f)
@@ -133,7 +142,7 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
             f += _tp_time_s(b, "forward", (TP_EXIT,), 1)
             bw += _tp_time_s(b, "backward", (TP_EXIT,), 1)
         if s == n_stages - 1:
-            f += head_f + _tp_time_s(b, "forward", (TP_ENTER,), 1)
+            f += head_f + _tp_time_s(b, "forward", (TP_ENTER,), 1) + gather_s
             bw += head_b + _tp_time_s(b, "backward", (TP_ENTER,), 1)
         forward.append(f)
         backward.append(bw)

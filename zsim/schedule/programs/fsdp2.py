@@ -64,6 +64,7 @@ from zsim.schedule.build import (
     block_forward,
     context_parallel,
     device_optimizer,
+    gather_logits,
     head_backward,
     head_forward,
     host_optimizer,
@@ -231,6 +232,7 @@ class _Step:
 
             emb_grad = 0 if b.model.tied_embeddings else b.model.embedding_params
             head_f = head_forward(b, mb, after=(fwd[-1],), frees=self.release_all_gather())
+            gather_logits(b, after=head_f, mb=mb)
             issued: dict[int, int] = {}
             # The root's pre-backward hook runs as the backward starts (on the loss's
             # gradient): it prefetches the last units once the forward has ended.

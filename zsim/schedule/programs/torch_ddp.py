@@ -41,6 +41,7 @@ from zsim.schedule.build import (
     block_backward,
     block_forward,
     device_optimizer,
+    gather_logits,
     head_backward,
     head_forward,
     host_optimizer,
@@ -187,7 +188,8 @@ def _lower(b: Builder, root: Unit, blocks: list[Unit]) -> None:
         # ColwiseParallel output projection: its input enters one.
         tensor_parallel(b, after=fwd[-1] if fwd else emb, phase="forward", regions=1,
                         boundaries=(TP_ENTER,), name="output", mb=mb)
-        head_forward(b, mb, after=(fwd[-1] if fwd else emb,))
+        head_f = head_forward(b, mb, after=(fwd[-1] if fwd else emb,))
+        gather_logits(b, after=head_f, mb=mb)
         head_b = head_backward(b, mb, grads=grad_alloc(root))
         tensor_parallel(b, after=head_b, phase="backward", regions=1, boundaries=(TP_ENTER,),
                         name="output", mb=mb)
