@@ -169,10 +169,23 @@ def test_torch_adam_warns_that_fused_adam_is_modelled(tmp_path: Path, params: di
     assert bool(warnings) == warned
 
 
+@pytest.mark.parametrize(("config", "warned"), [
+    ({}, True), ({"optimizer": {"type": "AdamW"}}, False),
+    ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}, False)])
+def test_a_config_without_an_optimizer_warns_that_the_clients_is_not_known(
+        tmp_path: Path, config: dict, warned: bool) -> None:
+    # Without an optimizer section DeepSpeed steps the one its caller passes (offloaded,
+    # DeepSpeedCPUAdam, which zero_force_ds_cpu_optimizer insists on).
+    path = write(tmp_path, {"zero_optimization": {"stage": 2}, **config})
+    warnings = read_ds_config(path, hidden_size=768).warnings
+    assert any("optimizer (absent: DeepSpeed steps the client's" in w
+               for w in warnings) == warned
+
+
 def test_config_plan_is_the_flags_plan(tmp_path: Path) -> None:
     """A config and the equivalent command line simulate the same step, byte for byte."""
     path = write(tmp_path, {"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True},
-                            "zero_optimization": {"stage": 3}})
+                            "zero_optimization": {"stage": 3}, "optimizer": {"type": "AdamW"}})
     from_config = simulate(model="125m", gpus=8, strategy=None, hardware="dgx-h100", seq=512,
                            ds_config=path)
     from_flags = simulate(model="125m", gpus=8, strategy="zero3", hardware="dgx-h100",

@@ -174,6 +174,11 @@ class DsConfigReader:
         if isinstance(params, dict) and params.get("torch_adam") is True:
             self.unmodelled.append("optimizer.params.torch_adam=true (modelled as DeepSpeed's "
                                    "FusedAdam)")
+        if "optimizer" not in data and offload == "none":
+            # DeepSpeed then steps the optimizer the caller passes (offloaded, it insists
+            # on DeepSpeedCPUAdam: zero_force_ds_cpu_optimizer).
+            self.unmodelled.append("optimizer (absent: DeepSpeed steps the client's, "
+                                   "modelled as its FusedAdam)")
         warnings = []
         if self.unmodelled:
             warnings.append(f"{self.where}: read but not modelled: {', '.join(self.unmodelled)}")
