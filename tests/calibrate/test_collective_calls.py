@@ -13,22 +13,15 @@ import pytest
 
 pytest.importorskip("torch")
 
-from zsim.calibrate.step import measure_plan
+from _library import TINY, ZERO3
+from _runs import RealRuns
+
 from zsim.simulate import simulate
 from zsim.spec.deepspeed import DeepSpeedZero
-from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 from zsim.spec.registry import resolve_hardware
 
 pytestmark = pytest.mark.slow
-
-TINY = ModelSpec(name="tiny", num_layers=2, d_model=128, num_heads=4, num_kv_heads=2,
-                 ffn_hidden=344, vocab_size=512, max_seq_len=64, norm_kernel="composite")
-
-ZERO3 = DeepSpeedZero(param_persistence_threshold=1_000, reduce_bucket_size=50_000,
-                      prefetch_bucket_size=30_000)
-"""Norms whole, every matrix fetched, several buckets and prefetches (as
-test_deepspeed_backend.py)."""
 
 
 def _gloo_kinds(calls: dict[str, int]) -> dict[str, int]:
@@ -49,11 +42,13 @@ def _gloo_kinds(calls: dict[str, int]) -> dict[str, int]:
     ("zero3", {"ds": ZERO3}),
 ], ids=["ddp", "fsdp2", "fsdp1", "fsdp1-no-reshard", "zero1", "zero2", "zero2-offload",
         "zero3"])
-def test_a_real_step_issues_the_simulated_calls(strategy: str, knobs: dict) -> None:
+def test_a_real_step_issues_the_simulated_calls(real_runs: RealRuns, strategy: str,
+                                                knobs: dict) -> None:
     if "ds" in knobs:
         pytest.importorskip("deepspeed")
     plan = Plan.for_strategy(strategy, gpus=2, seq_len=64, micro_batch=2, **knobs)
-    measured = measure_plan(TINY, plan, nproc=2, steps=1, warmup_steps=0, min_timed_s=0.0)
+    # ZeRO-3's run is test_deepspeed_backend's timed one (the same arguments).
+    measured = real_runs.measure(TINY, plan, nproc=2, steps=1, warmup_steps=1)
     simulated = _gloo_kinds(simulate(TINY, resolve_hardware("local-cpu"),
                                      plan).collective_calls)
     assert sum(simulated.values()) > 0

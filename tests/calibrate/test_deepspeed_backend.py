@@ -12,31 +12,29 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
 
-from zsim.calibrate.step import measure_plan
+from _library import TINY, ZERO3
+from _runs import RealRuns
+
 from zsim.calibrate.validate import BOUNDS_PCT, compare
 from zsim.spec.deepspeed import DeepSpeedZero
-from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 from zsim.spec.registry import resolve_hardware
 
 pytestmark = pytest.mark.slow
 
-TINY = ModelSpec(name="tiny", num_layers=2, d_model=128, num_heads=4, num_kv_heads=2,
-                 ffn_hidden=344, vocab_size=512, max_seq_len=64, norm_kernel="composite")
 BOUNDS = {**BOUNDS_PCT, "state_memory_bytes": 1.0}
 
 
 @pytest.mark.parametrize(("strategy", "ds", "timed"), [
     ("zero1", DeepSpeedZero(), False),
     ("zero2", DeepSpeedZero(reduce_bucket_size=20_000), False),  # several buckets
-    ("zero3", DeepSpeedZero(param_persistence_threshold=1_000, reduce_bucket_size=50_000,
-                            prefetch_bucket_size=30_000), True),
+    ("zero3", ZERO3, True),
 ])
-def test_memory_of_the_real_program(strategy: str, ds: DeepSpeedZero, timed: bool) -> None:
+def test_memory_of_the_real_program(real_runs: RealRuns, strategy: str, ds: DeepSpeedZero,
+                                    timed: bool) -> None:
     plan = Plan.for_strategy(strategy, gpus=2, seq_len=64, micro_batch=2, ds=ds)
     steps = 1 if timed else 0
-    measured = measure_plan(TINY, plan, nproc=2, steps=steps, warmup_steps=steps,
-                            min_timed_s=0.0)
+    measured = real_runs.measure(TINY, plan, nproc=2, steps=steps, warmup_steps=steps)
     rows = {r["metric"]: r for r in compare(TINY, plan, resolve_hardware("local-cpu"),
                                             measured, times=timed)}
     for metric in ("state_memory_bytes", "peak_memory_bytes", "activation_bytes_blocks",

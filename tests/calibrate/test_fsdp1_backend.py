@@ -11,17 +11,16 @@ import pytest
 
 pytest.importorskip("torch")
 
+from _library import TINY
+
 from zsim.calibrate.step import measure_plan
 from zsim.calibrate.validate import BOUNDS_PCT, compare
 from zsim.spec.fsdp1 import Fsdp1Options
-from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 from zsim.spec.registry import resolve_hardware
 
 pytestmark = pytest.mark.slow
 
-TINY = ModelSpec(name="tiny", num_layers=2, d_model=128, num_heads=4, num_kv_heads=2,
-                 ffn_hidden=344, vocab_size=512, max_seq_len=64, norm_kernel="composite")
 BOUNDS = {**BOUNDS_PCT, "state_memory_bytes": 1.0}
 
 

@@ -258,22 +258,30 @@ def _cold_gemms(ctx: RankContext, shapes: tuple[tuple[int, int, int], ...],
                 dtype: torch.dtype, flush_bytes: int) -> list[float]:
     """FLOP/s of (m x k) @ (k x n) in `dtype` for each shape, the median of 9 calls, each
     after writing `flush_bytes` so that it reads its operands from memory."""
-    flush = torch.empty(flush_bytes // 4, device=ctx.device)
+    flush = _cache_flush(ctx.device, flush_bytes)
     rates = []
     for m, k, n in shapes:
         a = torch.randn(m, k, dtype=dtype, device=ctx.device)
         b = torch.randn(k, n, dtype=dtype, device=ctx.device)
 
-        def before(flush: torch.Tensor = flush) -> None:
-            flush.zero_()
-            sync_device(ctx.device)
-
         def call(a: torch.Tensor = a, b: torch.Tensor = b) -> None:
             a @ b
             sync_device(ctx.device)
 
-        rates.append(2 * m * k * n / _median_s(call, 9, before=before))
+        rates.append(2 * m * k * n / _median_s(call, 9, before=flush))
     return rates
+
+
+def _cache_flush(device: str, nbytes: int) -> Callable[[], None]:
+    """What to run before a timed call so that it reads its operands from memory: write
+    `nbytes` on `device` (BenchConfig.cache_flush_bytes) and wait for it."""
+    buffer = torch.empty(nbytes // 4, device=device)
+
+    def flush() -> None:
+        buffer.zero_()
+        sync_device(device)
+
+    return flush
 
 
 def _linear_s(x: torch.Tensor, weight: torch.Tensor) -> float:
@@ -359,8 +367,7 @@ def _step_rate(numel: int, optimizer: Callable[[list[torch.nn.Parameter]], Any],
     a rank, against 1.2 cold and 2.3 hot at 4 Mi parameters, both ranks at once)."""
     p = torch.nn.Parameter(torch.randn(numel))
     p.grad = torch.randn_like(p)
-    flush = torch.empty(flush_bytes // 4)
-    return numel / _median_s(optimizer([p]).step, 5, before=flush.zero_)
+    return numel / _median_s(optimizer([p]).step, 5, before=_cache_flush("cpu", flush_bytes))
 
 
 def _adam(numel: int, flush_bytes: int) -> float:

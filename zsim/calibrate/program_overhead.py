@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib.util
 import statistics
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from zsim.calibrate import training
 from zsim.calibrate.microbench import NANO_TOKENS, NanoBlock, nano_model
@@ -133,6 +133,8 @@ def fit(measured: list[dict[str, dict[str, float]]], profile: dict[str, Any], *,
     run takes beyond its simulation and what its blocks are charged. Microseconds."""
     hw = HardwareProfile.from_dict(profile, name=str(profile["name"]))
     lo, _ = layers
+    tensors = {block: len(nano_model(1, block=block).block_tensors())
+               for block in NANO_BLOCKS.values()}
     out = {}
     for program, plan in nano_plans(world_size).items():
         if not all(program in m for m in measured):
@@ -140,26 +142,39 @@ def fit(measured: list[dict[str, dict[str, float]]], profile: dict[str, Any], *,
         m = {k: statistics.median(r[program][k] for r in measured) for k in measured[0][program]}
         extra = {block: _extra_per_block(m, prefix, hw, plan, layers, block)
                  for prefix, block in _blocks(program).items() if f"{prefix}lo" in m}
-        t_llama = len(nano_model(1).block_tensors())
+        llama = extra["llama"]
         parts: dict[str, float] = {}
-        for i, phase in enumerate(("forward", "backward")):
+        for phase in ("forward", "backward"):
             slope = 0.0
             if "gpt" in extra:
-                t_gpt = len(nano_model(1, block="gpt").block_tensors())
-                slope = max((extra["gpt"][i] - extra["llama"][i]) / (t_gpt - t_llama), 0.0)
+                slope = max((getattr(extra["gpt"], phase) - getattr(llama, phase))
+                            / (tensors["gpt"] - tensors["llama"]), 0.0)
                 parts[f"{phase}_tensor"] = slope * 1e6
-            parts[f"{phase}_block"] = max(extra["llama"][i] - t_llama * slope, 0.0) * 1e6
-        charged = 1e-6 * sum(parts[f"{ph}_block"] + t_llama * parts.get(f"{ph}_tensor", 0.0)
+            parts[f"{phase}_block"] = max(getattr(llama, phase) - tensors["llama"] * slope,
+                                          0.0) * 1e6
+        charged = 1e-6 * sum(parts[f"{ph}_block"]
+                             + tensors["llama"] * parts.get(f"{ph}_tensor", 0.0)
                              for ph in ("forward", "backward"))
-        parts["step"] = max(m["lo"] - extra["llama"][2] - lo * charged, 0.0) * 1e6
+        parts["step"] = max(m["lo"] - llama.simulated_lo_step - lo * charged, 0.0) * 1e6
         out[program] = parts
     return out
 
 
+class _Extra(NamedTuple):
+    """What the measured nano runs with one block take beyond their simulation, seconds."""
+
+    forward: float
+    """Per block, in the forward (>= 0)."""
+    backward: float
+    """Per block, in the rest of the step (>= 0)."""
+    simulated_lo_step: float
+    """The shallower run's simulated step."""
+
+
 def _extra_per_block(m: dict[str, float], prefix: str, hw: HardwareProfile, plan: Plan,
-                     layers: tuple[int, int], block: NanoBlock) -> tuple[float, float, float]:
-    """(forward, backward) seconds per block that the measured runs with `block` take
-    beyond their simulation, each >= 0, and the shallower run's simulated step."""
+                     layers: tuple[int, int], block: NanoBlock) -> _Extra:
+    """What the measured runs with `block` (their figures prefixed `prefix` in `m`) take
+    beyond their simulation."""
     lo, hi = layers
     sim = {d: simulate(nano_model(n, block=block), hw, plan) for d, n in (("lo", lo), ("hi", hi))}
     step = {d: r.step_time_s or 0.0 for d, r in sim.items()}
@@ -167,4 +182,5 @@ def _extra_per_block(m: dict[str, float], prefix: str, hw: HardwareProfile, plan
     per_block = ((m[f"{prefix}hi"] - m[f"{prefix}lo"]) - (step["hi"] - step["lo"])) / (hi - lo)
     forward = max(((m[f"{prefix}hi_forward"] - m[f"{prefix}lo_forward"])
                    - (fwd["hi"] - fwd["lo"])) / (hi - lo), 0.0)
-    return forward, max(per_block - forward, 0.0), step["lo"]
+    return _Extra(forward=forward, backward=max(per_block - forward, 0.0),
+                  simulated_lo_step=step["lo"])

@@ -75,8 +75,8 @@ def fixed_bytes(model: ModelSpec, hw: HardwareProfile) -> dict[str, int]:
     by category: the module buffers ("params", 0 where none) and the library workspaces
     ("workspace", where the profile has them)."""
     out = {"params": model.buffer_bytes}
-    if workspace_pieces(hw):
-        out["workspace"] = sum(workspace_pieces(hw))
+    if pieces := workspace_pieces(hw):
+        out["workspace"] = sum(pieces)
     return out
 
 
