@@ -12,6 +12,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from zsim.calibrate import profile as profile_module
 from zsim.calibrate.fit import AlphaBeta, CollectiveSample
 from zsim.calibrate.microbench import (
     BLOCK_STEPS,
@@ -174,3 +175,34 @@ def test_the_cold_gemms_cover_every_gemm_of_the_validation_grid(
     for spec, plan in grid():
         simulate(replace(spec, **backend_knobs("cpu")), hw, plan)
     assert asked and asked <= set(shapes), sorted(asked - set(shapes))
+
+
+def test_sessions_merge_rank_by_rank_into_one_profile(monkeypatch: pytest.MonkeyPatch,
+                                                      tmp_path: Path) -> None:
+    """write_profile of sessions benchmarked at different times: each rank's figures the
+    median over the sessions (a host 1x, 3x and 2x as slow gives the 2x session's profile),
+    the provenance counting every round."""
+    from dataclasses import replace
+    from datetime import datetime, timezone
+
+    import yaml
+
+    from zsim.calibrate.microbench import BenchConfig
+    from zsim.calibrate.profile import profile_dict, write_profile
+
+    def slow(rank: RankBench, scale: float) -> RankBench:
+        return replace(rank, adam_params_per_s=rank.adam_params_per_s / scale,
+                       p2p_bytes_per_s=rank.p2p_bytes_per_s / scale,
+                       collectives=[replace(c, time_s=c.time_s * scale)
+                                    for c in rank.collectives])
+
+    monkeypatch.setattr(profile_module, "_disk_rates", lambda folder: (1e9, 2e9))
+    ranks = [_bench(4e9), replace(_bench(4e9), rank_skew=0.07)]
+    sessions = [[slow(r, scale) for r in ranks] for scale in (1.0, 3.0, 2.0)]
+    when = datetime(2026, 12, 2, tzinfo=timezone.utc)
+    path = write_profile(sessions, backend="gloo", nproc=2, out=tmp_path / "p.yaml",
+                         started=when, config=BenchConfig(rounds=1))
+    expected = profile_dict(sessions[2], name="p", backend="gloo", nproc=2, started=when,
+                            disk_bytes_per_s=(1e9, 2e9), config=BenchConfig(rounds=3))
+    assert yaml.safe_load(path.read_text()) == expected
+    assert "each figure the median of 3 rounds" in expected["host"]["source"]

@@ -107,31 +107,66 @@ def _measurement(spec: ModelSpec, plan: Plan) -> PlanMeasurement:
 
 def test_regenerate_report_passes_them_on(monkeypatch: pytest.MonkeyPatch,
                                           tmp_path: Path) -> None:
-    calibrated: list[int] = []
-    rounds: list[int | None] = []
-    timed: list[float] = []
+    """Calibrating here for timed runs, each world size gets --calibration-rounds rounds
+    of the benchmarks before each pass over the cases (so the profiles sample the host
+    over the minutes the runs take), and each profile is written once, from all of its
+    sessions, before the runs are predicted."""
+    events: list[tuple[Any, ...]] = []
+
+    def bench(backend: str, nproc: int, *, config: Any) -> list[int]:
+        events.append(("bench", nproc, config.rounds))
+        return [len(events)] * nproc
+
+    def write(sessions: list[Any], *, backend: str, nproc: int, out: Path, started: Any,
+              config: Any) -> Path:
+        events.append(("write", nproc, [s[0] for s in sessions]))
+        return _fake_calibrate([])(backend, nproc, out)
 
     def measure(spec: ModelSpec, plan: Plan, **kwargs: Any) -> PlanMeasurement:
-        timed.append(kwargs["min_timed_s"])
+        events.append(("measure", plan.world_size, kwargs["min_timed_s"]))
         return _measurement(spec, plan)
 
     def compare(spec: ModelSpec, plan: Plan, profile: Any, measured: PlanMeasurement, *,
                 times: bool = True) -> list[dict[str, Any]]:
+        events.append(("compare", profile.name))
         return [{"model": spec.name, "plan": plan.label, "nproc": plan.world_size,
                  "backend": "gloo", "metric": "step_time_s", "predicted": 1.0,
                  "measured": 1.0, "error_pct": 0.0}]
 
-    monkeypatch.setattr(profile_module, "calibrate", _fake_calibrate(calibrated, rounds))
+    monkeypatch.setattr(profile_module, "calibrate", _fake_calibrate([]))
+    monkeypatch.setattr(profile_module, "bench_ranks", bench)
+    monkeypatch.setattr(profile_module, "write_profile", write)
     monkeypatch.setattr(validate, "measure_plan", measure)
     monkeypatch.setattr(validate, "compare", compare)
     monkeypatch.setattr(validate, "_plot", lambda rows, out_dir: None)
-    validate.regenerate_report(None, out_dir=tmp_path, steps=1, runs=1, min_timed_s=0.5,
+    validate.regenerate_report(None, out_dir=tmp_path, steps=1, runs=2, min_timed_s=0.5,
                                calibration_rounds=1,
                                only=("llama-tiny zero1* n2", "llama-tiny zero1* n4"))
-    assert calibrated == [2, 4] and rounds == [1, 1] and timed == [0.5, 0.5]
+    assert events == [("bench", 2, 1), ("bench", 4, 1), ("measure", 2, 0.5), ("measure", 4, 0.5),
+                      ("bench", 2, 1), ("bench", 4, 1), ("measure", 2, 0.5), ("measure", 4, 0.5),
+                      ("write", 2, [1, 5]), ("write", 4, [2, 6]),
+                      ("compare", "calibrated-gloo-n2"), ("compare", "calibrated-gloo-n4")]
     (batch,) = yaml.safe_load((tmp_path / "provenance.yaml").read_text())["batches"]
     assert batch["min_timed_s_per_run"] == 0.5
     assert batch["profiles"] == {2: "calibrated-gloo-n2", 4: "calibrated-gloo-n4"}
+    assert batch["calibration"].startswith("1 round(s) of the benchmarks per world size "
+                                           "before each of the 2 passes")
     assert " --calibrate-here " in batch["command"]
     assert " --calibration-rounds 1 " in batch["command"]
     assert " --min-timed-s 0.5 " in batch["command"]
+
+
+def test_untimed_batches_calibrate_once_before_the_runs(monkeypatch: pytest.MonkeyPatch,
+                                                        tmp_path: Path) -> None:
+    """Without step times (--no-time) nothing depends on when the host was benchmarked:
+    each world size is calibrated once, up front, with --calibration-rounds rounds."""
+    calibrated: list[int] = []
+    rounds: list[int | None] = []
+    monkeypatch.setattr(profile_module, "calibrate", _fake_calibrate(calibrated, rounds))
+    monkeypatch.setattr(validate, "measure_plan",
+                        lambda spec, plan, **kwargs: _measurement(spec, plan))
+    monkeypatch.setattr(validate, "compare", lambda *a, **k: [])
+    monkeypatch.setattr(validate, "_plot", lambda rows, out_dir: None)
+    validate.regenerate_report(None, out_dir=tmp_path, steps=1, runs=2, keep_time=False,
+                               calibration_rounds=2, only=("llama-tiny zero1* n2",))
+    assert calibrated == [2] and rounds == [2]

@@ -31,7 +31,7 @@ import platform
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,7 @@ from zsim.calibrate.microbench import (
     RankBench,
     bench_rank,
     gemm_shapes,
+    median_of_rounds,
     nano_model,
 )
 from zsim.calibrate.runner import run_ranks
@@ -83,6 +84,17 @@ def calibrate(backend: str, nproc: int, out: Path, *, config: BenchConfig | None
         ConfigError: unknown backend, nproc < 2, or nccl without CUDA.
         RankFailed: a benchmark rank failed or hung.
     """
+    started = datetime.now(timezone.utc)
+    cfg = config or BenchConfig()
+    ranks = bench_ranks(backend, nproc, config=cfg, timeout_s=timeout_s)
+    return write_profile([ranks], backend=backend, nproc=nproc, out=out, started=started,
+                         config=cfg)
+
+
+def bench_ranks(backend: str, nproc: int, *, config: BenchConfig,
+                timeout_s: float = 900.0) -> list[RankBench]:
+    """`config.rounds` rounds of the benchmarks on `nproc` ranks of `backend`: each
+    rank's figures (medians over the rounds), in rank order. Raises as calibrate()."""
     if backend not in ("gloo", "nccl"):
         raise ConfigError("backend", backend, "must be gloo or nccl")
     if nproc < 2:
@@ -90,10 +102,21 @@ def calibrate(backend: str, nproc: int, out: Path, *, config: BenchConfig | None
     if backend == "nccl" and torch.cuda.device_count() < nproc:
         raise ConfigError("nproc", nproc, f"needs {nproc} CUDA devices, "
                                           f"found {torch.cuda.device_count()}")
-    started = datetime.now(timezone.utc)
-    cfg = config or BenchConfig()
-    ranks: list[RankBench] = run_ranks(bench_rank, cfg, nproc=nproc,
-                                       backend=backend, timeout_s=timeout_s)
+    return run_ranks(bench_rank, config, nproc=nproc, backend=backend, timeout_s=timeout_s)
+
+
+def write_profile(sessions: list[list[RankBench]], *, backend: str, nproc: int, out: Path,
+                  started: datetime, config: BenchConfig) -> Path:
+    """Write the profile of one or more benchmark sessions (bench_ranks' results, each
+    of `config.rounds` rounds), each rank's figures the median over the sessions (the
+    validation report spreads its sessions between its passes over the cases, so that
+    the profile samples the host over the same minutes as the runs it predicts).
+
+    Returns:
+        `out`, after checking that it loads with HardwareProfile.from_yaml.
+    """
+    ranks = [median_of_rounds([s[i] for s in sessions]) for i in range(nproc)]
+    cfg = replace(config, rounds=config.rounds * len(sessions))
     disk = _disk_rates(out.parent)
     data = profile_dict(ranks, name=Path(out).stem, backend=backend, nproc=nproc,
                         started=started, disk_bytes_per_s=disk, config=cfg)

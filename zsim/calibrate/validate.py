@@ -24,6 +24,7 @@ import csv
 import io
 import statistics
 from dataclasses import replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -345,9 +346,13 @@ def regenerate_report(profile: HardwareProfile | None, *, out_dir: Path, steps: 
     other than `profile`'s gpus_per_node are predicted with a profile calibrated at that
     world size (see _profiles_per_world); with `profile` None, every world size is (the
     command's --calibrate-here: a host other than the committed profiles' measures a
-    batch consistent with itself); those calibrations run `calibration_rounds` rounds
-    of the benchmarks (None: BenchConfig's default). Each timed run fills at least
-    `min_timed_s` seconds.
+    batch consistent with itself). Calibrating here for timed runs, each world size gets
+    `calibration_rounds` rounds of the benchmarks (None: 1) before each pass over the
+    cases, and its profile is the median over those sessions: the shared host drifts by
+    tens of percent over a batch's half hour, and a profile benchmarked before the runs
+    would describe its first minutes only. Otherwise each world size is calibrated once,
+    before the runs, with `calibration_rounds` rounds (None: BenchConfig's default). Each
+    timed run fills at least `min_timed_s` seconds.
 
     With `only`, a batch: just the cases whose case_key matches one of the fnmatch
     patterns are measured; their rows replace theirs in the existing report, the other
@@ -366,7 +371,6 @@ def regenerate_report(profile: HardwareProfile | None, *, out_dir: Path, steps: 
     """
     import fnmatch
     import platform
-    from datetime import datetime, timezone
 
     out_dir.mkdir(parents=True, exist_ok=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -376,12 +380,22 @@ def regenerate_report(profile: HardwareProfile | None, *, out_dir: Path, steps: 
              if not only or any(fnmatch.fnmatchcase(case_key(spec, plan), pat) for pat in only)]
     if not cases:
         raise ConfigError("only", " ".join(only), "matches no case of the grid")
-    profiles = _profiles_per_world(profile, sorted({p.world_size for _, p in cases}), out_dir,
-                                   backend="nccl" if device == "cuda" else "gloo",
-                                   reuse=not keep_time and profile is not None,
-                                   rounds=calibration_rounds)
+    worlds = sorted({p.world_size for _, p in cases})
+    backend = "nccl" if device == "cuda" else "gloo"
+    # Calibrating here for timed runs: a round of the benchmarks before each pass, so
+    # that each profile samples the host over the minutes its runs take.
+    spread = _SpreadCalibration(worlds, out_dir, backend=backend,
+                                rounds=calibration_rounds or 1) if (
+        profile is None and keep_time) else None
+    profiles = {} if spread is not None else _profiles_per_world(
+        profile, worlds, out_dir, backend=backend,
+        reuse=not keep_time and profile is not None, rounds=calibration_rounds)
     measured: list[list[PlanMeasurement]] = [[] for _ in cases]
     for run in range(runs):
+        if spread is not None:
+            spread.session()
+            print(f"run {run + 1}/{runs}: calibrated {', '.join(f'n{n}' for n in worlds)}",
+                  flush=True)
         for (spec, plan), done in zip(cases, measured, strict=True):
             # Without times: the two memory steps only, no warm-up or timed step.
             done.append(measure_plan(spec, plan, nproc=plan.world_size,
@@ -389,6 +403,8 @@ def regenerate_report(profile: HardwareProfile | None, *, out_dir: Path, steps: 
                                      warmup_steps=1 if keep_time else 0,
                                      min_timed_s=min_timed_s if keep_time else 0.0))
             print(f"run {run + 1}/{runs}: measured {case_key(spec, plan)}", flush=True)
+    if spread is not None:
+        profiles = spread.profiles()
     rows: list[dict[str, Any]] = []
     for (spec, plan), done in zip(cases, measured, strict=True):
         rows += compare(spec, plan, profiles[plan.world_size], done[0].pooled(*done[1:]),
@@ -418,6 +434,9 @@ def regenerate_report(profile: HardwareProfile | None, *, out_dir: Path, steps: 
         "torch": str(torch.__version__),
         "machine": f"{platform.node()} {platform.machine()}",
         "profiles": {n: p.name for n, p in profiles.items()},
+        "calibration": (f"{calibration_rounds or 1} round(s) of the benchmarks per world size "
+                        f"before each of the {runs} passes over the cases, each profile the "
+                        f"median over them" if spread is not None else "before the runs"),
         "runs_per_plan": runs,
         "min_timed_s_per_run": min_timed_s if keep_time else 0.0,
         "metrics": "all" if keep_time else "host-independent only (memory, state, "
@@ -439,8 +458,6 @@ def repredict_report(profile: HardwareProfile, *, out_dir: Path) -> Path:
     Returns:
         The CSV path.
     """
-    from datetime import datetime, timezone
-
     csv_path = out_dir / "validation.csv"
     rows = _read_csv(csv_path)
     knobs = backend_knobs("cpu")
@@ -536,6 +553,38 @@ def _merge(old: list[dict[str, Any]], new: list[dict[str, Any]], order: list[str
     rank = {key: i for i, key in enumerate(order)}
     kept = [r for r in old if _row_key(r) in rank and _row_key(r) not in batch]
     return sorted(kept + new, key=lambda r: rank[_row_key(r)])
+
+
+class _SpreadCalibration:
+    """Benchmark sessions at each world size, run between the passes over the cases
+    (session()), and the profiles they give (profiles(): each rank's figures the median
+    over the sessions, zsim.calibrate.profile.write_profile)."""
+
+    def __init__(self, worlds: list[int], out_dir: Path, *, backend: str,
+                 rounds: int) -> None:
+        from zsim.calibrate.microbench import BenchConfig
+        from zsim.calibrate.profile import bench_ranks
+
+        self.worlds, self.out_dir, self.backend = worlds, out_dir, backend
+        self.config = BenchConfig(rounds=rounds)
+        self.bench = bench_ranks
+        self.sessions: dict[int, list[Any]] = {n: [] for n in worlds}
+        self.started = datetime.now(timezone.utc)
+
+    def session(self) -> None:
+        for n in self.worlds:
+            self.sessions[n].append(self.bench(self.backend, n, config=self.config))
+
+    def profiles(self) -> dict[int, HardwareProfile]:
+        from zsim.calibrate.profile import write_profile
+
+        out = {}
+        for n, sessions in self.sessions.items():
+            path = write_profile(sessions, backend=self.backend, nproc=n,
+                                 out=self.out_dir / f"calibrated-{self.backend}-n{n}.yaml",
+                                 started=self.started, config=self.config)
+            out[n] = HardwareProfile.from_yaml(path)
+        return out
 
 
 def _profiles_per_world(profile: HardwareProfile | None, world_sizes: list[int],
@@ -638,8 +687,10 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--runs", type=int, default=REPORT_RUNS, help="runs of each case")
     parser.add_argument("--steps", type=int, default=8, help="timed steps per run, at least")
     parser.add_argument("--calibration-rounds", type=int, metavar="N",
-                        help="rounds of the benchmarks of each profile calibrated here "
-                             "(default: zsim.calibrate.microbench.BenchConfig's)")
+                        help="rounds of the benchmarks of each profile calibrated here: "
+                             "before each pass over the cases when timed (default 1), "
+                             "else once before the runs (default: "
+                             "zsim.calibrate.microbench.BenchConfig's)")
     parser.add_argument("--min-timed-s", type=float, default=MIN_TIMED_S, metavar="SECONDS",
                         help="time more steps until each run's timed steps fill this many "
                              "seconds (default %(default)g)")
