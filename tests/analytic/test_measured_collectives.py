@@ -10,6 +10,7 @@ import copy
 from typing import Any
 
 import pytest
+import yaml
 
 from zsim.analytic.collectives import CommGroup, choose, collective_time_s
 from zsim.errors import ConfigError
@@ -73,9 +74,58 @@ def test_the_measured_time_splits_into_latency_and_link_bytes(
     ({"ranks": 2, "all_reduce": [[1, 1]]}, "collectives.measured_us.all_reduce"),
     ({"ranks": 2, "all_reduce": [[2, 1], [1, 2]]}, "collectives.measured_us.all_reduce"),
     ({"ranks": 2, "all_reduce": [[1, -1], [2, 2]]}, "collectives.measured_us.all_reduce"),
+    ({"ranks": 2, "int8": {"all_reduce": [[1, 1], [2, 2]]}}, "collectives.measured_us"),
+    ({"ranks": 2, "bf16": {"all_gather": [[1, 1], [2, 2]]}}, "collectives.measured_us.bf16"),
+    ({"ranks": 2, "bf16": [[1, 1], [2, 2]]}, "collectives.measured_us.bf16"),
+    ({"ranks": 2, "bf16": {"all_reduce": [[1, 1]]}},
+     "collectives.measured_us.bf16.all_reduce"),
 ])
 def test_a_bad_table_names_its_field(two_tier_data: dict[str, Any], table: dict[str, Any],
                                      field: str) -> None:
     with pytest.raises(ConfigError) as e:
         _with_table(two_tier_data, copy.deepcopy(table))
     assert e.value.field == field
+
+
+DTYPED = {"ranks": 2, "all_reduce": [[1e6, 50], [4e6, 80]],
+          "reduce_scatter": [[1e6, 40], [4e6, 70]],
+          "bf16": {"all_reduce": [[1e6, 90], [4e6, 150]]}}
+"""fp32 calls, and bf16 all-reduces (gloo adds bf16 through fp32, element by element)."""
+
+
+def test_a_reduction_in_a_dtype_measured_apart_takes_its_table(
+        two_tier_data: dict[str, Any]) -> None:
+    hw = _with_table(two_tier_data, copy.deepcopy(DTYPED))
+    assert collective_time_s("all_reduce", 2.5e6, PAIR, hw, "bf16") == pytest.approx(
+        (90 + 60 / 2) * US)
+    assert collective_time_s("all_reduce", 2.5e6, PAIR, hw) == pytest.approx((50 + 15) * US)
+    # A kind or dtype with no table of its own: fp32's (the arithmetic is the difference).
+    assert collective_time_s("reduce_scatter", 1e6, PAIR, hw, "bf16") == pytest.approx(40 * US)
+    assert collective_time_s("all_reduce", 1e6, PAIR, hw, "fp16") == pytest.approx(50 * US)
+
+
+def test_the_simulator_charges_gradient_reductions_at_their_dtype() -> None:
+    """DDP's bucket all-reduces in bf16 (the plan's reduce_dtype) on a 2-rank host whose
+    bf16 all-reduces were measured 1 ms slower than fp32's at every size: each call is
+    1 ms longer than with the fp32 table alone, and the simulation counts the same calls."""
+    from dataclasses import replace
+
+    from zsim.simulate import simulate
+    from zsim.spec.plan import Plan
+    from zsim.spec.registry import PROFILES_DIR, resolve_model
+
+    data = yaml.safe_load((PROFILES_DIR / "local-cpu.yaml").read_text())
+    fp32 = [[4096, 500], [1e9, 5e6]]  # slower than the link: the table sets every call
+    data["collectives"]["measured_us"] = {"ranks": 2, "all_reduce": fp32}
+    plain = HardwareProfile.from_dict(copy.deepcopy(data), name="t")
+    data["collectives"]["measured_us"]["bf16"] = {
+        "all_reduce": [[s, us + 1000] for s, us in fp32]}
+    slow_bf16 = HardwareProfile.from_dict(data, name="t")
+    spec = resolve_model("125m")
+    plan = replace(Plan.for_strategy("ddp", gpus=2, seq_len=512), micro_batch=1)
+    assert plan.reduce_dtype == "bf16"
+    a, b = simulate(spec, plain, plan), simulate(spec, slow_bf16, plan)
+    calls = a.collective_calls["all_reduce"]
+    assert calls > 1 and b.collective_calls == a.collective_calls
+    assert b.comm_busy_s["all_reduce"] - a.comm_busy_s["all_reduce"] == pytest.approx(
+        calls * 1e-3)

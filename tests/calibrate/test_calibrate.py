@@ -206,3 +206,29 @@ def test_sessions_merge_rank_by_rank_into_one_profile(monkeypatch: pytest.Monkey
                             disk_bytes_per_s=(1e9, 2e9), config=BenchConfig(rounds=3))
     assert yaml.safe_load(path.read_text()) == expected
     assert "each figure the median of 3 rounds" in expected["host"]["source"]
+
+
+def test_reductions_are_timed_in_bf16_too_and_tabled_apart() -> None:
+    """The reducing kinds are timed in bf16 right after fp32 at each size (up to
+    reduction_dtype_max_bytes), all-gathers in fp32 only; the profile's table keeps the
+    bf16 calls under bf16, and the alpha-beta fit sees fp32's only."""
+    from zsim.calibrate.microbench import BenchConfig, _collective_cases
+
+    cfg = BenchConfig(sizes_bytes=(4096, 1 << 20, 64 << 20, 256 << 20))
+    cases = _collective_cases(cfg)
+    assert [c for c in cases if c[0] == "all_gather"] == [
+        ("all_gather", "fp32", s) for s in cfg.sizes_bytes]
+    assert [c for c in cases if c[0] == "all_reduce"] == [
+        ("all_reduce", "fp32", 4096), ("all_reduce", "bf16", 4096),
+        ("all_reduce", "fp32", 1 << 20), ("all_reduce", "bf16", 1 << 20),
+        ("all_reduce", "fp32", 64 << 20), ("all_reduce", "bf16", 64 << 20),
+        ("all_reduce", "fp32", 256 << 20)]
+    rank = RankBench(collectives=[
+        CollectiveSample(op=op, size_bytes=size, world_size=2, dtype=dtype,
+                         time_s=(2 if dtype == "bf16" else 1) * size * 1e-9 + 1e-4)
+        for op, dtype, size in cases])
+    table = _measured_us([rank], 2)
+    assert table["bf16"]["all_reduce"] == [[4096, 108.2], [1 << 20, 2197.0],
+                                           [64 << 20, 134300.0]]
+    assert table["all_reduce"][1] == [1 << 20, 1149.0]
+    assert set(table) == {"ranks", "all_gather", "reduce_scatter", "all_reduce", "bf16"}

@@ -205,15 +205,16 @@ def ring_latency_s(kind: str, group: CommGroup, hw: HardwareProfile,
 
 
 def _ring(kind: str, size_bytes: float, group: CommGroup, hw: HardwareProfile,
-          loads: tuple[tuple[str, float], ...]) -> Algorithm:
+          loads: tuple[tuple[str, float], ...], dtype: str) -> Algorithm:
     """The one algorithm of the "ring" model: the fitted per-step latency and link loads,
     or, for a group the profile measured calls of (HardwareProfile.measured_collectives:
     as many ranks, inside a node), the time measured for the size: the latency is what
     it leaves beyond the bytes' time on the link, the loads are stretched when the
     measured call is faster than the fitted link (so a lone call takes the measured time
-    and concurrent calls still share the link)."""
+    and concurrent calls still share the link). A reduction in `dtype` takes the
+    profile's calls in that dtype where it measured them apart."""
     measured = hw.measured_collectives
-    t = (measured.time_s(kind, size_bytes) if measured is not None
+    t = (measured.time_s(kind, size_bytes, dtype) if measured is not None
          and measured.ranks == group.ranks and not group.spans_nodes else None)
     if t is None:
         return Algorithm(algorithm=RING, protocol="Simple", link_loads=loads,
@@ -226,15 +227,17 @@ def _ring(kind: str, size_bytes: float, group: CommGroup, hw: HardwareProfile,
                      link_loads=tuple((link, load * t / wire) for link, load in loads))
 
 
-def candidates(kind: str, size_bytes: float, group: CommGroup, hw: HardwareProfile
-               ) -> list[Algorithm]:
+def candidates(kind: str, size_bytes: float, group: CommGroup, hw: HardwareProfile,
+               dtype: str = "fp32") -> list[Algorithm]:
     """Every (algorithm, protocol) the profile's collective library may run the call
-    with, in NCCL's order (tree, ring, NVLS, PAT; LL, LL128, Simple)."""
+    with, in NCCL's order (tree, ring, NVLS, PAT; LL, LL128, Simple). `dtype`: what a
+    reduction adds in (NCCL's reductions are bound by the links in every dtype; a
+    profile's measured gloo calls may differ by it)."""
     ring = link_loads(kind, group, hw)
     if group.ranks <= 1:  # nothing to exchange
         return [Algorithm(algorithm=RING, protocol="Simple", link_loads=ring, latency_s=0.0)]
     if hw.collectives == "ring":
-        return [_ring(kind, size_bytes, group, hw, ring)]
+        return [_ring(kind, size_bytes, group, hw, ring, dtype)]
     links = (hw.intra_node, hw.inter_node) if group.spans_nodes else (hw.intra_node,)
     protocols = [p for p in ("LL", "LL128", "Simple")
                  if all(link.offers(p) for link in links)]
@@ -301,19 +304,19 @@ def _nvls_tree(group: CommGroup, hw: HardwareProfile) -> Algorithm:
                      link_loads=(("intra_node", intra), ("inter_node", inter)))
 
 
-def choose(kind: str, size_bytes: float, group: CommGroup, hw: HardwareProfile
-           ) -> Algorithm:
+def choose(kind: str, size_bytes: float, group: CommGroup, hw: HardwareProfile,
+           dtype: str = "fp32") -> Algorithm:
     """The algorithm and protocol the library runs the call with: the candidate of least
     time running alone (NCCL's choice; the first on a tie)."""
     bus = bus_bytes(kind, size_bytes, group.ranks)
-    return min(candidates(kind, size_bytes, group, hw), key=lambda a: a.time_s(bus, hw))
+    return min(candidates(kind, size_bytes, group, hw, dtype), key=lambda a: a.time_s(bus, hw))
 
 
 def collective_time_s(kind: str, size_bytes: float, group: CommGroup,
-                      hw: HardwareProfile) -> float:
+                      hw: HardwareProfile, dtype: str = "fp32") -> float:
     """Time of one call running alone, with the algorithm the library picks for it."""
     if group.ranks <= 1:
         return 0.0
     bus = bus_bytes(kind, size_bytes, group.ranks)
-    return choose(kind, size_bytes, group, hw).time_s(bus, hw)
+    return choose(kind, size_bytes, group, hw, dtype).time_s(bus, hw)
 

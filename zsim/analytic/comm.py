@@ -78,7 +78,7 @@ def step_comm(model: ModelSpec, plan: Plan, hw: HardwareProfile) -> StepComm:
             return
         sizes[kind] += times * size
         bus[kind] += times * bus_bytes(kind, size, group.ranks)
-        time[kind] += times * collective_time_s(kind, size, group, hw)
+        time[kind] += times * collective_time_s(kind, size, group, hw, plan.reduce_dtype)
 
     shard, repl = shard_group(plan, hw), replicate_group(plan, hw)
     if plan.strategy == "ddp":

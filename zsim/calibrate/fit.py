@@ -33,6 +33,9 @@ class CollectiveSample:
     world_size: int
     time_s: float
     """Median wall time of one call, seconds."""
+    dtype: str = "fp32"
+    """Element type of the buffer: a reduction's arithmetic runs in it (gloo sums bf16
+    element by element, converting each to fp32 and back)."""
 
     @property
     def bus_bytes_per_s(self) -> float:

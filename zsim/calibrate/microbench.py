@@ -32,12 +32,13 @@ from zsim.calibrate.fit import CollectiveSample
 from zsim.calibrate.model import Transformer
 from zsim.calibrate.runner import RankContext, sync_device
 from zsim.spec.model import ModelSpec
-from zsim.units import MiB
+from zsim.units import MiB, dtype_bytes
 
 SIZES_BYTES: tuple[int, ...] = tuple(4096 * 4**i for i in range(9))
 """4 KiB to 256 MiB, x4 steps."""
 
 OPS: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce")
+REDUCING_OPS: tuple[str, ...] = ("reduce_scatter", "all_reduce")
 
 BLOCK_STEPS: tuple[str, ...] = ("plain", "plain_forward", "full", "full_forward",
                                 "selective", "selective_forward", "fsdp_local", "fsdp",
@@ -64,6 +65,13 @@ class BenchConfig:
     reduce-scatter read 2,602 us in one calibration and 811 us in the next)."""
     iters_large: int = 7
     """Timed calls for larger sizes."""
+    reduction_dtypes: tuple[str, ...] = ("bf16",)
+    """Besides fp32, the element types the reducing collectives (reduce-scatter,
+    all-reduce) are timed in, at the sizes up to reduction_dtype_max_bytes: the plans
+    reduce their gradients in bf16, which gloo adds element by element through fp32 (on
+    the 2-core EPYC a 4 MiB all-reduce took 3.6-3.9 ms in fp32 and 4.9-5.9 in bf16,
+    interleaved call by call; an all-gather's time does not depend on it)."""
+    reduction_dtype_max_bytes: int = 64 * MiB
     matmul_shapes: tuple[tuple[int, int, int], ...] = (
         (1024, 1024, 1024), (2048, 512, 512), (2048, 512, 1376), (2048, 1376, 512),
         (2048, 1024, 1024), (2048, 1024, 2752), (512, 256, 256), (512, 256, 688),
@@ -190,31 +198,41 @@ def _median_of(values: list[Any]) -> Any:
     return statistics.median(values)
 
 
+def _collective_cases(cfg: BenchConfig) -> list[tuple[str, str, int]]:
+    """(kind, dtype, size_bytes) of every timed collective, in the order timed: each kind
+    in fp32 at every size, the reducing kinds also in cfg.reduction_dtypes (right after
+    fp32 at the same size, so the two see the same host) up to its largest size."""
+    return [(op, dtype, size) for op in OPS for size in cfg.sizes_bytes
+            for dtype in ("fp32", *(cfg.reduction_dtypes if op in REDUCING_OPS else ()))
+            if dtype == "fp32" or size <= cfg.reduction_dtype_max_bytes]
+
+
 def _bench_round(ctx: RankContext, cfg: BenchConfig) -> RankBench:
+    from zsim.calibrate.fsdp2 import TORCH_DTYPES
+
     # torch 2.13 deprecates the *_tensor spellings that FSDP2 itself still calls.
     warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
     out = RankBench()
     n = ctx.world_size
-    for op in OPS:
-        for size in cfg.sizes_bytes:
-            numel = size // 4
-            iters = cfg.iters_small if size <= MiB else cfg.iters_large
-            full = torch.ones(numel, device=ctx.device)
-            shard = torch.ones(numel // n, device=ctx.device)
-            call: Callable[[], Any]
-            if op == "all_gather":
-                def call(full: torch.Tensor = full, shard: torch.Tensor = shard) -> None:
-                    dist.all_gather_into_tensor(full, shard)
-            elif op == "reduce_scatter":
-                def call(full: torch.Tensor = full, shard: torch.Tensor = shard) -> None:
-                    dist.reduce_scatter_tensor(shard, full)
-            else:
-                def call(full: torch.Tensor = full) -> None:
-                    dist.all_reduce(full)
-            t = _median_s(call, iters, before=dist.barrier)
-            out.collectives.append(CollectiveSample(op=op, size_bytes=numel * 4, world_size=n,
-                                                    time_s=t))
-            del full, shard
+    for op, dtype, size in _collective_cases(cfg):
+        numel = size // dtype_bytes(dtype)
+        iters = cfg.iters_small if size <= MiB else cfg.iters_large
+        full = torch.ones(numel, device=ctx.device, dtype=TORCH_DTYPES[dtype])
+        shard = torch.ones(numel // n, device=ctx.device, dtype=TORCH_DTYPES[dtype])
+        call: Callable[[], Any]
+        if op == "all_gather":
+            def call(full: torch.Tensor = full, shard: torch.Tensor = shard) -> None:
+                dist.all_gather_into_tensor(full, shard)
+        elif op == "reduce_scatter":
+            def call(full: torch.Tensor = full, shard: torch.Tensor = shard) -> None:
+                dist.reduce_scatter_tensor(shard, full)
+        else:
+            def call(full: torch.Tensor = full) -> None:
+                dist.all_reduce(full)
+        t = _median_s(call, iters, before=dist.barrier)
+        out.collectives.append(CollectiveSample(op=op, size_bytes=size, world_size=n,
+                                                time_s=t, dtype=dtype))
+        del full, shard
     out.p2p_bytes_per_s = _p2p(ctx)
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         rates, linear = [], []

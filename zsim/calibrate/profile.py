@@ -134,9 +134,9 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
     """The profile YAML structure (hardware.py's schema, human units) from the ranks'
     figures."""
     cfg = config or BenchConfig()
-    samples = ranks[0].collectives
+    samples = [s for s in ranks[0].collectives if s.dtype == "fp32"]
     link = fit_alpha_beta(samples)
-    ar = [s for s in ranks[0].collectives if s.op == "all_reduce"]
+    ar = [s for s in samples if s.op == "all_reduce"]
     ar_busbw = max(s.bus_bytes_per_s for s in ar)
     line_rate = max(ranks[0].p2p_bytes_per_s, link.bandwidth_bytes_per_s)
     peaks = {d: statistics.median([max(r.matmul_flop_per_s[d]) for r in ranks])
@@ -222,7 +222,9 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
             "source": f"{backend} measured: every call charged as a ring with the fitted "
                       f"per-step latency and bandwidth above, except a call of {nproc} "
                       f"ranks, which takes the time interpolated between measured_us: "
-                      f"the calls of the fit, median over ranks ([full buffer bytes, us])",
+                      f"the calls of the fit, median over ranks ([full buffer bytes, us]), "
+                      f"in fp32 (the reductions also in bf16, under bf16: a reduction in "
+                      f"bf16 takes those)",
         },
         "efficiency": {
             "matmul": _r(min(matmul_eff, 1.0)),
@@ -381,12 +383,18 @@ def _host_costs(ranks: list[RankBench], link: AlphaBeta, nproc: int,
 
 def _measured_us(ranks: list[RankBench], nproc: int) -> dict[str, Any]:
     """collectives.measured_us: per kind, [size_bytes, median time over ranks in us] of
-    every size timed, ascending."""
-    calls: dict[str, list[list[float]]] = {}
+    every size timed in fp32, ascending; the reductions timed in another dtype the same
+    way under that dtype's name."""
+    calls: dict[str, dict[str, list[list[float]]]] = {}
     for i, sample in enumerate(ranks[0].collectives):
         t = statistics.median(r.collectives[i].time_s for r in ranks)
-        calls.setdefault(sample.op, []).append([sample.size_bytes, _r(t * 1e6)])
-    return {"ranks": nproc} | {op: sorted(rows) for op, rows in calls.items()}
+        calls.setdefault(sample.dtype, {}).setdefault(sample.op, []).append(
+            [sample.size_bytes, _r(t * 1e6)])
+    table: dict[str, Any] = {"ranks": nproc}
+    for dtype, kinds in calls.items():
+        rows = {op: sorted(r) for op, r in kinds.items()}
+        table |= rows if dtype == "fp32" else {dtype: rows}
+    return table
 
 
 def _r(x: float) -> float:

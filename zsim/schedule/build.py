@@ -171,7 +171,7 @@ class Builder:
         """TP and CP collectives the next compute-stream op waits for (DTensor's and
         ring attention's collectives return tensors the next kernel reads)."""
         self.acts = acts
-        self._algorithms: dict[tuple[str, float, CommGroup], Algorithm] = {}
+        self._algorithms: dict[tuple[str, float, CommGroup, str], Algorithm] = {}
         """The library's choice per (kind, size, group): a model's units repeat."""
         kw = dict(micro_batch=plan.micro_batch, seq_len=plan.seq_len, act_bytes=self.a)
         fwd = block_forward_flops(model, **kw)
@@ -239,19 +239,21 @@ class Builder:
                         link="pcie", link_loads=((f"pcie_{kind}", load),), **kw)
 
     def collective(self, *, kind: str, size_bytes: float, group: CommGroup, gname: str,
-                   **kw: object) -> int:
+                   dtype: str | None = None, **kw: object) -> int:
         """A collective on its own stream, run with the algorithm the profile's library
-        picks for its size and group (zsim.analytic.collectives.choose). On a synchronous
-        host every call also takes the profile's cost of a call (collective_overhead_s),
+        picks for its size, group and `dtype` (what a reduction adds in; default the
+        plan's reduce_dtype, the gradients'; zsim.analytic.collectives.choose). On a
+        synchronous host every call also takes the profile's cost of a call (collective_overhead_s),
         issued with async_op or not: gloo hands each call to its worker thread and back
         whether or not the caller waits at once, and that hand-off is most of the cost
         (calls that stall). One issued without async_op blocks the host through it
         (on_synchronous_host); an async one leaves the host to run on."""
         hw = self.hw
         call_s = self.host(hw.collective_overhead_s)
-        key = (kind, size_bytes, group)
+        dtype = dtype or self.plan.reduce_dtype
+        key = (kind, size_bytes, group, dtype)
         algo = self._algorithms.get(key) or self._algorithms.setdefault(
-            key, choose(kind, size_bytes, group, hw))
+            key, choose(kind, size_bytes, group, hw, dtype))
         stream = kw.pop("stream", kind)
         return self.add(kind=kind, stream=stream, size_bytes=size_bytes,
                         bus_bytes=bus_bytes(kind, size_bytes, group.ranks),
@@ -326,7 +328,8 @@ def tensor_parallel(b: Builder, *, after: int, phase: str, regions: int, name: s
         for boundary in boundaries:
             for kind in boundary[(p.sp, phase)]:
                 last = b.collective(kind=kind, size_bytes=size, group=b.tp, gname="tp",
-                                    stream="tp", name=f"{name} TP {kind} {phase} (mb {mb})",
+                                    dtype=p.param_dtype, stream="tp",
+                                    name=f"{name} TP {kind} {phase} (mb {mb})",
                                     unit=unit, microbatch=mb, **deps)
     if last is not None:
         b.waits.append(last)
@@ -372,7 +375,8 @@ def context_parallel(b: Builder, *, after: int, phase: str, blocks: int, name: s
     for _ in range(blocks):
         for kind in kinds:
             last = b.collective(kind=kind, size_bytes=size, group=b.cp, gname="cp",
-                                stream="cp", name=f"{name} CP K/V {kind} {phase} (mb {mb})",
+                                dtype=p.param_dtype, stream="cp",
+                                name=f"{name} CP K/V {kind} {phase} (mb {mb})",
                                 unit=unit, microbatch=mb, after_start=(after,))
     if last is not None:
         b.waits.append(last)

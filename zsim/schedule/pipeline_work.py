@@ -108,7 +108,7 @@ def _tp_time_s(b: Builder, phase: str, boundaries: tuple[dict[tuple[bool, str],
     if p.tp == 1:
         return 0.0
     size = p.micro_batch * p.seq_len * b.model.d_model * b.a
-    return regions * sum(collective_time_s(kind, size, b.tp, b.hw)
+    return regions * sum(collective_time_s(kind, size, b.tp, b.hw, p.param_dtype)
                          for boundary in boundaries for kind in boundary[(p.sp, phase)])
 
 
@@ -159,8 +159,8 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
     a, r = b.a, dtype_bytes(p.reduce_dtype)
     at_rest = dtype_bytes(p.master_dtype if p.has_master_copy else p.param_dtype)
     first_ag = collective_time_s("all_gather", unit_gathered * a, shard, hw) if fsdp else 0.0
-    last_rs = (collective_time_s("reduce_scatter", unit_gathered * r, shard, hw)
-               + collective_time_s("all_reduce", unit_shard * r, repl, hw))
+    last_rs = (collective_time_s("reduce_scatter", unit_gathered * r, shard, hw, p.reduce_dtype)
+               + collective_time_s("all_reduce", unit_shard * r, repl, hw, p.reduce_dtype))
     head_s, tail_s, memory, in_flight, state = [], [], [], [], []
     tp_bus = 0.0
     for rank in range(p.pp):
@@ -179,7 +179,7 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
             param_copy_bytes=a if p.has_master_copy else 0, foreach=hw.foreach_kernels))
         head_s.append(first_ag)
         if not fsdp:  # DDP: one all-reduce of the stage's gradients, in buckets
-            last_rs = (collective_time_s("all_reduce", params * r, repl, hw)
+            last_rs = (collective_time_s("all_reduce", params * r, repl, hw, p.reduce_dtype)
                        if torch_ddp.has_reducer(p) else 0.0)
         tail_s.append(last_rs + opt)
         saved = {s: layers * acts.saved_per_block

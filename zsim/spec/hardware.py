@@ -58,6 +58,7 @@ TENSOR_KINDS: tuple[str, ...] = ("plain", "dtensor")
 parameters, DeepSpeed's partitions) or as DTensors (FSDP2)."""
 
 COLLECTIVES: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce")
+REDUCING_COLLECTIVES: tuple[str, ...] = ("reduce_scatter", "all_reduce")
 """The collective kinds (keys of a link's collective_efficiency); zsim.schedule.ops keeps
 its own copy, as it imports only the standard library."""
 
@@ -165,13 +166,19 @@ class MeasuredCollectives:
 
     ranks: int
     points: dict[str, tuple[tuple[float, float], ...]]
-    """By kind (COLLECTIVES): (size_bytes, seconds), sizes ascending, at least two."""
+    """By kind (COLLECTIVES): (size_bytes, seconds), sizes ascending, at least two; calls
+    in fp32 (an all-gather's time does not depend on its dtype)."""
+    reductions: dict[str, dict[str, tuple[tuple[float, float], ...]]] = field(
+        default_factory=dict)
+    """By dtype other than fp32, by reducing kind (REDUCING_COLLECTIVES): the same, for
+    calls that add in that dtype (gloo adds bf16 element by element through fp32)."""
 
-    def time_s(self, kind: str, size_bytes: float) -> float | None:
+    def time_s(self, kind: str, size_bytes: float, dtype: str = "fp32") -> float | None:
         """The call's time, linear between the measured sizes around `size_bytes`, along
-        the last two points' line past the largest, the smallest's time below it; None
-        for a kind not measured."""
-        points = self.points.get(kind)
+        the last two points' line past the largest, the smallest's time below it, from
+        the table of the call's dtype where the call reduces in a dtype measured apart,
+        else fp32's; None for a kind not measured."""
+        points = self.reductions.get(dtype, {}).get(kind) or self.points.get(kind)
         if not points:
             return None
         if size_bytes <= points[0][0]:
@@ -595,17 +602,38 @@ def _block_host(d: Any) -> BlockHost | None:
 
 def _measured_collectives(d: Any) -> MeasuredCollectives | None:
     """collectives.measured_us: {ranks: N >= 2, <kind>: [[size_bytes, us], ...]} for some
-    of COLLECTIVES, sizes ascending and > 0, times >= 0, two points at least (absent:
-    None)."""
+    of COLLECTIVES (fp32), and optionally {<dtype>: {<kind>: [...]}} for some of
+    REDUCING_COLLECTIVES in another dtype; sizes ascending and > 0, times >= 0, two
+    points at least (absent: None)."""
     if d is None:
         return None
     where = "collectives.measured_us"
-    if not isinstance(d, dict) or "ranks" not in d or not set(d) - {"ranks"} <= set(COLLECTIVES):
+    other = ("bf16", "fp16")
+    if not isinstance(d, dict) or "ranks" not in d or not set(d) - {"ranks"} <= {
+            *COLLECTIVES, *other}:
         raise ConfigError(where, d, f"must map ranks and some of {', '.join(COLLECTIVES)} to "
-                                    f"[[size_bytes, us], ...]")
+                                    f"[[size_bytes, us], ...] (and a dtype among "
+                                    f"{', '.join(other)} to reductions in it)")
     ranks = _count(d, where, "ranks")
     if ranks < 2:
         raise ConfigError(f"{where}.ranks", ranks, "must be >= 2")
+    reductions = {}
+    for dtype in other:
+        if dtype not in d:
+            continue
+        kinds = d[dtype]
+        if not isinstance(kinds, dict) or not kinds or not set(kinds) <= set(
+                REDUCING_COLLECTIVES):
+            raise ConfigError(f"{where}.{dtype}", kinds,
+                              f"must map some of {', '.join(REDUCING_COLLECTIVES)} to "
+                              f"[[size_bytes, us], ...]")
+        reductions[dtype] = _call_tables(kinds, f"{where}.{dtype}")
+    return MeasuredCollectives(ranks=ranks, points=_call_tables(d, where),
+                               reductions=reductions)
+
+
+def _call_tables(d: dict[str, Any], where: str) -> dict[str, tuple[tuple[float, float], ...]]:
+    """The [[size_bytes, us], ...] tables among d's COLLECTIVES keys, in seconds."""
     points = {}
     for kind in COLLECTIVES:
         if kind not in d:
@@ -620,7 +648,7 @@ def _measured_collectives(d: Any) -> MeasuredCollectives | None:
                                                       "or more, sizes ascending and > 0, "
                                                       "times >= 0")
         points[kind] = tuple((float(size), float(us) * US) for size, us in rows)
-    return MeasuredCollectives(ranks=ranks, points=points)
+    return points
 
 
 def _program_overhead(d: Any) -> dict[str, dict[str, float]]:

@@ -395,10 +395,11 @@ class _Step12:
 def _scalar_all_reduces(b: Builder, after: tuple[int, ...],
                         calls: tuple[tuple[str, int], ...]) -> tuple[int, ...]:
     """The step's blocking all-reduces of scalars, (name, bytes) in order over the shard
-    group, each after the one before; returns what the step then waits for."""
+    group, each after the one before (a flag and a norm: no 16-bit arithmetic); returns
+    what the step then waits for."""
     for name, size in calls:
         after = (b.collective(kind="all_reduce", size_bytes=size, group=b.shard,
-                              gname="shard", name=f"{name} all-reduce", unit=0,
+                              gname="shard", dtype="fp32", name=f"{name} all-reduce", unit=0,
                               microbatch=b.plan.grad_accum - 1, after=after),)
     return after
 
