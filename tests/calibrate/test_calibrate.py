@@ -232,3 +232,14 @@ def test_reductions_are_timed_in_bf16_too_and_tabled_apart() -> None:
                                            [64 << 20, 134300.0]]
     assert table["all_reduce"][1] == [1 << 20, 1149.0]
     assert set(table) == {"ranks", "all_gather", "reduce_scatter", "all_reduce", "bf16"}
+
+
+def test_a_call_time_is_the_mean_with_its_stalls_less_the_slowest_tenth() -> None:
+    """gloo's calls are bimodal (fast, or stalled 2-4 ms): the median jumps between the
+    modes, the mean (what a step of many calls pays) does not; the slowest tenth, rare
+    hiccups, is left out."""
+    from zsim.calibrate.microbench import trimmed_mean
+
+    calls = [1.0] * 11 + [4.0] * 8 + [100.0]  # 20 calls: 8 stalls and one hiccup
+    assert trimmed_mean(calls) == pytest.approx((11 * 1.0 + 7 * 4.0) / 18)
+    assert trimmed_mean([2.0, 3.0, 7.0]) == pytest.approx(4.0)  # fewer than 10: all kept

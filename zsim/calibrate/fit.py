@@ -32,7 +32,8 @@ class CollectiveSample:
     """Full buffer size: all-gather output, reduce-scatter input, all-reduce buffer."""
     world_size: int
     time_s: float
-    """Median wall time of one call, seconds."""
+    """Wall time of one call, seconds (zsim.calibrate.microbench: the trimmed mean of the
+    timed calls)."""
     dtype: str = "fp32"
     """Element type of the buffer: a reduction's arithmetic runs in it (gloo sums bf16
     element by element, converting each to fp32 and back)."""

@@ -58,11 +58,13 @@ class BenchConfig:
     2 min 50 s on a 2-core AMD EPYC with the programs, `zsim calibrate --nproc 2`)."""
 
     sizes_bytes: tuple[int, ...] = SIZES_BYTES
-    iters_small: int = 30
-    """Timed calls for sizes up to 1 MiB. Their median is the figure, and enough calls
-    keep it off the tail: on the 2-core VM a third of gloo's calls up to 1 MiB stall for
-    3-4 ms, so the median of 10 landed on a stall one time in four (a 1 MiB
-    reduce-scatter read 2,602 us in one calibration and 811 us in the next)."""
+    iters_small: int = 60
+    """Timed calls for sizes up to 1 MiB. On the 2-core VM a third to a half of gloo's
+    calls up to 1 MiB stall for 2-4 ms, so a call's time is bimodal: its median jumps
+    between the two modes from one calibration to the next (a 1 MiB all-reduce read
+    1,119 us in one and 4,058 in the next, 2026-12-02), while a step, which pays every
+    call, sees their mean. The figure is the mean of the calls less the slowest tenth
+    (trimmed_mean), over enough calls to hold still."""
     iters_large: int = 7
     """Timed calls for larger sizes."""
     reduction_dtypes: tuple[str, ...] = ("bf16",)
@@ -160,8 +162,8 @@ class RankBench:
     (zsim.calibrate.program_overhead.program_steps_s), seconds."""
 
 
-def _median_s(fn: Callable[[], Any], iters: int, warmup: int = 1,
-              before: Callable[[], None] | None = None) -> float:
+def _times_s(fn: Callable[[], Any], iters: int, warmup: int = 1,
+             before: Callable[[], None] | None = None) -> list[float]:
     for _ in range(warmup):
         fn()
     times = []
@@ -171,7 +173,18 @@ def _median_s(fn: Callable[[], Any], iters: int, warmup: int = 1,
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return times
+
+
+def _median_s(fn: Callable[[], Any], iters: int, warmup: int = 1,
+              before: Callable[[], None] | None = None) -> float:
+    return statistics.median(_times_s(fn, iters, warmup, before))
+
+
+def trimmed_mean(times: list[float], trim: float = 0.1) -> float:
+    """The mean of `times` without its slowest `trim` fraction (rounded down)."""
+    kept = sorted(times)[:len(times) - int(len(times) * trim)]
+    return statistics.fmean(kept)
 
 
 def bench_rank(ctx: RankContext, cfg: BenchConfig) -> RankBench:
@@ -229,7 +242,8 @@ def _bench_round(ctx: RankContext, cfg: BenchConfig) -> RankBench:
         else:
             def call(full: torch.Tensor = full) -> None:
                 dist.all_reduce(full)
-        t = _median_s(call, iters, before=dist.barrier)
+        # A step pays every call's time, stalls included: the mean, not the median.
+        t = trimmed_mean(_times_s(call, iters, before=dist.barrier))
         out.collectives.append(CollectiveSample(op=op, size_bytes=size, world_size=n,
                                                 time_s=t, dtype=dtype))
         del full, shard

@@ -222,7 +222,9 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
             "source": f"{backend} measured: every call charged as a ring with the fitted "
                       f"per-step latency and bandwidth above, except a call of {nproc} "
                       f"ranks, which takes the time interpolated between measured_us: "
-                      f"the calls of the fit, median over ranks ([full buffer bytes, us]), "
+                      f"the calls of the fit (each the mean of its timed calls less the "
+                      f"slowest tenth: a step pays gloo's stalls), median over ranks "
+                      f"([full buffer bytes, us]), "
                       f"in fp32 (the reductions also in bf16, under bf16: a reduction in "
                       f"bf16 takes those)",
         },
