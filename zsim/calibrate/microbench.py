@@ -54,8 +54,12 @@ block); "fsdp_no_reshard", on all ranks with reshard_after_forward=False (1 + 1)
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BenchConfig:
-    """What to run; the defaults take about three minutes on 2 CPU ranks (2 min 44 s to
-    2 min 50 s on a 2-core AMD EPYC with the programs, `zsim calibrate --nproc 2`)."""
+    """What to run; the defaults took about three minutes on 2 CPU ranks (2 min 44 s to
+    2 min 50 s on a 2-core AMD EPYC with the programs, `zsim calibrate --nproc 2`) before
+    the bf16 reductions and 60 calls a small size were added. In the validation batches of
+    2026-12-02 one round at 2 and one at 4 ranks together took about 5 minutes with the
+    bf16 reductions and about 9 with the 60 calls too (on a spell when the host also ran
+    the steps 20% slower)."""
 
     sizes_bytes: tuple[int, ...] = SIZES_BYTES
     iters_small: int = 60
