@@ -211,7 +211,7 @@ def test_sessions_merge_rank_by_rank_into_one_profile(monkeypatch: pytest.Monkey
 def test_reductions_are_timed_in_bf16_too_and_tabled_apart() -> None:
     """The reducing kinds are timed in bf16 right after fp32 at each size (up to
     reduction_dtype_max_bytes), all-gathers in fp32 only; the profile's table keeps the
-    bf16 calls under bf16, and the alpha-beta fit sees fp32's only."""
+    bf16 calls under bf16."""
     from zsim.calibrate.microbench import BenchConfig, _collective_cases
 
     cfg = BenchConfig(sizes_bytes=(4096, 1 << 20, 64 << 20, 256 << 20))

@@ -434,7 +434,7 @@ def regenerate_report(profile: HardwareProfile | None, *, out_dir: Path, steps: 
         "torch": str(torch.__version__),
         "machine": f"{platform.node()} {platform.machine()}",
         "profiles": {n: p.name for n, p in profiles.items()},
-        "calibration": (f"{calibration_rounds or 1} round(s) of the benchmarks per world size "
+        "calibration": (f"{spread.config.rounds} round(s) of the benchmarks per world size "
                         f"before each of the {runs} passes over the cases, each profile the "
                         f"median over them" if spread is not None else "before the runs"),
         "runs_per_plan": runs,
@@ -563,17 +563,17 @@ class _SpreadCalibration:
     def __init__(self, worlds: list[int], out_dir: Path, *, backend: str,
                  rounds: int) -> None:
         from zsim.calibrate.microbench import BenchConfig
-        from zsim.calibrate.profile import bench_ranks
 
         self.worlds, self.out_dir, self.backend = worlds, out_dir, backend
         self.config = BenchConfig(rounds=rounds)
-        self.bench = bench_ranks
         self.sessions: dict[int, list[Any]] = {n: [] for n in worlds}
         self.started = datetime.now(timezone.utc)
 
     def session(self) -> None:
+        from zsim.calibrate.profile import bench_ranks
+
         for n in self.worlds:
-            self.sessions[n].append(self.bench(self.backend, n, config=self.config))
+            self.sessions[n].append(bench_ranks(self.backend, n, config=self.config))
 
     def profiles(self) -> dict[int, HardwareProfile]:
         from zsim.calibrate.profile import write_profile

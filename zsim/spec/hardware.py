@@ -58,9 +58,10 @@ TENSOR_KINDS: tuple[str, ...] = ("plain", "dtensor")
 parameters, DeepSpeed's partitions) or as DTensors (FSDP2)."""
 
 COLLECTIVES: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce")
-REDUCING_COLLECTIVES: tuple[str, ...] = ("reduce_scatter", "all_reduce")
 """The collective kinds (keys of a link's collective_efficiency); zsim.schedule.ops keeps
 its own copy, as it imports only the standard library."""
+REDUCING_COLLECTIVES: tuple[str, ...] = ("reduce_scatter", "all_reduce")
+"""The kinds that add their inputs, whose time may depend on the dtype they add in."""
 
 COLLECTIVE_MODELS: tuple[str, ...] = ("nccl", "ring")
 """Values of collectives.model (see HardwareProfile.collectives)."""
