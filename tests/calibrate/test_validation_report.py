@@ -6,7 +6,7 @@ world 2 and 4. The library rows with step time measured on another host
 (reports/validation-library-cpu16/, from bench/device/library_cpu_rows.sh) are held to
 the same step-time bound (a strict xfail while they miss it), and so are the library
 and parallel rows timed on this repository's host once it had native bf16
-(reports/validation-cpu2/), whose other metrics must hold their bounds. The tensor- and
+(reports/validation-cpu2/, every metric). The tensor- and
 pipeline-parallel rows (reports/validation-parallel/, the same command's batch of the
 parallel cases) are held to the same bounds."""
 
@@ -28,10 +28,13 @@ since it has native bf16, predicted with profiles calibrated on it: collective c
 their measured times (collectives.measured_us), host.program_overhead_us fitted
 (zsim.calibrate.program_overhead)."""
 CPU2_BATCHES = ("batch-4374dec", "batch-23ba544", "batch-f444f72", "batch-f87847b",
-                "batch-2888be7", "batch-fb8b5e6")
+                "batch-2888be7", "batch-2888be7-0243", "batch-fb8b5e6", "batch-1129041-0545")
 """Other batches kept beside the committed one, by the commit that ran them (15 cases
-each, then 17: the world-2 cases; batch-fb8b5e6 ran after the committed batch, with the
-calibration's mean call times, on the world-2 cases only)."""
+each, then 17: the world-2 cases; batch-2888be7-0243 the 29 cases; batch-fb8b5e6, with
+the calibration's mean call times, the world-2 cases only; batch-1129041-0545 the 29
+cases again, after the committed batch, with its code). Only the last one's step times
+are held to the bound (CPU2_CONFIRMATION): the others show how far batches of one host
+spread (reports/validation-cpu2/README.md)."""
 CPU2_CASES = 29
 """6 library programs x 2 models at world 2 and 4, the 3 parallel cases, and llama-tiny's
 DDP and FSDP2 at world 2 beside them (the programs the profile's call cost is fitted
@@ -86,15 +89,24 @@ def test_library_cpu_step_time_within_bound() -> None:
     assert not over, f"step_time_s above {BOUNDS_PCT['step_time_s']}%: " + "; ".join(over)
 
 
-@pytest.mark.xfail(strict=True, reason="issues 10 and 12 not reached on the 2-core host: "
-                   "step time +27% to -17% in the committed batch, 21 of 29 within 15% "
-                   "(world 2: 10 of 17, every miss over, its profile's collective medians "
-                   "in gloo's stalled mode; world 4: 11 of 12); the batch before it, the "
-                   "same code, 17 of 17; the four before that 14, 10, 10 of 15 and 10 of "
-                   "17; the world-2 batch after it, with mean call times, 16 of 17 "
-                   "(reports/validation-cpu2/README.md)")
-def test_cpu2_step_time_within_bound() -> None:
-    rows = [r for r in _rows(CPU2_REPORT) if r["metric"] == "step_time_s"]
+CPU2_CONFIRMATION = CPU2_REPORT.parent / "batch-1129041-0545" / "validation.csv"
+"""The batch run right after the committed one with the same code (1129041): whether a
+second batch of this host meets the bound too."""
+
+
+@pytest.mark.parametrize("report", [
+    CPU2_REPORT,
+    pytest.param(CPU2_CONFIRMATION, marks=pytest.mark.xfail(
+        strict=True, reason="issues 10 and 12 not reached on the 2-core host: the same "
+        "code's next batch put 24 of 29 step-time rows within 15%, its misses all over "
+        "(+20.5% to +25.5%; mean error +7.0% against the committed batch's -0.3%, its "
+        "profile's fitted per-call cost 2.38 ms against 1.34); "
+        "reports/validation-cpu2/README.md"))],
+    ids=["committed", "confirmation"])
+def test_cpu2_step_time_within_bound(report: Path) -> None:
+    """Every step-time row of the 2-core host's batch within 15%: the committed batch,
+    and the batch of the same code after it."""
+    rows = [r for r in _rows(report) if r["metric"] == "step_time_s"]
     assert len(rows) == CPU2_CASES and all(r["error_pct"] != "" for r in rows)
     over = _over_bound(rows, "step_time_s")
     assert not over, f"step_time_s above {BOUNDS_PCT['step_time_s']}%: " + "; ".join(over)
