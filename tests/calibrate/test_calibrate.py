@@ -115,6 +115,31 @@ def test_profile_writes_the_host_optimizer_rates(ds_adam: float) -> None:
     assert hw.deepspeed_adam_params_per_s == pytest.approx(ds_adam * 2)
 
 
+def test_the_alpha_beta_fit_sees_the_fp32_calls_only() -> None:
+    """The link's latency and bandwidth are fitted on the fp32 calls; bf16 reductions
+    that take twice as long as fp32 (gloo adds bf16 through fp32) change the bf16 table
+    and nothing of the link."""
+    from datetime import datetime, timezone
+
+    from zsim.calibrate.profile import profile_dict
+
+    when = datetime(2026, 12, 1, tzinfo=timezone.utc)
+    plain = [_bench(0.0), _bench(0.0)]
+    with_bf16 = [_bench(0.0), _bench(0.0)]
+    for r in with_bf16:
+        r.collectives = r.collectives + [
+            CollectiveSample(op=s.op, size_bytes=s.size_bytes, world_size=2, dtype="bf16",
+                             time_s=2 * s.time_s)
+            for s in r.collectives if s.op != "all_gather"]
+    a, b = (profile_dict(ranks, name="t", backend="gloo", nproc=2, started=when,
+                         disk_bytes_per_s=(1e9, 1e9)) for ranks in (plain, with_bf16))
+    for link in ("intra_node", "inter_node"):
+        assert a[link] == b[link]
+    assert "bf16" not in a["collectives"]["measured_us"]
+    # 4 KiB: 2 x (20 us + 4,096 B at 1 GB/s) = 48.19 us
+    assert b["collectives"]["measured_us"]["bf16"]["all_reduce"][0] == [4096, 48.19]
+
+
 def test_profile_writes_the_cold_gemms_as_a_kernel_table() -> None:
     """Each GEMM shape of the bench config at the median of its rate over ranks, in
     TFLOP/s; a model's GEMM of a measured shape then takes exactly that rate, and a

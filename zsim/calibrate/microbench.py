@@ -31,14 +31,12 @@ import torch.nn.functional as F
 from zsim.calibrate.fit import CollectiveSample
 from zsim.calibrate.model import Transformer
 from zsim.calibrate.runner import RankContext, sync_device
-from zsim.spec.hardware import REDUCING_COLLECTIVES
+from zsim.spec.hardware import COLLECTIVES, REDUCING_COLLECTIVES
 from zsim.spec.model import ModelSpec
 from zsim.units import MiB, dtype_bytes
 
 SIZES_BYTES: tuple[int, ...] = tuple(4096 * 4**i for i in range(9))
 """4 KiB to 256 MiB, x4 steps."""
-
-OPS: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce")
 
 BLOCK_STEPS: tuple[str, ...] = ("plain", "plain_forward", "full", "full_forward",
                                 "selective", "selective_forward", "fsdp_local", "fsdp",
@@ -219,7 +217,7 @@ def _collective_cases(cfg: BenchConfig) -> list[tuple[str, str, int]]:
     """(kind, dtype, size_bytes) of every timed collective, in the order timed: each kind
     in fp32 at every size, the reducing kinds also in cfg.reduction_dtypes (right after
     fp32 at the same size, so the two see the same host) up to its largest size."""
-    return [(op, dtype, size) for op in OPS for size in cfg.sizes_bytes
+    return [(op, dtype, size) for op in COLLECTIVES for size in cfg.sizes_bytes
             for dtype in ("fp32", *(cfg.reduction_dtypes if op in REDUCING_COLLECTIVES else ()))
             if dtype == "fp32" or size <= cfg.reduction_dtype_max_bytes]
 
