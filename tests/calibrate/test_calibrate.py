@@ -6,7 +6,9 @@ same function with the same benchmark, run once in the suite."""
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +21,7 @@ from zsim.calibrate.microbench import (
     RankBench,
     median_of_rounds,
 )
-from zsim.calibrate.profile import _host_costs, _measured_us, calibrate
+from zsim.calibrate.profile import _host_costs, _measured_us, calibrate, profile_dict
 from zsim.errors import ConfigError
 
 
@@ -90,20 +92,21 @@ def _bench(ds_adam: float) -> RankBench:
         block_step_s={k: 1e-3 * (i + 1) for i, k in enumerate(BLOCK_STEPS)})
 
 
+def _profile(ranks: list[RankBench], **kw: Any) -> dict[str, Any]:
+    """profile_dict of these ranks' figures: a gloo host of len(ranks) ranks, a fixed date."""
+    return profile_dict(ranks, name="t", backend="gloo", nproc=len(ranks),
+                        started=datetime(2026, 12, 1, tzinfo=timezone.utc),
+                        disk_bytes_per_s=(1e9, 1e9), **kw)
+
+
 @pytest.mark.parametrize("ds_adam", [4e9, 0.0])
 def test_profile_writes_the_host_optimizer_rates(ds_adam: float) -> None:
     """DeepSpeedCPUAdam's rate is the node's (the ranks' median x ranks), written only
     where it was timed; torch's AdamW rate always; a gloo host runs foreach ops tensor by
     tensor. The profile loads."""
-    from datetime import datetime, timezone
-
-    from zsim.calibrate.profile import profile_dict
     from zsim.spec.hardware import HardwareProfile
 
-    ranks = [_bench(ds_adam), _bench(ds_adam)]
-    data = profile_dict(ranks, name="t", backend="gloo", nproc=2,
-                        started=datetime(2026, 12, 1, tzinfo=timezone.utc),
-                        disk_bytes_per_s=(1e9, 1e9))
+    data = _profile([_bench(ds_adam), _bench(ds_adam)])
     eff = data["efficiency"]
     assert eff["host_adam_params_per_s"] == pytest.approx(2e9)
     assert eff["foreach_kernels"] == "per_tensor"
@@ -119,11 +122,6 @@ def test_the_alpha_beta_fit_sees_the_fp32_calls_only() -> None:
     """The link's latency and bandwidth are fitted on the fp32 calls; bf16 reductions
     that take twice as long as fp32 (gloo adds bf16 through fp32) change the bf16 table
     and nothing of the link."""
-    from datetime import datetime, timezone
-
-    from zsim.calibrate.profile import profile_dict
-
-    when = datetime(2026, 12, 1, tzinfo=timezone.utc)
     plain = [_bench(0.0), _bench(0.0)]
     with_bf16 = [_bench(0.0), _bench(0.0)]
     for r in with_bf16:
@@ -131,8 +129,7 @@ def test_the_alpha_beta_fit_sees_the_fp32_calls_only() -> None:
             CollectiveSample(op=s.op, size_bytes=s.size_bytes, world_size=2, dtype="bf16",
                              time_s=2 * s.time_s)
             for s in r.collectives if s.op != "all_gather"]
-    a, b = (profile_dict(ranks, name="t", backend="gloo", nproc=2, started=when,
-                         disk_bytes_per_s=(1e9, 1e9)) for ranks in (plain, with_bf16))
+    a, b = _profile(plain), _profile(with_bf16)
     for link in ("intra_node", "inter_node"):
         assert a[link] == b[link]
     assert "bf16" not in a["collectives"]["measured_us"]
@@ -144,10 +141,7 @@ def test_profile_writes_the_cold_gemms_as_a_kernel_table() -> None:
     """Each GEMM shape of the bench config at the median of its rate over ranks, in
     TFLOP/s; a model's GEMM of a measured shape then takes exactly that rate, and a
     profile whose ranks timed none has no kernels section."""
-    from datetime import datetime, timezone
-
     from zsim.calibrate.microbench import BenchConfig, gemm_shapes
-    from zsim.calibrate.profile import profile_dict
     from zsim.spec.hardware import HardwareProfile
 
     cfg = BenchConfig(gemm_linears=((512, 256, 1024),))
@@ -157,9 +151,7 @@ def test_profile_writes_the_cold_gemms_as_a_kernel_table() -> None:
     for scale, r in zip((1.0, 1.5, 4.0), ranks, strict=True):
         r.gemm_flop_per_s = {"bf16": [scale * 1e11 * (i + 1) for i in range(3)],
                              "fp32": [scale * 2e10] * 3}
-    when = datetime(2026, 12, 1, tzinfo=timezone.utc)
-    data = profile_dict(ranks, name="t", backend="gloo", nproc=3, started=when,
-                        disk_bytes_per_s=(1e9, 1e9), config=cfg)
+    data = _profile(ranks, config=cfg)
     table = data["kernels"]["matmul_tflops"]
     assert table["bf16"] == [[256, 512, 1024, 0.15], [512, 256, 1024, 0.3],
                              [512, 1024, 256, 0.45]]
@@ -167,8 +159,7 @@ def test_profile_writes_the_cold_gemms_as_a_kernel_table() -> None:
     hw = HardwareProfile.from_dict(data, name="t")
     assert hw.kernels is not None
     assert hw.kernels.matmul_flop_per_s(512, 1024, 256, "bf16") == pytest.approx(0.45e12)
-    without = profile_dict([_bench(0.0)] * 2, name="t", backend="gloo", nproc=2,
-                           started=when, disk_bytes_per_s=(1e9, 1e9))
+    without = _profile([_bench(0.0)] * 2)
     assert "kernels" not in without
 
 
@@ -208,12 +199,11 @@ def test_sessions_merge_rank_by_rank_into_one_profile(monkeypatch: pytest.Monkey
     median over the sessions (a host 1x, 3x and 2x as slow gives the 2x session's profile),
     the provenance counting every round."""
     from dataclasses import replace
-    from datetime import datetime, timezone
 
     import yaml
 
     from zsim.calibrate.microbench import BenchConfig
-    from zsim.calibrate.profile import profile_dict, write_profile
+    from zsim.calibrate.profile import write_profile
 
     def slow(rank: RankBench, scale: float) -> RankBench:
         return replace(rank, adam_params_per_s=rank.adam_params_per_s / scale,
