@@ -6,6 +6,7 @@ same function with the same benchmark, run once in the suite."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,7 @@ def test_host_costs_of_a_noisy_host_are_floored_at_zero() -> None:
     noisy = {k: -1e-4 for k in BLOCK_STEPS}
     link = AlphaBeta(latency_s=1e-5, bandwidth_bytes_per_s=1e9, max_rel_error=0.0)
     costs = _host_costs([RankBench(block_step_s=noisy)], link, nproc=2, foreach="per_tensor")
-    assert costs.kernel_s == costs.fsdp_unit_s == costs.collective_s == 0.0
+    assert costs.kernel_s == costs.fsdp_unit_s == costs.collective_s() == 0.0
     assert all(v == 0.0 for phases in costs.checkpoint_s.values() for v in phases.values())
 
 
@@ -118,6 +119,30 @@ def test_profile_writes_the_host_optimizer_rates(ds_adam: float) -> None:
     assert hw.deepspeed_adam_params_per_s == pytest.approx(ds_adam * 2)
 
 
+def test_the_cost_of_a_call_is_net_of_the_synchronisations_it_made() -> None:
+    """With a measured synchronisation cost S (each rank's figure; the profile takes
+    their mean), the FSDP2 nano runs' calls paid S where the simulator charges it: per
+    block, resharding after forward, the forward all-gather and the reduce-scatter,
+    each after the block's compute (the backward all-gather follows the previous
+    reduce-scatter), 2 of its 3 calls; not resharding, both of its 2. The cost of a call
+    is the mean over the two runs of what their calls took less those S, over their
+    calls: S x (2/3 + 2/2) / 2 below the figure without S (here not floored)."""
+    from zsim.spec.hardware import HardwareProfile
+
+    plain = [_bench(0.0), _bench(0.0)]
+    s_us = (400.0, 600.0)
+    timed = [replace(r, sync_overhead_s=s * 1e-6) for r, s in zip(plain, s_us, strict=True)]
+    # Calls dearer than the synchronisations, so that no figure is floored at 0.
+    for r in (*plain, *timed):
+        r.block_step_s = {**r.block_step_s, "fsdp": 0.02, "fsdp_no_reshard": 0.015}
+    a, b = _profile(plain), _profile(timed)
+    assert a["host"]["sync_overhead_us"] == 0.0
+    assert b["host"]["sync_overhead_us"] == pytest.approx(500.0)
+    assert (a["host"]["collective_overhead_us"] - b["host"]["collective_overhead_us"]
+            == pytest.approx(500.0 * (2 / 3 + 1) / 2, abs=1.0))  # 4 significant digits
+    assert HardwareProfile.from_dict(b, name="t").sync_overhead_s == pytest.approx(5e-4)
+
+
 def test_the_alpha_beta_fit_sees_the_fp32_calls_only() -> None:
     """The link's latency and bandwidth are fitted on the fp32 calls; bf16 reductions
     that take twice as long as fp32 (gloo adds bf16 through fp32) change the bf16 table
@@ -168,7 +193,6 @@ def test_the_cold_gemms_cover_every_gemm_of_the_validation_grid(
     """Every GEMM the simulator times for the report's plans (library, TP, PP; both
     world sizes) is one the calibration measures, so each runs at its own measured rate,
     not one interpolated between neighbours."""
-    from dataclasses import replace
 
     from zsim.calibrate.microbench import BenchConfig, gemm_shapes
     from zsim.calibrate.validate import backend_knobs, grid
@@ -198,7 +222,6 @@ def test_sessions_merge_rank_by_rank_into_one_profile(monkeypatch: pytest.Monkey
     """write_profile of sessions benchmarked at different times: each rank's figures the
     median over the sessions (a host 1x, 3x and 2x as slow gives the 2x session's profile),
     the provenance counting every round."""
-    from dataclasses import replace
 
     import yaml
 

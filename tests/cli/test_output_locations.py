@@ -205,7 +205,7 @@ def test_the_installed_calibrate_writes_a_loadable_profile_with_provenance(
     # own fitted rate.
     assert hw.launch == "synchronous"
     assert 1e-5 < hw.fsdp_unit_overhead_s < 1.0
-    assert hw.rank_skew >= 0 and hw.collective_overhead_s >= 0
+    assert hw.rank_skew >= 0 and hw.collective_overhead_s >= 0 and hw.sync_overhead_s >= 0
     assert set(hw.intra_node.kind_efficiency) == {"all_gather", "reduce_scatter", "all_reduce"}
     assert hw.intra_node.kind_efficiency["all_gather"] == 1.0
     # Selective recomputation runs every op of a block through SAC's Python dispatch

@@ -114,6 +114,10 @@ def test_si_conversion(write_yaml: Callable[..., Path]) -> None:
     assert hw.launch == "synchronous" and hw.rank_skew == 0.1
     assert hw.collective_overhead_s == pytest.approx(40e-6, rel=1e-12)
     assert hw.fsdp_unit_overhead_s == pytest.approx(300e-6, rel=1e-12)
+    assert hw.sync_overhead_s == 0.0  # optional: absent, none
+    data = _mutated(lambda d: d["host"].update({"sync_overhead_us": 850}))
+    assert HardwareProfile.from_yaml(write_yaml(data)).sync_overhead_s == pytest.approx(
+        850e-6, rel=1e-12)
 
 
 def test_blas_workspace_is_optional_and_in_bytes(write_yaml: Callable[..., Path]) -> None:
@@ -195,6 +199,7 @@ def test_missing_key_names_it(write_yaml: Callable[..., Path], section: str, key
     ("host", "launch", "eager"),
     ("efficiency", "foreach_kernels", "fused"),
     ("host", "rank_skew", -0.1),
+    ("host", "sync_overhead_us", -5),
     ("host", "fsdp_unit_overhead_us", "1 ms"),
     ("efficiency", "matmul", 0),
     ("gpu", "source", ""),

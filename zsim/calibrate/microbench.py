@@ -107,7 +107,8 @@ class BenchConfig:
     adam_params: int = 4 * 2**20
     sync_segments: tuple[int, ...] = (2, 8, 24, 48)
     """Lengths, in 256^3 matmuls, of the compute segments each followed by a tiny
-    all-gather (rank_skew: the slope of the line fitted through them)."""
+    all-gather (rank_skew: the slope of the line fitted through them; sync_overhead_s:
+    its intercept less the all-gather back to back)."""
     host_layers: tuple[int, int] = (2, 10)
     """Block counts of the two nano models whose plain and FSDP2 steps are timed."""
     programs: bool = True
@@ -156,7 +157,11 @@ class RankBench:
     compute_comm_slowdown: float = 0.0
     """Fraction of its rate an all-reduce loses while matmuls run on every rank."""
     rank_skew: float = 0.0
-    """Extra time of a tiny all-gather per second of compute before it (see _rank_skew)."""
+    """Extra time of a tiny all-gather per second of compute before it (see
+    _synchronisation)."""
+    sync_overhead_s: float = 0.0
+    """What a tiny all-gather after compute takes beyond the same call back to back, less
+    the rank_skew share (see _synchronisation), seconds."""
     block_step_s: dict[str, float] = field(default_factory=dict)
     """Time per extra block of the nano model, by BLOCK_STEPS entry, seconds."""
     program_step_s: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -267,8 +272,10 @@ def _bench_round(ctx: RankContext, cfg: BenchConfig) -> RankBench:
     out.adam_params_per_s = _adam(cfg.adam_params, cfg.cache_flush_bytes)
     out.comm_compute_slowdown = _slowdown(ctx)
     out.compute_comm_slowdown = _comm_slowdown(ctx)
-    # The shared host is noisy: the median of five fits.
-    out.rank_skew = statistics.median(_rank_skew(ctx, cfg.sync_segments) for _ in range(5))
+    # The shared host is noisy: each the median of five fits.
+    fits = [_synchronisation(ctx, cfg.sync_segments) for _ in range(5)]
+    out.rank_skew = statistics.median(slope for slope, _ in fits)
+    out.sync_overhead_s = statistics.median(sync for _, sync in fits)
     out.block_step_s = _block_step_s(ctx, cfg.host_layers)
     if cfg.programs and ctx.device == "cpu":
         # Imported here: program_overhead builds on this module's nano model.
@@ -466,12 +473,16 @@ def _comm_slowdown(ctx: RankContext) -> float:
     return max(1.0 - statistics.median(alone) / statistics.median(with_compute), 0.0)
 
 
-def _rank_skew(ctx: RankContext, segments: tuple[int, ...]) -> float:
-    """The engine's rank_skew: every rank repeats [a compute segment; a tiny blocking
-    all-gather], as FSDP on a synchronous host does. The all-gather waits for the slowest
-    rank, which falls further behind the longer the segment: its extra time over the
-    compute alone (median of rounds that alternate with and without it) grows with the
-    segment's compute time; the least-squares slope of that line."""
+def _synchronisation(ctx: RankContext, segments: tuple[int, ...]) -> tuple[float, float]:
+    """The engine's rank_skew and sync_overhead_s: every rank repeats [a compute segment;
+    a tiny blocking all-gather], as FSDP on a synchronous host does. The all-gather waits
+    for the slowest rank, which falls further behind the longer the segment: its extra
+    time over the compute alone (median of rounds that alternate with and without it)
+    grows with the segment's compute time; rank_skew is the least-squares slope of that
+    line. Its intercept, the call after no compute at all, stands above the same call
+    made back to back (segment 0): ranks that arrive apart pay a fixed cost beyond the
+    wait (the waiting rank's thread sleeps and is woken); sync_overhead_s is the
+    difference (>= 0)."""
     a = torch.randn(256, 256, device=ctx.device)
     shard = torch.zeros(512, device=ctx.device)
     full = torch.zeros(512 * ctx.world_size, device=ctx.device)
@@ -490,13 +501,16 @@ def _rank_skew(ctx: RankContext, segments: tuple[int, ...]) -> float:
         sync_device(ctx.device)
         return (time.perf_counter() - start) / iters
 
-    xs, ys = [], []
-    for matmuls in segments:
+    def extra_s(matmuls: int) -> tuple[float, float]:
+        """(compute alone, the call's extra time), medians of 5 rounds."""
         rounds = [(loop(matmuls, False), loop(matmuls, True)) for _ in range(5)]
-        xs.append(statistics.median(alone for alone, _ in rounds))
-        ys.append(statistics.median(with_ - alone for alone, with_ in rounds))
-    slope, _ = statistics.linear_regression(xs, ys)
-    return max(slope, 0.0)
+        return (statistics.median(alone for alone, _ in rounds),
+                statistics.median(with_ - alone for alone, with_ in rounds))
+
+    _, back_to_back = extra_s(0)
+    xs, ys = zip(*(extra_s(m) for m in segments), strict=True)
+    slope, intercept = statistics.linear_regression(xs, ys)
+    return max(slope, 0.0), max(intercept - back_to_back, 0.0)
 
 
 NANO_TOKENS: tuple[int, int] = (1, 8)

@@ -59,6 +59,8 @@ from zsim.calibrate.microbench import (
 )
 from zsim.calibrate.runner import run_ranks
 from zsim.errors import ConfigError
+from zsim.schedule.build import synchronising
+from zsim.schedule.lower import lower
 from zsim.spec.hardware import CHECKPOINT_MODES, COLLECTIVES, HardwareProfile
 from zsim.spec.plan import Plan
 from zsim.units import GB, GiB, MiB, dtype_bytes
@@ -153,6 +155,7 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
     slowdown = statistics.mean(r.comm_compute_slowdown for r in ranks)
     comm_slowdown = statistics.mean(r.compute_comm_slowdown for r in ranks)
     skew = statistics.mean(r.rank_skew for r in ranks)
+    sync_s = statistics.mean(r.sync_overhead_s for r in ranks)
     launch_how = ("CUDA streams" if backend == "nccl"
                   else "CPU ranks run their kernels on the calling thread")
     mem_gib = _host_memory_bytes() / GiB
@@ -178,7 +181,7 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
                else mem_gib)
     kernels = ({"kernels": _gemm_table(ranks, cfg, prov)}
                if all(r.gemm_flop_per_s for r in ranks) else {})
-    return {
+    data = {
         "name": name,
         "description": f"{nproc} {backend} ranks on {platform.node() or 'this machine'} "
                        f"({device}), measured by zsim calibrate",
@@ -259,8 +262,9 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
         },
         "host": {
             "launch": "async" if backend == "nccl" else "synchronous",
-            "collective_overhead_us": _r(host.collective_s * 1e6),
+            "collective_overhead_us": _r(host.collective_s() * 1e6),
             "rank_skew": _r(skew),
+            "sync_overhead_us": _r(sync_s * 1e6),
             "fsdp_unit_overhead_us": _r(host.fsdp_unit_s * 1e6),
             "checkpoint_overhead_us": {mode: {ph: _r(v * 1e6) for ph, v in phases.items()}
                                        for mode, phases in host.checkpoint_s.items()},
@@ -268,13 +272,17 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
                       f"rank_skew: every rank repeats [{'/'.join(map(str, cfg.sync_segments))} "
                       f"256^3 matmuls; a 2 KiB-per-rank all_gather_into_tensor], slope of the "
                       f"all-gather's extra time over the compute time (median of 5 fits, "
-                      f"mean over ranks); per block of the width-16 reference Llama "
+                      f"mean over ranks); sync_overhead: the line's intercept less the same "
+                      f"all-gather back to back (median of the 5 fits, mean over ranks); "
+                      f"per block of the width-16 reference Llama "
                       f"({cfg.host_layers[0]} vs {cfg.host_layers[1]} blocks, median over "
                       f"ranks): fsdp_unit_overhead = step time under fully_shard on a 1-rank "
                       f"mesh - unsharded bf16; collective_overhead = (step time on all "
                       f"{nproc} ranks - on the 1-rank mesh - the fitted link time of its "
-                      f"collectives) / collectives, mean of resharding after forward or "
-                      f"not; checkpoint_overhead per forward kernel ({host.fwd_kernels:g} "
+                      f"collectives - sync_overhead x the calls the simulator's lowering "
+                      f"finds synchronising) / collectives, mean of resharding after "
+                      f"forward or not; checkpoint_overhead per forward kernel "
+                      f"({host.fwd_kernels:g} "
                       f"per block) = forward alone with each block checkpointed (full: "
                       f"torch.utils.checkpoint, selective: op-level SAC) - unsharded; "
                       f"backward: the same for (step - forward), less its re-run kernels "
@@ -282,6 +290,28 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
         },
         **kernels,
     }
+    if sync_s > 0:
+        # The FSDP2 calls the nano runs made pay sync_overhead where the simulator
+        # charges it: collective_overhead is what each call costs beyond that.
+        synced = _synchronising_per_block(data, nproc, cfg.host_layers)
+        data["host"]["collective_overhead_us"] = _r(host.collective_s(synced, sync_s) * 1e6)
+    return data
+
+
+def _synchronising_per_block(data: dict[str, Any], nproc: int,
+                             layers: tuple[int, int]) -> dict[str, float]:
+    """Per FSDP2 nano run of _HostCosts.calls, the calls per block that the simulator's
+    lowering of the same plan on the profile `data` (its YAML structure) finds
+    synchronising (zsim.schedule.build.synchronising): the growth from `layers`[0] to
+    `layers`[1] blocks."""
+    hw = HardwareProfile.from_dict(data, name=str(data["name"]))
+    lo, hi = layers
+    out = {}
+    for run, strategy in _FSDP2_RUNS.items():
+        plan = Plan.for_strategy(strategy, gpus=nproc, seq_len=NANO_TOKENS[1])
+        count = [sum(synchronising(lower(nano_model(n), hw, plan).ops)) for n in layers]
+        out[run] = (count[1] - count[0]) / (hi - lo)
+    return out
 
 
 def _gemm_table(ranks: list[RankBench], cfg: BenchConfig, prov: str) -> dict[str, Any]:
@@ -299,16 +329,32 @@ def _gemm_table(ranks: list[RankBench], cfg: BenchConfig, prov: str) -> dict[str
                       f"attention and memory-bound kernels at the efficiencies above"}
 
 
+_FSDP2_RUNS = {"fsdp": "fsdp", "fsdp_no_reshard": "fsdp-no-reshard"}
+"""The all-rank FSDP2 runs of BLOCK_STEPS and the strategy each applies."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _HostCosts:
     kernel_s: float
     kernels_per_block: float
     fsdp_unit_s: float
-    collective_s: float
+    call_extra_s: dict[str, float]
+    """Per FSDP2 run of _FSDP2_RUNS, what its calls took per block beyond the link model."""
+    calls: dict[str, int]
+    """Per FSDP2 run, its collective calls per block."""
     fwd_kernels: float
     """Kernels of one block's forward, as zsim.analytic.compute counts them."""
     checkpoint_s: dict[str, dict[str, float]]
     """Per recompute mode and phase, seconds per forward kernel of a block."""
+
+    def collective_s(self, synchronising: dict[str, float] | None = None,
+                     sync_s: float = 0.0) -> float:
+        """The cost of a call, mean over the FSDP2 runs: each run's extra time per block,
+        less `sync_s` for each of its `synchronising` calls per block, over its calls
+        (floored at 0: a difference of step times a noisy host can make negative)."""
+        synced = synchronising or {}
+        return max(statistics.mean((extra - synced.get(run, 0.0) * sync_s) / self.calls[run]
+                                   for run, extra in self.call_extra_s.items()), 0.0)
 
 
 def with_program_overhead(data: dict[str, Any], ranks: list[RankBench], *, nproc: int,
@@ -363,8 +409,8 @@ def _host_costs(ranks: list[RankBench], link: AlphaBeta, nproc: int,
     rs_wire = link.predict_s("reduce_scatter", params * dtype_bytes(plan.reduce_dtype), nproc)
     # Per block: 2 all-gathers and a reduce-scatter (reshard after forward), or 1 + 1.
     calls = {"fsdp": (2, 1), "fsdp_no_reshard": (1, 1)}
-    extra = [(per[k] - per["fsdp_local"] - ag * ag_wire - rs * rs_wire) / (ag + rs)
-             for k, (ag, rs) in calls.items()]
+    extra = {k: per[k] - per["fsdp_local"] - ag * ag_wire - rs * rs_wire
+             for k, (ag, rs) in calls.items()}
     # Each figure is a difference of step times, which a noisy host can make negative:
     # floored at 0, as a profile's host costs must be.
     kernel_s = max(per["plain"], 0.0) / kernels
@@ -379,7 +425,8 @@ def _host_costs(ranks: list[RankBench], link: AlphaBeta, nproc: int,
                             "backward": max(backward, 0.0) / fwd.kernels}
     return _HostCosts(kernel_s=kernel_s, kernels_per_block=kernels,
                       fsdp_unit_s=max(per["fsdp_local"] - per["plain"], 0.0),
-                      collective_s=max(statistics.mean(extra), 0.0),
+                      call_extra_s=extra,
+                      calls={k: ag + rs for k, (ag, rs) in calls.items()},
                       fwd_kernels=fwd.kernels, checkpoint_s=checkpoint)
 
 

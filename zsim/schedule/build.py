@@ -589,16 +589,39 @@ def pack_whole_tensors(numels: Iterable[int], cap: int, *, pending: int = 0) -> 
     return [*out, pending]
 
 
-def on_synchronous_host(ops: list[Op]) -> tuple[Op, ...]:
+def on_synchronous_host(ops: list[Op], sync_s: float = 0.0) -> tuple[Op, ...]:
     """The ops as a host that runs its kernels itself issues them: in issue order, each
     op only once the host has finished every earlier op it ran or waited for (kernels,
     copies, the host optimizer step, collectives issued without async_op); an async
     collective (DDP's buckets) returns a Work at once and overlaps what follows. The
-    issue points of an async host (after_start: run-ahead) do not exist here."""
+    issue points of an async host (after_start: run-ahead) do not exist here. A blocking
+    collective the ranks reach from model compute (synchronising) also takes `sync_s`
+    (HardwareProfile.sync_overhead_s) in its latency."""
     out: list[Op] = []
     last: int | None = None
-    for op in ops:
+    for op, syncs in zip(ops, synchronising(ops), strict=True):
+        if syncs:
+            op = op._replace(latency_s=op.latency_s + sync_s)
         out.append(op._replace(after_start=(), issue_after=() if last is None else (last,)))
         if not op.async_op:
             last = op.index
     return tuple(out)
+
+
+def synchronising(ops: Sequence[Op]) -> list[bool]:
+    """Per op in issue order, whether it is a blocking collective (issued without
+    async_op) with model compute (a compute-stream op with FLOPs: a block, the output
+    projection and loss) issued since the host's previous blocking collective. The ranks
+    reach such a call apart, each after its own stretch of compute; a call straight
+    after another (a bucket after a bucket, with only copies between) finds them
+    together."""
+    out = []
+    computed = False
+    for op in ops:
+        blocking = op.is_collective and not op.async_op
+        out.append(blocking and computed)
+        if blocking:
+            computed = False
+        elif op.stream == "compute" and op.flops > 0:
+            computed = True
+    return out

@@ -209,7 +209,8 @@ def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
           after=tuple(i for s, i in last_per_stream.items() if s != "compute"))
     model_flops, _ = step_flops(model, micro_batch=plan.micro_batch, seq_len=plan.seq_len,
                                 grad_accum=plan.grad_accum, recompute=plan.recompute)
-    ops = tuple(b.ops) if hw.launch == "async" else on_synchronous_host(b.ops)
+    ops = (tuple(b.ops) if hw.launch == "async"
+           else on_synchronous_host(b.ops, hw.sync_overhead_s))
     return Schedule(
         ops=ops, baseline=baseline, launch=hw.launch,
         link_bytes_per_s={**link_bandwidths(hw),

@@ -48,10 +48,12 @@ OPTIONAL: dict[str, tuple[str, ...]] = {
     "collectives": ("measured_us",),
     "efficiency": ("host_adam_threads", "host_adam_serial_fraction",
                    "deepspeed_adam_params_per_s", "foreach_kernels"),
-    "host": ("optimizer_tensor_us", "fsdp2_block_host_us", "program_overhead_us")}
+    "host": ("optimizer_tensor_us", "fsdp2_block_host_us", "program_overhead_us",
+             "sync_overhead_us")}
 """Keys a section may leave out: measured kernel rates, the host's cores and how the host
-AdamW scales with threads, the host time of the optimizer step per parameter tensor (a
-profile without them keeps the simpler model their fields describe)."""
+AdamW scales with threads, the host time of the optimizer step per parameter tensor, the
+cost of a synchronisation after compute (a profile without them keeps the simpler model
+their fields describe)."""
 
 TENSOR_KINDS: tuple[str, ...] = ("plain", "dtensor")
 """Keys of host.optimizer_tensor_us: parameters as plain tensors (DDP, FSDP1's flat
@@ -287,6 +289,14 @@ class HardwareProfile:
     """How far the slowest rank falls behind per second of compute between
     synchronisations (a fraction): every rank waits for it at the next collective, so
     compute is stretched by 1 + rank_skew. 0 = ranks run in lock step."""
+    sync_overhead_s: float = 0.0
+    """What a blocking collective costs beyond collective_overhead_s when the ranks reach
+    it from model compute rather than straight from the call before, seconds (YAML
+    host.sync_overhead_us, optional; absent: 0). Measured as the intercept of the
+    rank_skew line (the call's extra time after compute, extrapolated to no compute)
+    less the same call back to back: ranks arriving apart wait, and a waiting rank's
+    thread sleeps and is woken. On the step's timeline only when launch is
+    "synchronous" (zsim.schedule.build.on_synchronous_host)."""
     fsdp_unit_overhead_s: float = 0.0
     """Host time FSDP2 spends per unit per micro-batch in its hooks (unshard bookkeeping,
     views, post-backward) and the DTensor optimizer step, outside kernels and
@@ -425,6 +435,8 @@ class HardwareProfile:
             launch=launch,
             collective_overhead_s=_non_negative(host, "host", "collective_overhead_us") * US,
             rank_skew=_non_negative(host, "host", "rank_skew"),
+            sync_overhead_s=(_non_negative(host, "host", "sync_overhead_us") * US
+                             if "sync_overhead_us" in host else 0.0),
             fsdp_unit_overhead_s=_non_negative(host, "host", "fsdp_unit_overhead_us") * US,
             checkpoint_overhead_s=_checkpoint_overhead(host["checkpoint_overhead_us"]),
             cpu_cores=_count(node, "node", "cpu_cores") if "cpu_cores" in node else 0,
