@@ -297,20 +297,22 @@ def test_every_call_on_a_synchronous_host_takes_the_cost_of_a_call(
             assert op.latency_s == pytest.approx(algo.latency_s + extra, rel=1e-12), op.name
 
 
-@pytest.mark.parametrize(("strategy", "synchronising"), [("zero1", 1), ("zero2", 3)])
+@pytest.mark.parametrize(("strategy", "synchronising"), [("zero1", 1), ("zero2", 15)])
 def test_a_reduction_after_model_compute_pays_the_synchronisation(
         tiny_model: ModelSpec, h100: HardwareProfile, strategy: str,
         synchronising: int) -> None:
     """On a synchronous host a blocking call the ranks reach from model compute takes the
     profile's sync_overhead_s; one straight after another call does not. With one-element
-    buckets every gradient tensor is a bucket of its own, and a bucket is reduced when
-    the next gradient arrives. ZeRO-2 reduces from the gradient hooks: the first bucket
-    after the output projection's backward and after each of the 2 blocks' pays (the
-    embedding's backward is a gather, no FLOPs: its buckets follow the last block's);
-    ZeRO-1 reduces everything at the end of the backward, and only its first bucket
-    pays. The scalar all-reduces and the parameter all-gather after the step come after
-    calls and copies. Everything on a synchronous host runs in turn: the step grows by
-    exactly that many times the cost."""
+    buckets every gradient tensor is a bucket of its own, reduced in the hook of the
+    gradient after it. ZeRO-2 reduces from the hooks, as the backward produces the
+    gradients: the hook after the output projection's backward pays, and in each of the
+    2 blocks the hooks of its 7 weight matrices (wo, wq, wk, wv, w1, w3, w2), each right
+    after its matmul's backward; the norms' hooks come straight after the previous
+    hook's call, as does the embedding's (a gather, no FLOPs, after the last block's
+    attention norm): 1 + 2 x 7 = 15. ZeRO-1 reduces everything at the end of the
+    backward, and only its first bucket pays. The scalar all-reduces and the parameter
+    all-gather after the step come after calls and copies. Everything on a synchronous
+    host runs in turn: the step grows by exactly that many times the cost."""
     sync_s = 7e-4
     plan = _plan(strategy, ds=DeepSpeedZero(reduce_bucket_size=1))
     base = replace(h100, launch="synchronous")

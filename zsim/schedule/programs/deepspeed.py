@@ -248,9 +248,7 @@ class _Step12:
             op = head_backward(b, mb, grads=(*grads, *buckets))
             self.ready(head_numels, grads, op)
             for u in reversed(blocks):
-                grads = self.grads(u.tensors, mb, u.name)
-                op = block_backward(b, u, mb, after=self.waits(), grads=grads)
-                self.ready(u.tensors, grads, op)
+                self.block_backward(u, mb)
             grads = self.grads(emb_numels, mb, "embedding")
             op = b.add(name=f"embedding backward (mb {mb})", kind="backward", stream="compute",
                        microbatch=mb, after=self.waits(), allocs=grads)
@@ -265,6 +263,35 @@ class _Step12:
                 microbatch=mb, after=(self.last_reduce,) if self.last_reduce is not None else (),
                 frees=tuple(x.name for x in buckets)))
         self.optimizer(tuple(epilogues))
+
+    def block_backward(self, u: Unit, mb: int) -> None:
+        """Unit u's backward and its gradients' hooks. Stage 2 reduces a bucket in the
+        hook of the gradient that overflows it, while the block's backward runs: the op
+        is cut there, each piece the matmul share of the submodules whose gradients
+        exist by then (the shares stage 3's calls take), so that the reduction follows
+        the compute that produced its gradients; the first piece allocates what the
+        whole op does, the last frees it. Stage 1 holds the gradients (ready)."""
+        b = self.b
+        grads = self.grads(u.tensors, mb, u.name)
+        op = block_backward(b, u, mb, after=self.waits(), grads=grads)
+        if self.stage == 1:
+            self.ready(u.tensors, grads, op)
+            return
+        whole, done = b.ops[op], 0.0
+        for numel, produced in _backward_order(b.model, u.blocks):
+            if self.bucket_elems and self.bucket_elems + numel > b.plan.ds.reduce_bucket_size:
+                share = produced - done
+                b.ops[op] = b.ops[op]._replace(compute_s=whole.compute_s * share,
+                                               flops=whole.flops * share, frees=())
+                self.flush(op)
+                op = b.add(name=f"{whole.name} after bucket {self.buckets - 1}",
+                           kind="backward", stream="compute", unit=u.index, microbatch=mb,
+                           after=self.waits(), compute_s=whole.compute_s * (1.0 - produced),
+                           flops=whole.flops * (1.0 - produced), frees=whole.frees)
+                done = produced
+            self.bucket_elems += numel
+        if grads:  # copied into the bucket by the hooks: the gradients go
+            b.ops[op] = _with_frees(b.ops[op], grads[0].name)
 
     def waits(self) -> tuple[int, ...]:
         """Without overlap_comm the reduction ran on the compute stream: what follows
@@ -755,6 +782,22 @@ def _block_shares(model: ModelSpec, block: list[tuple[str, list[tuple[int, ...]]
              for name, shapes in block}
     total = sum(sizes.values())
     return {name: size / total for name, size in sizes.items()}
+
+
+def _backward_order(model: ModelSpec, blocks: int) -> list[tuple[int, float]]:
+    """The parameter tensors of `blocks` blocks in the order their gradients appear in
+    backward (submodules last to first, a submodule's tensors together), each as
+    (elements, share of the blocks' backward work done once it exists: the matmul shares
+    of _block_shares, summed over its submodule and those after it)."""
+    block = _submodules(model)[1]
+    shares = _block_shares(model, block)
+    out, done = [], 0.0
+    for _ in range(blocks):
+        for name, shapes in reversed(block):
+            done += shares[name]
+            out += [(math.prod(shape), done) for shape in reversed(shapes)]
+    # As fractions of the whole, the last exactly 1: no sliver of work after it.
+    return [(numel, share / done) for numel, share in out]
 
 
 def _lower(b: Builder, root: Unit, blocks: list[Unit]) -> None:
