@@ -188,6 +188,29 @@ def test_profile_writes_the_cold_gemms_as_a_kernel_table() -> None:
     assert "kernels" not in without
 
 
+def test_profile_writes_gelus_rate_beside_the_gemms() -> None:
+    """GELU's rate by pass, the median over ranks in GB/s, in the kernels section: the
+    one memory-bound class a CPU's calibration measures (the profile loads with it and a
+    GELU MLP's traffic takes it); ranks that timed no GELU leave it out."""
+    from zsim.calibrate.microbench import BenchConfig
+    from zsim.spec.hardware import HardwareProfile
+
+    cfg = BenchConfig(gemm_linears=((512, 256, 1024),))  # 3 GEMM shapes
+    ranks = [_bench(0.0) for _ in range(3)]
+    for scale, r in zip((1.0, 3.0, 2.0), ranks, strict=True):
+        r.gemm_flop_per_s = {"bf16": [1e11] * 3, "fp32": [2e10] * 3}
+        r.gelu_bytes_per_s = {"forward": scale * 1e9, "backward": scale * 3e9}
+    data = _profile(ranks, config=cfg)
+    assert data["kernels"]["memory_gb_per_s"] == {"gelu": {"forward": 2.0, "backward": 6.0}}
+    assert "GELU" in data["kernels"]["source"]
+    hw = HardwareProfile.from_dict(data, name="t")
+    assert hw.kernels is not None
+    assert hw.kernels.memory_rates("gelu") == {"forward": 2e9, "backward": 6e9}
+    for r in ranks:
+        r.gelu_bytes_per_s = {}
+    assert "memory_gb_per_s" not in _profile(ranks, config=cfg)["kernels"]
+
+
 def test_the_cold_gemms_cover_every_gemm_of_the_validation_grid(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Every GEMM the simulator times for the report's plans (library, TP, PP; both

@@ -206,6 +206,9 @@ def test_the_installed_calibrate_writes_a_loadable_profile_with_provenance(
     assert hw.launch == "synchronous"
     assert 1e-5 < hw.fsdp_unit_overhead_s < 1.0
     assert hw.rank_skew >= 0 and hw.collective_overhead_s >= 0 and hw.sync_overhead_s >= 0
+    # GELU timed by pass, at a rate of bytes per second.
+    assert hw.kernels is not None and hw.kernels.memory_rates("gelu") is not None
+    assert all(v > 0 for v in hw.kernels.memory_rates("gelu").values())
     assert set(hw.intra_node.kind_efficiency) == {"all_gather", "reduce_scatter", "all_reduce"}
     assert hw.intra_node.kind_efficiency["all_gather"] == 1.0
     # Selective recomputation runs every op of a block through SAC's Python dispatch

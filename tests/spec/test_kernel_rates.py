@@ -95,6 +95,42 @@ def test_an_optional_class_runs_at_its_rate_and_at_the_flat_rate_when_left_out()
         pytest.approx(1e9 / flat_memory, rel=1e-12)
 
 
+def test_gelu_runs_at_its_rate_or_at_the_elementwise_rate() -> None:
+    """GELU's traffic (an optional class): at its own rate where the profile gives it, a
+    CPU's calibration alone among the memory classes; where it does not, at the
+    elementwise rate it was measured within on the GPU profiles; with neither, at the
+    flat memory-bound rate. 1 GB forward and 1 GB backward each time."""
+    hw = replace(resolve_hardware("hgx-h200"), kernel_overhead_s=0.0)
+    work = Flops(matmul=0.0, attention=0.0, memory_bytes=2e9,
+                 traffic=(("gelu", "forward", 1e9), ("gelu", "backward", 1e9)))
+    alone = KernelRates.from_dict({"matmul_tflops": TOY["matmul_tflops"], "source": "cpu",
+                                   "memory_gb_per_s": {"gelu": {"forward": 2, "backward": 4}}})
+    assert alone.memory_bytes_per_s.keys() == {"gelu"}
+    assert compute_time_s(work, replace(hw, kernels=alone), "bf16") == pytest.approx(
+        1 / 2 + 1 / 4, rel=1e-12)
+    # TOY's elementwise: 1000 GB/s forward, 500 backward.
+    assert compute_time_s(work, replace(hw, kernels=KernelRates.from_dict(TOY)), "bf16") == \
+        pytest.approx(1 / 1000 + 1 / 500, rel=1e-12)
+    matmul_only = KernelRates.from_dict({k: TOY[k] for k in ("matmul_tflops", "source")})
+    flat_memory = hw.hbm_bandwidth_bytes_per_s * hw.memory_bound_efficiency
+    assert compute_time_s(work, replace(hw, kernels=matmul_only), "bf16") == pytest.approx(
+        2e9 / flat_memory, rel=1e-12)
+
+
+def test_only_a_gelu_mlp_has_gelu_traffic() -> None:
+    """The GELU MLP's activation reads and writes the (tokens, ffn_hidden) tensor once in
+    forward (2 x 2 bytes an element in bf16) and twice that in backward; SwiGLU's SiLU
+    stays elementwise."""
+    kw = dict(micro_batch=2, seq_len=256, act_bytes=2)
+    gpt, llama = resolve_model("125m"), resolve_model("7b")
+    elems = 2 * 256 * gpt.ffn_hidden
+    assert dict((c, b) for c, ph, b in block_forward_flops(gpt, **kw).traffic)["gelu"] == \
+        2 * 2 * elems
+    assert dict((c, b) for c, ph, b in block_backward_flops(gpt, **kw).traffic)["gelu"] == \
+        2 * 2 * 2 * elems
+    assert "gelu" not in {c for c, _, _ in block_forward_flops(llama, **kw).traffic}
+
+
 def test_foreach_launches_by_hand() -> None:
     # 10 tensors of 1M elements: 16 chunks each (+ half a chunk per tensor on average,
     # 165 in all): one launch of up to 320 chunks; one kernel per tensor on a CPU.
@@ -158,6 +194,8 @@ def test_h200_matmul_table_predicts_its_own_points_left_out() -> None:
      "kernels.memory_gb_per_s.reduce_copy_in.backward"),
     ({"memory_gb_per_s": {"copy": {"forward": 1, "backward": 1}}},
      "kernels.memory_gb_per_s.copy"),
+    ({"memory_gb_per_s": {"gelu": {"forward": 0, "backward": 1}}},
+     "kernels.memory_gb_per_s.gelu.forward"),
 ])
 def test_bad_rates_name_the_field(change: dict[str, Any], field: str) -> None:
     data = {**TOY, **change}
@@ -166,3 +204,14 @@ def test_bad_rates_name_the_field(change: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError) as e:
         KernelRates.from_dict(data)
     assert e.value.field == field
+
+
+def test_a_required_class_brings_every_required_class() -> None:
+    """Optional classes may stand alone; one of MEMORY_CLASSES without the others names
+    the first missing."""
+    data = {"matmul_tflops": TOY["matmul_tflops"], "source": "cpu",
+            "memory_gb_per_s": {"gelu": {"forward": 2, "backward": 4},
+                                "norm": {"forward": 1, "backward": 1}}}
+    with pytest.raises(ConfigError) as e:
+        KernelRates.from_dict(data)
+    assert e.value.field == "kernels.memory_gb_per_s.rope"

@@ -121,6 +121,8 @@ class Kernel:
             return "norm"
         if self.name in ("logits.float", "log_softmax", "nll_loss"):
             return "cross_entropy"
+        if self.name == "feed_forward.gelu":
+            return "gelu"
         return "elementwise"
 
 
@@ -179,7 +181,8 @@ def _block_forward_kernels(model: ModelSpec, *, micro_batch: int, seq_len: int,
     out.append(Kernel(name="residual_add.attention", read_bytes=2 * r * d * a,
                       write_bytes=r * d * a))
     out += _norm_kernels(model, "ffn_norm", r, a)
-    out.append(Kernel(name="feed_forward.act", read_bytes=t * f * a, write_bytes=t * f * a))
+    out.append(Kernel(name="feed_forward.gelu" if model.mlp == "gelu" else "feed_forward.silu",
+                      read_bytes=t * f * a, write_bytes=t * f * a))
     if model.mlp == "swiglu":
         out.append(Kernel(name="feed_forward.gate_mul", read_bytes=2 * t * f * a,
                           write_bytes=t * f * a))
@@ -430,7 +433,7 @@ def compute_time_s(flops: Flops, hw: HardwareProfile, dtype: str) -> float:
             seconds += work / rate
             attention -= work * (1.0 if phase == "forward" else BACKWARD_FACTOR)
     for cls, phase, nbytes in flops.traffic:
-        by_pass = rates.memory_bytes_per_s.get(cls)
+        by_pass = rates.memory_rates(cls)
         if by_pass is not None:
             seconds += nbytes / by_pass[phase]
             memory -= nbytes

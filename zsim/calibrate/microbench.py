@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from zsim.calibrate.fit import CollectiveSample
-from zsim.calibrate.model import Transformer
+from zsim.calibrate.model import GELU_APPROXIMATE, Transformer
 from zsim.calibrate.runner import RankContext, sync_device
 from zsim.spec.hardware import COLLECTIVES, REDUCING_COLLECTIVES
 from zsim.spec.model import ModelSpec
@@ -146,6 +146,9 @@ class RankBench:
     copy_bytes_per_s: float = 0.0
     """copy_ bytes read + written per second."""
     elementwise_bytes_per_s: float = 0.0
+    gelu_bytes_per_s: dict[str, float] = field(default_factory=dict)
+    """GELU's rate by pass ("forward", "backward"), bytes per second as
+    zsim.analytic.compute counts its traffic (see _gelu)."""
     """Bytes read + written per second by a mix of the block's memory-bound kernels in
     bf16 (the plans' compute dtype), total bytes over total time."""
     adam_params_per_s: float = 0.0
@@ -269,6 +272,7 @@ def _bench_round(ctx: RankContext, cfg: BenchConfig) -> RankBench:
     out.attention_flop_per_s = _attention(ctx, cfg.attention_shape)
     out.copy_bytes_per_s = _copy_rate(ctx, cfg.copy_bytes)
     out.elementwise_bytes_per_s = _elementwise(ctx, cfg.elementwise_numels)
+    out.gelu_bytes_per_s = _gelu(ctx, max(cfg.elementwise_numels))
     out.adam_params_per_s = _adam(cfg.adam_params, cfg.cache_flush_bytes)
     out.comm_compute_slowdown = _slowdown(ctx)
     out.compute_comm_slowdown = _comm_slowdown(ctx)
@@ -384,6 +388,23 @@ def _elementwise(ctx: RankContext, numels: tuple[int, ...]) -> float:
     return total_bytes / total_s
 
 
+def _gelu(ctx: RankContext, numel: int) -> dict[str, float]:
+    """GELU as the reference model's GELU MLP calls it (GELU_APPROXIMATE) on `numel` bf16
+    elements, by pass: the forward reads and writes each element once; its backward
+    (aten gelu_backward: reads the gradient and the input, writes the input's gradient)
+    is counted as zsim.analytic.compute counts backward traffic, twice the forward's.
+    Bytes so counted per second (medians of 7 calls). On a CPU GELU is not bound by
+    memory: here it ran at a third of SiLU's rate per byte (2026-12-02, Xeon with AMX)."""
+    x = torch.randn(numel, dtype=torch.bfloat16, device=ctx.device)
+    grad = torch.randn_like(x)
+    forward_bytes = 2 * 2 * numel
+    return {"forward": forward_bytes / _median_s(
+                lambda: F.gelu(x, approximate=GELU_APPROXIMATE), 7),
+            "backward": 2 * forward_bytes / _median_s(
+                lambda: torch.ops.aten.gelu_backward(grad, x, approximate=GELU_APPROXIMATE),
+                7)}
+
+
 def _attention(ctx: RankContext, shape: tuple[int, int, int, int]) -> float:
     b, h, s, d = shape
     q, k, v = (torch.randn(b, h, s, d, dtype=torch.bfloat16, device=ctx.device,
@@ -481,8 +502,9 @@ def _synchronisation(ctx: RankContext, segments: tuple[int, ...]) -> tuple[float
     grows with the segment's compute time; rank_skew is the least-squares slope of that
     line. Its intercept, the call after no compute at all, stands above the same call
     made back to back (segment 0): ranks that arrive apart pay a fixed cost beyond the
-    wait (the waiting rank's thread sleeps and is woken); sync_overhead_s is the
-    difference (>= 0)."""
+    wait (presumably the waiting rank's thread sleeping and being woken);
+    sync_overhead_s is the difference (>= 0). On this 2-core host: 0.3-1.2 ms at 2
+    ranks, 1.2-2.3 ms at 4 (three fits each, 2026-12-02)."""
     a = torch.randn(256, 256, device=ctx.device)
     shard = torch.zeros(512, device=ctx.device)
     full = torch.zeros(512 * ctx.world_size, device=ctx.device)

@@ -57,6 +57,7 @@ from zsim.calibrate.microbench import (
     median_of_rounds,
     nano_model,
 )
+from zsim.calibrate.model import GELU_APPROXIMATE
 from zsim.calibrate.runner import run_ranks
 from zsim.errors import ConfigError
 from zsim.schedule.build import synchronising
@@ -316,17 +317,28 @@ def _synchronising_per_block(data: dict[str, Any], nproc: int,
 
 def _gemm_table(ranks: list[RankBench], cfg: BenchConfig, prov: str) -> dict[str, Any]:
     """kernels: the cold GEMMs of gemm_shapes(cfg) per dtype, [m, k, n, TFLOP/s], the
-    median over ranks."""
+    median over ranks; and GELU's rate by pass where the ranks timed it (the one
+    memory-bound class measured apart here: the others run at efficiency.memory_bound)."""
     shapes = gemm_shapes(cfg)
     table = {d: [[*shape, _r(statistics.median(r.gemm_flop_per_s[d][i] for r in ranks) / 1e12)]
                  for i, shape in enumerate(shapes)]
              for d in ranks[0].gemm_flop_per_s}
-    return {"matmul_tflops": table,
-            "source": f"{prov}; each GEMM (m x k) @ (k x n) of the validation grid's linear "
-                      f"layers (forward, input gradient, weight gradient), timed after "
-                      f"writing {cfg.cache_flush_bytes // MiB} MiB so that it reads its "
-                      f"operands from memory, median of 9 calls, median over ranks; "
-                      f"attention and memory-bound kernels at the efficiencies above"}
+    out: dict[str, Any] = {"matmul_tflops": table}
+    source = "attention and memory-bound kernels at the efficiencies above"
+    if all(r.gelu_bytes_per_s for r in ranks):
+        out["memory_gb_per_s"] = {"gelu": {
+            p: _r(statistics.median(r.gelu_bytes_per_s[p] for r in ranks) / GB)
+            for p in ("forward", "backward")}}
+        source = (f"GELU (approximate={GELU_APPROXIMATE!r}) on {max(cfg.elementwise_numels)} "
+                  f"bf16 elements, forward and gelu_backward, bytes as zsim.analytic.compute "
+                  f"counts them (backward twice the forward's) per second, median of 7 "
+                  f"calls, median over ranks; attention and the other memory-bound kernels "
+                  f"at the efficiencies above")
+    return out | {"source": f"{prov}; each GEMM (m x k) @ (k x n) of the validation grid's "
+                            f"linear layers (forward, input gradient, weight gradient), timed "
+                            f"after writing {cfg.cache_flush_bytes // MiB} MiB so that it "
+                            f"reads its operands from memory, median of 9 calls, median over "
+                            f"ranks; {source}"}
 
 
 _FSDP2_RUNS = {"fsdp": "fsdp", "fsdp_no_reshard": "fsdp-no-reshard"}

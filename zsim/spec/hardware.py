@@ -294,9 +294,10 @@ class HardwareProfile:
     it from model compute rather than straight from the call before, seconds (YAML
     host.sync_overhead_us, optional; absent: 0). Measured as the intercept of the
     rank_skew line (the call's extra time after compute, extrapolated to no compute)
-    less the same call back to back: ranks arriving apart wait, and a waiting rank's
-    thread sleeps and is woken. On the step's timeline only when launch is
-    "synchronous" (zsim.schedule.build.on_synchronous_host)."""
+    less the same call back to back: ranks that arrive apart pay a fixed cost beyond the
+    wait (a waiting rank's thread sleeps and must be woken, presumably). On the step's
+    timeline only when launch is "synchronous" (zsim.schedule.build.on_synchronous_host,
+    which charges it to the calls zsim.schedule.build.synchronising finds)."""
     fsdp_unit_overhead_s: float = 0.0
     """Host time FSDP2 spends per unit per micro-batch in its hooks (unshard bookkeeping,
     views, post-backward) and the DTensor optimizer step, outside kernels and

@@ -37,12 +37,19 @@ MEMORY_CLASSES: tuple[str, ...] = ("norm", "rope", "elementwise", "cross_entropy
 (activations, residual adds, embedding gathers), the loss (logit upcast, log-softmax,
 NLL), the foreach optimizer step."""
 
-OPTIONAL_MEMORY_CLASSES: tuple[str, ...] = ("reduce_copy_in",)
+OPTIONAL_MEMORY_CLASSES: tuple[str, ...] = ("reduce_copy_in", "gelu")
 """Classes a profile may leave out: FSDP2's reduce-scatter copy-in when it casts
 (torch.ops.fsdp.chunk_cat writing the unsharded gradients, cast to the reduce dtype, into
-the flat reduce-scatter input: bf16 gradients reduced in fp32). Traffic of a class the
-profile lacks, and other copies and casts (FSDP copy-in/out, gradient casts), run at the
+the flat reduce-scatter input: bf16 gradients reduced in fp32); GELU, the activation of a
+GELU MLP (a tanh or erf per element: on a CPU a few times slower per byte than SiLU).
+A profile may give these alone (a CPU's calibration times GELU and no other class).
+Traffic of a class the profile lacks runs at its CLASS_FALLBACK class's rate where it has
+that, else, as other copies and casts (FSDP copy-in/out, gradient casts), at the
 profile's flat memory-bound rate (efficiency.memory_bound)."""
+
+CLASS_FALLBACK: dict[str, str] = {"gelu": "elementwise"}
+"""The class whose rate an optional class's traffic takes where the profile lacks it:
+GELU was measured within the elementwise class on the GPU profiles."""
 
 PASSES: tuple[str, ...] = ("forward", "backward")
 
@@ -97,6 +104,14 @@ class KernelRates:
         default_factory=dict, init=False, compare=False, repr=False)
     """Matmul rates already interpolated: a model's few shapes are asked for by every op
     of every plan (the lowering's hot path)."""
+
+    def memory_rates(self, kernel_class: str) -> dict[str, float] | None:
+        """Bytes per second of a memory-bound class by pass: its own, or its
+        CLASS_FALLBACK's; None: neither measured (the flat memory-bound rate applies)."""
+        rates = self.memory_bytes_per_s.get(kernel_class)
+        if rates is None and kernel_class in CLASS_FALLBACK:
+            rates = self.memory_bytes_per_s.get(CLASS_FALLBACK[kernel_class])
+        return rates
 
     def matmul_flop_per_s(self, m: int, k: int, n: int, dtype: str) -> float | None:
         """Rate of an (m x k) @ (k x n) matmul in `dtype`; None: no table for the dtype."""
@@ -159,10 +174,12 @@ class KernelRates:
             return cls(matmul=matmul, attention=attention, memory_bytes_per_s={},
                        source=data["source"])
         mem = data["memory_gb_per_s"]
-        _keys(mem, "kernels.memory_gb_per_s", MEMORY_CLASSES,
-              optional=OPTIONAL_MEMORY_CLASSES)
+        # Every class (the GPU phase rates), or optional ones alone (a CPU's calibration).
+        alone = isinstance(mem, dict) and bool(mem) and not any(c in mem for c in MEMORY_CLASSES)
+        required = () if alone else MEMORY_CLASSES
+        _keys(mem, "kernels.memory_gb_per_s", required, optional=OPTIONAL_MEMORY_CLASSES)
         rates = {}
-        for c in (*MEMORY_CLASSES, *(c for c in OPTIONAL_MEMORY_CLASSES if c in mem)):
+        for c in (*required, *(c for c in OPTIONAL_MEMORY_CLASSES if c in mem)):
             _keys(mem[c], f"kernels.memory_gb_per_s.{c}", PASSES)
             rates[c] = {p: _positive(mem[c][p], f"kernels.memory_gb_per_s.{c}.{p}") * GB
                         for p in PASSES}

@@ -15,9 +15,10 @@ Stages 1 and 2 (DeepSpeedZeroOptimizer):
   with overlap_comm); a bucket that would overflow is reduced first: flattened (a copy)
   and all-reduced (use_multi_rank_bucket_allreduce, the default), and each rank copies its
   partition's slice into a contiguous partition buffer (contiguous_gradients). Stage 2
-  does this in its gradient hooks on every micro-batch, and the copied gradients are
-  freed at once; stage 1 keeps the full gradients and reduces them all at the end of the
-  last micro-batch's backward. Without overlap_comm (stages 1 and 2 by default) the
+  does this in its gradient hooks on every micro-batch, so mid-block (the block's
+  backward op is cut at each such hook), and the copied gradients are freed at once;
+  stage 1 keeps the full gradients and reduces them all at the end of the last
+  micro-batch's backward. Without overlap_comm (stages 1 and 2 by default) the
   reduction runs on the compute stream: backward waits for it.
 - Step: the overflow flag and the gradient norm are all-reduced (two blocking scalar
   calls); the partition's gradients are cast to fp32, Adam updates the fp32 partition
