@@ -41,20 +41,24 @@ CPU2_CONFIRMATION_BATCHES = {
                           "synchronisation measured (0.66 ms at world 2, 0.84 at 4): "
                           "gpt-tiny's GELU, priced at the flat memory-bound rate, ran at a "
                           "third of SiLU's rate per byte",
+    "batch-44414e1-1152": "21 of 29 within 15%: every DeepSpeed row at world 2 under "
+                          "(-15.1% to -24.1%; mean error -11.3%), with GELU at its measured "
+                          "rate",
 }
 """The batches run after the committed one: with its code (1129041; d403978 changes tests
 and a constant's home only), and with the code that charges a synchronisation after
 compute (3c96e79, which its profiles measure; the committed profiles have no such figure
-and predict as before): whether further batches meet the bound too, and how each falls
-short."""
+and predict as before) and then times GELU apart (44414e1): whether further batches meet
+the bound too, and how each falls short."""
 CPU2_BATCHES = ("batch-4374dec", "batch-23ba544", "batch-f444f72", "batch-f87847b",
                 "batch-2888be7", "batch-2888be7-0243", "batch-fb8b5e6",
                 *CPU2_CONFIRMATION_BATCHES)
 """Other batches kept beside the committed one, by the commit that ran them (15 cases
 each, then 17: the world-2 cases; batch-2888be7-0243 the 29 cases; batch-fb8b5e6, with
 the calibration's mean call times, the world-2 cases only; batch-1129041-0545 the 29
-cases again, after the committed batch, with its code, as the two batch-d403978 folders
-and batch-3c96e79-1101).
+cases again, after the committed batch, with its code, as the two batch-d403978 folders;
+batch-3c96e79-1101 and batch-44414e1-1152 the 29 cases on the host as it is since
+2026-12-02, an Intel Xeon with AMX).
 Only CPU2_CONFIRMATION_BATCHES' step times are held to the bound: the others show how
 far batches of one host spread (reports/validation-cpu2/README.md)."""
 CPU2_CASES = 29
