@@ -146,11 +146,11 @@ class RankBench:
     copy_bytes_per_s: float = 0.0
     """copy_ bytes read + written per second."""
     elementwise_bytes_per_s: float = 0.0
+    """Bytes read + written per second by a mix of the block's memory-bound kernels in
+    bf16 (the plans' compute dtype), total bytes over total time."""
     gelu_bytes_per_s: dict[str, float] = field(default_factory=dict)
     """GELU's rate by pass ("forward", "backward"), bytes per second as
     zsim.analytic.compute counts its traffic (see _gelu)."""
-    """Bytes read + written per second by a mix of the block's memory-bound kernels in
-    bf16 (the plans' compute dtype), total bytes over total time."""
     adam_params_per_s: float = 0.0
     deepspeed_adam_params_per_s: float = 0.0
     """DeepSpeedCPUAdam's step on the same parameters (0: not timed; see
@@ -503,8 +503,9 @@ def _synchronisation(ctx: RankContext, segments: tuple[int, ...]) -> tuple[float
     line. Its intercept, the call after no compute at all, stands above the same call
     made back to back (segment 0): ranks that arrive apart pay a fixed cost beyond the
     wait (presumably the waiting rank's thread sleeping and being woken);
-    sync_overhead_s is the difference (>= 0). On this 2-core host: 0.3-1.2 ms at 2
-    ranks, 1.2-2.3 ms at 4 (three fits each, 2026-12-02)."""
+    sync_overhead_s is the difference (>= 0). On the 2-core AMD EPYC host 0.3-1.2 ms at 2
+    ranks and 1.2-2.3 ms at 4 (by hand, 2026-12-02 07:3x UTC); on the Intel Xeon that
+    replaced it 0.60-0.66 ms and 0.49-0.84 ms (two calibrations, 11:01 and 11:52)."""
     a = torch.randn(256, 256, device=ctx.device)
     shard = torch.zeros(512, device=ctx.device)
     full = torch.zeros(512 * ctx.world_size, device=ctx.device)
