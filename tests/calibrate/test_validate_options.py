@@ -7,6 +7,7 @@ are started: calibration and measurement are stand-ins."""
 from __future__ import annotations
 
 import importlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +155,13 @@ def test_regenerate_report_passes_them_on(monkeypatch: pytest.MonkeyPatch,
     assert " --calibrate-here " in batch["command"]
     assert " --calibration-rounds 1 " in batch["command"]
     assert " --min-timed-s 0.5 " in batch["command"]
+    # The host, so that a batch from another machine shows as one: its cores and CPU model.
+    assert f" {os.cpu_count()} cores, " in batch["machine"]
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        model = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                      if line.startswith("model name")), None)
+        assert model is None or batch["machine"].endswith(model)
 
 
 def test_untimed_batches_calibrate_once_before_the_runs(monkeypatch: pytest.MonkeyPatch,

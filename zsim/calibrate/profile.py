@@ -162,7 +162,7 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
     mem_gib = _host_memory_bytes() / GiB
     when = started.strftime("%Y-%m-%d %H:%M UTC")
     prov = (f"zsim calibrate --backend {backend} --nproc {nproc}, {when}, "
-            f"torch {torch.__version__}, {_machine()}, "
+            f"torch {torch.__version__}, {machine_description()}, "
             f"{max(1, (os.cpu_count() or 1) // nproc)} torch threads per rank, "
             f"each figure the median of {cfg.rounds} rounds")
     device = (torch.cuda.get_device_name(0) if backend == "nccl"
@@ -488,7 +488,9 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _machine() -> str:
+def machine_description() -> str:
+    """This host: name, architecture, cores and CPU model (what tells one host from
+    another in a profile's or a batch's provenance)."""
     return f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, {_cpu_name()}"
 
 

@@ -370,7 +370,8 @@ def regenerate_report(profile: HardwareProfile | None, *, out_dir: Path, steps: 
         ConfigError: no case matches `only`.
     """
     import fnmatch
-    import platform
+
+    from zsim.calibrate.profile import machine_description
 
     out_dir.mkdir(parents=True, exist_ok=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -432,7 +433,7 @@ def regenerate_report(profile: HardwareProfile | None, *, out_dir: Path, steps: 
                       if keep_time and min_timed_s != MIN_TIMED_S else "")
                    + "".join(f" --only '{pat}'" for pat in only),
         "torch": str(torch.__version__),
-        "machine": f"{platform.node()} {platform.machine()}",
+        "machine": machine_description(),
         "profiles": {n: p.name for n, p in profiles.items()},
         "calibration": (f"{spread.config.rounds} round(s) of the benchmarks per world size "
                         f"before each of the {runs} passes over the cases, each profile the "
