@@ -322,3 +322,23 @@ def test_a_reduction_after_model_compute_pays_the_synchronisation(
     # An async host has no thread to wake: nothing changes.
     assert (simulate(tiny_model, replace(h100, sync_overhead_s=sync_s), plan).step_time_s
             == simulate(tiny_model, h100, plan).step_time_s)
+
+
+def test_zero2_cuts_a_block_backward_without_changing_its_work(
+        tiny_model: ModelSpec, h100: HardwareProfile) -> None:
+    """The pieces ZeRO-2 cuts a block's backward into at its mid-block buckets add up to
+    the whole op ZeRO-1 issues (FLOPs and kernel time); the first piece allocates what
+    the op allocates, the last frees the block's saved tensors and working set."""
+    ds = DeepSpeedZero(reduce_bucket_size=100_000)  # w1, w3, w2 (131,072) each overflow
+    whole = {op.name: op for op in lower(tiny_model, h100, _plan("zero1", ds=ds)).ops
+             if op.kind == "backward" and op.name.startswith("unit ")}
+    ops = lower(tiny_model, h100, _plan("zero2", ds=ds)).ops
+    for name, op in whole.items():
+        pieces = [o for o in ops if o.name == name or o.name.startswith(f"{name} after bucket")]
+        assert len(pieces) > 1, name
+        assert sum(p.flops for p in pieces) == pytest.approx(op.flops, rel=1e-12)
+        assert sum(p.compute_s for p in pieces) == pytest.approx(op.compute_s, rel=1e-12)
+        assert {b.name for b in pieces[0].allocs} >= {b.name for b in op.allocs
+                                                      if b.category == "activations"}
+        assert all(not p.allocs for p in pieces[1:])
+        assert {f for f in op.frees if "/saved" in f or "working" in f} <= set(pieces[-1].frees)

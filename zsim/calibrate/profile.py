@@ -63,6 +63,7 @@ from zsim.errors import ConfigError
 from zsim.schedule.build import synchronising
 from zsim.schedule.lower import lower
 from zsim.spec.hardware import CHECKPOINT_MODES, COLLECTIVES, HardwareProfile
+from zsim.spec.kernel_rates import PASSES
 from zsim.spec.plan import Plan
 from zsim.units import GB, GiB, MiB, dtype_bytes
 
@@ -180,7 +181,7 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
              for k in COLLECTIVES}
     hbm_gib = (torch.cuda.get_device_properties(0).total_memory / GiB if backend == "nccl"
                else mem_gib)
-    kernels = ({"kernels": _gemm_table(ranks, cfg, prov)}
+    kernels = ({"kernels": _kernel_table(ranks, cfg, prov)}
                if all(r.gemm_flop_per_s for r in ranks) else {})
     data = {
         "name": name,
@@ -308,14 +309,14 @@ def _synchronising_per_block(data: dict[str, Any], nproc: int,
     hw = HardwareProfile.from_dict(data, name=str(data["name"]))
     lo, hi = layers
     out = {}
-    for run, strategy in _FSDP2_RUNS.items():
+    for run, (strategy, _, _) in _FSDP2_RUNS.items():
         plan = Plan.for_strategy(strategy, gpus=nproc, seq_len=NANO_TOKENS[1])
         count = [sum(synchronising(lower(nano_model(n), hw, plan).ops)) for n in layers]
         out[run] = (count[1] - count[0]) / (hi - lo)
     return out
 
 
-def _gemm_table(ranks: list[RankBench], cfg: BenchConfig, prov: str) -> dict[str, Any]:
+def _kernel_table(ranks: list[RankBench], cfg: BenchConfig, prov: str) -> dict[str, Any]:
     """kernels: the cold GEMMs of gemm_shapes(cfg) per dtype, [m, k, n, TFLOP/s], the
     median over ranks; and GELU's rate by pass where the ranks timed it (the one
     memory-bound class measured apart here: the others run at efficiency.memory_bound)."""
@@ -328,7 +329,7 @@ def _gemm_table(ranks: list[RankBench], cfg: BenchConfig, prov: str) -> dict[str
     if all(r.gelu_bytes_per_s for r in ranks):
         out["memory_gb_per_s"] = {"gelu": {
             p: _r(statistics.median(r.gelu_bytes_per_s[p] for r in ranks) / GB)
-            for p in ("forward", "backward")}}
+            for p in PASSES}}
         source = (f"GELU (approximate={GELU_APPROXIMATE!r}) on {max(cfg.elementwise_numels)} "
                   f"bf16 elements, forward and gelu_backward, bytes as zsim.analytic.compute "
                   f"counts them (backward twice the forward's) per second, median of 7 "
@@ -341,8 +342,10 @@ def _gemm_table(ranks: list[RankBench], cfg: BenchConfig, prov: str) -> dict[str
                             f"ranks; {source}"}
 
 
-_FSDP2_RUNS = {"fsdp": "fsdp", "fsdp_no_reshard": "fsdp-no-reshard"}
-"""The all-rank FSDP2 runs of BLOCK_STEPS and the strategy each applies."""
+_FSDP2_RUNS: dict[str, tuple[str, int, int]] = {"fsdp": ("fsdp", 2, 1),
+                                                 "fsdp_no_reshard": ("fsdp-no-reshard", 1, 1)}
+"""The all-rank FSDP2 runs of BLOCK_STEPS: the strategy each applies, and its all-gathers
+and reduce-scatters per block (resharding after forward gathers each block twice)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -352,8 +355,6 @@ class _HostCosts:
     fsdp_unit_s: float
     call_extra_s: dict[str, float]
     """Per FSDP2 run of _FSDP2_RUNS, what its calls took per block beyond the link model."""
-    calls: dict[str, int]
-    """Per FSDP2 run, its collective calls per block."""
     fwd_kernels: float
     """Kernels of one block's forward, as zsim.analytic.compute counts them."""
     checkpoint_s: dict[str, dict[str, float]]
@@ -365,7 +366,8 @@ class _HostCosts:
         less `sync_s` for each of its `synchronising` calls per block, over its calls
         (floored at 0: a difference of step times a noisy host can make negative)."""
         synced = synchronising or {}
-        return max(statistics.mean((extra - synced.get(run, 0.0) * sync_s) / self.calls[run]
+        calls = {run: ag + rs for run, (_, ag, rs) in _FSDP2_RUNS.items()}
+        return max(statistics.mean((extra - synced.get(run, 0.0) * sync_s) / calls[run]
                                    for run, extra in self.call_extra_s.items()), 0.0)
 
 
@@ -419,10 +421,8 @@ def _host_costs(ranks: list[RankBench], link: AlphaBeta, nproc: int,
     params = spec.params_per_block
     ag_wire = link.predict_s("all_gather", params * dtype_bytes(plan.param_dtype), nproc)
     rs_wire = link.predict_s("reduce_scatter", params * dtype_bytes(plan.reduce_dtype), nproc)
-    # Per block: 2 all-gathers and a reduce-scatter (reshard after forward), or 1 + 1.
-    calls = {"fsdp": (2, 1), "fsdp_no_reshard": (1, 1)}
-    extra = {k: per[k] - per["fsdp_local"] - ag * ag_wire - rs * rs_wire
-             for k, (ag, rs) in calls.items()}
+    extra = {run: per[run] - per["fsdp_local"] - ag * ag_wire - rs * rs_wire
+             for run, (_, ag, rs) in _FSDP2_RUNS.items()}
     # Each figure is a difference of step times, which a noisy host can make negative:
     # floored at 0, as a profile's host costs must be.
     kernel_s = max(per["plain"], 0.0) / kernels
@@ -438,7 +438,6 @@ def _host_costs(ranks: list[RankBench], link: AlphaBeta, nproc: int,
     return _HostCosts(kernel_s=kernel_s, kernels_per_block=kernels,
                       fsdp_unit_s=max(per["fsdp_local"] - per["plain"], 0.0),
                       call_extra_s=extra,
-                      calls={k: ag + rs for k, (ag, rs) in calls.items()},
                       fwd_kernels=fwd.kernels, checkpoint_s=checkpoint)
 
 

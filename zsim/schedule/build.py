@@ -600,7 +600,7 @@ def on_synchronous_host(ops: list[Op], sync_s: float = 0.0) -> tuple[Op, ...]:
     out: list[Op] = []
     last: int | None = None
     for op, syncs in zip(ops, synchronising(ops), strict=True):
-        if syncs:
+        if syncs and sync_s:
             op = op._replace(latency_s=op.latency_s + sync_s)
         out.append(op._replace(after_start=(), issue_after=() if last is None else (last,)))
         if not op.async_op:

@@ -249,7 +249,7 @@ class _Step12:
             op = head_backward(b, mb, grads=(*grads, *buckets))
             self.ready(head_numels, grads, op)
             for u in reversed(blocks):
-                self.block_backward(u, mb)
+                self.unit_backward(u, mb)
             grads = self.grads(emb_numels, mb, "embedding")
             op = b.add(name=f"embedding backward (mb {mb})", kind="backward", stream="compute",
                        microbatch=mb, after=self.waits(), allocs=grads)
@@ -265,7 +265,7 @@ class _Step12:
                 frees=tuple(x.name for x in buckets)))
         self.optimizer(tuple(epilogues))
 
-    def block_backward(self, u: Unit, mb: int) -> None:
+    def unit_backward(self, u: Unit, mb: int) -> None:
         """Unit u's backward and its gradients' hooks. Stage 2 reduces a bucket in the
         hook of the gradient that overflows it, while the block's backward runs: the op
         is cut there, each piece the matmul share of the submodules whose gradients
@@ -785,7 +785,8 @@ def _block_shares(model: ModelSpec, block: list[tuple[str, list[tuple[int, ...]]
     return {name: size / total for name, size in sizes.items()}
 
 
-def _backward_order(model: ModelSpec, blocks: int) -> list[tuple[int, float]]:
+@lru_cache(maxsize=64)
+def _backward_order(model: ModelSpec, blocks: int) -> tuple[tuple[int, float], ...]:
     """The parameter tensors of `blocks` blocks in the order their gradients appear in
     backward (submodules last to first, a submodule's tensors together), each as
     (elements, share of the blocks' backward work done once it exists: the matmul shares
@@ -797,8 +798,9 @@ def _backward_order(model: ModelSpec, blocks: int) -> list[tuple[int, float]]:
         for name, shapes in reversed(block):
             done += shares[name]
             out += [(math.prod(shape), done) for shape in reversed(shapes)]
-    # As fractions of the whole, the last exactly 1: no sliver of work after it.
-    return [(numel, share / done) for numel, share in out]
+    # As fractions of the whole, the last exactly 1: no sliver of work after it. Every
+    # block backward of a plan asks: worked out once per model and unit size.
+    return tuple((numel, share / done) for numel, share in out)
 
 
 def _lower(b: Builder, root: Unit, blocks: list[Unit]) -> None:
