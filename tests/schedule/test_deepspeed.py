@@ -143,7 +143,9 @@ def test_zero2_step_matches_deepspeeds_estimator(tiny_model: ModelSpec,
     """estimate_zero2_model_states_mem_needs (no offload): 2 Psi + 18 Psi / N, "2 =
     params_16bit, 18 = 2_grads_16bit + 4_grads_32bit + 4_params_32bit +
     8_optimizer_states_32bit" — what the ledger holds when the step's fp32 gradients are
-    cast (the estimator leaves out module buffers)."""
+    cast (the estimator leaves out module buffers), besides the flat 16-bit copy of the
+    partition's gradients that step() casts from (2 Psi / N: flatten is a torch.cat, live
+    until the cast ends)."""
     stage_1_and_2 = pytest.importorskip("deepspeed.runtime.zero.stage_1_and_2")
     psi = tiny_model.num_params
     _, estimate = stage_1_and_2.estimate_zero2_model_states_mem_needs(
@@ -154,7 +156,7 @@ def test_zero2_step_matches_deepspeeds_estimator(tiny_model: ModelSpec,
     # epilogue released the bucket buffer just before).
     level = [b for t, b in r.memory_curve if t == cast.start_s][-1]
     # What every rank holds besides: module buffers and cuBLAS workspaces.
-    assert level - sum(fixed_bytes(tiny_model, h100).values()) == estimate
+    assert level - sum(fixed_bytes(tiny_model, h100).values()) == estimate + 2 * psi // N
 
 
 @pytest.mark.parametrize("strategy", ["zero1", "zero2", "zero3"])
@@ -342,3 +344,102 @@ def test_zero2_cuts_a_block_backward_without_changing_its_work(
                                                       if b.category == "activations"}
         assert all(not p.allocs for p in pieces[1:])
         assert {f for f in op.frees if "/saved" in f or "working" in f} <= set(pieces[-1].frees)
+
+
+def _step_op(ops: list, name: str) -> object:
+    (op,) = [op for op in ops if op.name == name]
+    return op
+
+
+def _pass_s(hw: HardwareProfile, nbytes: float, kernels: float) -> float:
+    return compute_time_s(Flops(matmul=0.0, attention=0.0, memory_bytes=nbytes,
+                                kernels=kernels), hw, "bf16")
+
+
+def test_zero12_step_checks_flattens_casts_and_clips_by_hand(
+        tiny_model: ModelSpec, h100: HardwareProfile) -> None:
+    """stage_1_and_2.py step() under bf16 with DeepSpeed's defaults, on the tiny model's
+    partition (Psi / 8 elements in ceil((21 tensors + 7 boundaries) / 8) = 4 tensors):
+    has_inf_or_nan's amax and amin of each 16-bit gradient (2 x 2 B, 7 kernels a tensor),
+    get_grad_norm_direct's fp32 cast and norm (2 + 4 + 4 B, 2 kernels a tensor and 3 to
+    combine), the flatten (a cat: 2 + 2 B, its copy live until the cast has run), the
+    fp32 cast (2 + 4 B), and gradient_clipping 1.0's scaling (4 + 4 B in place, 5
+    kernels); in that order, each scan before its all-reduce."""
+    part = tiny_model.num_params / N
+    ops = lower(tiny_model, h100, _plan("zero1")).ops
+    want = {"overflow check": (4 * part, 7 * 4), "gradient norm": (10 * part, 2 * 4 + 3),
+            "flatten gradients": (4 * part, 1), "fp32 gradients": (6 * part, 1),
+            "clip gradients": (8 * part, 5)}
+    for name, (nbytes, kernels) in want.items():
+        assert _step_op(ops, name).compute_s == pytest.approx(_pass_s(h100, nbytes, kernels))
+    order = ["overflow check", "overflow check all-reduce", "gradient norm",
+             "gradient norm all-reduce", "flatten gradients", "fp32 gradients",
+             "clip gradients", "optimizer step"]
+    index = [_step_op(ops, name).index for name in order]
+    assert index == sorted(index)
+    assert all(index[i] in ops[index[i + 1]].after for i in range(len(order) - 1))
+    flatten, cast = _step_op(ops, "flatten gradients"), _step_op(ops, "fp32 gradients")
+    assert [b.bytes for b in flatten.allocs] == [2 * part]
+    assert flatten.allocs[0].name in cast.frees
+
+
+def test_zero12_step_follows_clipping_and_the_overflow_switch(
+        tiny_model: ModelSpec, h100: HardwareProfile) -> None:
+    """No clipping skips the scaling unless fp16's loss scale needs it; bf16 without
+    check_grad_overflow, and fp32, neither scan nor all-reduce the flag; optimizer offload
+    keeps the all-reduces but scans nothing on the device (its norms were taken on the
+    way to the host)."""
+    def names(**kw: object) -> set[str]:
+        return {op.name for op in lower(tiny_model, h100, _plan("zero2", **kw)).ops}
+
+    def fp(dtype: str) -> dict[str, object]:
+        return {"param_dtype": dtype, "grad_dtype": dtype, "reduce_dtype": dtype}
+
+    assert "clip gradients" in names()
+    assert "clip gradients" not in names(ds=DeepSpeedZero(gradient_clipping=0.0))
+    assert "clip gradients" in names(ds=DeepSpeedZero(gradient_clipping=0.0), **fp("fp16"))
+    flag = {"overflow check", "overflow check all-reduce"}
+    assert flag <= names() and flag <= names(**fp("fp16"))
+    assert not flag & names(ds=DeepSpeedZero(check_grad_overflow=False))
+    assert not flag & names(**fp("fp32"))
+    offloaded = names(offload="optimizer")
+    assert {"overflow check all-reduce", "gradient norm all-reduce"} <= offloaded
+    assert not {"overflow check", "gradient norm", "flatten gradients"} & offloaded
+
+
+def test_zero3_step_scales_every_sub_group_and_scans_only_under_fp16(
+        tiny_model: ModelSpec, h100: HardwareProfile) -> None:
+    """stage3.py: unscale_and_clip_grads multiplies each sub-group's fp32 gradients
+    whatever the clipping (4 + 4 B); the norm runs over every parameter's partition (21
+    tensors); the overflow scan (isinf and isnan of the flat partition, each reading it
+    and writing and reading a byte mask, 8 kernels) only under fp16."""
+    ds = DeepSpeedZero(gradient_clipping=0.0, sub_group_size=1)
+    ops = lower(tiny_model, h100, _plan("zero3", ds=ds)).ops
+    groups = [op for op in ops if op.name.startswith("clip gradients")]
+    assert len(groups) == len(tiny_model.parameter_tensors())
+    part = sum(-(-math.prod(s) // N) for _, s in tiny_model.parameter_tensors())
+    assert sum(op.compute_s for op in groups) == pytest.approx(
+        _pass_s(h100, 8 * part, 5 * len(groups)))
+    assert _step_op(ops, "gradient norm").compute_s == pytest.approx(
+        _pass_s(h100, 10 * part, 2 * 21 + 3))
+    assert not [op for op in ops if op.name.startswith("overflow")]
+    fp16 = _plan("zero3").with_(param_dtype="fp16", grad_dtype="fp16", reduce_dtype="fp16")
+    scan = _step_op(lower(tiny_model, h100, fp16).ops, "overflow check")
+    assert scan.compute_s == pytest.approx(_pass_s(h100, 2 * (2 + 2) * part, 8))
+
+
+def test_zero2_offload_checks_each_slice_on_its_way_to_the_host(
+        tiny_model: ModelSpec, h100: HardwareProfile) -> None:
+    """With the optimizer on the CPU, copy_grads_in_partition does at the accumulation
+    boundary what step() does on the device otherwise: each gradient of the rank's slice
+    gets its fp32 norm (2 + 4 + 4 B) and its inf/NaN check (2 x 2 B), and is cast to fp32
+    (2 + 4 B) and copied to the host in fp32; 10 kernels a tensor (the partition's 4).
+    The tiny model fits one bucket; the micro-batch before the boundary sends its 16-bit
+    slice to be accumulated on the host."""
+    part = tiny_model.num_params / N
+    ops = lower(tiny_model, h100, _plan("zero2", offload="optimizer", grad_accum=2)).ops
+    (prep,) = [op for op in ops if op.name.endswith("norms and fp32 cast")]
+    assert prep.compute_s == pytest.approx(_pass_s(h100, part * (10 + 4 + 6), 4 * 10))
+    copies = [op for op in ops if op.name.endswith("partition to host")]
+    assert [op.size_bytes for op in copies] == [2 * part, 4 * part]
+    assert prep.index in copies[1].after

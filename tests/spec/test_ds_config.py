@@ -243,3 +243,44 @@ def test_offload_pin_memory_is_read_and_defaults_to_pageable(tmp_path: Path) -> 
     with pytest.raises(ConfigError) as e:
         run({"device": "cpu", "pin_memory": "yes"})
     assert e.value.field.endswith("zero_optimization.offload_optimizer.pin_memory")
+
+
+def test_step_knobs_are_read_with_deepspeeds_defaults(tmp_path: Path) -> None:
+    """gradient_clipping (top level; DeepSpeed's default 1.0, "auto" the HF Trainer's
+    max_grad_norm 1.0) and bf16.check_grad_overflow (default true) change the ZeRO step:
+    read silently, refused when mistyped."""
+    def ds(config: dict[str, Any]) -> tuple[DeepSpeedZero, tuple[str, ...]]:
+        config = {"zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW"}, **config}
+        run = read_ds_config(write(tmp_path, config), hidden_size=64)
+        return run.ds, run.warnings
+
+    default, warnings = ds({"bf16": {"enabled": True}})
+    assert (default.gradient_clipping, default.check_grad_overflow) == (1.0, True)
+    got, warnings = ds({"gradient_clipping": 0, "bf16": {"enabled": True,
+                                                        "check_grad_overflow": False}})
+    assert (got.gradient_clipping, got.check_grad_overflow, warnings) == (0.0, False, ())
+    assert ds({"gradient_clipping": "auto"})[0].gradient_clipping == 1.0
+    for config, key in (({"gradient_clipping": -1}, "gradient_clipping"),
+                        ({"gradient_clipping": "1.0"}, "gradient_clipping"),
+                        ({"bf16": {"check_grad_overflow": "no"}}, "bf16.check_grad_overflow")):
+        with pytest.raises(ConfigError) as e:
+            ds(config)
+        assert e.value.field.endswith(f":{key}")
+    with pytest.raises(ConfigError) as e:
+        DeepSpeedZero(gradient_clipping=float("nan"))
+    assert e.value.field == "plan.ds.gradient_clipping"
+
+
+def test_the_backend_passes_the_step_knobs_to_deepspeed() -> None:
+    """The backend's config says what the plan says, in keys DeepSpeed's own config
+    models take."""
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.precision_config import DeepSpeedBF16Config
+
+    from zsim.calibrate.deepspeed_zero import ds_config
+    from zsim.spec.plan import Plan
+
+    knobs = DeepSpeedZero(gradient_clipping=0.5, check_grad_overflow=False)
+    config = ds_config(Plan.for_strategy("zero2", gpus=2, seq_len=64, ds=knobs))
+    assert config["gradient_clipping"] == 0.5
+    assert DeepSpeedBF16Config(**config["bf16"]).check_grad_overflow is False

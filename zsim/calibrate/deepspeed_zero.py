@@ -78,11 +78,12 @@ def ds_config(plan: Plan) -> dict[str, Any]:
         "gradient_accumulation_steps": plan.grad_accum,
         "zero_optimization": zero,
         "optimizer": {"type": "AdamW", "params": {"lr": LEARNING_RATE}},
+        "gradient_clipping": ds.gradient_clipping,
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
     }
     if plan.param_dtype == "bf16":
-        config["bf16"] = {"enabled": True}
+        config["bf16"] = {"enabled": True, "check_grad_overflow": ds.check_grad_overflow}
     elif plan.param_dtype == "fp16":
         config["fp16"] = {"enabled": True}
     return config

@@ -491,7 +491,8 @@ def _head_flops(b: Builder) -> Flops:
 def device_optimizer(b: Builder, *, after: tuple[int, ...], frees: tuple[str, ...],
                      local_params: float, tensors: int, master_bytes: int,
                      grad_bytes: int, dtensor: bool = False,
-                     tensor_elems: tuple[int, ...] = (), fused: bool = False) -> int:
+                     tensor_elems: tuple[int, ...] = (), fused: bool = False,
+                     unscales: bool = True) -> int:
     """AdamW/SGD on the device over `local_params` parameters in `tensors` tensors:
     memory-bound, reads and writes the master weights (or the params without a master
     copy) and the optimizer states, reads the `grad_bytes`-wide gradient, and writes the
@@ -502,15 +503,18 @@ def device_optimizer(b: Builder, *, after: tuple[int, ...], frees: tuple[str, ..
     foreach ops, max(host, device) + min(host, device) / ops. `tensor_elems`: the
     elements of each parameter tensor the optimizer steps, when it holds one state
     tensor per parameter (the pieces of its working memory). `fused`: DeepSpeed's
-    FusedAdam, one pass and one op with no working memory (optimizer_flops)."""
+    FusedAdam, one pass and one op with no working memory (optimizer_flops).
+    `unscales`: fp16 gradients are unscaled and checked here (loss_scaling_flops); False
+    where the program does it in ops of its own (DeepSpeed's step)."""
     p = b.plan
     seconds = b.compute(optimizer_flops(
         local_params, optimizer=p.optimizer, tensors=tensors, master_bytes=master_bytes,
         state_bytes_per_param=optimizer_bytes_per_param(p), grad_bytes=grad_bytes,
         param_copy_bytes=b.a if p.has_master_copy else 0, foreach=b.hw.foreach_kernels,
         fused=fused)
-        + loss_scaling_flops(p, local_params, tensors=tensors, grad_bytes=grad_bytes,
-                             foreach=b.hw.foreach_kernels))
+        + (loss_scaling_flops(p, local_params, tensors=tensors, grad_bytes=grad_bytes,
+                              foreach=b.hw.foreach_kernels) if unscales
+           else Flops(matmul=0.0, attention=0.0)))
     if b.hw.launch == "async":
         host = optimizer_host_s(b.hw, tensors, dtensor=dtensor)
         ops = len(ADAMW_FOREACH_DEPTHS) if p.optimizer == "adamw" and not fused else 1

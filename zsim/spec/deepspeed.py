@@ -1,5 +1,6 @@
-"""DeepSpeedZero: the zero_optimization settings of DeepSpeed's ZeRO that zsim models, with
-DeepSpeed 0.19's defaults (deepspeed/runtime/zero/config.py, DeepSpeedZeroConfig).
+"""DeepSpeedZero: the settings of DeepSpeed's ZeRO that zsim models, with DeepSpeed 0.19's
+defaults: zero_optimization's (deepspeed/runtime/zero/config.py, DeepSpeedZeroConfig) and
+the two that change the ZeRO optimizer's step (gradient_clipping, bf16.check_grad_overflow).
 
 Owns the knobs and their single-field checks; the lowering (zsim.schedule.programs.
 deepspeed) reads them, the config reader (zsim.spec.ds_config) fills them from a user's
@@ -55,6 +56,15 @@ class DeepSpeedZero:
     pin_memory: bool = False
     """offload_optimizer.pin_memory: host buffers page-locked; DeepSpeed's default is
     pageable memory, whose copies run at the profile's pageable PCIe rates."""
+    gradient_clipping: float = 1.0
+    """The config's top-level gradient_clipping (DeepSpeed 0.19's default 1.0, constants.py
+    GRADIENT_CLIPPING_DEFAULT): above 0, stages 1 and 2 scale the fp32 gradient partition
+    by the clip factor before the update (unscale_and_clip_grads, one pass over it; 0 skips
+    it unless fp16's loss scale needs it); stage 3 scales it either way."""
+    check_grad_overflow: bool = True
+    """bf16.check_grad_overflow (default true): stages 1 and 2 scan every gradient of the
+    partition for inf/NaN before the step and all-reduce the flag (fp16 always, fp32
+    never; stage 3 only under fp16)."""
 
     def __post_init__(self) -> None:
         for f in ("reduce_bucket_size", "allgather_bucket_size", "prefetch_bucket_size",
@@ -68,8 +78,12 @@ class DeepSpeedZero:
                 raise ConfigError(f"plan.ds.{f}", 0, "must be > 0")
         if self.overlap_comm is not None and not isinstance(self.overlap_comm, bool):
             raise ConfigError("plan.ds.overlap_comm", self.overlap_comm, "must be true or false")
-        if not isinstance(self.pin_memory, bool):
-            raise ConfigError("plan.ds.pin_memory", self.pin_memory, "must be true or false")
+        for f in ("pin_memory", "check_grad_overflow"):
+            if not isinstance(getattr(self, f), bool):
+                raise ConfigError(f"plan.ds.{f}", getattr(self, f), "must be true or false")
+        clip = self.gradient_clipping
+        if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip >= 0:
+            raise ConfigError("plan.ds.gradient_clipping", clip, "must be a number >= 0")
         if not isinstance(self.contiguous_gradients, bool):
             raise ConfigError("plan.ds.contiguous_gradients", self.contiguous_gradients,
                               "must be true or false")

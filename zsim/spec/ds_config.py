@@ -8,14 +8,15 @@ forbids unknown keys); an unknown top-level key, which DeepSpeed ignores, and a 
 reads but does not model are collected as warnings. "auto" (transformers'
 integrations/deepspeed.py, HfTrainerDeepSpeedConfig): batch sizes and precision come from
 the caller (the CLI's flags); reduce_bucket_size = hidden^2, stage3_prefetch_bucket_size
-= 0.9 hidden^2, stage3_param_persistence_threshold = 10 hidden. `ds_plan` merges a config
+= 0.9 hidden^2, stage3_param_persistence_threshold = 10 hidden, gradient_clipping = 1.0
+(TrainingArguments.max_grad_norm's default). `ds_plan` merges a config
 with the command line's flags into a Plan. Imports only zsim.errors and zsim.spec.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -87,15 +88,24 @@ out is run as zsim models it, so it draws no warning."""
 MODELLED_TOP = frozenset({
     "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
     "bf16", "fp16", "zero_optimization", "optimizer", "communication_data_type",
+    "gradient_clipping",
 })
 HARMLESS_TOP = frozenset({
-    "steps_per_print", "wall_clock_breakdown", "scheduler", "gradient_clipping",
+    "steps_per_print", "wall_clock_breakdown", "scheduler",
     "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "tensorboard", "wandb",
     "csv_monitor", "comet", "flops_profiler", "checkpoint", "dump_state", "memory_breakdown",
     "dataloader_drop_last", "prescale_gradients", "gradient_predivide_factor",
 })
-"""Top-level keys that change no memory or time zsim models (logging, schedules, clipping
-of a few kernels): read silently."""
+"""Top-level keys that change no memory or time zsim models (logging, schedules, the
+prescaling of gradients by a few kernels): read silently."""
+
+PRECISION_KEYS = {
+    "bf16": frozenset({"check_grad_overflow"}),
+    "fp16": frozenset({"loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
+                       "min_loss_scale", "consecutive_hysteresis", "auto_cast"}),
+}
+"""Keys of the bf16 and fp16 sections besides "enabled" that zsim reads, or that change
+nothing it models (fp16's loss-scaler settings)."""
 
 AUTO_HIDDEN = {"reduce_bucket_size": lambda h: h * h,
                "stage3_prefetch_bucket_size": lambda h: int(0.9 * h * h),
@@ -165,6 +175,7 @@ class DsConfigReader:
                              "data parallelism without ZeRO: use --strategy ddp)")
         knobs, offload = self.zero(zero, stage)
         precision = self.precision(data)
+        knobs = replace(knobs, **self.step_knobs(data))
         optimizer = data.get("optimizer", {})
         if not isinstance(optimizer, dict):
             raise self.error("optimizer", optimizer, "must be an object")
@@ -222,9 +233,7 @@ class DsConfigReader:
             value = section.get("enabled", False)
             found[name] = None if value == "auto" else self.flag(f"{name}.enabled", value)
             for key in section:
-                if key != "enabled" and not (name == "fp16" and key in (
-                        "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
-                        "min_loss_scale", "consecutive_hysteresis", "auto_cast")):
+                if key != "enabled" and key not in PRECISION_KEYS[name]:
                     self.unmodelled.append(f"{name}.{key}")
         if found["bf16"] and found["fp16"]:
             raise self.error("bf16.enabled", True, "bf16 and fp16 cannot both be enabled")
@@ -235,6 +244,22 @@ class DsConfigReader:
         if found["bf16"] is None or found["fp16"] is None:
             return None
         return "fp32"
+
+    def step_knobs(self, data: dict[str, Any]) -> dict[str, Any]:
+        """gradient_clipping ("auto": 1.0, the HF Trainer's max_grad_norm) and
+        bf16.check_grad_overflow, where the config gives them."""
+        knobs: dict[str, Any] = {}
+        clip = data.get("gradient_clipping")
+        if clip == "auto":
+            knobs["gradient_clipping"] = 1.0
+        elif clip is not None:
+            if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip >= 0:
+                raise self.error("gradient_clipping", clip, "must be a number >= 0")
+            knobs["gradient_clipping"] = float(clip)
+        check = data.get("bf16", {}).get("check_grad_overflow")
+        if check is not None:
+            knobs["check_grad_overflow"] = self.flag("bf16.check_grad_overflow", check)
+        return knobs
 
     def comm_dtype(self, data: dict[str, Any]) -> str | None:
         value = data.get("communication_data_type")

@@ -233,13 +233,16 @@ class _Step12:
         self.have_partition = False
         self.held: list[tuple[tuple[int, ...], str | None]] = []
         """Stage 1: the gradients held until the last micro-batch's reduction."""
+        self.boundary = True
+        """The backward being lowered is the last micro-batch's."""
 
     def lower(self, root: Unit, blocks: list[Unit]) -> None:
         b, p = self.b, self.b.plan
         head_numels, emb_numels = _root_split(b.model)
         epilogues: list[int] = []
         for mb in range(p.grad_accum):
-            reduces = self.stage == 2 or mb == p.grad_accum - 1
+            self.boundary = mb == p.grad_accum - 1
+            reduces = self.stage == 2 or self.boundary
             emb = b.add(name=f"embedding forward (mb {mb})", kind="forward", stream="compute",
                         microbatch=mb)
             fwd = [block_forward(b, u, mb) for u in blocks]
@@ -342,7 +345,12 @@ class _Step12:
     def flush(self, after: int) -> None:
         """One bucket: flattened (a copy in the reduce dtype) and all-reduced, the rank's
         slice copied into the partition buffer (allocated by the first bucket), or with
-        optimizer offload to the host's gradient partition."""
+        optimizer offload to the host's gradient partition: at the accumulation boundary
+        copy_grads_in_partition takes each of the slice's gradients' norm and checks it
+        for inf/NaN on the device as step() does without offload (_checks), casts it to
+        fp32 and copies that to the host (its share of the partition's tensors, by
+        elements); before the boundary the 16-bit slice goes to the host to be
+        accumulated there."""
         elements = self.bucket_elems
         if not elements:
             return
@@ -369,10 +377,22 @@ class _Step12:
         coll = b.collective(kind="all_reduce", size_bytes=elements * r, group=b.shard,
                             gname="shard", name=f"bucket {i} all-reduce", unit=i,
                             microbatch=p.grad_accum - 1, after=(first,))
-        if offload:
+        if offload and not self.boundary:
             self.last_reduce = b.copy(kind="d2h", nbytes=math.ceil(elements / p.dp_shard) * b.a,
                                       name=f"bucket {i} partition to host", unit=i,
                                       microbatch=p.grad_accum - 1, after=(coll,), frees=(flat,))
+        elif offload:
+            elems, m = math.ceil(elements / p.dp_shard), _master_bytes(p)
+            tensors = _partition_tensors(b.model, p.dp_shard) * elements / b.model.num_params
+            overflow = 2 * b.a if _scans_for_overflow(p) else 0
+            work = _pass(elems * ((b.a + 8) + overflow + (b.a + m)),
+                         tensors * (2 + (7 if overflow else 0) + 1))
+            prep = b.add(name=f"bucket {i} norms and fp32 cast", kind="backward",
+                         stream=stream, unit=i, microbatch=p.grad_accum - 1, after=(coll,),
+                         compute_s=b.compute(work))
+            self.last_reduce = b.copy(kind="d2h", nbytes=elems * m,
+                                      name=f"bucket {i} partition to host", unit=i,
+                                      microbatch=p.grad_accum - 1, after=(prep,), frees=(flat,))
         else:
             scatter = Flops(matmul=0.0, attention=0.0,
                             memory_bytes=elements / p.dp_shard * (r + b.a), kernels=1)
@@ -384,18 +404,27 @@ class _Step12:
         self.bucket_grads = []
 
     def optimizer(self, after: tuple[int, ...]) -> None:
-        """The overflow flag and the gradient norm all-reduced; fp32 gradients from the
-        partition buffer and FusedAdam on the flat fp32 partition (or DeepSpeedCPUAdam on the
-        host, the 16-bit partition copied back); then the all-gather of the updated 16-bit
-        parameters into the flat buffer, on the compute stream: all_gather_dp_groups makes
-        one all_gather_into_tensor per parameter group (one here) wherever torch has it
+        """step() (stage_1_and_2.py): the gradients of the partition checked for inf/NaN
+        and their norm taken, each all-reduced (checks); the partition's gradients
+        flattened into one 16-bit tensor (a copy, live until the cast), cast to fp32,
+        scaled by the clip factor (scales), FusedAdam on the flat fp32 partition, the
+        16-bit partition written (or DeepSpeedCPUAdam on the host, the 16-bit partition
+        copied back); then the all-gather of the updated 16-bit parameters into the flat
+        buffer, on the compute stream: all_gather_dp_groups makes one
+        all_gather_into_tensor per parameter group (one here) wherever torch has it
         (every torch DeepSpeed 0.19 supports), so allgather_bucket_size is not used
         (deepspeed/runtime/utils.py)."""
         b, p = self.b, self.b.plan
         frees = (self.partition_grads,) if self.have_partition else ()
-        # check_overflow (a 1-byte flag) and scaled_global_norm (an fp32 scalar), each a
-        # blocking all-reduce before the step (stage_1_and_2.py step()).
-        after = _scalar_all_reduces(b, after, (("overflow check", 1), ("gradient norm", 4)))
+        tensors = _partition_tensors(b.model, p.dp_shard)
+        # With the optimizer offloaded the norms were taken as the gradients went to the
+        # host (complete_grad_norm_calculation_for_cpu_offload) and the overflow flag
+        # kept then (local_overflow): only the all-reduces remain.
+        on_device = p.offload == "none"
+        tensors = tensors if on_device else 0
+        after = _checks(b, after, elems=self.part if on_device else 0, tensors=tensors,
+                        overflow=(2 * b.a, 7 * tensors) if _scans_for_overflow(p) else None,
+                        norm_bytes=4)
         if p.offload != "none":
             # the step on the host, the updated 16-bit partition copied back: the
             # all-gather below runs all the same (step(): all_gather_dp_groups after
@@ -407,29 +436,81 @@ class _Step12:
             m = _master_bytes(p)
             fp32_grad = Buffer(name="fp32 grad partition", category="grads",
                                bytes=self.part * m)
-            cast = Flops(matmul=0.0, attention=0.0, memory_bytes=self.part * (b.a + m),
-                         kernels=1)
+            flat = Buffer(name="flat grad partition", category="grads", bytes=self.part * b.a)
+            flatten = b.add(name="flatten gradients", kind="optimizer", stream="compute",
+                            microbatch=p.grad_accum - 1, after=after, allocs=(flat,),
+                            compute_s=b.compute(_pass(self.part * 2 * b.a, 1)))
             first = b.add(name="fp32 gradients", kind="optimizer", stream="compute",
-                          microbatch=p.grad_accum - 1, after=after, compute_s=b.compute(cast),
-                          allocs=(fp32_grad,), frees=frees)
+                          microbatch=p.grad_accum - 1, after=(flatten,),
+                          compute_s=b.compute(_pass(self.part * (b.a + m), 1)),
+                          allocs=(fp32_grad,), frees=(*frees, flat.name))
+            if p.ds.gradient_clipping > 0 or p.param_dtype == "fp16":
+                first = _scale(b, first, self.part * m)
             prev = device_optimizer(b, after=(first,), frees=(fp32_grad.name,),
                                     local_params=self.part, tensors=1, master_bytes=m,
-                                    grad_bytes=m, fused=True)
+                                    grad_bytes=m, fused=True, unscales=False)
         b.collective(kind="all_gather", size_bytes=_flat_elems(b.model, p.dp_shard) * b.a,
                      group=b.shard, gname="shard", name="param all-gather", unit=0,
                      microbatch=p.grad_accum - 1, after=(prev,))
 
 
-def _scalar_all_reduces(b: Builder, after: tuple[int, ...],
-                        calls: tuple[tuple[str, int], ...]) -> tuple[int, ...]:
-    """The step's blocking all-reduces of scalars, (name, bytes) in order over the shard
-    group, each after the one before (a flag and a norm: no 16-bit arithmetic); returns
-    what the step then waits for."""
-    for name, size in calls:
+def _pass(nbytes: float, kernels: float) -> Flops:
+    """Memory-bound work of DeepSpeed's step: `nbytes` read + written by `kernels`
+    kernels (scans, casts and copies of the gradient partition, at the flat rate)."""
+    return Flops(matmul=0.0, attention=0.0, memory_bytes=nbytes, kernels=kernels)
+
+
+def _scans_for_overflow(plan: Plan) -> bool:
+    """Stages 1/2 check the gradients for inf/NaN under fp16, and under bf16 unless
+    bf16.check_grad_overflow is off (engine.py); never in fp32."""
+    return plan.param_dtype == "fp16" or (plan.param_dtype == "bf16"
+                                          and plan.ds.check_grad_overflow)
+
+
+def _checks(b: Builder, after: tuple[int, ...], *, elems: float, tensors: int,
+            overflow: tuple[float, float] | None, norm_bytes: int) -> tuple[int, ...]:
+    """The step's checks of the `elems` gradient elements of the rank in `tensors`
+    tensors, each a scan on the compute stream and a blocking all-reduce of its scalar
+    over the shard group (no 16-bit arithmetic). `overflow` (None: no check): bytes read
+    and written per element by the inf/NaN scan and its kernels, then the 1-byte flag
+    all-reduced; stages 1/2 take amax and amin of each gradient (utils.has_inf_or_nan: 2
+    reads of the 16-bit gradient, then two isfinite, and, not, the count's add: 7 kernels
+    a tensor). Then the norm: each
+    gradient cast to fp32 and its norm taken (get_grad_norm_direct: the 16-bit gradient
+    read, the fp32 copy written and read, 2 kernels a tensor; stack, pow and sum), the
+    `norm_bytes`-byte sum all-reduced. Returns what the step then waits for."""
+    checks = []
+    if overflow is not None:
+        per_elem, kernels = overflow
+        checks.append(("overflow check", _pass(elems * per_elem, kernels), 1))
+    checks.append(("gradient norm", _pass(elems * (b.a + 4 + 4), 2 * tensors + 3),
+                   norm_bytes))
+    for name, scan, size in checks:
+        if scan.memory_bytes:
+            after = (b.add(name=name, kind="optimizer", stream="compute",
+                           microbatch=b.plan.grad_accum - 1, after=after,
+                           compute_s=b.compute(scan)),)
         after = (b.collective(kind="all_reduce", size_bytes=size, group=b.shard,
                               gname="shard", dtype="fp32", name=f"{name} all-reduce", unit=0,
                               microbatch=b.plan.grad_accum - 1, after=after),)
     return after
+
+
+def _scale(b: Builder, after: int, nbytes: float, name: str = "clip gradients") -> int:
+    """unscale_and_clip_grads: the clip factor from the norm (a handful of scalar
+    kernels) and the fp32 gradients (`nbytes`) multiplied by it in place."""
+    return b.add(name=name, kind="optimizer", stream="compute",
+                 microbatch=b.plan.grad_accum - 1, after=(after,),
+                 compute_s=b.compute(_pass(2 * nbytes, 5)))
+
+
+@lru_cache(maxsize=64)
+def _partition_tensors(model: ModelSpec, n: int) -> int:
+    """Stages 1/2: parameter tensors with elements in a rank's partition of the flat
+    buffer (params_in_partition), on average over the ranks: each tensor is in one
+    partition, and a boundary between partitions that falls inside a tensor puts it in
+    two, so at most (tensors + n - 1) / n."""
+    return math.ceil((len(model.parameter_tensors()) + n - 1) / n)
 
 
 def _with_frees(op: Op, name: str) -> Op:
@@ -667,15 +748,20 @@ class _Step3:
     def optimizer(self, after: tuple[int, ...]) -> None:
         """The gradient norm all-reduced (and fp16's overflow flag); per sub-group
         (_sub_groups), one after the other: fp32 gradients cast from the partition
-        buffer, FusedAdam on the flat fp32 partition, copied back to 16 bits, the fp32 gradients
-        released (offloaded: DeepSpeedCPUAdam on the host); then each persistent
-        parameter gathered again."""
+        buffer, scaled by the clip factor, FusedAdam on the flat fp32 partition, copied
+        back to 16 bits, the fp32 gradients released (offloaded: DeepSpeedCPUAdam on the
+        host); then each persistent parameter gathered again."""
         b, p = self.b, self.b.plan
-        # The fp16 overflow flag, then the gradient norm (a float64 scalar), each a blocking
-        # all-reduce (stage3.py step(): _overflow_check_and_loss_scale_update,
-        # _get_norm_groups).
-        checks = (("overflow check", 1),) if p.param_dtype == "fp16" else ()
-        prev = _scalar_all_reduces(b, after, (*checks, ("gradient norm", 8)))
+        # stage3.py step(): under fp16 _overflow_check_and_loss_scale_update scans the flat
+        # gradient partition (isinf(...).any() and isnan(...).any(): each reads it and
+        # writes and reads a byte mask) and all-reduces the flag; _get_norm_groups takes
+        # each parameter's gradient partition's norm as stages 1/2 do, a float64 sum.
+        # Offloaded, the norms come from the host's copies: only the all-reduces remain.
+        on_device = p.offload == "none"
+        prev = _checks(b, after, elems=_partition_elems(b.model, p) if on_device else 0,
+                       tensors=len(b.model.parameter_tensors()) if on_device else 0,
+                       overflow=(2 * (b.a + 2), 8) if p.param_dtype == "fp16" else None,
+                       norm_bytes=8)
         if p.offload != "none":
             prev = (host_optimizer(b, after=prev, frees=(),
                                    local_params=b.model.num_params / p.dp_shard,
@@ -690,9 +776,12 @@ class _Step3:
                 first = b.add(name="fp32 gradients" if i == 0 else f"fp32 gradients {i}",
                               kind="optimizer", stream="compute", microbatch=p.grad_accum - 1,
                               after=prev, compute_s=b.compute(cast), allocs=(grad,))
+                # unscale_and_clip_grads scales every sub-group, clipping or not.
+                first = _scale(b, first, elems * m,
+                               "clip gradients" if i == 0 else f"clip gradients {i}")
                 prev = (device_optimizer(b, after=(first,), frees=(grad.name,),
                                          local_params=elems, tensors=1, master_bytes=m,
-                                         grad_bytes=m, fused=True),)
+                                         grad_bytes=m, fused=True, unscales=False),)
         # _post_step: every persistent parameter's updated partition gathered again, one
         # all_gather_into_tensor each (_allgather_params_coalesced launches them all, then
         # waits), so a model with many small norms and biases pays one call per tensor.
