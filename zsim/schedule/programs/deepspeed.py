@@ -405,9 +405,9 @@ class _Step12:
 
     def optimizer(self, after: tuple[int, ...]) -> None:
         """step() (stage_1_and_2.py): the gradients of the partition checked for inf/NaN
-        and their norm taken, each all-reduced (checks); the partition's gradients
+        and their norm taken, each all-reduced (_checks); the partition's gradients
         flattened into one 16-bit tensor (a copy, live until the cast), cast to fp32,
-        scaled by the clip factor (scales), FusedAdam on the flat fp32 partition, the
+        scaled by the clip factor (_scale), FusedAdam on the flat fp32 partition, the
         16-bit partition written (or DeepSpeedCPUAdam on the host, the 16-bit partition
         copied back); then the all-gather of the updated 16-bit parameters into the flat
         buffer, on the compute stream: all_gather_dp_groups makes one
@@ -416,12 +416,11 @@ class _Step12:
         (deepspeed/runtime/utils.py)."""
         b, p = self.b, self.b.plan
         frees = (self.partition_grads,) if self.have_partition else ()
-        tensors = _partition_tensors(b.model, p.dp_shard)
         # With the optimizer offloaded the norms were taken as the gradients went to the
         # host (complete_grad_norm_calculation_for_cpu_offload) and the overflow flag
         # kept then (local_overflow): only the all-reduces remain.
         on_device = p.offload == "none"
-        tensors = tensors if on_device else 0
+        tensors = _partition_tensors(b.model, p.dp_shard) if on_device else 0
         after = _checks(b, after, elems=self.part if on_device else 0, tensors=tensors,
                         overflow=(2 * b.a, 7 * tensors) if _scans_for_overflow(p) else None,
                         norm_bytes=4)
@@ -475,10 +474,10 @@ def _checks(b: Builder, after: tuple[int, ...], *, elems: float, tensors: int,
     and written per element by the inf/NaN scan and its kernels, then the 1-byte flag
     all-reduced; stages 1/2 take amax and amin of each gradient (utils.has_inf_or_nan: 2
     reads of the 16-bit gradient, then two isfinite, and, not, the count's add: 7 kernels
-    a tensor). Then the norm: each
-    gradient cast to fp32 and its norm taken (get_grad_norm_direct: the 16-bit gradient
-    read, the fp32 copy written and read, 2 kernels a tensor; stack, pow and sum), the
-    `norm_bytes`-byte sum all-reduced. Returns what the step then waits for."""
+    a tensor). Then the norm: each gradient cast to fp32 and its norm taken
+    (get_grad_norm_direct: the 16-bit gradient read, the fp32 copy written and read, 2
+    kernels a tensor; stack, pow and sum), the `norm_bytes`-byte sum all-reduced. Returns
+    what the step then waits for."""
     checks = []
     if overflow is not None:
         per_elem, kernels = overflow
