@@ -81,9 +81,9 @@ class DeepSpeedZero:
         for f in ("pin_memory", "check_grad_overflow"):
             if not isinstance(getattr(self, f), bool):
                 raise ConfigError(f"plan.ds.{f}", getattr(self, f), "must be true or false")
-        clip = self.gradient_clipping
-        if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip >= 0:
-            raise ConfigError("plan.ds.gradient_clipping", clip, "must be a number >= 0")
+        if not is_clipping(self.gradient_clipping):
+            raise ConfigError("plan.ds.gradient_clipping", self.gradient_clipping,
+                              "must be a number >= 0")
         if not isinstance(self.contiguous_gradients, bool):
             raise ConfigError("plan.ds.contiguous_gradients", self.contiguous_gradients,
                               "must be true or false")
@@ -102,3 +102,8 @@ class DeepSpeedZero:
     def from_dict(cls, data: Any, *, where: str = "plan.ds") -> DeepSpeedZero:
         """Strict: unknown keys raise ConfigError naming the key."""
         return cls(**check_keys(cls, data, where=where))
+
+
+def is_clipping(value: Any) -> bool:
+    """A gradient_clipping DeepSpeed takes: a number >= 0 (0 turns clipping off)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and value >= 0

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from zsim.errors import ConfigError
-from zsim.spec.deepspeed import DeepSpeedZero
+from zsim.spec.deepspeed import DeepSpeedZero, is_clipping
 from zsim.spec.json_file import read_json
 from zsim.spec.plan import Plan, precision_knobs
 
@@ -253,7 +253,7 @@ class DsConfigReader:
         if clip == "auto":
             knobs["gradient_clipping"] = 1.0
         elif clip is not None:
-            if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip >= 0:
+            if not is_clipping(clip):
                 raise self.error("gradient_clipping", clip, "must be a number >= 0")
             knobs["gradient_clipping"] = float(clip)
         check = data.get("bf16", {}).get("check_grad_overflow")
