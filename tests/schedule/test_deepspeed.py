@@ -16,6 +16,7 @@ import pytest
 
 from zsim.analytic.compute import Flops, compute_time_s
 from zsim.schedule.lower import fixed_bytes, lower
+from zsim.schedule.ops import Op
 from zsim.simulate import simulate
 from zsim.spec.deepspeed import DeepSpeedZero
 from zsim.spec.hardware import HardwareProfile
@@ -346,7 +347,7 @@ def test_zero2_cuts_a_block_backward_without_changing_its_work(
         assert {f for f in op.frees if "/saved" in f or "working" in f} <= set(pieces[-1].frees)
 
 
-def _step_op(ops: list, name: str) -> object:
+def _step_op(ops: list[Op], name: str) -> Op:
     (op,) = [op for op in ops if op.name == name]
     return op
 
