@@ -20,17 +20,20 @@ Stages 1 and 2 (DeepSpeedZeroOptimizer):
   stage 1 keeps the full gradients and reduces them all at the end of the last
   micro-batch's backward. Without overlap_comm (stages 1 and 2 by default) the
   reduction runs on the compute stream: backward waits for it.
-- Step: the overflow flag and the gradient norm are all-reduced (two blocking scalar
-  calls); the partition's gradients are cast to fp32, Adam updates the fp32 partition
-  (offloaded: DeepSpeedCPUAdam on the host, the 16-bit partition copied back), which is
-  copied into the rank's slice of the 16-bit buffer, and the 16-bit parameters are
+- Step: the partition's gradients scanned for inf/NaN and their fp32 norms taken, the
+  flag and the norm all-reduced (two blocking scalar calls); the gradients flattened (a
+  copy) and cast to fp32, scaled by the clip factor (`gradient_clipping`), Adam updates
+  the fp32 partition (offloaded: DeepSpeedCPUAdam on the host, the 16-bit partition
+  copied back), which is copied into the rank's slice of the 16-bit buffer, and the
+  16-bit parameters are
   all-gathered in one call into the flat buffer (after backward: exposed;
   all_gather_dp_groups ignores `allgather_bucket_size` where torch has
   all_gather_into_tensor), with or without offload.
 - With `offload_optimizer` (cpu_offload): no partition buffer on the GPU; each reduced
   bucket's slice of the rank's partition is copied to the host's fp32 gradient partition
-  as it comes (async_inplace_copy_grad_to_fp32_buffer_from_gpu, non_blocking: a D2H copy
-  of the 16-bit slice, cast on the host).
+  as it comes: at the accumulation boundary its norms and inf/NaN check taken and cast to
+  fp32 on the device first (copy_grads_in_partition), before it 16-bit, to be
+  accumulated on the host.
 Stage 3 (DeepSpeedZeroOptimizer_Stage3):
 - State: each parameter partitioned into ceil(numel / N) elements (parameters of at most
   `param_persistence_threshold` elements stay whole on every rank), fp32 master
@@ -46,8 +49,10 @@ Stage 3 (DeepSpeedZeroOptimizer_Stage3):
   bucket is reduce-scattered on a side stream (overlap_comm, the stage-3 default) and
   the rank's partition accumulated into the gradient partition buffer, on every
   micro-batch.
-- Step: the gradient norm all-reduced (fp16 adds the overflow flag), fp32 gradients cast
-  from the partition buffer, Adam, fp32 -> 16-bit partitions; then every persistent
+- Step: each parameter's gradient partition's norm taken and the norm all-reduced (fp16
+  scans the flat partition for inf/NaN and all-reduces the flag first); per sub-group,
+  fp32 gradients cast from the partition buffer, scaled by the clip factor, Adam, fp32 ->
+  16-bit partitions; then every persistent
   parameter's partition all-gathered again, one call each (_post_step), which at
   thousands of ranks is a latency-bound tail of one ring per norm and bias.
 Offload: see zsim.schedule.build.host_optimizer (the closed-form state of
@@ -384,9 +389,9 @@ class _Step12:
         elif offload:
             elems, m = math.ceil(elements / p.dp_shard), _master_bytes(p)
             tensors = _partition_tensors(b.model, p.dp_shard) * elements / b.model.num_params
-            overflow = 2 * b.a if _scans_for_overflow(p) else 0
-            work = _pass(elems * ((b.a + 8) + overflow + (b.a + m)),
-                         tensors * (2 + (7 if overflow else 0) + 1))
+            work = _norm_scan(elems, tensors, b.a) + _pass(elems * (b.a + m), tensors)
+            if _scans_for_overflow(p):
+                work = work + _overflow_scan(elems, tensors, b.a)
             prep = b.add(name=f"bucket {i} norms and fp32 cast", kind="backward",
                          stream=stream, unit=i, microbatch=p.grad_accum - 1, after=(coll,),
                          compute_s=b.compute(work))
@@ -419,11 +424,11 @@ class _Step12:
         # With the optimizer offloaded the norms were taken as the gradients went to the
         # host (complete_grad_norm_calculation_for_cpu_offload) and the overflow flag
         # kept then (local_overflow): only the all-reduces remain.
-        on_device = p.offload == "none"
-        tensors = _partition_tensors(b.model, p.dp_shard) if on_device else 0
-        after = _checks(b, after, elems=self.part if on_device else 0, tensors=tensors,
-                        overflow=(2 * b.a, 7 * tensors) if _scans_for_overflow(p) else None,
-                        norm_bytes=4)
+        elems, tensors = ((self.part, _partition_tensors(b.model, p.dp_shard))
+                          if p.offload == "none" else (0, 0))
+        after = _checks(b, after, norm=_norm_scan(elems, tensors, b.a), norm_bytes=4,
+                        overflow=(_overflow_scan(elems, tensors, b.a)
+                                  if _scans_for_overflow(p) else None))
         if p.offload != "none":
             # the step on the host, the updated 16-bit partition copied back: the
             # all-gather below runs all the same (step(): all_gather_dp_groups after
@@ -466,24 +471,32 @@ def _scans_for_overflow(plan: Plan) -> bool:
                                           and plan.ds.check_grad_overflow)
 
 
-def _checks(b: Builder, after: tuple[int, ...], *, elems: float, tensors: int,
-            overflow: tuple[float, float] | None, norm_bytes: int) -> tuple[int, ...]:
-    """The step's checks of the `elems` gradient elements of the rank in `tensors`
-    tensors, each a scan on the compute stream and a blocking all-reduce of its scalar
-    over the shard group (no 16-bit arithmetic). `overflow` (None: no check): bytes read
-    and written per element by the inf/NaN scan and its kernels, then the 1-byte flag
-    all-reduced; stages 1/2 take amax and amin of each gradient (utils.has_inf_or_nan: 2
-    reads of the 16-bit gradient, then two isfinite, and, not, the count's add: 7 kernels
-    a tensor). Then the norm: each gradient cast to fp32 and its norm taken
-    (get_grad_norm_direct: the 16-bit gradient read, the fp32 copy written and read, 2
-    kernels a tensor; stack, pow and sum), the `norm_bytes`-byte sum all-reduced. Returns
-    what the step then waits for."""
+def _overflow_scan(elems: float, tensors: float, a: int) -> Flops:
+    """Stages 1/2's inf/NaN check of `elems` a-byte gradient elements in `tensors`
+    tensors (utils.has_inf_or_nan: amax and amin, 2 reads of each element; then two
+    isfinite, and, not and the count's add: 7 kernels a tensor)."""
+    return _pass(elems * 2 * a, 7 * tensors)
+
+
+def _norm_scan(elems: float, tensors: float, a: int) -> Flops:
+    """get_grad_norm_direct over `elems` a-byte gradient elements in `tensors` tensors:
+    each cast to fp32 (read, written) and its norm taken (read again), 2 kernels a
+    tensor."""
+    return _pass(elems * (a + 4 + 4), 2 * tensors)
+
+
+def _checks(b: Builder, after: tuple[int, ...], *, overflow: Flops | None, norm: Flops,
+            norm_bytes: int) -> tuple[int, ...]:
+    """The step's checks of the rank's gradients, each a scan on the compute stream
+    (none where it moves no bytes: with the optimizer offloaded it was taken on the way
+    to the host) and a blocking all-reduce of its scalar over the shard group (no 16-bit
+    arithmetic): `overflow` (None: no check), then the 1-byte flag; the `norm` scan and
+    the per-tensor norms combined (stack, pow, sum: 3 kernels), then the
+    `norm_bytes`-byte sum. Returns what the step then waits for."""
     checks = []
     if overflow is not None:
-        per_elem, kernels = overflow
-        checks.append(("overflow check", _pass(elems * per_elem, kernels), 1))
-    checks.append(("gradient norm", _pass(elems * (b.a + 4 + 4), 2 * tensors + 3),
-                   norm_bytes))
+        checks.append(("overflow check", overflow, 1))
+    checks.append(("gradient norm", norm + _pass(0.0, 3), norm_bytes))
     for name, scan, size in checks:
         if scan.memory_bytes:
             after = (b.add(name=name, kind="optimizer", stream="compute",
@@ -756,11 +769,11 @@ class _Step3:
         # writes and reads a byte mask) and all-reduces the flag; _get_norm_groups takes
         # each parameter's gradient partition's norm as stages 1/2 do, a float64 sum.
         # Offloaded, the norms come from the host's copies: only the all-reduces remain.
-        on_device = p.offload == "none"
-        prev = _checks(b, after, elems=_partition_elems(b.model, p) if on_device else 0,
-                       tensors=len(b.model.parameter_tensors()) if on_device else 0,
-                       overflow=(2 * (b.a + 2), 8) if p.param_dtype == "fp16" else None,
-                       norm_bytes=8)
+        elems, tensors = ((_partition_elems(b.model, p), len(b.model.parameter_tensors()))
+                          if p.offload == "none" else (0, 0))
+        prev = _checks(b, after, norm=_norm_scan(elems, tensors, b.a), norm_bytes=8,
+                       overflow=(_pass(elems * 2 * (b.a + 2), 8)
+                                 if p.param_dtype == "fp16" else None))
         if p.offload != "none":
             prev = (host_optimizer(b, after=prev, frees=(),
                                    local_params=b.model.num_params / p.dp_shard,
