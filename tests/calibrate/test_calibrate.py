@@ -211,6 +211,44 @@ def test_profile_writes_gelus_rate_beside_the_gemms() -> None:
     assert "memory_gb_per_s" not in _profile(ranks, config=cfg)["kernels"]
 
 
+def test_profile_writes_attentions_passes_apart_and_the_step_takes_them() -> None:
+    """Attention's forward and backward timed apart become one kernels.attention row at
+    the bench shape (the median over ranks, forward FLOPs per second of each pass, in
+    TFLOP/s); a block then pays its attention at those rates instead of the flat
+    efficiency's 1:2 split. By hand, at gpt-tiny's shape (micro-batch 2, 4 heads of 64,
+    sequence 256): forward FLOPs 4 x 2 x 4 x 256^2 x 64 / 2 = 67.1 M, so 1 and 0.1 TFLOP/s
+    take 67.1 us forward and 671 us backward, where the flat 1e11 FLOP/s took 671 us and
+    1,342 us."""
+    from zsim.analytic.compute import block_backward_flops, block_forward_flops, compute_time_s
+    from zsim.calibrate.microbench import BenchConfig
+    from zsim.calibrate.validate import grid
+    from zsim.spec.hardware import HardwareProfile
+
+    cfg = BenchConfig(gemm_linears=((512, 256, 1024),), attention_shape=(2, 4, 256, 64))
+    ranks = [_bench(0.0) for _ in range(3)]
+    for scale, r in zip((1.0, 3.0, 2.0), ranks, strict=True):
+        r.gemm_flop_per_s = {"bf16": [1e11] * 3, "fp32": [2e10] * 3}
+        r.attention_pass_flop_per_s = {"forward": scale * 0.5e12, "backward": scale * 0.05e12}
+    data = _profile(ranks, config=cfg)
+    assert data["kernels"]["attention"] == {"bf16": [[256, 64, 1.0, 0.1]]}
+    assert "forward and backward apart" in data["kernels"]["source"]
+    with_rows = HardwareProfile.from_dict(data, name="t")
+    data["kernels"].pop("attention")
+    flat = HardwareProfile.from_dict(data, name="t")
+    assert flat.peak("bf16") * flat.attention_efficiency == pytest.approx(1e11)
+    gpt = next(m for m, _ in grid() if m.name == "gpt-tiny")
+    forward_flops = 4 * 2 * 4 * 256**2 * 64 / 2
+    for pass_flops, measured_s, flat_s in (
+            (block_forward_flops, forward_flops / 1e12, forward_flops / 1e11),
+            (block_backward_flops, forward_flops / 0.1e12, 2 * forward_flops / 1e11)):
+        work = pass_flops(gpt, micro_batch=2, seq_len=256, act_bytes=2)
+        assert (compute_time_s(work, with_rows, "bf16") - compute_time_s(work, flat, "bf16")
+                == pytest.approx(measured_s - flat_s))
+    for r in ranks:
+        r.attention_pass_flop_per_s = {}
+    assert "attention" not in _profile(ranks, config=cfg)["kernels"]
+
+
 def test_the_cold_gemms_cover_every_gemm_of_the_validation_grid(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Every GEMM the simulator times for the report's plans (library, TP, PP; both

@@ -140,9 +140,13 @@ class RankBench:
     output, the input gradient, the weight gradient, 6mkn FLOPs), as a block's matmuls
     run in a training step, FLOP/s."""
     attention_flop_per_s: float = 0.0
-    """Causal SDPA forward + backward in bf16, FLOP/s counted as zsim.analytic.compute
-    counts them (3 x the forward's 4·b·h·s²·d/2), so the efficiency absorbs flash
-    attention's recomputation in backward."""
+    """Causal SDPA forward + backward in bf16 from a cold cache, FLOP/s counted as
+    zsim.analytic.compute counts them (3 x the forward's 4·b·h·s²·d/2), so the efficiency
+    absorbs flash attention's recomputation in backward."""
+    attention_pass_flop_per_s: dict[str, float] = field(default_factory=dict)
+    """The same call's forward and backward apart ("forward", "backward"), each the
+    forward's FLOPs (4·b·h·s²·d/2) per second of that pass, as the profile's
+    kernels.attention rows hold them (see _attention)."""
     copy_bytes_per_s: float = 0.0
     """copy_ bytes read + written per second."""
     elementwise_bytes_per_s: float = 0.0
@@ -269,7 +273,8 @@ def _bench_round(ctx: RankContext, cfg: BenchConfig) -> RankBench:
         out.linear_flop_per_s[name] = linear
         out.gemm_flop_per_s[name] = _cold_gemms(ctx, gemm_shapes(cfg), dtype,
                                                 cfg.cache_flush_bytes)
-    out.attention_flop_per_s = _attention(ctx, cfg.attention_shape)
+    out.attention_flop_per_s, out.attention_pass_flop_per_s = _attention(
+        ctx, cfg.attention_shape, cfg.cache_flush_bytes)
     out.copy_bytes_per_s = _copy_rate(ctx, cfg.copy_bytes)
     out.elementwise_bytes_per_s = _elementwise(ctx, cfg.elementwise_numels)
     out.gelu_bytes_per_s = _gelu(ctx, max(cfg.elementwise_numels))
@@ -405,18 +410,39 @@ def _gelu(ctx: RankContext, numel: int) -> dict[str, float]:
                 7)}
 
 
-def _attention(ctx: RankContext, shape: tuple[int, int, int, int]) -> float:
+def _attention(ctx: RankContext, shape: tuple[int, int, int, int],
+               flush_bytes: int) -> tuple[float, dict[str, float]]:
+    """Causal SDPA in bf16 at `shape` (b, h, s, d): (forward + backward FLOP/s as
+    RankBench.attention_flop_per_s counts them, {pass: the forward's FLOPs per second of
+    that pass}). The forward alone (building the graph, as in training) and forward +
+    backward are each the median of 7 calls, each after writing `flush_bytes`: in a step
+    attention reads q, k, v (and in backward the saved output) from memory, not from the
+    cache a loop of calls leaves warm (on the 2-core Xeon, 2026-12-02: 0.75 ms forward,
+    5.9 forward + backward cold, 0.54 and 5.4 warm, both ranks at once; inside a
+    gpt-tiny step at the same shape the profiler read 0.72 and 5.0 a layer). The
+    backward is the difference, at least the forward's time (it does twice the
+    forward's FLOPs, flash attention's backward more: 2.5x on a GPU, about 7x here)."""
     b, h, s, d = shape
     q, k, v = (torch.randn(b, h, s, d, dtype=torch.bfloat16, device=ctx.device,
                            requires_grad=True) for _ in range(3))
+    flush = _cache_flush(ctx.device, flush_bytes)
 
-    def call() -> None:
-        F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+    def forward() -> torch.Tensor:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        sync_device(ctx.device)
+        return out
 
+    def forward_backward() -> None:
+        torch.autograd.grad(forward().sum(), (q, k, v))
+        sync_device(ctx.device)
+
+    forward_s = _median_s(forward, 7, before=flush)
+    both_s = _median_s(forward_backward, 7, before=flush)
     # Forward 2 matmuls of 2bhs²d, halved by the causal mask; backward counted as twice
     # forward (zsim.analytic.compute's convention; the kernel really runs 2.5x).
-    flops = 3 * 4 * b * h * s * s * d / 2
-    return flops / _median_s(call, 7)
+    flops = 4 * b * h * s * s * d / 2
+    return 3 * flops / both_s, {"forward": flops / forward_s,
+                                "backward": flops / max(both_s - forward_s, forward_s)}
 
 
 def _step_rate(numel: int, optimizer: Callable[[list[torch.nn.Parameter]], Any],

@@ -247,7 +247,8 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
             "source": f"{prov}; matmul = median over block-shaped linear layers, forward "
                       f"+ backward (3 GEMMs), of rate / peak; "
                       f"attention = causal SDPA bf16 fwd+bwd at "
-                      f"(b, h, s, d) = {cfg.attention_shape} (3 x 4bhs^2d/2 FLOPs) / bf16 "
+                      f"(b, h, s, d) = {cfg.attention_shape} (3 x 4bhs^2d/2 FLOPs), each "
+                      f"call after writing {cfg.cache_flush_bytes // MiB} MiB, / bf16 "
                       f"peak; memory_bound = bf16 add, mul, silu, cat, upcast and fp32 "
                       f"log_softmax on {cfg.elementwise_numels} elements (total bytes / "
                       f"total time) / copy bytes per second; kernel_overhead = step time "
@@ -318,14 +319,30 @@ def _synchronising_per_block(data: dict[str, Any], nproc: int,
 
 def _kernel_table(ranks: list[RankBench], cfg: BenchConfig, prov: str) -> dict[str, Any]:
     """kernels: the cold GEMMs of gemm_shapes(cfg) per dtype, [m, k, n, TFLOP/s], the
-    median over ranks; and GELU's rate by pass where the ranks timed it (the one
-    memory-bound class measured apart here: the others run at efficiency.memory_bound)."""
+    median over ranks; causal attention's forward and backward at cfg.attention_shape
+    where the ranks timed them apart (bf16 [seq, head_dim, forward, backward TFLOP/s],
+    the forward's FLOPs per second of each pass, the median over ranks: on a CPU the
+    backward runs about 7x the forward, not the 2x the flat efficiency assumes); and
+    GELU's rate by pass where the ranks timed it (the one memory-bound class measured
+    apart here: the others run at efficiency.memory_bound)."""
     shapes = gemm_shapes(cfg)
     table = {d: [[*shape, _r(statistics.median(r.gemm_flop_per_s[d][i] for r in ranks) / 1e12)]
                  for i, shape in enumerate(shapes)]
              for d in ranks[0].gemm_flop_per_s}
     out: dict[str, Any] = {"matmul_tflops": table}
-    source = "attention and memory-bound kernels at the efficiencies above"
+    measured = ""
+    if all(r.attention_pass_flop_per_s for r in ranks):
+        _, _, seq, head_dim = cfg.attention_shape
+        out["attention"] = {"bf16": [[seq, head_dim, *(
+            _r(statistics.median(r.attention_pass_flop_per_s[p] for r in ranks) / 1e12)
+            for p in PASSES)]]}
+        measured = (f"attention = causal SDPA bf16 at (b, h, s, d) = {cfg.attention_shape}, "
+                    f"forward and backward apart (forward + backward less the forward), "
+                    f"each after writing {cfg.cache_flush_bytes // MiB} MiB, median of 7 "
+                    f"calls, median over ranks, in forward FLOPs (4bhs^2d/2) per second "
+                    f"of each pass; ")
+    flat = f"{measured}{'attention at other shapes' if measured else 'attention'}"
+    source = f"{flat} and memory-bound kernels at the efficiencies above"
     if all(r.gelu_bytes_per_s for r in ranks):
         out["memory_gb_per_s"] = {"gelu": {
             p: _r(statistics.median(r.gelu_bytes_per_s[p] for r in ranks) / GB)
@@ -333,7 +350,7 @@ def _kernel_table(ranks: list[RankBench], cfg: BenchConfig, prov: str) -> dict[s
         source = (f"GELU (approximate={GELU_APPROXIMATE!r}) on {max(cfg.elementwise_numels)} "
                   f"bf16 elements, forward and gelu_backward, bytes as zsim.analytic.compute "
                   f"counts them (backward twice the forward's) per second, median of 7 "
-                  f"calls, median over ranks; attention and the other memory-bound kernels "
+                  f"calls, median over ranks; {flat} and the other memory-bound kernels "
                   f"at the efficiencies above")
     return out | {"source": f"{prov}; each GEMM (m x k) @ (k x n) of the validation grid's "
                             f"linear layers (forward, input gradient, weight gradient), timed "
