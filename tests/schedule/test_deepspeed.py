@@ -384,6 +384,29 @@ def test_zero12_step_checks_flattens_casts_and_clips_by_hand(
     assert flatten.allocs[0].name in cast.frees
 
 
+@pytest.mark.parametrize("strategy", ["zero1", "zero2", "zero3"])
+def test_bucket_reductions_divide_by_the_world_before_reducing_by_hand(
+        tiny_model: ModelSpec, h100: HardwareProfile, strategy: str) -> None:
+    """Each reduced bucket is copied (the gradients read in 2 B, written in the reduce
+    dtype's 2 B) and divided by the world size in place (read and write 2 B, one more
+    kernel) before its collective: stages 1/2's average_tensor divides the ipg bucket,
+    stage 3's reduce_scatter_coalesced the flat buffer it cat'ed. With 100,000-element
+    buckets the tiny model's 1,824,000 parameters go through 17 of them (a tensor larger
+    than a bucket, the embedding and the output, 256,000 elements each, fills its own)."""
+    plan = _plan(strategy, ds=DeepSpeedZero(reduce_bucket_size=100_000))
+    ops = lower(tiny_model, h100, plan).ops
+    copies = [op for op in ops if op.name.startswith("bucket ")
+              and (op.name.endswith(" flatten") or " copy-in " in op.name)]
+    assert len(copies) == 17
+    reduced = 0.0
+    for op in copies:
+        (coll,) = [o for o in ops if op.index in o.after and o.kind != "compute"]
+        elements = coll.size_bytes / 2
+        assert op.compute_s == pytest.approx(_pass_s(h100, elements * (2 + 2 + 2 * 2), 2))
+        reduced += elements
+    assert reduced == tiny_model.num_params
+
+
 def test_zero12_step_follows_clipping_and_the_overflow_switch(
         tiny_model: ModelSpec, h100: HardwareProfile) -> None:
     """No clipping skips the scaling unless fp16's loss scale needs it; bf16 without

@@ -12,8 +12,9 @@ Stages 1 and 2 (DeepSpeedZeroOptimizer):
   moments.
 - Backward: each parameter's gradient (param dtype) is copied, as it is produced, into
   the ipg bucket buffer (`reduce_bucket_size` elements, allocated for each backward, two
-  with overlap_comm); a bucket that would overflow is reduced first: flattened (a copy)
-  and all-reduced (use_multi_rank_bucket_allreduce, the default), and each rank copies its
+  with overlap_comm); a bucket that would overflow is reduced first: divided by the
+  world size in place, flattened (a copy) and all-reduced
+  (use_multi_rank_bucket_allreduce, the default), and each rank copies its
   partition's slice into a contiguous partition buffer (contiguous_gradients). Stage 2
   does this in its gradient hooks on every micro-batch, so mid-block (the block's
   backward op is cut at each such hook), and the copied gradients are freed at once;
@@ -46,9 +47,10 @@ Stage 3 (DeepSpeedZeroOptimizer_Stage3):
   all-gather whose flat buffer lives until the last of its parameters is released. With
   recomputation a block's parameters are fetched again when its forward is re-run.
 - Gradients: each parameter's gradient goes into the bucket as it is produced; a full
-  bucket is reduce-scattered on a side stream (overlap_comm, the stage-3 default) and
-  the rank's partition accumulated into the gradient partition buffer, on every
-  micro-batch.
+  bucket is copied into one flat buffer and divided by the world size in place
+  (reduce_scatter_coalesced), reduce-scattered on a side stream (overlap_comm, the
+  stage-3 default) and the rank's partition accumulated into the gradient partition
+  buffer, on every micro-batch.
 - Step: each parameter's gradient partition's norm taken and the norm all-reduced (fp16
   scans the flat partition for inf/NaN and all-reduces the flag first); per sub-group,
   fp32 gradients cast from the partition buffer, scaled by the clip factor, Adam, fp32 ->
@@ -348,7 +350,9 @@ class _Step12:
                      for i in range(2 if self.overlap else 1))
 
     def flush(self, after: int) -> None:
-        """One bucket: flattened (a copy in the reduce dtype) and all-reduced, the rank's
+        """One bucket: divided by the world size in place (average_tensor's `div_` of the
+        ipg bucket, or allreduce_bucket's of the flattened copy: 2 r bytes an element, one
+        kernel), flattened (a copy in the reduce dtype) and all-reduced, the rank's
         slice copied into the partition buffer (allocated by the first bucket), or with
         optimizer offload to the host's gradient partition: at the accumulation boundary
         copy_grads_in_partition takes each of the slice's gradients' norm and checks it
@@ -371,7 +375,8 @@ class _Step12:
         i = self.buckets
         self.buckets += 1
         flat = f"bucket {i}/flat"
-        copy = Flops(matmul=0.0, attention=0.0, memory_bytes=elements * (b.a + r), kernels=1)
+        copy = Flops(matmul=0.0, attention=0.0, memory_bytes=elements * (b.a + r + 2 * r),
+                     kernels=2)
         first = b.add(name=f"bucket {i} flatten", kind="backward", stream=stream, unit=i,
                       microbatch=p.grad_accum - 1, after=(after,), compute_s=b.compute(copy),
                       frees_at_start=tuple(self.bucket_grads),
@@ -852,8 +857,10 @@ class _Reducer3:
         r = dtype_bytes(p.reduce_dtype)
         i = self.count
         self.count += 1
-        copy = Flops(matmul=0.0, attention=0.0, memory_bytes=self.elements * (b.a + r),
-                     kernels=1)
+        # reduce_scatter_coalesced: the partitions cat'ed into one flat buffer (a copy),
+        # then divided by the world size in place (2 r bytes an element, one kernel).
+        copy = Flops(matmul=0.0, attention=0.0,
+                     memory_bytes=self.elements * (b.a + r + 2 * r), kernels=2)
         first = b.add(name=f"bucket {i} copy-in (mb {self.mb})", kind="backward",
                       stream="reduce_scatter", microbatch=self.mb, after=(after,),
                       compute_s=b.compute(copy))
