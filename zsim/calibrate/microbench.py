@@ -438,8 +438,9 @@ def _attention(ctx: RankContext, shape: tuple[int, int, int, int],
 
     forward_s = _median_s(forward, 7, before=flush)
     both_s = _median_s(forward_backward, 7, before=flush)
-    # Forward 2 matmuls of 2bhs²d, halved by the causal mask; backward counted as twice
-    # forward (zsim.analytic.compute's convention; the kernel really runs 2.5x).
+    # Forward 2 matmuls of 2bhs²d, halved by the causal mask; the fwd+bwd rate counts
+    # the backward as twice the forward (zsim.analytic.compute's convention), the pass
+    # rates the forward's FLOPs per second of each pass (the kernels.attention schema).
     flops = 4 * b * h * s * s * d / 2
     return 3 * flops / both_s, {"forward": flops / forward_s,
                                 "backward": flops / max(both_s - forward_s, forward_s)}

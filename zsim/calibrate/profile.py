@@ -341,7 +341,7 @@ def _kernel_table(ranks: list[RankBench], cfg: BenchConfig, prov: str) -> dict[s
                     f"each after writing {cfg.cache_flush_bytes // MiB} MiB, median of 7 "
                     f"calls, median over ranks, in forward FLOPs (4bhs^2d/2) per second "
                     f"of each pass; ")
-    flat = f"{measured}{'attention at other shapes' if measured else 'attention'}"
+    flat = measured + ("attention at other shapes" if measured else "attention")
     source = f"{flat} and memory-bound kernels at the efficiencies above"
     if all(r.gelu_bytes_per_s for r in ranks):
         out["memory_gb_per_s"] = {"gelu": {

@@ -350,9 +350,8 @@ class _Step12:
                      for i in range(2 if self.overlap else 1))
 
     def flush(self, after: int) -> None:
-        """One bucket: divided by the world size in place (average_tensor's `div_` of the
-        ipg bucket, or allreduce_bucket's of the flattened copy: 2 r bytes an element, one
-        kernel), flattened (a copy in the reduce dtype) and all-reduced, the rank's
+        """One bucket: divided by the world size and flattened (_divide_and_flatten) and
+        all-reduced, the rank's
         slice copied into the partition buffer (allocated by the first bucket), or with
         optimizer offload to the host's gradient partition: at the accumulation boundary
         copy_grads_in_partition takes each of the slice's gradients' norm and checks it
@@ -375,8 +374,7 @@ class _Step12:
         i = self.buckets
         self.buckets += 1
         flat = f"bucket {i}/flat"
-        copy = Flops(matmul=0.0, attention=0.0, memory_bytes=elements * (b.a + r + 2 * r),
-                     kernels=2)
+        copy = _divide_and_flatten(elements, b.a, r)
         first = b.add(name=f"bucket {i} flatten", kind="backward", stream=stream, unit=i,
                       microbatch=p.grad_accum - 1, after=(after,), compute_s=b.compute(copy),
                       frees_at_start=tuple(self.bucket_grads),
@@ -467,6 +465,14 @@ def _pass(nbytes: float, kernels: float) -> Flops:
     """Memory-bound work of DeepSpeed's step: `nbytes` read + written by `kernels`
     kernels (scans, casts and copies of the gradient partition, at the flat rate)."""
     return Flops(matmul=0.0, attention=0.0, memory_bytes=nbytes, kernels=kernels)
+
+
+def _divide_and_flatten(elements: float, a: int, r: int) -> Flops:
+    """A gradient bucket on its way to its collective, every stage: copied into one flat
+    buffer in the reduce dtype (a + r bytes an element) and divided by the world size in
+    place (stages 1/2: average_tensor's div_ of the ipg bucket; stage 3:
+    reduce_scatter_coalesced's of the flat buffer: 2 r bytes), one kernel each."""
+    return _pass(elements * (a + r + 2 * r), 2)
 
 
 def _scans_for_overflow(plan: Plan) -> bool:
@@ -857,10 +863,9 @@ class _Reducer3:
         r = dtype_bytes(p.reduce_dtype)
         i = self.count
         self.count += 1
-        # reduce_scatter_coalesced: the partitions cat'ed into one flat buffer (a copy),
-        # then divided by the world size in place (2 r bytes an element, one kernel).
-        copy = Flops(matmul=0.0, attention=0.0,
-                     memory_bytes=self.elements * (b.a + r + 2 * r), kernels=2)
+        # reduce_scatter_coalesced: the partitions cat'ed into one flat buffer, divided
+        # by the world size in place.
+        copy = _divide_and_flatten(self.elements, b.a, r)
         first = b.add(name=f"bucket {i} copy-in (mb {self.mb})", kind="backward",
                       stream="reduce_scatter", microbatch=self.mb, after=(after,),
                       compute_s=b.compute(copy))
