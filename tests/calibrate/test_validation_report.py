@@ -66,6 +66,10 @@ CPU2_CONFIRMATION_BATCHES = {
                           "and FSDP1 row within (-6.8% to +13.6%), tensor parallelism under "
                           "(tp=2 -21.8%, fsdp x tp=2 -18.4%; the same TP step measured "
                           "150-157 ms half an hour later, 229 in the batch)",
+    "batch-30d2ba7-2233": "20 of 29 within 15% (mean error -10.0%): every world-2 row within "
+                          "(-13.0% to +2.0%, tp=2 +2.0%), eight world-4 rows under (-15.0% "
+                          "to -17.8%) and gpt-tiny ZeRO-3 at world 4 over (+15.7%); with the "
+                          "programs' host time fitted against the simulated time to the loss",
 }
 """The batches run after the committed one: with its code (1129041; d403978 changes tests
 and a constant's home only), and with the code that charges a synchronisation after
@@ -73,7 +77,8 @@ compute (3c96e79, which its profiles measure; the committed profiles have no suc
 and predict as before), then times GELU apart (44414e1), then runs DeepSpeed's step as it
 runs (35c9476; 39d8c3d the same), then times attention's passes apart (e8a3f65), then
 divides DeepSpeed's buckets before reducing them (c45db06; 71ab899 and 565b39b the
-same): whether further batches meet the bound too, and how each falls short."""
+same), then fits the programs' host time against the simulated time to the loss
+(30d2ba7): whether further batches meet the bound too, and how each falls short."""
 CPU2_BATCHES = ("batch-4374dec", "batch-23ba544", "batch-f444f72", "batch-f87847b",
                 "batch-2888be7", "batch-2888be7-0243", "batch-fb8b5e6",
                 *CPU2_CONFIRMATION_BATCHES)
@@ -83,7 +88,8 @@ the calibration's mean call times, the world-2 cases only; batch-1129041-0545 th
 cases again, after the committed batch, with its code, as the two batch-d403978 folders;
 batch-3c96e79-1101, batch-44414e1-1152, batch-35c9476-1336, batch-39d8c3d-1421,
 batch-e8a3f65-1610 and batch-71ab899-1704 the 29 cases on the host of 2026-12-02 10:49 to
-about 21:30 UTC, an Intel Xeon with AMX; batch-565b39b-2135 on an AMD EPYC again).
+about 21:30 UTC, an Intel Xeon with AMX; batch-565b39b-2135 and batch-30d2ba7-2233 on an
+AMD EPYC again).
 Only CPU2_CONFIRMATION_BATCHES' step times are held to the bound: the others show how
 far batches of one host spread (reports/validation-cpu2/README.md)."""
 CPU2_CASES = 29
