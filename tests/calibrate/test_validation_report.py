@@ -67,7 +67,7 @@ CPU2_CONFIRMATION_BATCHES = {
                           "(tp=2 -21.8%, fsdp x tp=2 -18.4%; the same TP step measured "
                           "150-157 ms half an hour later, 229 in the batch)",
     "batch-30d2ba7-2233": "20 of 29 within 15% (mean error -10.0%): every world-2 row within "
-                          "(-13.0% to +2.0%, tp=2 +2.0%), eight world-4 rows under (-15.0% "
+                          "(-13.0% to +2.0%, tp=2 +2.0%), eight world-4 rows under (-15.5% "
                           "to -17.8%) and gpt-tiny ZeRO-3 at world 4 over (+15.7%); with the "
                           "programs' host time fitted against the simulated time to the loss",
 }
