@@ -128,11 +128,11 @@ def fit(measured: list[dict[str, dict[str, float]]], profile: dict[str, Any], *,
     the rest of the profile (its YAML structure, without program_overhead_us). Per block
     of each nano block timed, the forward's extra = the measured forward's growth per
     block less the simulated one's (each the time to the loss: to_loss_s), the
-    backward's = the same for the rest of the step
-    (each >= 0). With both blocks, each phase's extra is split as a + b x tensors per
-    block through the two points (b >= 0, then a >= 0): *_block = a, *_tensor = b; with
-    Llama's alone, *_block = its extra and no *_tensor. step = what Llama's shallower
-    run takes beyond its simulation and what its blocks are charged. Microseconds."""
+    backward's = the same for the rest of the step (each >= 0). With both blocks, each
+    phase's extra is split as a + b x tensors per block through the two points (b >= 0,
+    then a >= 0): *_block = a, *_tensor = b; with Llama's alone, *_block = its extra and
+    no *_tensor. step = what Llama's shallower run takes beyond its simulation and what
+    its blocks are charged. Microseconds."""
     hw = HardwareProfile.from_dict(profile, name=str(profile["name"]))
     lo, _ = layers
     tensors = {block: len(nano_model(1, block=block).block_tensors())
