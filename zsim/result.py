@@ -118,6 +118,12 @@ class Result:
     """Compute-stream busy time by phase ("forward", "backward", "optimizer"; an offloaded
     optimizer step is host_busy_s instead), seconds; what the calibration backend times
     per phase."""
+    time_to_loss_s: float | None
+    """Wall time from the step's start to the end of the last forward kernel before the
+    first backward one (the first micro-batch's loss), rank 0's: the forward's compute and
+    every wait in it (blocking all-gathers of ZeRO-3 and FSDP1, TP's all-reduces), what a
+    host times from the step's start to its loss. None for a pipeline, replayed without
+    spans, and a step that did not run to its end."""
     phase_peak_bytes: dict[str, int]
     """Highest allocated bytes while a kernel of that phase ran (the backend's per-phase
     torch.cuda.max_memory_allocated)."""
@@ -200,6 +206,7 @@ class Result:
             "hbm_bytes": self.hbm_bytes,
             "phase_time_s": dict(self.phase_time_s),
             "phase_peak_bytes": dict(self.phase_peak_bytes),
+            "time_to_loss_s": self.time_to_loss_s,
             "tokens_per_s": self.tokens_per_s, "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
             "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu, "hfu": self.hfu,
             "world_size": self.world_size,
@@ -250,6 +257,17 @@ def _phases(spans: list[OpSpan], curve: tuple[tuple[float, int], ...]
         level = max((b for _, b in curve[first:hi]), default=0)
         peak[sp.kind] = max(peak.get(sp.kind, 0), level)
     return busy, peak
+
+
+def _to_loss_s(spans: list[OpSpan]) -> float | None:
+    """End of the last forward compute span before the first backward one; None without
+    a backward."""
+    compute = [sp for sp in spans if sp.stream == "compute"]
+    backward_s = min((sp.start_s for sp in compute if sp.kind == "backward"), default=None)
+    if backward_s is None:
+        return None
+    return max((sp.end_s for sp in compute if sp.kind == "forward" and sp.end_s <= backward_s),
+               default=None)
 
 
 def _oom_message(memory: MemoryPool) -> str | None:
@@ -325,6 +343,7 @@ def summarize(schedule: Schedule, trace: Trace, memory: MemoryPool, *, model: st
         waits=tuple(waits0),
         comm_busy_s=busy, comm_busy_total_s=comm_total, comm_bus_bytes=bus,
         phase_time_s=phase_time, phase_peak_bytes=phase_peak,
+        time_to_loss_s=_to_loss_s(spans0),
         tokens_per_s=tokens_job / step if step > 0 else 0.0,
         tokens_per_s_per_gpu=schedule.tokens_per_rank / step if step > 0 else 0.0,
         tflops_per_gpu=model_tflops,
@@ -358,7 +377,8 @@ def _no_time_figures() -> dict[str, object]:
     return dict(step_time_s=None, compute_time_s=None, exposed_comm_s=None,
                 exposed_by_reason_s={}, exposed_by_kind_s={}, exposed_host_s=None,
                 host_busy_s=None, waits=(), comm_busy_s={}, comm_busy_total_s=None,
-                comm_bus_bytes={}, phase_time_s={}, phase_peak_bytes={}, tokens_per_s=None,
+                comm_bus_bytes={}, phase_time_s={}, phase_peak_bytes={},
+                time_to_loss_s=None, tokens_per_s=None,
                 tokens_per_s_per_gpu=None, tflops_per_gpu=None, mfu=None, hfu=None)
 
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from zsim.calibrate.microbench import NanoBlock, nano_model
-from zsim.calibrate.program_overhead import fit, nano_plans, program_steps_s, to_loss_s
+from zsim.calibrate.program_overhead import fit, nano_plans, program_steps_s
 from zsim.calibrate.runner import RankContext, run_ranks
 from zsim.simulate import simulate
 from zsim.spec.hardware import HardwareProfile
@@ -44,11 +44,11 @@ def _measured(data: dict[str, Any], extra_us: dict[str, float],
             fwd, bwd = ((extra_us[f"{ph}_block"] + tensors * extra_us.get(f"{ph}_tensor", 0.0))
                         * 1e-6 for ph in ("forward", "backward"))
             for depth, n in zip(("lo", "hi"), LAYERS, strict=True):
-                r = simulate(nano_model(n, block=block), hw, plan, trace=True)
+                r = simulate(nano_model(n, block=block), hw, plan)
                 times[f"{prefix}{depth}"] = (r.step_time_s + n * (fwd + bwd)
                                              + extra_us["step"] * 1e-6)
                 # A host measures the wall time to the loss, its blocking collectives in.
-                times[f"{prefix}{depth}_forward"] = to_loss_s(r) + n * fwd
+                times[f"{prefix}{depth}_forward"] = r.time_to_loss_s + n * fwd
         out[program] = times
     return out
 
@@ -71,12 +71,12 @@ def test_the_time_to_the_loss_takes_tps_blocking_all_reduces_in() -> None:
     """
     hw = HardwareProfile.from_dict(_profile(), name="local-cpu")
     r = simulate(nano_model(2), hw, nano_plans(2)["tp"], trace=True)
-    forward = [sp for sp in r.spans if sp.rank == 0 and sp.end_s <= to_loss_s(r)]
+    forward = [sp for sp in r.spans if sp.rank == 0 and sp.end_s <= r.time_to_loss_s]
     all_reduces = [sp for sp in forward if sp.kind == "all_reduce"]
     assert len(all_reduces) == 1 + 2 * 2
     compute = sum(sp.duration_s for sp in forward if sp.stream == "compute")
     assert compute == pytest.approx(r.phase_time_s["forward"], rel=1e-9)
-    assert to_loss_s(r) == pytest.approx(
+    assert r.time_to_loss_s == pytest.approx(
         compute + sum(sp.duration_s for sp in all_reduces), rel=1e-9)
     assert min(sp.duration_s for sp in all_reduces) > 0
 

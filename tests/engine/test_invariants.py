@@ -64,6 +64,11 @@ def check_invariants(r: Result, model: ModelSpec, plan: Plan, hw: HardwareProfil
     assert r.reserved_memory_bytes >= r.peak_memory_bytes
     assert sum(r.memory_at_peak.values()) == r.peak_memory_bytes
     assert sum(r.phase_time_s.values()) == pytest.approx(r.compute_time_s, rel=1e-12)
+    # The time to the (first micro-batch's) loss holds that micro-batch's forward kernels
+    # and whatever they waited on, and ends before the step does.
+    assert r.time_to_loss_s is not None and r.time_to_loss_s <= r.step_time_s + eps
+    if plan.grad_accum == 1:
+        assert r.time_to_loss_s >= r.phase_time_s["forward"] - eps
     assert max(r.phase_peak_bytes.values()) <= r.peak_memory_bytes
     # Not an invariant: the optimizer phase staying below the backward peak. Foreach
     # AdamW's exp_avg_sq_sqrt temporary (4 B/param/N) on top of the state and the gradient

@@ -28,7 +28,6 @@ from typing import Any, NamedTuple
 from zsim.calibrate import training
 from zsim.calibrate.microbench import NANO_TOKENS, NanoBlock, nano_model
 from zsim.calibrate.runner import RankContext, sync_device
-from zsim.result import Result
 from zsim.simulate import simulate
 from zsim.spec.deepspeed import DeepSpeedZero
 from zsim.spec.hardware import HardwareProfile, overhead_programs
@@ -127,7 +126,7 @@ def fit(measured: list[dict[str, dict[str, float]]], profile: dict[str, Any], *,
     """host.program_overhead_us from the ranks' program_steps_s (medians over ranks) and
     the rest of the profile (its YAML structure, without program_overhead_us). Per block
     of each nano block timed, the forward's extra = the measured forward's growth per
-    block less the simulated one's (each the time to the loss: to_loss_s), the
+    block less the simulated one's (each the time to the loss: Result.time_to_loss_s), the
     backward's = the same for the rest of the step (each >= 0). With both blocks, each
     phase's extra is split as a + b x tensors per block through the two points (b >= 0,
     then a >= 0): *_block = a, *_tensor = b; with Llama's alone, *_block = its extra and
@@ -162,21 +161,6 @@ def fit(measured: list[dict[str, dict[str, float]]], profile: dict[str, Any], *,
     return out
 
 
-def to_loss_s(result: Result) -> float:
-    """Simulated time from the start of the step to the end of the last forward kernel
-    before the backward (the loss), rank 0's, from `result`'s spans (simulate with
-    trace=True): what program_steps_s measures as the forward, the blocking collectives
-    and the waits for other ranks included. The forward's compute alone
-    (phase_time_s["forward"]) leaves out the all-gathers of ZeRO-3 and FSDP1 and TP's
-    all-reduces: fitted against it, a program's forward figure took their time as well,
-    and its backward figure, the rest of the step's growth less that, lost it or floored
-    at 0 (FSDP1's nano forward on the 2-core EPYC: 0.36 ms of compute, 5.96 to the loss,
-    2 blocks)."""
-    spans = [sp for sp in result.spans if sp.rank == 0 and sp.stream == "compute"]
-    backward_s = min(sp.start_s for sp in spans if sp.kind == "backward")
-    return max(sp.end_s for sp in spans if sp.kind == "forward" and sp.end_s <= backward_s)
-
-
 class _Extra(NamedTuple):
     """What the measured nano runs with one block take beyond their simulation, seconds."""
 
@@ -193,10 +177,13 @@ def _extra_per_block(m: dict[str, float], prefix: str, hw: HardwareProfile, plan
     """What the measured runs with `block` (their figures prefixed `prefix` in `m`) take
     beyond their simulation."""
     lo, hi = layers
-    sim = {d: simulate(nano_model(n, block=block), hw, plan, trace=True)
-           for d, n in (("lo", lo), ("hi", hi))}
+    sim = {d: simulate(nano_model(n, block=block), hw, plan) for d, n in (("lo", lo), ("hi", hi))}
     step = {d: r.step_time_s or 0.0 for d, r in sim.items()}
-    fwd = {d: to_loss_s(r) for d, r in sim.items()}
+    # The forward's compute alone (phase_time_s["forward"]) would leave out the blocking
+    # all-gathers of ZeRO-3 and FSDP1 and TP's all-reduces, and charge their time to the
+    # program's forward figure a second time (FSDP1's nano forward on the 2-core EPYC:
+    # 0.36 ms of compute, 5.96 to the loss, 2 blocks).
+    fwd = {d: r.time_to_loss_s or 0.0 for d, r in sim.items()}
     per_block = ((m[f"{prefix}hi"] - m[f"{prefix}lo"]) - (step["hi"] - step["lo"])) / (hi - lo)
     forward = max(((m[f"{prefix}hi_forward"] - m[f"{prefix}lo_forward"])
                    - (fwd["hi"] - fwd["lo"])) / (hi - lo), 0.0)

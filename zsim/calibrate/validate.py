@@ -189,7 +189,7 @@ def predictions(spec: ModelSpec, plan: Plan, profile: HardwareProfile, *, backen
             "activation_bytes_blocks": block_pred,
             "activation_bytes_root": root_pred, "step_time_s": result.step_time_s,
             "comm_busy_s": result.comm_busy_total_s,
-            "forward_time_s": result.phase_time_s.get("forward")}, ""
+            "forward_time_s": result.time_to_loss_s}, ""
 
 
 def _row(common: dict[str, Any], metric: str, predicted: dict[str, float | None] | None,
@@ -211,7 +211,9 @@ def measured_figures(measured: PlanMeasurement, *, times: bool = True) -> dict[s
     time (the median of the slowest rank's steps), peak and model state at rest (the
     highest rank's: a pipeline's worst stage), saved activations of the blocks and of the
     root (rank 0's), time the collectives ran (median over ranks) and forward time (the
-    slowest rank's); without `times`, the host-independent ones only."""
+    root module's forward, hook to hook, the slowest rank's: its blocking collectives and
+    waits included, as in the simulated time to the loss it is compared with,
+    Result.time_to_loss_s); without `times`, the host-independent ones only."""
     saved = measured.ranks[0].saved
     figures = {
         "peak_memory_bytes": float(measured.peak_bytes),
