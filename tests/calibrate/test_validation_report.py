@@ -73,8 +73,9 @@ CPU2_CONFIRMATION_BATCHES = {
     "batch-4e4d329-0259": "21 of 29 within 15% (mean error -2.2%), the same code half an hour "
                           "later: the steps measured as in the 22:33 batch (22 of 29 within "
                           "5%), the world-2 predictions up to 24% higher (the calibration's "
-                          "GEMMs 10-30% slower) and the world-4 ones within 12%: the world-4 "
-                          "rows under again (mean -13.1%, six out, -15.7% to -18.4%), "
+                          "GEMMs up to 30% slower) and the world-4 ones within 12%: the "
+                          "world-4 rows under again (mean -13.1%, six out, -15.7% to -18.4%: "
+                          "the forward's short kernels timed without the wait for a core), "
                           "llama-tiny ZeRO-1 and FSDP1 at world 2 over (+19.6%, +15.5%)",
 }
 """The batches run after the committed one: with its code (1129041; d403978 changes tests
