@@ -17,6 +17,7 @@ torch.
 from __future__ import annotations
 
 import importlib.util
+import os
 import statistics
 import time
 import warnings
@@ -116,6 +117,9 @@ class BenchConfig:
     (zsim.calibrate.program_overhead: DeepSpeed's ZeRO stages, FSDP1, DTensor TP), for the
     profile's host.program_overhead_us; off, or on CUDA (whose host runs ahead), the
     profile has none."""
+    cores: int | None = None
+    """CPU cores the ranks of a CPU host share (None: the cores this process may run on);
+    with more ranks than cores the kernels are timed alone and shared (core_share)."""
     rounds: int = 3
     """Times the whole set runs; each figure is its median over the rounds. A shared host
     has slow spells of seconds to minutes (here a compute-only loop varied by +-8% from
@@ -163,6 +167,9 @@ class RankBench:
     """Fraction of its rate a matmul loses while an all-reduce is in flight."""
     compute_comm_slowdown: float = 0.0
     """Fraction of its rate an all-reduce loses while matmuls run on every rank."""
+    core_share: float = 1.0
+    """The kernel rates above are a rank's alone divided by this (core_share): the ranks
+    that share each of a CPU host's cores."""
     rank_skew: float = 0.0
     """Extra time of a tiny all-gather per second of compute before it (see
     _synchronisation)."""
@@ -262,22 +269,7 @@ def _bench_round(ctx: RankContext, cfg: BenchConfig) -> RankBench:
                                                 time_s=t, dtype=dtype))
         del full, shard
     out.p2p_bytes_per_s = _p2p(ctx)
-    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        rates, linear = [], []
-        for m, k, nn in cfg.matmul_shapes:
-            a = torch.randn(m, k, dtype=dtype, device=ctx.device)
-            b = torch.randn(k, nn, dtype=dtype, device=ctx.device)
-            rates.append(2 * m * k * nn / _median_s(lambda a=a, b=b: a @ b, 7))
-            linear.append(6 * m * k * nn / _linear_s(a, b.t().contiguous()))
-        out.matmul_flop_per_s[name] = rates
-        out.linear_flop_per_s[name] = linear
-        out.gemm_flop_per_s[name] = _cold_gemms(ctx, gemm_shapes(cfg), dtype,
-                                                cfg.cache_flush_bytes)
-    out.attention_flop_per_s, out.attention_pass_flop_per_s = _attention(
-        ctx, cfg.attention_shape, cfg.cache_flush_bytes)
-    out.copy_bytes_per_s = _copy_rate(ctx, cfg.copy_bytes)
-    out.elementwise_bytes_per_s = _elementwise(ctx, cfg.elementwise_numels)
-    out.gelu_bytes_per_s = _gelu(ctx, max(cfg.elementwise_numels))
+    kernel_rates(ctx, cfg, out)
     out.adam_params_per_s = _adam(cfg.adam_params, cfg.cache_flush_bytes)
     out.comm_compute_slowdown = _slowdown(ctx)
     out.compute_comm_slowdown = _comm_slowdown(ctx)
@@ -294,6 +286,73 @@ def _bench_round(ctx: RankContext, cfg: BenchConfig) -> RankBench:
         out.deepspeed_adam_params_per_s = _deepspeed_adam(cfg.adam_params,
                                                           cfg.cache_flush_bytes)
     return out
+
+
+KERNEL_RATES = ("matmul_flop_per_s", "linear_flop_per_s", "gemm_flop_per_s",
+                "attention_flop_per_s", "attention_pass_flop_per_s", "copy_bytes_per_s",
+                "elementwise_bytes_per_s", "gelu_bytes_per_s")
+"""The RankBench figures that kernel_rates fills: rates of compute kernels, which a rank
+runs on a core of its own or on a share of one."""
+
+
+def core_share(world_size: int, cores: int) -> float:
+    """The ranks that share each core when `world_size` CPU ranks, one thread each, run at
+    once on `cores` cores (at least 1): a rank's kernels take this many times their time
+    alone. On the 2-core EPYC (2026-12-03) the grid's llama-tiny forward and backward with
+    no collectives took 2.2-2.3x its time alone with 4 ranks stepping together, 1.02x
+    with 2."""
+    return max(1.0, world_size / cores)
+
+
+def kernel_rates(ctx: RankContext, cfg: BenchConfig, out: RankBench) -> None:
+    """Time the compute kernels into `out` (KERNEL_RATES) as the ranks run them in a step.
+    With no more ranks than cores (or on CUDA) every rank times its own at once. With more
+    (core_share > 1), a call shorter than the scheduler's slice mostly runs on a core it
+    holds, so the median of calls on every rank at once leaves out the time a rank waits
+    for a core, which a step pays (on the 2-core EPYC at 4 ranks the grid's GEMMs under
+    1 ms timed 0.97-1.24x their time at 2 ranks, those of 2 ms or more 2.1-2.5x, and the
+    forward of a step took 2.5x its time alone). Then rank 0 times them alone, the others
+    waiting off the cores, and every rank takes its rates divided by the share."""
+    share = (core_share(ctx.world_size, cfg.cores or len(os.sched_getaffinity(0)))
+             if ctx.device == "cpu" else 1.0)
+    if share == 1.0:
+        _time_kernels(ctx, cfg, out)
+        return
+    alone = [RankBench()]
+    if ctx.rank == 0:
+        _time_kernels(ctx, cfg, alone[0])
+    dist.broadcast_object_list(alone, src=0)
+    for name in KERNEL_RATES:
+        setattr(out, name, _divided(getattr(alone[0], name), share))
+    out.core_share = share
+
+
+def _divided(value: Any, by: float) -> Any:
+    """`value` (a rate, or a list or dict of them) divided by `by`."""
+    if isinstance(value, dict):
+        return {k: _divided(v, by) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_divided(v, by) for v in value]
+    return value / by
+
+
+def _time_kernels(ctx: RankContext, cfg: BenchConfig, out: RankBench) -> None:
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        rates, linear = [], []
+        for m, k, nn in cfg.matmul_shapes:
+            a = torch.randn(m, k, dtype=dtype, device=ctx.device)
+            b = torch.randn(k, nn, dtype=dtype, device=ctx.device)
+            rates.append(2 * m * k * nn / _median_s(lambda a=a, b=b: a @ b, 7))
+            linear.append(6 * m * k * nn / _linear_s(a, b.t().contiguous()))
+        out.matmul_flop_per_s[name] = rates
+        out.linear_flop_per_s[name] = linear
+        out.gemm_flop_per_s[name] = _cold_gemms(ctx, gemm_shapes(cfg), dtype,
+                                                cfg.cache_flush_bytes)
+    out.attention_flop_per_s, out.attention_pass_flop_per_s = _attention(
+        ctx, cfg.attention_shape, cfg.cache_flush_bytes)
+    out.copy_bytes_per_s = _copy_rate(ctx, cfg.copy_bytes)
+    out.elementwise_bytes_per_s = _elementwise(ctx, cfg.elementwise_numels)
+    out.gelu_bytes_per_s = _gelu(ctx, max(cfg.elementwise_numels))
 
 
 def gemm_shapes(cfg: BenchConfig) -> tuple[tuple[int, int, int], ...]:

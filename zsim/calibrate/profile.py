@@ -166,6 +166,10 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
             f"torch {torch.__version__}, {machine_description()}, "
             f"{max(1, (os.cpu_count() or 1) // nproc)} torch threads per rank, "
             f"each figure the median of {cfg.rounds} rounds")
+    share = ranks[0].core_share
+    shared = (f"; the kernels timed on rank 0 alone (the others waiting) and each rate "
+              f"divided by {share:g}, the ranks that share each core "
+              f"(zsim.calibrate.microbench.core_share)" if share > 1 else "")
     device = (torch.cuda.get_device_name(0) if backend == "nccl"
               else f"{_cpu_name()}, one torch.distributed rank")
     link_name = "NCCL" if backend == "nccl" else "gloo over loopback TCP"
@@ -181,7 +185,7 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
              for k in COLLECTIVES}
     hbm_gib = (torch.cuda.get_device_properties(0).total_memory / GiB if backend == "nccl"
                else mem_gib)
-    kernels = ({"kernels": _kernel_table(ranks, cfg, prov)}
+    kernels = ({"kernels": _kernel_table(ranks, cfg, prov + shared)}
                if all(r.gemm_flop_per_s for r in ranks) else {})
     data = {
         "name": name,
@@ -193,7 +197,8 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
             "hbm_bandwidth_gb_per_s": _r(copy / GB),
             "peak_tflops": {d: _r(p / 1e12) for d, p in peaks.items()},
             "source": f"{prov}; peak = best matmul per dtype (median over ranks), "
-                      f"bandwidth = copy_ of 128 MiB bytes read + written per second",
+                      f"bandwidth = copy_ of 128 MiB bytes read + written per second"
+                      f"{shared}",
         },
         "node": {
             "gpus_per_node": nproc,
@@ -244,8 +249,8 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
             "compute_comm_slowdown": _r(min(comm_slowdown, 0.99)),
             "kernel_overhead_us": _r(host.kernel_s * 1e6),
             "foreach_kernels": foreach,
-            "source": f"{prov}; matmul = median over block-shaped linear layers, forward "
-                      f"+ backward (3 GEMMs), of rate / peak; "
+            "source": f"{prov}{shared}; matmul = median over block-shaped linear layers, "
+                      f"forward + backward (3 GEMMs), of rate / peak; "
                       f"attention = causal SDPA bf16 fwd+bwd at "
                       f"(b, h, s, d) = {cfg.attention_shape} (3 x 4bhs^2d/2 FLOPs), each "
                       f"call after writing {cfg.cache_flush_bytes // MiB} MiB, / bf16 "
