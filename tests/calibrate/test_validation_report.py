@@ -77,6 +77,10 @@ CPU2_CONFIRMATION_BATCHES = {
                           "world-4 rows under again (mean -13.1%, six out, -15.7% to -18.4%: "
                           "the forward's short kernels timed without the wait for a core), "
                           "llama-tiny ZeRO-1 and FSDP1 at world 2 over (+19.6%, +15.5%)",
+    "batch-3c0ae2f-0701": "27 of 29 within 15% (mean error 0.0%, world 4 -2.2%), with the "
+                          "kernels of ranks that share a core timed alone and shared: every "
+                          "DeepSpeed and FSDP1 row within (-11.3% to +13.8%), tensor "
+                          "parallelism under (tp=2 -20.0%, fsdp x tp=2 -15.7%)",
 }
 """The batches run after the committed one: with its code (1129041; d403978 changes tests
 and a constant's home only), and with the code that charges a synchronisation after
@@ -85,7 +89,8 @@ and predict as before), then times GELU apart (44414e1), then runs DeepSpeed's s
 runs (35c9476; 39d8c3d the same), then times attention's passes apart (e8a3f65), then
 divides DeepSpeed's buckets before reducing them (c45db06; 71ab899 and 565b39b the
 same), then fits the programs' host time against the simulated time to the loss
-(30d2ba7; 4e4d329 the same): whether further batches meet the bound too, and how each
+(30d2ba7; 4e4d329 the same), then times the kernels of ranks that share a core alone
+(bb35e01; 3c0ae2f the same): whether further batches meet the bound too, and how each
 falls short."""
 CPU2_BATCHES = ("batch-4374dec", "batch-23ba544", "batch-f444f72", "batch-f87847b",
                 "batch-2888be7", "batch-2888be7-0243", "batch-fb8b5e6",
@@ -98,7 +103,7 @@ batch-3c96e79-1101, batch-44414e1-1152, batch-35c9476-1336, batch-39d8c3d-1421,
 batch-e8a3f65-1610 and batch-71ab899-1704 the 29 cases on the host of 2026-12-02 10:49 to
 about 21:30 UTC, an Intel Xeon with AMX; batch-565b39b-2135 and batch-30d2ba7-2233 on an
 AMD EPYC again; batch-bb35e01-0627 the 13 world-4 cases alone, with the kernels of ranks
-sharing a core timed alone and shared).
+sharing a core timed alone and shared, as batch-3c0ae2f-0701 the 29).
 Only CPU2_CONFIRMATION_BATCHES' step times are held to the bound: the others show how
 far batches of one host spread (reports/validation-cpu2/README.md)."""
 CPU2_CASES = 29
