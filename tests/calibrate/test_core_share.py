@@ -81,3 +81,19 @@ def test_every_kind_of_rate_is_divided() -> None:
     assert _divided({"bf16": [4.0, 6.0], "x": {"forward": 8.0}}, 2.0) == {
         "bf16": [2.0, 3.0], "x": {"forward": 4.0}}
     assert _divided(3.0, 1.5) == 2.0
+
+
+def test_the_deadline_grows_with_the_rounds_and_the_ranks_sharing_a_core(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench_ranks' default deadline: ROUND_DEADLINE_S per round, times the ranks that
+    share a core on gloo (4 ranks on 2 cores: twice 2 ranks'); a deadline given is kept."""
+    from zsim.calibrate import profile
+
+    asked: list[float] = []
+    monkeypatch.setattr(profile, "run_ranks",
+                        lambda *a, timeout_s, **k: asked.append(timeout_s) or [])
+    for nproc, rounds in ((2, 3), (4, 3), (4, 1)):
+        profile.bench_ranks("gloo", nproc, config=BenchConfig(cores=2, rounds=rounds))
+    profile.bench_ranks("gloo", 4, config=BenchConfig(cores=2), timeout_s=60.0)
+    one = profile.ROUND_DEADLINE_S
+    assert asked == [3 * one, 6 * one, 2 * one, 60.0]

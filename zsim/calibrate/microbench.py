@@ -304,6 +304,12 @@ def core_share(world_size: int, cores: int) -> float:
     return max(1.0, world_size / cores)
 
 
+def host_core_share(world_size: int, cfg: BenchConfig) -> float:
+    """core_share of `world_size` CPU ranks on cfg.cores (None: the CPUs this process may
+    run on)."""
+    return core_share(world_size, cfg.cores or len(os.sched_getaffinity(0)))
+
+
 def kernel_rates(ctx: RankContext, cfg: BenchConfig, out: RankBench) -> None:
     """Time the compute kernels into `out` (KERNEL_RATES) as the ranks run them in a step.
     With no more ranks than cores (or on CUDA) every rank times its own at once. With more
@@ -313,8 +319,7 @@ def kernel_rates(ctx: RankContext, cfg: BenchConfig, out: RankBench) -> None:
     1 ms timed 0.97-1.24x their time at 2 ranks, those of 2 ms or more 2.1-2.5x, and the
     forward of a step took 2.5x its time alone). Then rank 0 times them alone, the others
     waiting off the cores, and every rank takes its rates divided by the share."""
-    share = (core_share(ctx.world_size, cfg.cores or len(os.sched_getaffinity(0)))
-             if ctx.device == "cpu" else 1.0)
+    share = host_core_share(ctx.world_size, cfg) if ctx.device == "cpu" else 1.0
     if share == 1.0:
         _time_kernels(ctx, cfg, out)
         return
@@ -337,6 +342,7 @@ def _divided(value: Any, by: float) -> Any:
 
 
 def _time_kernels(ctx: RankContext, cfg: BenchConfig, out: RankBench) -> None:
+    """Time every compute kernel of KERNEL_RATES on this rank into `out`."""
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         rates, linear = [], []
         for m, k, nn in cfg.matmul_shapes:

@@ -54,6 +54,7 @@ from zsim.calibrate.microbench import (
     RankBench,
     bench_rank,
     gemm_shapes,
+    host_core_share,
     median_of_rounds,
     nano_model,
 )
@@ -70,8 +71,15 @@ from zsim.units import GB, GiB, MiB, dtype_bytes
 DISK_TEST_BYTES = 256 * MiB
 
 
+ROUND_DEADLINE_S = 450.0
+"""Seconds allowed per round of the benchmarks, times the ranks that share a core
+(core_share): on the 2-core EPYC on 2026-12-03 a round took about 110 s at 2 ranks and
+250-300 s at 4 (a share of 2), and three rounds at 4 took 14 min 50 s, against the 900 s
+deadline then fixed whatever the rounds and ranks."""
+
+
 def calibrate(backend: str, nproc: int, out: Path, *, config: BenchConfig | None = None,
-              timeout_s: float = 900.0) -> Path:
+              timeout_s: float | None = None) -> Path:
     """Benchmark `nproc` ranks on `backend` and write the fitted hardware profile.
 
     Args:
@@ -79,7 +87,8 @@ def calibrate(backend: str, nproc: int, out: Path, *, config: BenchConfig | None
         nproc: ranks to run (>= 2: the collectives need a peer).
         out: YAML path to write; its stem becomes the profile name.
         config: benchmark sizes and repetitions (default: BenchConfig()).
-        timeout_s: deadline for the benchmark run, seconds.
+        timeout_s: deadline for the benchmark run, seconds (None: ROUND_DEADLINE_S per
+            round, times the ranks that share a core on gloo).
 
     Returns:
         `out`, after checking that it loads with HardwareProfile.from_yaml.
@@ -96,7 +105,7 @@ def calibrate(backend: str, nproc: int, out: Path, *, config: BenchConfig | None
 
 
 def bench_ranks(backend: str, nproc: int, *, config: BenchConfig,
-                timeout_s: float = 900.0) -> list[RankBench]:
+                timeout_s: float | None = None) -> list[RankBench]:
     """`config.rounds` rounds of the benchmarks on `nproc` ranks of `backend`: each
     rank's figures (medians over the rounds), in rank order. Raises as calibrate()."""
     if backend not in ("gloo", "nccl"):
@@ -106,6 +115,9 @@ def bench_ranks(backend: str, nproc: int, *, config: BenchConfig,
     if backend == "nccl" and torch.cuda.device_count() < nproc:
         raise ConfigError("nproc", nproc, f"needs {nproc} CUDA devices, "
                                           f"found {torch.cuda.device_count()}")
+    if timeout_s is None:
+        share = host_core_share(nproc, config) if backend == "gloo" else 1.0
+        timeout_s = ROUND_DEADLINE_S * config.rounds * share
     return run_ranks(bench_rank, config, nproc=nproc, backend=backend, timeout_s=timeout_s)
 
 
