@@ -19,6 +19,7 @@ import os
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
+from zsim.cores import usable_cores
 from zsim.result import Result
 from zsim.simulate import simulate
 from zsim.spec.hardware import HardwareProfile
@@ -40,8 +41,7 @@ def workers_for(count: int) -> int:
     """Processes (this one and forked workers) for `count` plans: the cores this process
     may use (the ZSIM_WORKERS environment variable caps it), one per
     MIN_PLANS_PER_WORKER plans."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        os.cpu_count() or 1
+    cores = usable_cores()
     cap = os.environ.get("ZSIM_WORKERS", "")
     if cap.isdigit() and int(cap) > 0:
         cores = min(cores, int(cap))

@@ -17,7 +17,6 @@ torch.
 from __future__ import annotations
 
 import importlib.util
-import os
 import statistics
 import time
 import warnings
@@ -32,6 +31,7 @@ import torch.nn.functional as F
 from zsim.calibrate.fit import CollectiveSample
 from zsim.calibrate.model import GELU_APPROXIMATE, Transformer
 from zsim.calibrate.runner import RankContext, sync_device
+from zsim.cores import usable_cores
 from zsim.spec.hardware import COLLECTIVES, REDUCING_COLLECTIVES
 from zsim.spec.model import ModelSpec
 from zsim.units import MiB, dtype_bytes
@@ -307,7 +307,7 @@ def core_share(world_size: int, cores: int) -> float:
 def host_core_share(world_size: int, cfg: BenchConfig) -> float:
     """core_share of `world_size` CPU ranks on cfg.cores (None: the CPUs this process may
     run on)."""
-    return core_share(world_size, cfg.cores or len(os.sched_getaffinity(0)))
+    return core_share(world_size, cfg.cores or usable_cores())
 
 
 def kernel_rates(ctx: RankContext, cfg: BenchConfig, out: RankBench) -> None:
