@@ -14,6 +14,7 @@ pytest.importorskip("torch")
 
 from _runs import RealRuns
 
+from zsim.calibrate.runner import RankContext, run_ranks
 from zsim.calibrate.step import PlanMeasurement, measure_plan
 from zsim.calibrate.tensor_parallel import check_plan
 from zsim.errors import ConfigError
@@ -174,3 +175,58 @@ def test_check_plan_names_the_field(plan: Plan, field: str) -> None:
     with pytest.raises(ConfigError) as err:
         check_plan(plan, plan.world_size, TINY)
     assert err.value.field == field
+
+
+_FUNCTIONAL = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
+               "reduce_scatter_tensor": "reduce_scatter"}
+"""DTensor's functional collectives (_c10d_functional::<op>) and the kinds they are."""
+_ELEMENT_BYTES = {"float": 4, "c10::BFloat16": 2}
+
+
+def _tp_calls(ctx: RankContext, plan: Plan) -> list[tuple[str, int]]:
+    """(kind, bytes of the whole tensor) of each collective DTensor issues in the forward
+    and backward of one step (after one step untimed), from the profiler's input shapes
+    and dtypes: an all-gather's input is one rank's shard, so it counts tp times. The
+    optimizer step is left out: with SP, AdamW's foreach ops all-reduce each norm
+    weight's partial gradient every time they read it (3 calls a weight), which the
+    simulator does not lower."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from zsim.calibrate import training
+
+    prep = training.prepare(TINY, plan, device=ctx.device, world_size=ctx.world_size)
+    micro = training.batches(TINY, plan, device=ctx.device,
+                             rank=training.data_rank(plan, ctx.rank), step=0)
+    training.train_step(prep, micro)
+    ((tokens, labels),) = micro
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        training.forward_backward(prep, tokens, labels, last=True, after_forward=lambda: None)
+    prep.step()
+    out = []
+    for event in prof.events():
+        kind = _FUNCTIONAL.get(event.name.removeprefix("_c10d_functional::"))
+        if kind is None or not event.name.startswith("_c10d_functional::"):
+            continue
+        nbytes = math.prod(event.input_shapes[0]) * _ELEMENT_BYTES[event.input_dtypes[0]]
+        out.append((kind, nbytes * (plan.tp if kind == "all_gather" else 1)))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sp", [False, True], ids=["tp2", "tp2-sp"])
+def test_tp_collectives_move_the_dtypes_the_simulator_gives_them(sp: bool) -> None:
+    """Each TP collective of a real step, by kind and bytes, is one the simulator lowers.
+    Under autocast the residual stream stays fp32: the embedding's output and every
+    input gradient (and with SP the norms' outputs gathered) move in fp32, the row-wise
+    projections' outputs and the logits in bf16."""
+    from collections import Counter
+
+    from zsim.schedule.lower import lower
+
+    plan = Plan(strategy="ddp", dp_shard=1, tp=TP, sp=sp, seq_len=S, micro_batch=B)
+    real = run_ranks(_tp_calls, plan, nproc=TP)
+    ops = lower(TINY, resolve_hardware("local-cpu"), plan).ops
+    sim = Counter((op.kind, int(op.size_bytes)) for op in ops if op.group == "tp")
+    assert {nbytes for _, nbytes in sim} == (
+        {B * S * TINY.d_model * 4, B * S * TINY.d_model * 2, B * S * TINY.vocab_size * 2})
+    assert all(Counter(calls) == sim for calls in real), (real[0], sim)

@@ -64,7 +64,7 @@ CPU2_CONFIRMATION_BATCHES = {
     "batch-565b39b-2135": "27 of 29 within 15% (mean error +1.5%), on the host as it is "
                           "since 2026-12-02 21:30 UTC (an AMD EPYC again): every DeepSpeed "
                           "and FSDP1 row within (-6.8% to +13.6%), tensor parallelism under "
-                          "(tp=2 -21.8%, fsdp x tp=2 -18.4%; the same TP step measured "
+                          "(tp=2 -20.3%, fsdp x tp=2 -18.4%; the same TP step measured "
                           "150-157 ms half an hour later, 229 in the batch)",
     "batch-30d2ba7-2233": "20 of 29 within 15% (mean error -10.0%): every world-2 row within "
                           "(-13.0% to +2.0%, tp=2 +2.0%), eight world-4 rows under (-15.5% "
@@ -80,7 +80,7 @@ CPU2_CONFIRMATION_BATCHES = {
     "batch-3c0ae2f-0701": "27 of 29 within 15% (mean error 0.0%, world 4 -2.2%), with the "
                           "kernels of ranks that share a core timed alone and shared: every "
                           "DeepSpeed and FSDP1 row within (-11.3% to +13.8%), tensor "
-                          "parallelism under (tp=2 -20.0%, fsdp x tp=2 -15.7%)",
+                          "parallelism under (tp=2 -17.6%, fsdp x tp=2 -15.7%)",
 }
 """The batches run after the committed one: with its code (1129041; d403978 changes tests
 and a constant's home only), and with the code that charges a synchronisation after

@@ -45,7 +45,12 @@ def test_tp_without_data_parallelism_collectives_and_gradients(
     tp = [op for op in ops if op.group == "tp"]
     assert [op.kind for op in tp] == (["all_reduce"] * 5 + ["all_gather"]
                                       + ["all_reduce"] * 5) * 2
-    assert {op.size_bytes for op in tp if op.kind == "all_reduce"} == {128 * 256 * 2}
+    # b x s x d: the blocks' outputs are autocast's bf16 matmul outputs; the embedding's
+    # output (a lookup in the fp32 table) and every input gradient (of the fp32 residual
+    # stream's norms) are fp32.
+    stream, matmul = 128 * 256 * 4, 128 * 256 * 2
+    assert [op.size_bytes for op in tp[:11]] == ([stream] + [matmul] * 4 + [128 * 1000 * 2]
+                                                 + [stream] * 5)
     # b x s x d and b x s x vocab (the whole vocabulary, 1000), bf16
     assert {op.size_bytes for op in tp if op.kind == "all_gather"} == {128 * 1000 * 2}
     assert {op.group_ranks for op in tp} == {2}

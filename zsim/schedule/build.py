@@ -158,11 +158,14 @@ class Builder:
     """Accumulates one step's ops in the host thread's issue order."""
 
     def __init__(self, model: ModelSpec, hw: HardwareProfile, plan: Plan, *,
-                 acts: ActivationSizes) -> None:
+                 acts: ActivationSizes, autocast: bool) -> None:
         self.model, self.hw, self.plan = model, hw, plan
         self.ops: list[Op] = []
         self.dtype = plan.compute_dtype
         self.a = dtype_bytes(plan.param_dtype)
+        self.stream_dtype = plan.master_dtype if autocast else plan.param_dtype
+        """The residual stream's dtype: fp32 (the master dtype) when the program computes
+        under autocast, which leaves the embedding, norms and residual adds alone."""
         self.shard = shard_group(plan, hw)
         self.repl = replicate_group(plan, hw)
         self.tp = place(plan, hw).group("tp")
@@ -291,28 +294,47 @@ class Builder:
 
 
 # ---------------------------------------------------------------------- tensor parallel
-TP_ENTER = {(False, "forward"): (), (True, "forward"): ("all_gather",),
-            (False, "backward"): ("all_reduce",), (True, "backward"): ("reduce_scatter",)}
-"""Collectives where activations enter a TP region (the input of a ColwiseParallel
-linear), by (sequence parallel, pass): none forward and an all-reduce of the input
-gradient backward (Megatron-LM's f operator, Shoeybi et al. 2019, Fig. 3); with sequence
-parallelism an all-gather forward and a reduce-scatter backward (Korthikanti et al. 2022,
-Fig. 5, g-bar)."""
-TP_EXIT = {(False, "forward"): ("all_reduce",), (True, "forward"): ("reduce_scatter",),
-           (False, "backward"): (), (True, "backward"): ("all_gather",)}
-"""Collectives where activations leave a TP region (the output of a RowwiseParallel
-linear or embedding): Megatron's g operator, or with SP a reduce-scatter forward and an
-all-gather backward."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TpBoundary:
+    """Where activations enter or leave a TP region: its collectives by (sequence
+    parallel, pass), and what they carry."""
+
+    calls: dict[tuple[bool, str], tuple[str, ...]]
+    stream: bool
+    """They carry the residual stream or its gradient (in Builder.stream_dtype: the
+    master dtype under autocast, where the stream stays fp32), not a low-precision
+    matmul's output or its gradient (the plan's param dtype)."""
+
+
+TP_ENTER = TpBoundary(calls={(False, "forward"): (), (True, "forward"): ("all_gather",),
+                             (False, "backward"): ("all_reduce",),
+                             (True, "backward"): ("reduce_scatter",)}, stream=True)
+"""Where activations enter a TP region (the input of a ColwiseParallel linear): none
+forward and an all-reduce of the input gradient backward (Megatron-LM's f operator,
+Shoeybi et al. 2019, Fig. 3); with sequence parallelism an all-gather forward and a
+reduce-scatter backward (Korthikanti et al. 2022, Fig. 5, g-bar). The input is the
+residual stream's norm, so under autocast its gradient is reduced in fp32 (DTensor
+reduces a partial gradient where the input became a DTensor, before autocast's cast)."""
+TP_EXIT = TpBoundary(calls={(False, "forward"): ("all_reduce",),
+                            (True, "forward"): ("reduce_scatter",),
+                            (False, "backward"): (), (True, "backward"): ("all_gather",)},
+                     stream=False)
+"""Where activations leave a TP region (the output of a RowwiseParallel linear): Megatron's
+g operator, or with SP a reduce-scatter forward and an all-gather backward; the matmul's
+output, low precision under autocast too."""
+TP_EMBEDDING_EXIT = TpBoundary(calls=TP_EXIT.calls, stream=True)
+"""The RowwiseParallel embedding's output: a lookup in the table's dtype (the master dtype
+under autocast, which leaves embeddings alone), the residual stream's start."""
 
 
 def tensor_parallel(b: Builder, *, after: int, phase: str, regions: int, name: str,
                     mb: int, unit: int | None = None,
-                    boundaries: tuple[dict[tuple[bool, str], tuple[str, ...]], ...] = (
-                        TP_ENTER, TP_EXIT)) -> None:
+                    boundaries: tuple[TpBoundary, ...] = (TP_ENTER, TP_EXIT)) -> None:
     """The TP collectives of `regions` parallel regions (one attention or one MLP each:
     two per block) in `phase`, each region's `boundaries` (entry and exit by default)
     on the TP group's link, over one micro-batch's activations (micro_batch x seq_len x
-    d_model in the compute dtype, the full tensor as nccl-tests sizes it). They run on
+    d_model in the dtype of what the boundary carries, tp_dtype; the full tensor as
+    nccl-tests sizes it). They run on
     the "tp" stream after op `after`, the block's kernels, and the next compute kernel
     waits for the last: in the blocking case their time adds to the block's, as when
     each runs between the matmuls it sits between. Async TP (torch's micro-pipelined
@@ -321,18 +343,24 @@ def tensor_parallel(b: Builder, *, after: int, phase: str, regions: int, name: s
     p = b.plan
     if p.tp == 1:
         return
-    size = p.micro_batch * p.seq_len * b.model.d_model * b.a
     deps = {"after_start": (after,)} if p.async_tp else {"after": (after,)}
     last = None
     for _ in range(regions):
         for boundary in boundaries:
-            for kind in boundary[(p.sp, phase)]:
+            dtype = tp_dtype(b, boundary)
+            size = p.micro_batch * p.seq_len * b.model.d_model * dtype_bytes(dtype)
+            for kind in boundary.calls[(p.sp, phase)]:
                 last = b.collective(kind=kind, size_bytes=size, group=b.tp, gname="tp",
-                                    dtype=p.param_dtype, stream="tp",
+                                    dtype=dtype, stream="tp",
                                     name=f"{name} TP {kind} {phase} (mb {mb})",
                                     unit=unit, microbatch=mb, **deps)
     if last is not None:
         b.waits.append(last)
+
+
+def tp_dtype(b: Builder, boundary: TpBoundary) -> str:
+    """The dtype a TP boundary's collectives move (TpBoundary.stream)."""
+    return b.stream_dtype if boundary.stream else b.plan.param_dtype
 
 
 def logits_bytes(b: Builder) -> int:

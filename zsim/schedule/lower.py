@@ -183,8 +183,9 @@ def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
     prog = PROGRAMS[plan.impl]
     if plan.unit_size <= model.num_layers:  # (units() refuses more)
         plan = program_plan(plan)
-    b = Builder(model, hw, plan, acts=activation_sizes(model, plan,
-                                                       autocast=prog.autocast(plan)))
+    autocast = prog.autocast(plan)
+    b = Builder(model, hw, plan, acts=activation_sizes(model, plan, autocast=autocast),
+                autocast=autocast)
     root, blocks = units(model, plan, prog.shard_elems)
     pieces = prog.state_pieces(model, plan)
     baseline = tuple(Buffer(name=f"state/{c}", category=c, bytes=math.ceil(v),

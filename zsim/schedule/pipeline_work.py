@@ -24,8 +24,9 @@ pipeline_parallel.py, parallelize.py):
 - Activations: each forward keeps its micro-batch's saved tensors until the backward
   (zsim.schedule.pipeline.peak_in_flight weighs each stage's micro-batch by them); a
   backward's working set on top.
-- A send carries one micro-batch's activations (b x s x d in the compute dtype; its
-  sequence shard with SP) over the pipeline hop's link (zsim.analytic.placement).
+- A send carries one micro-batch's activations (b x s x d in the residual stream's dtype,
+  fp32 under autocast; its sequence shard with SP) over the pipeline hop's link
+  (zsim.analytic.placement).
 - Receive buffers: a PipelineStage allocates one buffer per micro-batch for what it
   receives (torch/distributed/pipelining/stage.py, _prepare_forward_infra and
   _create_grad_recv_info): the activation from the stage before (all but the first
@@ -50,11 +51,14 @@ from zsim.analytic.compute import head_backward_flops, head_forward_flops, optim
 from zsim.analytic.memory import optimizer_bytes_per_param
 from zsim.analytic.placement import pipeline_hop_crosses_nodes, place
 from zsim.schedule.build import (
+    TP_EMBEDDING_EXIT,
     TP_ENTER,
     TP_EXIT,
     Builder,
+    TpBoundary,
     activation_sizes,
     logits_bytes,
+    tp_dtype,
 )
 from zsim.schedule.lower import runs_autocast
 from zsim.schedule.pipeline import (
@@ -68,7 +72,7 @@ from zsim.schedule.programs import fsdp2, torch_ddp
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
-from zsim.units import FP32_BYTES, dtype_bytes
+from zsim.units import dtype_bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,26 +104,29 @@ class PipelineWork:
     (what FSDP2 re-gathers per micro-batch without PP, per pass)."""
 
 
-def _tp_time_s(b: Builder, phase: str, boundaries: tuple[dict[tuple[bool, str],
-                                                              tuple[str, ...]], ...],
+def _tp_time_s(b: Builder, phase: str, boundaries: tuple[TpBoundary, ...],
                regions: int) -> float:
-    """Time of the TP collectives of `regions` regions in `phase`, each running alone."""
+    """Time of the TP collectives of `regions` regions in `phase`, each running alone, in
+    the dtype each boundary carries (zsim.schedule.build.tp_dtype)."""
     p = b.plan
     if p.tp == 1:
         return 0.0
-    size = p.micro_batch * p.seq_len * b.model.d_model * b.a
-    return regions * sum(collective_time_s(kind, size, b.tp, b.hw, p.param_dtype)
-                         for boundary in boundaries for kind in boundary[(p.sp, phase)])
+    elems = p.micro_batch * p.seq_len * b.model.d_model
+    return regions * sum(
+        collective_time_s(kind, elems * dtype_bytes(tp_dtype(b, boundary)), b.tp, b.hw,
+                          tp_dtype(b, boundary))
+        for boundary in boundaries for kind in boundary.calls[(p.sp, phase)])
 
 
 def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> PipelineWork:
     """The work of every stage and rank of `plan` (pp > 1) on the rank's TP shard
     `model` (zsim.schedule.lower.rank_model)."""
     p = plan
-    acts = activation_sizes(model, p, autocast=runs_autocast(p))
+    autocast = runs_autocast(p)
+    acts = activation_sizes(model, p, autocast=autocast)
     fsdp = p.impl == "fsdp2"
     shard_elems = fsdp2.shard_elems if fsdp else torch_ddp.shard_elems
-    b = Builder(model, hw, p, acts=acts)
+    b = Builder(model, hw, p, acts=acts, autocast=autocast)
     n_stages = num_stages(p)
     layers = model.num_layers // n_stages
     both = (TP_ENTER, TP_EXIT)
@@ -139,16 +146,16 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
         f = layers * (block_f + tp_f)
         bw = layers * (block_b + tp_b)
         if s == 0:
-            f += _tp_time_s(b, "forward", (TP_EXIT,), 1)
-            bw += _tp_time_s(b, "backward", (TP_EXIT,), 1)
+            f += _tp_time_s(b, "forward", (TP_EMBEDDING_EXIT,), 1)
+            bw += _tp_time_s(b, "backward", (TP_EMBEDDING_EXIT,), 1)
         if s == n_stages - 1:
             f += head_f + _tp_time_s(b, "forward", (TP_ENTER,), 1) + gather_s
             bw += head_b + _tp_time_s(b, "backward", (TP_ENTER,), 1)
         forward.append(f)
         backward.append(bw)
-    send_bytes = p.micro_batch * p.seq_len * model.d_model * b.a / (p.tp if p.sp else 1)
-    # The residual stream is fp32 under autocast (zsim.analytic.activations).
-    recv_bytes = send_bytes / b.a * (FP32_BYTES if runs_autocast(p) else b.a)
+    # The residual stream, fp32 under autocast (zsim.analytic.activations).
+    send_bytes = (p.micro_batch * p.seq_len * model.d_model * dtype_bytes(b.stream_dtype)
+                  / (p.tp if p.sp else 1))
     link = hw.inter_node if pipeline_hop_crosses_nodes(p, hw) else hw.intra_node
     send_s = link.latency_s + send_bytes / link.achievable_bytes_per_s
     placement = place(p, hw)
@@ -193,7 +200,7 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
         }
         recv = sum(int(s > 0) + int(s < n_stages - 1) for s in stages)
         if recv:
-            mem["comm_buffers"] = recv * p.grad_accum * recv_bytes
+            mem["comm_buffers"] = recv * p.grad_accum * send_bytes
         state.append(sum(mem.values()))
         if fsdp:
             mem["gathered_params"] = float(local * p.dp_shard * a)
@@ -206,12 +213,12 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
                               + (acts.loss_working if n_stages - 1 in stages else 0))
         memory.append(mem)
     if p.tp > 1:
-        size = p.micro_batch * p.seq_len * model.d_model * a
+        elems = p.micro_batch * p.seq_len * model.d_model
         calls = 2 * rank_layers(p, model.num_layers, 0) * p.grad_accum
-        kinds = [k for phase in ("forward", "backward") for bd in both
-                 for k in bd[(p.sp, phase)]]
-        tp_bus = calls * sum((2.0 if k == "all_reduce" else 1.0) * (p.tp - 1) / p.tp * size
-                             for k in kinds)
+        tp_bus = calls * sum((2.0 if k == "all_reduce" else 1.0) * (p.tp - 1) / p.tp
+                             * elems * dtype_bytes(tp_dtype(b, bd))
+                             for phase in ("forward", "backward") for bd in both
+                             for k in bd.calls[(p.sp, phase)])
     units = max(1, rank_layers(p, model.num_layers, 0) // p.unit_size)
     return PipelineWork(forward_s=forward, backward_s=backward, send_s=send_s, head_s=head_s,
                         tail_s=tail_s, memory_bytes=memory, state_bytes=state,

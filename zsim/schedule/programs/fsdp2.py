@@ -55,8 +55,8 @@ from zsim.analytic.allocations import (
 from zsim.analytic.compute import Flops
 from zsim.analytic.memory import model_state_bytes, optimizer_bytes_per_param
 from zsim.schedule.build import (
+    TP_EMBEDDING_EXIT,
     TP_ENTER,
-    TP_EXIT,
     Builder,
     Shapes,
     Unit,
@@ -206,7 +206,8 @@ class _Step:
             emb = b.add(name=f"embedding forward (mb {mb})", kind="forward",
                         stream="compute", microbatch=mb, after=(root_copy,))
             # RowwiseParallel embedding: its output leaves a TP region.
-            tensor_parallel(b, after=emb, phase="forward", regions=1, boundaries=(TP_EXIT,),
+            tensor_parallel(b, after=emb, phase="forward", regions=1,
+                            boundaries=(TP_EMBEDDING_EXIT,),
                             name="embedding", mb=mb)
             fwd = self.forward(mb, blocks, gathered, first=emb)
             # ColwiseParallel output projection: its input enters one.
@@ -268,7 +269,7 @@ class _Step:
                 if reduces:
                     self.reduce(u, bwd[k], mb, final=False)
             tensor_parallel(b, after=bwd[0], phase="backward", regions=1,
-                            boundaries=(TP_EXIT,), name="embedding", mb=mb)
+                            boundaries=(TP_EMBEDDING_EXIT,), name="embedding", mb=mb)
             emb_b = b.add(name=f"embedding backward (mb {mb})", kind="backward",
                           stream="compute", microbatch=mb,
                           allocs=grad_alloc(root, emb_grad, "/embedding"),

@@ -33,8 +33,8 @@ import math
 
 from zsim.analytic.memory import model_state_bytes, optimizer_bytes_per_param
 from zsim.schedule.build import (
+    TP_EMBEDDING_EXIT,
     TP_ENTER,
-    TP_EXIT,
     Builder,
     Shapes,
     Unit,
@@ -178,8 +178,8 @@ def _lower(b: Builder, root: Unit, blocks: list[Unit]) -> None:
         emb = b.add(name=f"embedding forward (mb {mb})", kind="forward", stream="compute",
                     microbatch=mb)
         # RowwiseParallel embedding: its output leaves a TP region (nothing with tp 1).
-        tensor_parallel(b, after=emb, phase="forward", regions=1, boundaries=(TP_EXIT,),
-                        name="embedding", mb=mb)
+        tensor_parallel(b, after=emb, phase="forward", regions=1,
+                        boundaries=(TP_EMBEDDING_EXIT,), name="embedding", mb=mb)
         fwd = []
         for u in blocks:
             fwd.append(block_forward(b, u, mb))
@@ -204,8 +204,8 @@ def _lower(b: Builder, root: Unit, blocks: list[Unit]) -> None:
                             name=u.name, mb=mb, unit=u.index)
             if buckets is not None:
                 buckets.ready(u, op)
-        tensor_parallel(b, after=op, phase="backward", regions=1, boundaries=(TP_EXIT,),
-                        name="embedding", mb=mb)
+        tensor_parallel(b, after=op, phase="backward", regions=1,
+                        boundaries=(TP_EMBEDDING_EXIT,), name="embedding", mb=mb)
         emb_b = b.add(name=f"embedding backward (mb {mb})", kind="backward", stream="compute",
                       microbatch=mb)
         if buckets is not None:
