@@ -164,7 +164,7 @@ def fit(rows: list[Row]) -> Budget:
         design[i, ci[(r.world_size, r.case)]] = 1.0
         design[i, gi[(r.batch, r.world_size)]] = 1.0
     coef, *_ = np.linalg.lstsq(design, errors, rcond=None)
-    for world in {w for w, _ in cases}:
+    for world in sorted({w for w, _ in cases}):
         on = [i for i, r in enumerate(rows) if r.world_size == world]
         centre = float(np.mean([coef[gi[(rows[i].batch, world)]] for i in on]))
         for g in groups:
