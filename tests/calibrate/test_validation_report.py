@@ -88,6 +88,11 @@ CPU2_CONFIRMATION_BATCHES = {
                           "the 07:01 profiles the same rows are +3.1% and +3.3%; the "
                           "kernel rates alone move them 2.8 and 6.8 points, every other "
                           "section of the profile 0.4-1.8)",
+    "batch-faef38e-1028": "26 of 29 within 15% (mean error -0.5%, mean |error| 5.3%), with "
+                          "the TP collectives in the dtypes they carry: tp=2 -21.2%, "
+                          "gpt-tiny ZeRO-3 +16.9% (world 2) and +16.1% (world 4); the steps "
+                          "measured 13% slower on average than at 09:18, the predictions "
+                          "within 1% of those then on average",
 }
 """The batches run after the committed one: with its code (1129041; d403978 changes tests
 and a constant's home only), and with the code that charges a synchronisation after
@@ -97,7 +102,8 @@ runs (35c9476; 39d8c3d the same), then times attention's passes apart (e8a3f65),
 divides DeepSpeed's buckets before reducing them (c45db06; 71ab899 and 565b39b the
 same), then fits the programs' host time against the simulated time to the loss
 (30d2ba7; 4e4d329 the same), then times the kernels of ranks that share a core alone
-(bb35e01; 3c0ae2f and 1c584dd the same): whether further batches meet the bound too, and
+(bb35e01; 3c0ae2f and 1c584dd the same), then moves the TP collectives in the dtypes
+they carry (e0b2af4; faef38e the same): whether further batches meet the bound too, and
 how each falls short."""
 CPU2_BATCHES = ("batch-4374dec", "batch-23ba544", "batch-f444f72", "batch-f87847b",
                 "batch-2888be7", "batch-2888be7-0243", "batch-fb8b5e6",
