@@ -332,11 +332,9 @@ def tensor_parallel(b: Builder, *, after: int, phase: str, regions: int, name: s
                     boundaries: tuple[TpBoundary, ...] = (TP_ENTER, TP_EXIT)) -> None:
     """The TP collectives of `regions` parallel regions (one attention or one MLP each:
     two per block) in `phase`, each region's `boundaries` (entry and exit by default)
-    on the TP group's link, over one micro-batch's activations (micro_batch x seq_len x
-    d_model in the dtype of what the boundary carries, tp_dtype; the full tensor as
-    nccl-tests sizes it). They run on
-    the "tp" stream after op `after`, the block's kernels, and the next compute kernel
-    waits for the last: in the blocking case their time adds to the block's, as when
+    on the TP group's link, each of tp_bytes. They run on the "tp" stream after op
+    `after`, the block's kernels, and the next compute kernel waits for the last: in
+    the blocking case their time adds to the block's, as when
     each runs between the matmuls it sits between. Async TP (torch's micro-pipelined
     fused all-gather-matmul and matmul-reduce-scatter) starts them with the block's
     kernels, so they overlap them. Nothing with tp = 1."""
@@ -344,16 +342,15 @@ def tensor_parallel(b: Builder, *, after: int, phase: str, regions: int, name: s
     if p.tp == 1:
         return
     deps = {"after_start": (after,)} if p.async_tp else {"after": (after,)}
+    calls = [(kind, tp_bytes(b, boundary), tp_dtype(b, boundary))
+             for boundary in boundaries for kind in boundary.calls[(p.sp, phase)]]
     last = None
     for _ in range(regions):
-        for boundary in boundaries:
-            dtype = tp_dtype(b, boundary)
-            size = p.micro_batch * p.seq_len * b.model.d_model * dtype_bytes(dtype)
-            for kind in boundary.calls[(p.sp, phase)]:
-                last = b.collective(kind=kind, size_bytes=size, group=b.tp, gname="tp",
-                                    dtype=dtype, stream="tp",
-                                    name=f"{name} TP {kind} {phase} (mb {mb})",
-                                    unit=unit, microbatch=mb, **deps)
+        for kind, size, dtype in calls:
+            last = b.collective(kind=kind, size_bytes=size, group=b.tp, gname="tp",
+                                dtype=dtype, stream="tp",
+                                name=f"{name} TP {kind} {phase} (mb {mb})",
+                                unit=unit, microbatch=mb, **deps)
     if last is not None:
         b.waits.append(last)
 
@@ -361,6 +358,13 @@ def tensor_parallel(b: Builder, *, after: int, phase: str, regions: int, name: s
 def tp_dtype(b: Builder, boundary: TpBoundary) -> str:
     """The dtype a TP boundary's collectives move (TpBoundary.stream)."""
     return b.stream_dtype if boundary.stream else b.plan.param_dtype
+
+
+def tp_bytes(b: Builder, boundary: TpBoundary) -> int:
+    """Bytes of each of a TP boundary's collectives: one micro-batch's whole activation
+    (micro_batch x seq_len x d_model, as nccl-tests sizes it) in tp_dtype."""
+    p = b.plan
+    return p.micro_batch * p.seq_len * b.model.d_model * dtype_bytes(tp_dtype(b, boundary))
 
 
 def logits_bytes(b: Builder) -> int:

@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from zsim.analytic.collectives import collective_time_s
+from zsim.analytic.collectives import bus_bytes, collective_time_s
 from zsim.analytic.compute import head_backward_flops, head_forward_flops, optimizer_flops
 from zsim.analytic.memory import optimizer_bytes_per_param
 from zsim.analytic.placement import pipeline_hop_crosses_nodes, place
@@ -58,6 +58,7 @@ from zsim.schedule.build import (
     TpBoundary,
     activation_sizes,
     logits_bytes,
+    tp_bytes,
     tp_dtype,
 )
 from zsim.schedule.lower import runs_autocast
@@ -107,14 +108,12 @@ class PipelineWork:
 def _tp_time_s(b: Builder, phase: str, boundaries: tuple[TpBoundary, ...],
                regions: int) -> float:
     """Time of the TP collectives of `regions` regions in `phase`, each running alone, in
-    the dtype each boundary carries (zsim.schedule.build.tp_dtype)."""
+    the dtype each boundary carries (zsim.schedule.build.tp_bytes)."""
     p = b.plan
     if p.tp == 1:
         return 0.0
-    elems = p.micro_batch * p.seq_len * b.model.d_model
     return regions * sum(
-        collective_time_s(kind, elems * dtype_bytes(tp_dtype(b, boundary)), b.tp, b.hw,
-                          tp_dtype(b, boundary))
+        collective_time_s(kind, tp_bytes(b, boundary), b.tp, b.hw, tp_dtype(b, boundary))
         for boundary in boundaries for kind in boundary.calls[(p.sp, phase)])
 
 
@@ -213,10 +212,8 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
                               + (acts.loss_working if n_stages - 1 in stages else 0))
         memory.append(mem)
     if p.tp > 1:
-        elems = p.micro_batch * p.seq_len * model.d_model
         calls = 2 * rank_layers(p, model.num_layers, 0) * p.grad_accum
-        tp_bus = calls * sum((2.0 if k == "all_reduce" else 1.0) * (p.tp - 1) / p.tp
-                             * elems * dtype_bytes(tp_dtype(b, bd))
+        tp_bus = calls * sum(bus_bytes(k, tp_bytes(b, bd), p.tp)
                              for phase in ("forward", "backward") for bd in both
                              for k in bd.calls[(p.sp, phase)])
     units = max(1, rank_layers(p, model.num_layers, 0) // p.unit_size)
