@@ -3,6 +3,8 @@ expected (start, end, stream, op) list worked out by hand and asserted in one eq
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from zsim.engine.simulate import run
 from zsim.schedule.ops import Buffer, Op, Schedule
 
@@ -132,3 +134,44 @@ def test_memory_ledger_peak_and_oom_location() -> None:
     assert (mem.peak_bytes, mem.peak_where, mem.peak_by_category) == (
         105, "f1", {"params": 10, "activations": 95})
     assert mem.oom is not None and (mem.oom.where, mem.oom.time_s) == ("f1", 1.0)
+
+
+def _call(index: int, name: str, latency_s: float, *, kind: str = "all_gather",
+          **kw: object) -> Op:
+    """A collective call of the shard group that costs its latency only (no bytes)."""
+    return Op(index=index, name=name, kind=kind, stream=kind, latency_s=latency_s,
+              group="shard", async_op=True, **kw)
+
+
+def test_gloo_threads_run_a_burst_of_calls_two_at_a_time() -> None:
+    # Four 1 s calls queued at once on one stream. One thread (a GPU's stream): 0-1, 1-2,
+    # 2-3, 3-4. Two (gloo's): two at a time, 0-1 and 1-2. A 3 s call first holds one
+    # thread 0-3 while the other takes the next calls in issue order: b 0-1, c 1-2, d 2-3.
+    burst = [_call(i, n, 1.0) for i, n in enumerate("abcd")]
+    assert [t[:2] for t in _timeline(_schedule(burst))] == [
+        (0.0, 1.0), (1.0, 2.0), (2.0, 3.0), (3.0, 4.0)]
+    gloo = replace(_schedule(burst), collective_threads=2)
+    assert sorted(_timeline(gloo), key=lambda t: t[3]) == [
+        (0.0, 1.0, "all_gather", "a"), (0.0, 1.0, "all_gather", "b"),
+        (1.0, 2.0, "all_gather", "c"), (1.0, 2.0, "all_gather", "d")]
+    long_first = [_call(0, "a", 3.0), *burst[1:]]
+    assert sorted(_timeline(replace(_schedule(long_first), collective_threads=2)),
+                  key=lambda t: t[3]) == [
+        (0.0, 3.0, "all_gather", "a"), (0.0, 1.0, "all_gather", "b"),
+        (1.0, 2.0, "all_gather", "c"), (2.0, 3.0, "all_gather", "d")]
+
+
+def test_gloo_threads_are_shared_by_the_group_s_streams() -> None:
+    # Two all-gathers and two reduce-scatters of one group, all issued at 0, 1 s each,
+    # on two threads: the group runs two at a time whatever their streams, the earliest
+    # issued first (ag0, ag1 at 0-1; rs2, rs3 at 1-2); two groups have two threads each.
+    ops = [_call(0, "ag0", 1.0), _call(1, "ag1", 1.0),
+           _call(2, "rs2", 1.0, kind="reduce_scatter"),
+           _call(3, "rs3", 1.0, kind="reduce_scatter")]
+    one_group = replace(_schedule(ops), collective_threads=2)
+    assert sorted(_timeline(one_group), key=lambda t: t[3]) == [
+        (0.0, 1.0, "all_gather", "ag0"), (0.0, 1.0, "all_gather", "ag1"),
+        (1.0, 2.0, "reduce_scatter", "rs2"), (1.0, 2.0, "reduce_scatter", "rs3")]
+    two_groups = [*ops[:2], *(op._replace(group="replicate") for op in ops[2:])]
+    assert max(t[1] for t in _timeline(replace(_schedule(two_groups),
+                                               collective_threads=2))) == 1.0

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from zsim.errors import ConfigError
-from zsim.spec.hardware import HardwareProfile
+from zsim.spec.hardware import GLOO_THREADS, HardwareProfile
 from zsim.spec.registry import PROFILES_DIR, hardware_names, resolve_hardware
 
 SECTIONS = ("gpu", "node", "intra_node", "inter_node", "collectives", "efficiency")
@@ -118,6 +118,18 @@ def test_si_conversion(write_yaml: Callable[..., Path]) -> None:
     data = _mutated(lambda d: d["host"].update({"sync_overhead_us": 850}))
     assert HardwareProfile.from_yaml(write_yaml(data)).sync_overhead_s == pytest.approx(
         850e-6, rel=1e-12)
+    # collective_threads, optional: gloo's worker threads on a synchronous host, NCCL's
+    # one stream on an async one, or what the profile says.
+    assert hw.collective_threads == GLOO_THREADS
+    data = _mutated(lambda d: d["host"].update({"launch": "async"}))
+    assert HardwareProfile.from_yaml(write_yaml(data)).collective_threads == 1
+    data = _mutated(lambda d: d["host"].update({"collective_threads": 4}))
+    assert HardwareProfile.from_yaml(write_yaml(data)).collective_threads == 4
+
+
+def test_gloo_threads_are_torch_s() -> None:
+    torch_dist = pytest.importorskip("torch.distributed")
+    assert torch_dist.ProcessGroupGloo._Options()._threads == GLOO_THREADS
 
 
 def test_blas_workspace_is_optional_and_in_bytes(write_yaml: Callable[..., Path]) -> None:
@@ -200,6 +212,8 @@ def test_missing_key_names_it(write_yaml: Callable[..., Path], section: str, key
     ("efficiency", "foreach_kernels", "fused"),
     ("host", "rank_skew", -0.1),
     ("host", "sync_overhead_us", -5),
+    ("host", "collective_threads", 0),
+    ("host", "collective_threads", 1.5),
     ("host", "fsdp_unit_overhead_us", "1 ms"),
     ("efficiency", "matmul", 0),
     ("gpu", "source", ""),

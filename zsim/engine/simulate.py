@@ -3,7 +3,10 @@ compute slowed while collectives run, and a memory ledger.
 
 Owns `run(schedule)`. Each stream of a rank is one SimPy process that takes its ops in issue
 order (CUDA stream semantics: a stream is a FIFO queue, so it behaves as a capacity-1
-resource served in arrival order), waits for each op's dependencies, then runs it:
+resource served in arrival order), waits for each op's dependencies, then runs it (with
+Schedule.collective_threads above 1, gloo's worker threads: that many processes take a
+data-parallel collective stream's ops in turn, and a rank's process group runs at most
+that many collectives at once):
 compute kernels and transfers progress on the shared `Fabric`, so concurrent transfers on
 one link slow each other and compute slows while a collective is active; every allocation
 and free goes to the `MemoryPool`. Symmetric mode simulates one representative rank (all
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Generator, Hashable
+from collections.abc import Generator, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +27,7 @@ import simpy
 
 from zsim.engine.resources import Fabric, MemoryPool
 from zsim.engine.trace import OpSpan, Trace, Wait
-from zsim.schedule.ops import Op, Schedule
+from zsim.schedule.ops import COLLECTIVE_KINDS, Op, Schedule
 
 EVENTS_PER_OP = 64
 """Bound on the SimPy events one op of one rank may take. An op takes a handful (its
@@ -122,6 +125,9 @@ class _Run:
         self.host_busy: dict[int, list[tuple[float, float]]] = {}
         self.waits: list[Wait] = []
         self.collectives: dict[tuple[int, str, int], _Collective] = {}
+        self.threads: dict[tuple[int, str], simpy.PriorityResource] = {}
+        """Per (rank, process group), its worker threads (collective_threads above 1),
+        each taking the earliest-issued call waiting (gloo's queue: issue order)."""
         self.scale = self._draw_scales(rng, jitter)
 
     def _draw_scales(self, rng: random.Random | None, jitter: Jitter
@@ -151,7 +157,9 @@ class _Run:
         return list(range(rank % d, self.num_ranks, d))
 
     # ------------------------------------------------------------------ processes
-    def stream(self, rank: int, ops: list[Op]) -> Generator[simpy.Event, Any, None]:
+    def stream(self, rank: int, ops: Iterable[Op]) -> Generator[simpy.Event, Any, None]:
+        """Run `ops` in order, each once its dependencies have ended (several of these
+        processes sharing one iterator: a stream that runs that many ops at once)."""
         env, mem, fabric = self.env, self.memory, self.fabric
         ends, starts = self.end_ev[rank], self.start_ev[rank]
         start_s, end_s = self.start_s[rank], self.end_s[rank]
@@ -192,6 +200,17 @@ class _Run:
                     gate, gated_by = span.gate, span.gated_by
             elif prev is not None:
                 gate, gated_by = "stream", prev.name
+            thread = None
+            if op.is_collective and self.s.collective_threads > 1:
+                threads = self.threads.get((rank, op.group))
+                if threads is None:
+                    threads = self.threads[rank, op.group] = simpy.PriorityResource(
+                        env, capacity=self.s.collective_threads)
+                thread = threads.request(priority=i)
+                ready_s = env.now
+                yield thread
+                if env.now > ready_s:
+                    gate, gated_by = "stream", f"{op.group} group's worker threads"
             t0 = env.now
             if op.stream == "compute" and t0 > t_free and last_dep is not None:
                 self._record_wait(rank, op, t_free, last_dep)
@@ -213,6 +232,8 @@ class _Run:
                         gate, gated_by = "straggler", f"rank {waited_rank}"
                 else:
                     shared = yield from self._transfer(op, [rank])
+                if thread is not None:
+                    thread.resource.release(thread)
             elif op.stream == "host":
                 yield env.timeout(op.compute_s)
                 self.host_busy.setdefault(rank, []).append((t0, env.now))
@@ -354,10 +375,13 @@ def run(schedule: Schedule, *, num_ranks: int = 1, seed: int | None = None,
     rng = random.Random(seed) if seed is not None and num_ranks > 1 else None
     state = _Run(schedule, num_ranks=num_ranks, rng=rng, jitter=jitter or Jitter())
     env, memory = state.env, state.memory
-    streams = schedule.by_stream().values()
+    streams = schedule.by_stream()
     for rank in range(num_ranks):
-        for ops in streams:
-            env.process(state.stream(rank, ops))
+        for name, ops in streams.items():
+            queue = iter(ops)
+            lanes = schedule.collective_threads if name in COLLECTIVE_KINDS else 1
+            for _ in range(lanes):
+                env.process(state.stream(rank, queue))
     budget = EVENTS_PER_OP * max(1, len(schedule.ops)) * num_ranks
     events = 0
     step = env.step

@@ -213,7 +213,7 @@ def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
     ops = (tuple(b.ops) if hw.launch == "async"
            else on_synchronous_host(b.ops, hw.sync_overhead_s))
     return Schedule(
-        ops=ops, baseline=baseline, launch=hw.launch,
+        ops=ops, baseline=baseline, launch=hw.launch, collective_threads=hw.collective_threads,
         link_bytes_per_s={**link_bandwidths(hw),
                           "pcie_h2d": hw.pcie_bytes_per_s * hw.pcie_efficiency,
                           "pcie_d2h": hw.pcie_bytes_per_s * hw.pcie_efficiency},

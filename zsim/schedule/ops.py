@@ -157,6 +157,11 @@ class Schedule:
     """Dense peak of the compute dtype, for MFU."""
     dp_shard: int
     """Ranks per shard group (rank-level mode builds the groups from it)."""
+    collective_threads: int = 1
+    """Collectives of one process group a rank runs at once (HardwareProfile.
+    collective_threads): with more than 1, each data-parallel collective stream takes up
+    to this many of its ops at once, in issue order, and a rank's group runs at most this
+    many collectives in all (gloo's worker threads)."""
     launch: str = "async"
     """How the host drives the device (zsim.spec.hardware.HardwareProfile.launch); with
     "synchronous" the lowering has already chained the ops the host thread runs or waits

@@ -49,7 +49,7 @@ OPTIONAL: dict[str, tuple[str, ...]] = {
     "efficiency": ("host_adam_threads", "host_adam_serial_fraction",
                    "deepspeed_adam_params_per_s", "foreach_kernels"),
     "host": ("optimizer_tensor_us", "fsdp2_block_host_us", "program_overhead_us",
-             "sync_overhead_us")}
+             "sync_overhead_us", "collective_threads")}
 """Keys a section may leave out: measured kernel rates, the host's cores and how the host
 AdamW scales with threads, the host time of the optimizer step per parameter tensor, the
 cost of a synchronisation after compute (a profile without them keeps the simpler model
@@ -73,6 +73,12 @@ PROTOCOLS: tuple[str, ...] = ("LL", "LL128", "Simple")
 
 LAUNCH_MODES: tuple[str, ...] = ("async", "synchronous")
 """Values of host.launch (see HardwareProfile.launch)."""
+
+GLOO_THREADS = 2
+"""Worker threads of a gloo process group as torch creates it (ProcessGroupGloo's
+Options.threads, 2 unless the caller passes others; torch.distributed.new_group and
+init_process_group do not): the collectives a synchronous host runs at once per group
+(HardwareProfile.collective_threads)."""
 
 FOREACH_KERNELS: tuple[str, ...] = ("per_tensor", "multi_tensor_apply")
 """Values of efficiency.foreach_kernels (see HardwareProfile.foreach_kernels)."""
@@ -280,6 +286,13 @@ class HardwareProfile:
     kernels and collectives queue on device streams while the host runs ahead) or
     "synchronous" (the device is the host CPU: every kernel runs on the issuing thread
     and a collective issued without async_op blocks it until it completes)."""
+    collective_threads: int = 1
+    """How many collectives of one process group a rank runs at once (YAML
+    host.collective_threads, optional; absent: GLOO_THREADS on a synchronous host, else
+    1). NCCL runs a communicator's kernels in order on its stream: 1. gloo hands every
+    call to a pool of worker threads per process group, and calls issued with async_op
+    (DeepSpeed's parameter fetches, DDP's buckets) run as many at once as it has
+    threads."""
     collective_overhead_s: float = 0.0
     """Host time of a blocking collective call beyond the link model (thread hand-off,
     waiting for the other ranks, the framework's Python and copies around it), seconds
@@ -434,6 +447,9 @@ class HardwareProfile:
             foreach_kernels=_choice(eff, "efficiency", "foreach_kernels", FOREACH_KERNELS)
             if "foreach_kernels" in eff else "per_tensor",
             launch=launch,
+            collective_threads=(_count(host, "host", "collective_threads")
+                                if "collective_threads" in host
+                                else GLOO_THREADS if launch == "synchronous" else 1),
             collective_overhead_s=_non_negative(host, "host", "collective_overhead_us") * US,
             rank_skew=_non_negative(host, "host", "rank_skew"),
             sync_overhead_s=(_non_negative(host, "host", "sync_overhead_us") * US
