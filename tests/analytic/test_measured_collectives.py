@@ -117,6 +117,8 @@ def test_the_simulator_charges_gradient_reductions_at_their_dtype() -> None:
     data = yaml.safe_load((PROFILES_DIR / "local-cpu.yaml").read_text())
     fp32 = [[4096, 500], [1e9, 5e6]]  # slower than the link: the table sets every call
     data["collectives"]["measured_us"] = {"ranks": 2, "all_reduce": fp32}
+    # One call at a time (not gloo's two threads): the stream's busy time is their sum.
+    data["host"]["collective_threads"] = 1
     plain = HardwareProfile.from_dict(copy.deepcopy(data), name="t")
     data["collectives"]["measured_us"]["bf16"] = {
         "all_reduce": [[s, us + 1000] for s, us in fp32]}
