@@ -167,6 +167,7 @@ class _Run:
         ops_all = self.s.ops
         scale = None if self.scale is None else self.scale[rank]
         ledger = rank == 0  # ranks are alike in memory: the ledger follows rank 0
+        pooled = self.s.collective_threads > 1
         prev: Op | None = None
         for op in ops:
             i = op.index
@@ -201,7 +202,7 @@ class _Run:
             elif prev is not None:
                 gate, gated_by = "stream", prev.name
             thread = None
-            if op.is_collective and self.s.collective_threads > 1:
+            if pooled and op.is_collective:
                 threads = self.threads.get((rank, op.group))
                 if threads is None:
                     threads = self.threads[rank, op.group] = simpy.PriorityResource(
