@@ -93,6 +93,9 @@ CPU2_CONFIRMATION_BATCHES = {
                           "gpt-tiny ZeRO-3 +16.9% (world 2) and +16.1% (world 4); the steps "
                           "measured 13% slower on average than at 09:18, the predictions "
                           "within 1% of those then on average",
+    "batch-0194040-1338": "28 of 29 within 15% (mean error +2.7%): tp=2 -21.3%; with gloo's "
+                          "two worker threads, the same model as batch-ad59339-1249 (29 of "
+                          "29) an hour later",
 }
 """The batches run after the committed one: with its code (1129041; d403978 changes tests
 and a constant's home only), and with the code that charges a synchronisation after
@@ -103,7 +106,8 @@ divides DeepSpeed's buckets before reducing them (c45db06; 71ab899 and 565b39b t
 same), then fits the programs' host time against the simulated time to the loss
 (30d2ba7; 4e4d329 the same), then times the kernels of ranks that share a core alone
 (bb35e01; 3c0ae2f and 1c584dd the same), then moves the TP collectives in the dtypes
-they carry (e0b2af4; faef38e the same): whether further batches meet the bound too, and
+they carry (e0b2af4; faef38e the same), then models gloo's two worker threads (a673de3;
+0194040 the same): whether further batches meet the bound too, and
 how each falls short."""
 CPU2_HELD_BATCHES = ("batch-ad59339-1249",)
 """Batches after the committed one with every row within the bound, held to it as the
