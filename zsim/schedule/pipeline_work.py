@@ -108,7 +108,7 @@ class PipelineWork:
 def _tp_time_s(b: Builder, phase: str, boundaries: tuple[TpBoundary, ...],
                regions: int) -> float:
     """Time of the TP collectives of `regions` regions in `phase`, each running alone, in
-    the dtype each boundary carries (zsim.schedule.build.tp_bytes)."""
+    the size and dtype each boundary carries (zsim.schedule.build.tp_bytes, tp_dtype)."""
     p = b.plan
     if p.tp == 1:
         return 0.0
