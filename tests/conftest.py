@@ -1,4 +1,4 @@
-"""Suite-wide test settings: hypothesis profiles and the published cases of shared/cases
+"""Suite-wide test settings: hypothesis profiles and the published cases of tests/data/cases
 (cases_dir, published_cases). Other fixtures live in each folder's conftest.py.
 
 `ci` is deterministic (derandomized, no deadline) and is loaded when the CI environment
@@ -21,20 +21,15 @@ REPO = Path(__file__).resolve().parents[1]
 """The repository root."""
 
 
-def _cases_dir() -> Path | None:
-    """shared/cases: $ZSIM_CASES_DIR, else shared/ inside or beside the checkout."""
-    candidates = [Path(os.environ["ZSIM_CASES_DIR"])] if "ZSIM_CASES_DIR" in os.environ else []
-    candidates += [REPO / "shared" / "cases", REPO.parent / "shared" / "cases"]
-    return next((c for c in candidates if (c / "published.yaml").is_file()), None)
+CASES_DIR = REPO / "tests" / "data" / "cases"
+"""The validation cases, copied into the repository (tests/data/cases/README.md)."""
 
 
 @pytest.fixture(scope="session")
 def cases_dir() -> Path:
-    """The folder holding published.yaml and h200-microbench.yaml (skip when absent)."""
-    found = _cases_dir()
-    if found is None:
-        pytest.skip("shared/cases not found; set ZSIM_CASES_DIR")
-    return found
+    """The folder holding published.yaml, h200-microbench.yaml and h200-fsdp2-runs.yaml
+    ($ZSIM_CASES_DIR to test against another copy)."""
+    return Path(os.environ.get("ZSIM_CASES_DIR", CASES_DIR))
 
 
 @pytest.fixture(scope="session")
