@@ -11,6 +11,7 @@ from typing import Any
 from zsim import planner
 from zsim.atomic import write_files
 from zsim.errors import ConfigError
+from zsim.recommend import Ranked, contender, recommend
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan, precision_knobs
 from zsim.spec.presets import ALIASES, PRESETS
@@ -23,31 +24,51 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
          precision: str | None = None, ds_config: Path | None = None,
          fsdp_config: Path | None = None, global_batch: str | None = None,
          parallel: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Rank candidate plans for a model on `gpus` GPUs of a hardware profile: every
-    strategy and program (zsim.planner.candidate_plans), or, given a user's DeepSpeed or
-    accelerate FSDP config, that config and its variations (zsim.planner.config_variations).
-    When the world spans nodes and the model's parameters (compute dtype) exceed one
-    GPU's HBM, or given `global_batch` or model-parallel degrees in `parallel` (tp, pp,
-    cp: only factorizations with those), also every 2-D and 3-D factorization
-    (zsim.parallel_planner), for a global batch of `global_batch` (default: one sequence
-    per GPU).
+    """Rank candidate plans for a model on `gpus` GPUs of a hardware profile, all at one
+    global batch: every strategy and program (zsim.planner.candidate_plans) at the
+    largest micro-batch that fits (zsim.planner.choose; the rest of each GPU's share of
+    the global batch accumulated), or, given a user's DeepSpeed or accelerate FSDP
+    config, that config and its variations (zsim.planner.config_variations). When the
+    world spans nodes and the model's parameters (compute dtype) exceed one GPU's HBM, or
+    given `global_batch` or model-parallel degrees in `parallel` (tp, pp, cp: only
+    factorizations with those), also every 2-D and 3-D factorization
+    (zsim.parallel_planner). One recommendation over both tables (zsim.recommend): the
+    plans within the error band of the fastest are tied, and the pick is the tied plan
+    that fits at the top of its memory band, is simplest and leaves the most memory.
+
+    The global batch is `global_batch` (sequences, or tokens with a t suffix), else the
+    config's, else one micro-batch (`micro_batch`, default 1) times `grad_accum`
+    (default 1) per GPU.
 
     Returns:
-        {"model", "num_params", "hardware", "gpus", "seq_len", "micro_batch",
-        "recommended", "yours" (the config's plan label, or None), "warnings",
-        "candidates": [record, ...], "parallel": None or {"global_batch_sequences",
-        "recommended", "candidates": [record, ...]}} with records from
-        zsim.planner.to_record, each with "yours" (whether it is the config's own plan),
-        and zsim.parallel_planner.parallel_record.
+        {"model", "num_params", "hardware", "gpus", "gpus_per_node", "hbm_gib",
+        "seq_len", "global_batch_sequences", "global_batch_tokens", "recommended" (the
+        pick's label, or None when nothing fits), "recommended_table" ("1-D" or "2-D"),
+        "recommendation" (why, one line), "tie_tolerance_pct", "yours" (the config's
+        plan label, or None), "warnings", "candidates": [record, ...], "parallel": None
+        or {"global_batch_sequences", "candidates": [record, ...]}}, records from
+        zsim.planner.to_record (each with "yours": whether it is the config's plan) and
+        zsim.parallel_planner.parallel_record, each table's recommended and tied plans
+        first.
 
     Raises:
-        ConfigError: unknown model/hardware, invalid sizes, or a bad config file.
+        ConfigError: unknown model/hardware, invalid sizes, a global batch no plan can
+            split, or a bad config file.
     """
+    from zsim import parallel_planner as pp
+
+    for name, value in (("gpus", gpus), ("micro_batch", micro_batch),
+                        ("grad_accum", grad_accum), ("seq", seq)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value <= 0):
+            raise ConfigError(name, value, "must be a positive integer")
     spec = resolve_model(model, params=params)
     hw = resolve_hardware(hardware)
     seq_len = seq if seq is not None else spec.max_seq_len
+    knobs = precision_knobs(precision or "bf16")
     warnings: tuple[str, ...] = ()
     yours: Plan | None = None
+    ranked: list[planner.Choice] = []
     if ds_config is not None or fsdp_config is not None:
         from zsim.spec.user_config import config_plan  # its readers: only with a config
 
@@ -55,37 +76,87 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
                                       gpus=gpus, seq=seq, micro_batch=micro_batch,
                                       grad_accum=grad_accum, precision=precision)
         ranked = planner.choose_among(spec, hw, planner.config_variations(yours, hw))
+        sequences = yours.micro_batch * yours.grad_accum * yours.dp_degree
+        micro_batch = yours.micro_batch
     else:
-        ranked = planner.choose(spec, hw, gpus=gpus, seq_len=seq_len,
-                                micro_batch=1 if micro_batch is None else micro_batch,
-                                grad_accum=1 if grad_accum is None else grad_accum,
-                                **precision_knobs(precision or "bf16"))
-    best = ranked[0]
-    searched = _parallel_search(spec, hw, gpus=gpus, seq_len=seq_len,
-                                micro_batch=1 if micro_batch is None else micro_batch,
-                                precision=precision, global_batch=global_batch,
-                                parallel=parallel or {})
+        sequences = (pp.parse_global_batch(global_batch, seq_len) if global_batch is not None
+                     else gpus * (micro_batch or 1) * (grad_accum or 1))
+        if sequences % gpus == 0:
+            ranked = planner.choose(spec, hw, gpus=gpus, sequences_per_rank=sequences // gpus,
+                                    micro_batch=micro_batch, grad_accum=grad_accum,
+                                    seq_len=seq_len, **knobs)
+    searched = _parallel_search(spec, hw, gpus=gpus, seq_len=seq_len, sequences=sequences,
+                                micro_batch=micro_batch, precision=precision,
+                                asked=global_batch is not None, parallel=parallel or {},
+                                one_d=[c.plan for c in ranked])
+    if not ranked and searched is None:
+        raise ConfigError("global_batch", global_batch or sequences,
+                          f"{sequences} sequences do not split evenly over {gpus} GPUs")
+    rows: list[Ranked] = [*ranked, *(searched or [])]
+    contenders = {id(row): c for row in rows
+                  if (c := contender(row.plan, row.result)) is not None}
+    rec = recommend(list(contenders.values()))
+    fastest = None if rec is None else next(r for r in rows if contenders.get(id(r))
+                                            is rec.fastest)
+
+    def place(row: Ranked) -> tuple[str, str]:
+        c = contenders.get(id(row))
+        if rec is not None and c is rec.pick:
+            return "recommended", f"recommended: {rec.reason()}"
+        if rec is not None and c is not None and rec.is_tied(c):
+            return "tied", rec.why_tied(c)
+        explained = (planner.explain(row, fastest) if isinstance(row, planner.Choice)
+                     else pp.explain_parallel(row, fastest))  # type: ignore[arg-type]
+        return "", explained
+
+    def order(table: Sequence[Ranked]) -> list[Ranked]:
+        """The recommended and tied plans first, in the order of preference."""
+        if rec is None:
+            return list(table)
+        rank = {id(c): i for i, c in enumerate(rec.tied)}
+        first = sorted((r for r in table if id(contenders.get(id(r))) in rank),
+                       key=lambda r: rank[id(contenders[id(r)])])
+        return first + [r for r in table if id(contenders.get(id(r))) not in rank]
+
+    candidates = []
+    for row in order(ranked):
+        tier, why = place(row)
+        candidates.append({**planner.to_record(spec, row, why=why, tier=tier),  # type: ignore[arg-type]
+                           "yours": row.plan == yours})
+    parallel_rows = None if searched is None else {
+        "global_batch_sequences": sequences,
+        "candidates": [pp.parallel_record(spec, row, why=w, tier=t)  # type: ignore[arg-type]
+                       for row in order(searched) for t, w in [place(row)]]}
     return {
-        "parallel": searched,
         "model": spec.name,
         "num_params": spec.num_params,
         "hardware": hw.name,
         "gpus": gpus,
+        "gpus_per_node": hw.gpus_per_node,
+        "hbm_gib": round(hw.hbm_bytes / GiB, 2),
         "seq_len": seq_len,
-        "micro_batch": best.plan.micro_batch,
-        "recommended": best.plan.label if best.fits else None,
+        "seq_len_source": "--seq" if seq is not None else "the model's",
+        "global_batch_sequences": sequences,
+        "global_batch_tokens": sequences * seq_len,
+        "recommended": None if rec is None else rec.pick.plan.label,
+        "recommended_table": None if rec is None else (
+            "1-D" if any(contenders.get(id(r)) is rec.pick for r in ranked) else "2-D"),
+        "recommendation": None if rec is None else rec.reason(),
+        "tie_tolerance_pct": None if rec is None else round(100 * rec.tolerance, 2),
         "yours": yours.label if yours is not None else None,
         "warnings": list(warnings),
-        "candidates": [{**planner.to_record(spec, c, best), "yours": c.plan == yours}
-                       for c in ranked],
+        "candidates": candidates,
+        "parallel": parallel_rows,
     }
 
 
-def _parallel_search(spec: ModelSpec, hw: Any, *, gpus: int, seq_len: int, micro_batch: int,
-                     precision: str | None, global_batch: str | None,
-                     parallel: dict[str, Any]) -> dict[str, Any] | None:
-    """The 2-D and 3-D plans of `api.plan`, or None where not asked for (one node, no
-    --global-batch, no model-parallel degree)."""
+def _parallel_search(spec: ModelSpec, hw: Any, *, gpus: int, seq_len: int, sequences: int,
+                     micro_batch: int | None, precision: str | None, asked: bool,
+                     parallel: dict[str, Any], one_d: list[Plan]) -> list[Any] | None:
+    """The 2-D and 3-D plans of `api.plan` (zsim.parallel_planner.choose_parallel) at
+    the global batch of `sequences`, or None where not asked for (one node, no
+    --global-batch, no model-parallel degree). Plans without model parallelism are the
+    1-D table's (`one_d`), and left out unless it has none."""
     from zsim import parallel_planner as pp
 
     for key in parallel:
@@ -96,22 +167,20 @@ def _parallel_search(spec: ModelSpec, hw: Any, *, gpus: int, seq_len: int, micro
     params_bytes = spec.num_params * dtype_bytes(precision_knobs(precision or "bf16")[
         "param_dtype"])
     needed = gpus > hw.gpus_per_node and params_bytes > hw.hbm_bytes
-    if global_batch is None and not parallel and not needed:
+    if not asked and not parallel and not needed:
         return None
-    sequences = gpus if global_batch is None else pp.parse_global_batch(global_batch, seq_len)
     plans = [p for p in pp.parallel_plans(spec, hw, gpus=gpus, seq_len=seq_len,
                                           global_batch=sequences, micro_batch=micro_batch,
                                           **precision_knobs(precision or "bf16"))
-             if all(getattr(p, k) == v for k, v in parallel.items())]
+             if all(getattr(p, k) == v for k, v in parallel.items())
+             and (p.model_parallel > 1 or not one_d)]
     if not plans:
+        if not parallel:
+            return None
         raise ConfigError("gpus", gpus, f"no 2-D or 3-D factorization of {gpus} GPUs runs "
-                          f"a global batch of {sequences} sequences of {spec.name}"
-                          + (f" with {parallel}" if parallel else ""))
-    ranked = pp.choose_parallel(spec, hw, plans)
-    best = ranked[0]
-    return {"global_batch_sequences": sequences,
-            "recommended": best.plan.label if best.fits else None,
-            "candidates": [pp.parallel_record(c, best) for c in ranked]}
+                          f"a global batch of {sequences} sequences of {spec.name} with "
+                          + ", ".join(f"{k}={v}" for k, v in parallel.items()))
+    return pp.choose_parallel(spec, hw, plans)
 
 
 def models() -> list[dict[str, Any]]:
@@ -194,12 +263,16 @@ def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | 
     with `fsdp_config` the accelerate FSDP config's (zsim.spec.fsdp_config).
 
     Returns:
-        Result.to_dict() plus "model", "hardware", "plan" (the Plan's fields) and
-        "warnings" (config keys read but not modelled).
+        Result.to_dict() plus "model", "num_params", "hardware", "gpus_per_node", "plan"
+        (the Plan's fields), "warnings" (config keys read but not modelled),
+        "host_memory_bytes_per_gpu" (the state an offload plan keeps in host memory per
+        rank, zsim.schedule.lower.host_state_bytes; 0 without offload),
+        "ranks_per_node" and "host_memory_bytes_per_node" (that of every rank on a node).
 
     Raises:
         ConfigError: invalid names, sizes or combinations, or a bad config file.
     """
+    from zsim.schedule.lower import host_state_bytes
     from zsim.simulate import chrome_trace
     from zsim.simulate import simulate as run
 
@@ -238,8 +311,13 @@ def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | 
                           "exceeds HBM): there is no timeline to write")
     if trace is not None:
         write_files(trace.parent, {trace.name: json.dumps(chrome_trace(result)).encode()})
-    return {"model": spec.name, "hardware": hw.name, "plan": plan.to_dict(),
-            "warnings": list(warnings), **result.to_dict()}
+    host = host_state_bytes(spec, plan)
+    ranks_per_node = min(plan.world_size, hw.gpus_per_node)
+    return {"model": spec.name, "num_params": spec.num_params, "hardware": hw.name,
+            "gpus_per_node": hw.gpus_per_node, "plan": plan.to_dict(),
+            "warnings": list(warnings), "host_memory_bytes_per_gpu": host,
+            "ranks_per_node": ranks_per_node,
+            "host_memory_bytes_per_node": host * ranks_per_node, **result.to_dict()}
 
 
 def sweep(scenario: Path, out: Path | None = None, *, executor: str = "local",

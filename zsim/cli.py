@@ -16,8 +16,9 @@ import typer
 from zsim import api
 from zsim.errors import ZsimError
 from zsim.progress import ProgressBar
+from zsim.report.plan_text import plan_text
+from zsim.report.simulate_text import simulate_text
 from zsim.report.tables import csv_text, json_text, text_table
-from zsim.spec.error_bands import band_pct
 from zsim.spec.plan import GRAD_SYNCS, IMPLS, PIPELINE_SCHEDULES, PRECISIONS, STRATEGIES
 from zsim.spec.plan import Offload as OffloadLiteral
 from zsim.spec.plan import Recompute as RecomputeLiteral
@@ -55,13 +56,6 @@ SeqOpt = Annotated[int | None, typer.Option(help="Sequence length, tokens (defau
 MicroBatchOpt = Annotated[int, typer.Option(help="Sequences per micro-batch per GPU.")]
 FormatOpt = Annotated[Format, typer.Option(help="Output format.")]
 
-PARALLEL_COLUMNS = ("plan", "evaluated", "fits", "peak_gib", "step_time_s",
-                    "tokens_per_s_per_gpu", "mfu", "bubble_fraction", "grad_accum", "why")
-PARALLEL_ROWS = 20
-"""2-D/3-D plans the table shows (JSON and CSV give them all)."""
-PLAN_COLUMNS = ("plan", "fits", "peak_gib", "model_state_gb", "activations_gib",
-                "comm_gb_per_step", "step_time_s", "step_time_band_pct", "tokens_per_s_per_gpu",
-                "mfu", "why")
 
 
 @app.command()
@@ -103,33 +97,12 @@ def plan(
                                    parallel=fixed))
     for warning in result["warnings"]:
         typer.echo(f"warning: {warning}", err=True)
-    rows: list[dict[str, Any]] = result["candidates"]
     if format is Format.json:
         typer.echo(json_text(result))
     elif format is Format.csv:
-        typer.echo(csv_text(rows), nl=False)
+        typer.echo(csv_text(result["candidates"]), nl=False)
     else:
-        typer.echo(f"{result['model']} ({result['num_params'] / 1e9:.2f}B params) on "
-                   f"{result['gpus']} x {result['hardware']}, seq {result['seq_len']}, "
-                   f"micro-batch {result['micro_batch']}")
-        if result["yours"]:
-            rows = [{**r, "plan": f"* {r['plan']}" if r["yours"] else r["plan"]} for r in rows]
-        typer.echo(text_table(rows, PLAN_COLUMNS))
-        if result["yours"]:
-            typer.echo(f"\n* your config: {result['yours']}")
-        best = result["recommended"]
-        typer.echo(f"\nrecommended: {best}" if best else "\nno candidate fits in HBM")
-        searched = result.get("parallel")
-        if searched:
-            typer.echo(f"\n2-D and 3-D plans (FSDP2 over the data-parallel ranks), global "
-                       f"batch {searched['global_batch_sequences']} sequences")
-            typer.echo(text_table(searched["candidates"][:PARALLEL_ROWS], PARALLEL_COLUMNS))
-            more = len(searched["candidates"]) - PARALLEL_ROWS
-            if more > 0:
-                typer.echo(f"... {more} more (--format json lists them all)")
-            pick = searched["recommended"]
-            typer.echo(f"\nrecommended 2-D/3-D plan: {pick}" if pick
-                       else "\nno 2-D/3-D plan fits in HBM")
+        typer.echo(plan_text(result))
 
 
 @app.command()
@@ -263,51 +236,8 @@ def simulate(
         typer.echo(f"warning: {warning}", err=True)
     if format is SimFormat.json:
         typer.echo(json_text(r))
-        return
-    gib = 2**30
-    p = r["plan"]
-    typer.echo(f"{r['model']} on {gpus} x {r['hardware']}: {p['strategy']} ({p['impl']}), "
-               f"ac={p['recompute']}, micro-batch {p['micro_batch']} x {p['grad_accum']}")
-    if r["step_time_s"] is None:
-        typer.echo(f"step time       not simulated ({r['evaluated']})")
     else:
-        band = band_pct((r["step_time_s_low"], r["step_time_s_high"]), r["step_time_s"]) \
-            if r["step_time_s_low"] is not None else "no error band for this profile"
-        typer.echo(f"step time       {r['step_time_s']:.4f} s ({band})   compute "
-                   f"{r['compute_time_s']:.4f} s   exposed comm {r['exposed_comm_s']:.4f} s")
-        typer.echo(f"throughput      {r['tokens_per_s']:,.0f} tokens/s   MFU {r['mfu']:.1%}")
-    verdict = "fits" if r["fits"] else "DOES NOT FIT"
-    if r["evaluated"] == "closed form":
-        typer.echo(f"peak memory     at least {r['peak_memory_bytes'] / gib:.2f} GiB -> {verdict}")
-    elif r["reserved_memory_bytes"] is None:
-        typer.echo(f"peak memory     {r['peak_memory_bytes'] / gib:.2f} GiB allocated -> "
-                   f"{verdict}")
-    else:
-        typer.echo(f"peak memory     {r['peak_memory_bytes'] / gib:.2f} GiB allocated, "
-                   f"{r['reserved_memory_bytes'] / gib:.2f} GiB reserved -> {verdict}")
-    if r["oom"]:
-        typer.echo(f"out of memory   {r['oom']}")
-    elif (r["reserved_memory_bytes"] or 0) > r["hbm_bytes"]:
-        typer.echo(f"fragmentation   the caching allocator holds "
-                   f"{r['reserved_memory_bytes'] / gib:.2f} GiB > {r['hbm_bytes'] / gib:.2f} "
-                   f"GiB HBM even after releasing its unused cached segments: the step may "
-                   f"end out of memory (PyTorch's remedy: "
-                   f"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)")
-    if r["collective_calls"]:
-        kinds = ", ".join(f"{k} {n:,}" for k, n in r["collective_calls"].items())
-        algos = ", ".join(f"{k} {n:,}" for k, n in r["collective_algorithms"].items())
-        typer.echo(f"collectives     {sum(r['collective_calls'].values()):,} calls/step "
-                   f"({kinds}); latency {r['comm_latency_share']:.0%} of their time alone")
-        typer.echo(f"algorithms      {algos}")
-    rows = [{"category": k, "gib_at_peak": v / gib} for k, v in r["memory_at_peak"].items()]
-    typer.echo(text_table(rows, ("category", "gib_at_peak")))
-    if r.get("pipeline_stages"):
-        stages = [{**st, "stages": ",".join(map(str, st["stages"])),
-                   "peak_gib": st["peak_memory_bytes"] / gib}
-                  for st in r["pipeline_stages"]]
-        typer.echo("\n" + text_table(stages, ("rank", "stages", "step_time_s", "busy_s",
-                                              "bubble_fraction", "in_flight_microbatches",
-                                              "peak_gib")))
+        typer.echo(simulate_text(r))
 
 
 # click's UsageError, whether typer vendors click (typer >= 0.29) or imports it.

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from zsim.engine.pipeline import run_pipeline
 from zsim.errors import ConfigError
 from zsim.fanout import simulate_all
+from zsim.recommend import Ranked
 from zsim.result import Result
 from zsim.schedule.lower import (
     check_modelled,
@@ -33,10 +34,12 @@ from zsim.schedule.lower import (
     memory_floor_bytes,
     rank_model,
     rank_plan,
+    saved_activation_bytes,
 )
 from zsim.schedule.pipeline import rank_actions
 from zsim.schedule.pipeline_work import pipeline_work
 from zsim.simulate import simulate
+from zsim.spec.error_bands import band_pct
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
@@ -81,14 +84,21 @@ def parse_global_batch(text: str, seq_len: int) -> int:
     return count // seq_len
 
 
+MAX_MICRO_BATCH = 16
+"""Largest micro-batch the 2-D/3-D search tries when none is fixed."""
+
+
 def parallel_plans(model: ModelSpec, hw: HardwareProfile, *, gpus: int, seq_len: int,
-                   global_batch: int, micro_batch: int = 1, **knobs: object) -> list[Plan]:
+                   global_batch: int, micro_batch: int | None = 1,
+                   **knobs: object) -> list[Plan]:
     """Every factorization of `gpus` the simulator models: tp dividing a node and the
     heads, cp (without PP) up to MAX_CP with the sequence in 2 cp chunks, pp dividing
     the layers up to MAX_PP, 1F1B and (where the layers allow 2 stages per rank)
     interleaved 1F1B; FSDP over the data-parallel ranks, HSDP sharding over one
     node's data-parallel ranks, and DDP replicating over them; each recomputation
-    policy; grad_accum the micro-batches the global batch (sequences) leaves each
+    policy; each micro-batch (`micro_batch`, or with None every divisor up to
+    MAX_MICRO_BATCH of the sequences the global batch leaves each data-parallel rank);
+    grad_accum the micro-batches the global batch (sequences) leaves each
     data-parallel rank, their gradients reduced
     after every micro-batch as torchtitan's loop does (grad_sync "every"), except under
     pipelining, whose stages reduce on the last, and with DDP, run with no_sync until the
@@ -104,13 +114,20 @@ def parallel_plans(model: ModelSpec, hw: HardwareProfile, *, gpus: int, seq_len:
                 if (cp > 1 and pp > 1) or gpus % (tp * cp * pp):
                     continue
                 dp = gpus // (tp * cp * pp)
-                if global_batch % (dp * micro_batch):
+                if global_batch % dp:
                     continue
-                m = global_batch // (dp * micro_batch)
-                if pp > 1 and m < pp:
-                    continue
-                out += _variants(model, hw, tp=tp, cp=cp, pp=pp, dp=dp, m=m,
-                                 seq_len=seq_len, micro_batch=micro_batch, knobs=knobs)
+                per_rank = global_batch // dp
+                sizes = [micro_batch] if micro_batch is not None else [
+                    b for b in range(1, min(per_rank, MAX_MICRO_BATCH) + 1)
+                    if per_rank % b == 0]
+                for mb in sizes:
+                    if per_rank % mb:
+                        continue
+                    m = per_rank // mb
+                    if pp > 1 and m < pp:
+                        continue
+                    out += _variants(model, hw, tp=tp, cp=cp, pp=pp, dp=dp, m=m,
+                                     seq_len=seq_len, micro_batch=mb, knobs=knobs)
     return out
 
 
@@ -222,6 +239,10 @@ class ParallelChoice:
         return float(self.result.peak_memory_bytes if self.result is not None
                      else self.estimate.peak_bytes)
 
+    @property
+    def bubble_fraction(self) -> float:
+        return self.estimate.bubble_fraction
+
 
 def choose_parallel(model: ModelSpec, hw: HardwareProfile, plans: list[Plan], *,
                     top: int = TOP) -> list[ParallelChoice]:
@@ -258,25 +279,26 @@ def choose_parallel(model: ModelSpec, hw: HardwareProfile, plans: list[Plan], *,
     return sorted(choices, key=key)
 
 
-def explain_parallel(choice: ParallelChoice, best: ParallelChoice) -> str:
-    """One line on why `choice` loses to `best` (or "recommended")."""
-    if choice is best and choice.fits:
-        return "recommended"
+def explain_parallel(choice: ParallelChoice, fastest: Ranked | None) -> str:
+    """One line on why `choice`, not tied with the fastest fitting plan, is not
+    recommended: it does not fit, or how much slower than `fastest` (a plan of either
+    table) it is and why."""
     if not choice.fits:
         return (f"does not fit: peak {choice.peak_bytes / GiB:.1f} GiB > "
                 f"{choice.estimate.hbm_bytes / GiB:.1f} GiB HBM")
-    mine, theirs = choice.tokens_per_s_per_gpu or 0.0, best.tokens_per_s_per_gpu or 0.0
+    assert fastest is not None  # a fitting plan exists
+    mine, theirs = choice.tokens_per_s_per_gpu or 0.0, fastest.tokens_per_s_per_gpu or 0.0
     slower = theirs / mine - 1 if mine else math.inf
     if choice.result is None and slower <= 0:
         return (f"estimated {-slower:.1%} faster, not simulated: ranked after the "
                 f"simulated plans")
-    p, b = choice.plan, best.plan
+    p, b = choice.plan, fastest.plan
     causes = []
-    if choice.estimate.bubble_fraction > best.estimate.bubble_fraction + 0.01:
-        causes.append(f"pipeline bubble {choice.estimate.bubble_fraction:.0%}")
+    if choice.bubble_fraction > fastest.bubble_fraction + 0.01:
+        causes.append(f"pipeline bubble {choice.bubble_fraction:.0%}")
     if p.recompute != b.recompute and p.recompute != "none":
         causes.append(f"recomputation ({p.recompute})")
-    r, rb = choice.result, best.result
+    r, rb = choice.result, fastest.result
     if r is not None and rb is not None:
         more = (r.exposed_comm_s or 0.0) - (rb.exposed_comm_s or 0.0)
         if more > 0.001 * (rb.step_time_s or 0.0):
@@ -285,7 +307,8 @@ def explain_parallel(choice: ParallelChoice, best: ParallelChoice) -> str:
         if work > best_work * 1.01:
             causes.append(f"{work / best_work - 1:.0%} more compute per token")
     where = "simulated" if choice.result is not None else "estimated"
-    return f"slower by {slower:.1%} ({where})" + (f": {', '.join(causes)}" if causes else "")
+    return (f"slower than the fastest by {slower:.1%} ({where})"
+            + (f": {', '.join(causes)}" if causes else ""))
 
 
 def _compute_per_token_s(r: Result) -> float:
@@ -295,21 +318,31 @@ def _compute_per_token_s(r: Result) -> float:
     return (r.compute_time_s or 0.0) / tokens if tokens else 0.0
 
 
-def parallel_record(choice: ParallelChoice, best: ParallelChoice) -> dict[str, object]:
-    """One flat row, units in the keys."""
+def parallel_record(model: ModelSpec, choice: ParallelChoice, *, why: str,
+                    tier: str = "") -> dict[str, object]:
+    """One flat row, units in the keys (see zsim.planner.to_record for `tier` and `why`,
+    and for saved_activations_gib_per_microbatch: here a rank's, of its TP shard, CP
+    share and pipeline stage)."""
     p, e, r = choice.plan, choice.estimate, choice.result
     step = r.step_time_s if r is not None else (e.step_time_s if e.fits else None)
     tps = choice.tokens_per_s_per_gpu
+    band = None if r is None else r.step_time_band_s
     return {
-        "plan": p.label, "tp": p.tp, "cp": p.cp, "pp": p.pp,
+        "plan": p.label, "layout": p.layout, "tp": p.tp, "cp": p.cp, "pp": p.pp,
         "pp_schedule": p.pp_schedule if p.pp > 1 else "-",
         "dp_shard": p.dp_shard, "dp_replicate": p.dp_replicate, "recompute": p.recompute,
         "micro_batch": p.micro_batch, "grad_accum": p.grad_accum,
         "evaluated": "simulated" if r is not None else "estimate",
+        "tier": tier,
         "fits": choice.fits, "peak_gib": round(choice.peak_bytes / GiB, 2),
+        "saved_activations_gib_per_microbatch": round(
+            saved_activation_bytes(model, p) / GiB, 3),
         "step_time_s": None if step is None else round(step, 3),
+        "step_time_band_pct": band_pct(band, step),
+        "step_time_s_low": None if band is None else round(band[0], 4),
+        "step_time_s_high": None if band is None else round(band[1], 4),
         "tokens_per_s_per_gpu": None if tps is None else round(tps, 1),
         "mfu": None if r is None or r.mfu is None else round(r.mfu, 4),
         "bubble_fraction": round(e.bubble_fraction, 3),
-        "why": explain_parallel(choice, best),
+        "why": why,
     }

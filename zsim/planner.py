@@ -18,8 +18,9 @@ from zsim.analytic.compute import step_flops
 from zsim.analytic.memory import CATEGORIES, MemoryEstimate, estimate_memory
 from zsim.errors import ConfigError
 from zsim.fanout import simulate_all
+from zsim.recommend import Ranked
 from zsim.result import Result
-from zsim.schedule.lower import state_at_rest_bytes
+from zsim.schedule.lower import memory_floor_bytes, saved_activation_bytes, state_at_rest_bytes
 from zsim.spec.error_bands import band_pct
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
@@ -185,23 +186,99 @@ class Choice:
     def memory_at_peak(self) -> dict[str, float]:
         return {c: float(self.result.memory_at_peak.get(c, 0)) for c in CATEGORIES}
 
+    @property
+    def tokens_per_s_per_gpu(self) -> float | None:
+        return self.result.tokens_per_s_per_gpu
 
-def choose(model: ModelSpec, hw: HardwareProfile, *, gpus: int,
+    @property
+    def bubble_fraction(self) -> float:
+        """No pipeline: never idle for one."""
+        return 0.0
+
+
+def batch_splits(sequences_per_rank: int, *, micro_batch: int | None = None,
+                 grad_accum: int | None = None) -> list[tuple[int, int]]:
+    """The (micro_batch, grad_accum) pairs that give a data-parallel rank
+    `sequences_per_rank` sequences per step, largest micro-batch first: every divisor,
+    or the one a fixed `micro_batch` or `grad_accum` leaves.
+
+    Raises:
+        ConfigError: a fixed micro-batch or accumulation that does not divide the rank's
+            sequences.
+    """
+    if micro_batch is not None and sequences_per_rank % micro_batch:
+        raise ConfigError("micro_batch", micro_batch, f"does not divide the "
+                          f"{sequences_per_rank} sequences each data-parallel GPU trains per "
+                          f"step (the global batch over the GPUs)")
+    if grad_accum is not None and sequences_per_rank % grad_accum:
+        raise ConfigError("grad_accum", grad_accum, f"does not divide the "
+                          f"{sequences_per_rank} sequences each data-parallel GPU trains per "
+                          f"step (the global batch over the GPUs)")
+    sizes = [micro_batch] if micro_batch is not None else (
+        [sequences_per_rank // grad_accum] if grad_accum is not None else
+        [m for m in range(sequences_per_rank, 0, -1) if sequences_per_rank % m == 0])
+    return [(m, sequences_per_rank // m) for m in sizes]
+
+
+def choose(model: ModelSpec, hw: HardwareProfile, *, gpus: int, sequences_per_rank: int = 1,
+           micro_batch: int | None = None, grad_accum: int | None = None,
            **knobs: object) -> list[Choice]:
-    """choose_among the candidate plans of `gpus` GPUs (candidate_plans)."""
-    return choose_among(model, hw, candidate_plans(hw, gpus=gpus, **knobs))
+    """The candidate plans of `gpus` GPUs (candidate_plans), each at the largest
+    micro-batch that fits of those that split `sequences_per_rank` (batch_splits; the
+    rest accumulated): the largest whose memory floor fits is simulated, then, while it
+    runs out of memory, the next smaller one. With accumulation, FSDP2's plans also
+    reduce every micro-batch (grad_sync "every") as a candidate of their own. Ranked as
+    choose_among ranks."""
+    splits = batch_splits(sequences_per_rank, micro_batch=micro_batch, grad_accum=grad_accum)
+    shapes = candidate_plans(hw, gpus=gpus, micro_batch=splits[0][0],
+                             grad_accum=splits[0][1], **knobs)
+    ladders = [[s.with_(micro_batch=m, grad_accum=a) for m, a in splits] for s in shapes]
+    # FSDP2 with accumulation either reduces once per step (the default here: unsharded
+    # gradients accumulate) or every micro-batch (fully_shard's own default, torchtitan's
+    # loop): both are candidates.
+    ladders += [[p.with_(grad_sync="every") for p in ladder if p.grad_accum > 1]
+                for ladder in ladders if ladder[0].impl == "fsdp2"
+                and ladder[0].offload == "none"]
+    ladders = [ladder for ladder in ladders if ladder]
+    fits_floor = [[sum(memory_floor_bytes(model, p, hw).values()) <= hw.hbm_bytes
+                   for p in ladder] for ladder in ladders]
+
+    def next_try(i: int, start: int) -> int | None:
+        return next((k for k in range(start, len(ladders[i])) if fits_floor[i][k]), None)
+
+    # A shape none of whose micro-batches fits by its floor takes the smallest one's
+    # closed form (simulate gives it).
+    at = [next_try(i, 0) for i in range(len(ladders))]
+    at = [len(ladders[i]) - 1 if k is None else k for i, k in enumerate(at)]
+    settled: dict[int, tuple[Plan, Result]] = {}
+    while pending := [i for i in range(len(ladders)) if i not in settled]:
+        plans = [ladders[i][at[i]] for i in pending]
+        for i, plan, result in zip(pending, plans, simulate_all(model, hw, plans),
+                                   strict=True):
+            smaller = next_try(i, at[i] + 1) if result.simulated and not result.fits else None
+            if smaller is None:
+                settled[i] = (plan, result)
+            else:
+                at[i] = smaller
+    choices = [Choice(estimate=evaluate(model, hw, settled[i][0]), result=settled[i][1])
+               for i in range(len(ladders))]
+    return rank_choices(choices)
 
 
 def choose_among(model: ModelSpec, hw: HardwareProfile, plans: list[Plan]) -> list[Choice]:
     """Closed forms for every plan, then zsim.simulate.simulate on every local core
-    (zsim.fanout), which simulates those whose memory floor fits in HBM; ranked:
-    fitting plans by simulated throughput, then the simulated ones that do not fit by
-    peak, then the closed-form ones by floor. Ties keep the order of `plans` (sorted is
-    stable), so the output is deterministic."""
-    estimates = rank([evaluate(model, hw, p) for p in plans])
-    results = simulate_all(model, hw, [c.plan for c in estimates])
-    choices = [Choice(estimate=c, result=r) for c, r in zip(estimates, results, strict=True)]
+    (zsim.fanout), which simulates those whose memory floor fits in HBM; ranked by
+    rank_choices."""
+    estimates = [evaluate(model, hw, p) for p in plans]
+    results = simulate_all(model, hw, plans)
+    return rank_choices([Choice(estimate=c, result=r)
+                         for c, r in zip(estimates, results, strict=True)])
 
+
+def rank_choices(choices: list[Choice]) -> list[Choice]:
+    """Fitting plans by simulated throughput, then the simulated ones that do not fit by
+    peak, then the closed-form ones by floor. Ties keep the order of `choices` (sorted
+    is stable), so the output is deterministic."""
     def key(ch: Choice) -> tuple[bool, bool, float]:
         r = ch.result
         if r.fits and r.tokens_per_s_per_gpu is not None:
@@ -211,35 +288,40 @@ def choose_among(model: ModelSpec, hw: HardwareProfile, plans: list[Plan]) -> li
     return sorted(choices, key=key)
 
 
-def explain(choice: Choice, best: Choice) -> str:
-    """One line on why `choice` loses to `best` (or "recommended")."""
-    if choice is best and choice.fits:
-        return "recommended"
+def explain(choice: Choice, fastest: Ranked | None) -> str:
+    """One line on why `choice`, not tied with the fastest fitting plan, is not
+    recommended: it does not fit, or how much slower than `fastest` it is and the
+    largest cause."""
     hbm = choice.estimate.hbm_bytes / GiB
-    r, b = choice.result, best.result
+    r = choice.result
     if not r.simulated:
         return r.oom or ""
     if not r.fits:
         where = (r.oom or "").split(":")[0]
         return (f"does not fit: peak {r.peak_memory_bytes / GiB:.1f} GiB > {hbm:.1f} GiB HBM "
                 f"({where})")
-    # A fitting choice exists, so the best one was simulated to its end.
+    # A fitting choice exists, so the fastest one was simulated to its end.
+    assert fastest is not None and fastest.result is not None
+    b = fastest.result
     assert b.step_time_s is not None and b.tokens_per_s_per_gpu is not None
     assert r.tokens_per_s_per_gpu is not None
     slower = b.tokens_per_s_per_gpu / r.tokens_per_s_per_gpu - 1
     more_exposed = _exposed_s(r) - _exposed_s(b)
     more_compute = (r.compute_time_s or 0.0) - (b.compute_time_s or 0.0)
     if max(more_exposed, more_compute) <= 0.001 * b.step_time_s:
-        cause = "same speed, ranked by enumeration order"
+        cause = "the same work, ranked by enumeration order"
     elif more_exposed >= more_compute:
         waits = {**r.exposed_by_kind_s, "host optimizer step": r.exposed_host_s or 0.0}
         kind = max(waits, key=lambda k: waits[k])
         cause = f"{more_exposed:.3f} s more exposed communication (mostly {kind})"
-    elif choice.plan.recompute != best.plan.recompute:
+    elif choice.plan.recompute != fastest.plan.recompute:
         cause = f"recomputation ({choice.plan.recompute}) adds {more_compute:.3f} s of compute"
+    elif choice.plan.micro_batch != fastest.plan.micro_batch:
+        cause = (f"{more_compute:.3f} s more compute (micro-batch {choice.plan.micro_batch} "
+                 f"against {fastest.plan.micro_batch})")
     else:
         cause = f"{more_compute:.3f} s more compute (collectives slow the kernels they overlap)"
-    return f"slower by {slower:.1%}: {cause}"
+    return f"slower than the fastest by {slower:.1%}: {cause}"
 
 
 def _exposed_s(r: Result) -> float:
@@ -251,35 +333,46 @@ def _rounded(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def to_record(model: ModelSpec, choice: Choice, best: Choice) -> dict[str, object]:
-    """One flat row with units in every key (GiB for memory, GB for traffic). Simulated
+def to_record(model: ModelSpec, choice: Choice, *, why: str,
+              tier: str = "") -> dict[str, object]:
+    """One flat row with units in every key (GiB for memory and traffic). Simulated
     figures where the plan was simulated, the memory floor where the closed form rules it
-    out; the closed-form estimates are also kept as estimate_* columns. model_state_gb is
-    what the plan's program holds between steps (zsim.schedule.lower.state_at_rest_bytes),
-    the same state the simulated peak starts from; estimate_model_state_gb is the ZeRO
-    paper's accounting of the strategy (zsim.analytic.memory, the seed card's table)."""
-    est, r = choice.estimate, choice.result
+    out; the closed-form estimates are also kept as estimate_* columns (the ZeRO paper's
+    accounting: estimate_model_state_gb in GB, as the seed card prints it).
+    model_state_gib is what the plan's program holds between steps
+    (zsim.schedule.lower.state_at_rest_bytes), the state the simulated peak starts from;
+    saved_activations_gib_per_microbatch what autograd keeps for one micro-batch
+    (zsim.schedule.lower.saved_activation_bytes); at_peak_*_gib what is live at the
+    peak, by category. `tier`: "recommended", "tied" (within the error band of the
+    fastest) or ""; `why`: one line on its place."""
+    est, r, p = choice.estimate, choice.result, choice.plan
+    band = r.step_time_band_s
     return {
-        "plan": choice.plan.label,
-        "strategy": choice.plan.strategy,
-        "impl": choice.plan.impl,
-        "dp_shard": choice.plan.dp_shard,
-        "dp_replicate": choice.plan.dp_replicate,
-        "recompute": choice.plan.recompute,
-        "micro_batch": choice.plan.micro_batch,
+        "plan": p.label,
+        "layout": p.layout,
+        "strategy": p.strategy,
+        "impl": p.impl,
+        "dp_shard": p.dp_shard,
+        "dp_replicate": p.dp_replicate,
+        "recompute": p.recompute,
+        "micro_batch": p.micro_batch,
+        "grad_accum": p.grad_accum,
         "evaluated": r.evaluated,
+        "tier": tier,
         "fits": choice.fits,
         "peak_gib": round(choice.peak_bytes / GiB, 3),
         "hbm_gib": round(est.hbm_bytes / GiB, 3),
-        "model_state_gb": round(sum(state_at_rest_bytes(model, choice.plan).values()) / GB, 4),
-        **{f"{cat}_gib": round(v / GiB, 3) for cat, v in choice.memory_at_peak.items()},
+        "model_state_gib": round(sum(state_at_rest_bytes(model, p).values()) / GiB, 3),
+        "saved_activations_gib_per_microbatch": round(
+            saved_activation_bytes(model, p) / GiB, 3),
+        **{f"at_peak_{cat}_gib": round(v / GiB, 3) for cat, v in choice.memory_at_peak.items()},
         "comm_volume_model_sizes": round(est.comm_volume_model_sizes, 4),
-        "comm_gb_per_step": round(est.comm_bus_bytes / GB, 3),
+        "comm_gib_per_step": round(est.comm_bus_bytes / GiB, 3),
         # Time figures only where simulated to the end of the step.
         "step_time_s": _rounded(r.step_time_s, 4),
-        "step_time_band_pct": band_pct(r.step_time_band_s, r.step_time_s),
-        "step_time_s_low": _rounded(r.step_time_band_s and r.step_time_band_s[0], 4),
-        "step_time_s_high": _rounded(r.step_time_band_s and r.step_time_band_s[1], 4),
+        "step_time_band_pct": band_pct(band, r.step_time_s),
+        "step_time_s_low": _rounded(band and band[0], 4),
+        "step_time_s_high": _rounded(band and band[1], 4),
         "compute_time_s": _rounded(r.compute_time_s, 4),
         "exposed_comm_s": _rounded(r.exposed_comm_s, 4),
         "tokens_per_s_per_gpu": _rounded(r.tokens_per_s_per_gpu, 1),
@@ -288,5 +381,5 @@ def to_record(model: ModelSpec, choice: Choice, best: Choice) -> dict[str, objec
         "estimate_model_state_gb": round(est.memory.steady_state_bytes / GB, 4),
         "estimate_peak_gib": round(est.memory.peak_bytes / GiB, 3),
         "estimate_step_time_s": round(est.step_time_s, 4),
-        "why": explain(choice, best),
+        "why": why,
     }

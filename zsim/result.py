@@ -92,6 +92,10 @@ class Result:
     collective_algorithms: dict[str, int] = field(default_factory=dict)
     """Collective calls per step per rank by "kind algorithm/protocol" (the library's
     choice for each, zsim.analytic.collectives)."""
+    comm_bytes_by_link: dict[str, float] = field(default_factory=dict)
+    """Bytes each GPU sends per step over NVLink ("intra_node") and over its NIC
+    ("inter_node"): its collectives' bus bytes split as a ring splits them
+    (Schedule.nic_share); empty without collectives."""
     comm_latency_share: float | None = None
     """Start-up latency of the step's collectives over their time each running alone
     (latency + bus bytes at the bottleneck link's rate): how latency-bound its
@@ -197,6 +201,7 @@ class Result:
             "comm_bus_bytes": dict(self.comm_bus_bytes),
             "collective_calls": dict(self.collective_calls),
             "collective_algorithms": dict(self.collective_algorithms),
+            "comm_bytes_by_link": dict(self.comm_bytes_by_link),
             "comm_latency_share": self.comm_latency_share,
             "peak_memory_bytes": self.peak_memory_bytes,
             "reserved_memory_bytes": self.reserved_memory_bytes,
@@ -357,11 +362,15 @@ def _collective_figures(schedule: Schedule) -> dict[str, Any]:
     running alone (from the schedule: the same whatever overlaps)."""
     calls: dict[str, int] = {}
     algorithms: dict[str, int] = {}
+    by_link = {"intra_node": 0.0, "inter_node": 0.0}
     latency = alone = 0.0
     bandwidth = schedule.link_bytes_per_s
     for op in schedule.ops:
         if not op.is_collective or op.group_ranks <= 1:
             continue
+        share = schedule.nic_share.get(op.group, 0.0)
+        by_link["inter_node"] += op.bus_bytes * share
+        by_link["intra_node"] += op.bus_bytes * (1.0 - share)
         calls[op.kind] = calls.get(op.kind, 0) + 1
         key = f"{op.kind} {op.algorithm}"
         algorithms[key] = algorithms.get(key, 0) + 1
@@ -369,6 +378,7 @@ def _collective_figures(schedule: Schedule) -> dict[str, Any]:
         alone += op.latency_s + op.bus_bytes * max(
             (w / bandwidth[link] for link, w in op.link_loads), default=0.0)
     return dict(collective_calls=calls, collective_algorithms=algorithms,
+                comm_bytes_by_link=by_link if calls else {},
                 comm_latency_share=latency / alone if alone > 0 else None)
 
 

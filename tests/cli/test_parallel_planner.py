@@ -75,11 +75,15 @@ def test_zsim_plan_prints_the_2d_3d_table() -> None:
                                       "4096", "--global-batch", "16", "--tp", "2",
                                       "--format", "json"])
     assert result.exit_code == 0, result.output
-    out = json.loads(result.stdout)["parallel"]
+    answer = json.loads(result.stdout)
+    out = answer["parallel"]
     assert out["global_batch_sequences"] == 16
     assert out["candidates"] and {r["tp"] for r in out["candidates"]} == {2}
-    assert out["recommended"] == out["candidates"][0]["plan"]
-    assert out["candidates"][0]["why"] == "recommended"
+    # One recommendation over both tables, first in its own table.
+    table = out if answer["recommended_table"] == "2-D" else answer
+    assert table["candidates"][0]["plan"] == answer["recommended"]
+    assert table["candidates"][0]["tier"] == "recommended"
+    assert table["candidates"][0]["why"].startswith("recommended: ")
 
 
 def test_zsim_plan_bad_global_batch_is_one_line() -> None:

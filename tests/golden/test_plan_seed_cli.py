@@ -43,4 +43,5 @@ def test_seed_numbers(strategy: str, plan_7b_64: dict[str, Any],
         assert matches_printed(row["estimate_model_state_gb"], printed_gb), row
         assert row["comm_volume_model_sizes"] == pytest.approx(volume_s, rel=1e-3)
         # bus bytes by hand: volume x (63/64) x S, S = 7e9 x 2 bytes = 14 GB
-        assert row["comm_gb_per_step"] == pytest.approx(volume_s * 63 / 64 * 14, abs=1e-3)
+        assert row["comm_gib_per_step"] == pytest.approx(volume_s * 63 / 64 * 14e9 / 2**30,
+                                                         abs=1e-3)

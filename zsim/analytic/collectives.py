@@ -174,6 +174,13 @@ def ring_link_loads(group: CommGroup) -> tuple[tuple[str, float], ...]:
     return (("intra_node", (r - 1) / r), ("inter_node", 1.0 / r))
 
 
+def nic_share(group: CommGroup) -> float:
+    """The share of a collective's bus bytes each GPU of `group` sends over its NIC, as a
+    ring splits them (ring_link_loads): 0 inside a node, 1/ranks_per_node across nodes
+    (1 with one rank per node). What the rest of the bus bytes take is NVLink."""
+    return dict(ring_link_loads(group)).get("inter_node", 0.0)
+
+
 def link_loads(kind: str, group: CommGroup, hw: HardwareProfile
                ) -> tuple[tuple[str, float], ...]:
     """ring_link_loads of a `kind` collective, each load divided by that link's

@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 
 def _cell(value: object) -> str:
@@ -19,17 +19,28 @@ def _cell(value: object) -> str:
     return str(value)
 
 
-def text_table(rows: Sequence[dict[str, object]], columns: Sequence[str]) -> str:
-    """A left-aligned text table of `columns` (first column left, numbers right)."""
+def text_table(rows: Sequence[dict[str, object]], columns: Sequence[str], *,
+               headers: Mapping[str, tuple[str, str]] | None = None,
+               left: Collection[str] = ()) -> str:
+    """An aligned text table of `columns`: the first and last columns and those in `left`
+    left-aligned, the others (numbers) right-aligned. `headers` maps a column to a title
+    and its unit, printed on two header lines (the unit under the title) instead of the
+    column's name."""
     cells = [[_cell(r[c]) for c in columns] for r in rows]
-    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    heads = [headers[c] if headers and c in headers else (c, "") for c in columns]
+    widths = [max([len(t), len(u)] + [len(row[i]) for row in cells])
+              for i, (t, u) in enumerate(heads)]
+    lefts = {0, len(columns) - 1} | {i for i, c in enumerate(columns) if c in left}
 
     def line(values: Sequence[str]) -> str:
-        parts = [v.ljust(w) if i == 0 or i == len(columns) - 1 else v.rjust(w)
+        parts = [v.ljust(w) if i in lefts else v.rjust(w)
                  for i, (v, w) in enumerate(zip(values, widths, strict=True))]
         return "  ".join(parts).rstrip()
 
-    out = [line(list(columns)), line(["-" * w for w in widths])]
+    out = [line([t for t, _ in heads])]
+    if any(u for _, u in heads):
+        out.append(line([u for _, u in heads]))
+    out.append(line(["-" * w for w in widths]))
     out += [line(row) for row in cells]
     return "\n".join(out)
 

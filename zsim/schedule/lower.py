@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 
 from zsim.analytic.allocations import fitted
-from zsim.analytic.collectives import link_bandwidths
+from zsim.analytic.collectives import link_bandwidths, nic_share
 from zsim.analytic.compute import step_flops
 from zsim.errors import ConfigError
 from zsim.schedule.build import Builder, activation_sizes, on_synchronous_host, units
@@ -108,6 +108,20 @@ def memory_floor_bytes(model: ModelSpec, plan: Plan,
     acts = activation_sizes(model, plan, autocast=prog.autocast(plan))
     floor["activations"] = float(acts.floor_bytes(model))
     return floor
+
+
+def saved_activation_bytes(model: ModelSpec, plan: Plan) -> int:
+    """Bytes autograd keeps from one micro-batch's forward until its backward on one
+    rank, under the plan's recomputation policy: every block's saved tensors and the
+    root's (embedding, final norm, output projection, loss; those that alias module
+    buffers excluded), of the rank's TP shard and CP share; with a pipeline, a stage's
+    blocks and the root's tensors (the last stage's, which holds the loss). What a
+    micro-batch adds, not what is live at the peak (that is the Result's
+    memory_at_peak)."""
+    prog = PROGRAMS[plan.impl]
+    local, lp = rank_model(model, plan), rank_plan(plan)
+    acts = activation_sizes(local, lp, autocast=prog.autocast(lp))
+    return local.num_layers // plan.pp * acts.saved_per_block + acts.root_saved
 
 
 def check_modelled(plan: Plan) -> None:
@@ -225,4 +239,7 @@ def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
         / whole.model_parallel,
         world_size=plan.world_size, peak_flop_per_s=hw.peak(plan.compute_dtype),
         dp_shard=plan.dp_shard,
-        notes=("gradients reduced once per step, on the last micro-batch",))
+        notes=("gradients reduced once per step, on the last micro-batch",),
+        nic_share={name: share for name, group in (("shard", b.shard), ("replicate", b.repl),
+                                                   ("tp", b.tp), ("cp", b.cp))
+                   if (share := nic_share(group)) > 0})

@@ -168,6 +168,10 @@ class Schedule:
     for in issue order, and compute waits on a blocking collective are "blocking_call"."""
     notes: tuple[str, ...] = field(default=())
     """Modelling choices the lowering made for this plan (shown in reports)."""
+    nic_share: dict[str, float] = field(default_factory=dict)
+    """Per process group (Op.group: "shard", "replicate", "tp", "cp"), the share of a
+    collective's bus bytes each GPU sends over its NIC rather than NVLink
+    (zsim.analytic.collectives.nic_share); groups absent run inside a node."""
 
     def key(self) -> tuple[object, ...]:
         """Every field as a hashable tuple (the link bandwidths as sorted items): two

@@ -366,13 +366,27 @@ class Plan:
     def label(self) -> str:
         """Short human name, e.g. "hsdp(8x16) ac=selective mb=2"; a program other than
         the strategy's default is named in brackets, e.g. "fsdp[fsdp1] ac=none mb=1"."""
+        return (f"{self._layout_head} ac={self.recompute} mb={self.micro_batch}"
+                f"{self._layout_tail}")
+
+    @property
+    def layout(self) -> str:
+        """The label without its recomputation and micro-batch, e.g. "hsdp(8x16)[fsdp1]",
+        "fsdp tp=2+sp pp=2(1f1b) sync=every": the strategy, program and parallel axes."""
+        return self._layout_head + self._layout_tail
+
+    @property
+    def _layout_head(self) -> str:
         deg = f"({self.dp_shard}x{self.dp_replicate})" if self.strategy == "hsdp" else ""
         impl = f"[{self.impl}]" if self.impl != IMPLS[self.strategy][0] else ""
+        return f"{self.strategy}{deg}{impl}{self.parallel_label}"
+
+    @property
+    def _layout_tail(self) -> str:
         extra = f" offload={self.offload}" if self.offload != "none" else ""
         if self.grad_sync == "every" and self.grad_accum > 1:
             extra += " sync=every"
-        return (f"{self.strategy}{deg}{impl}{self.parallel_label} ac={self.recompute} "
-                f"mb={self.micro_batch}{extra}")
+        return extra
 
     @property
     def parallel_label(self) -> str:

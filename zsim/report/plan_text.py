@@ -1,0 +1,141 @@
+"""The terminal answer of `zsim plan`: what a user reads once and acts on.
+
+Owns the rendering of zsim.api.plan's result as text that fits TERMINAL_COLUMNS: a
+header with the model, cluster, sequence and global batch; one table per planner (1-D,
+and 2-D/3-D where searched) whose rows are short enough not to wrap, memory in GiB with
+the unit under each title; the recommended and tied plans marked; each row's reason on
+its own numbered line below the tables; and the one recommendation. Pure formatting of
+plain data: no simulation, no pandas.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any
+
+from zsim.report.tables import text_table
+
+TERMINAL_COLUMNS = 120
+"""The width every line of the answer fits."""
+PARALLEL_ROWS = 20
+"""2-D/3-D plans the table shows (JSON and CSV give them all)."""
+
+MARKS = {"recommended": "> ", "tied": "= ", "": "  "}
+"""The plan column's mark of each tier (zsim.planner.to_record)."""
+
+HEADERS: dict[str, tuple[str, str]] = {
+    "n": ("#", ""), "plan": ("plan", ""), "ac": ("ac", ""), "batch": ("mb x ga", ""),
+    "fits": ("fits", ""), "peak": ("peak", "GiB"), "state": ("state", "GiB"),
+    "act": ("saved act", "GiB/mb"), "comm": ("comm", "GiB/step"), "step": ("step", "s"),
+    "band": ("band", ""), "tps": ("tokens/s", "per GPU"), "mfu": ("MFU", ""),
+    "bubble": ("bubble", ""),
+}
+"""Each column's title and unit."""
+COLUMNS = ("n", "plan", "ac", "batch", "fits", "peak", "state", "act", "comm", "step",
+           "band", "tps", "mfu")
+PARALLEL_COLUMNS = ("n", "plan", "ac", "batch", "fits", "peak", "act", "step", "band",
+                    "tps", "bubble")
+
+
+def compact_band(band: str | None, extrapolated: bool = False) -> str | None:
+    """"-6%..+6%" as "±6%", "-12%..+7%" as "-12..+7%"; "*" marks a band widened
+    beyond what was validated."""
+    if band is None:
+        return None
+    low, high = band.split("..")
+    text = (f"±{high.lstrip('+')}" if low.lstrip("-") == high.lstrip("+")
+            else f"{low.rstrip('%')}..{high}")
+    return text + ("*" if extrapolated else "")
+
+
+def _row(n: int, rec: dict[str, Any]) -> dict[str, object]:
+    mfu = rec.get("mfu")
+    bubble = rec.get("bubble_fraction")
+    return {
+        "n": f"{n}{'*' if rec.get('yours') else ''}",
+        "plan": MARKS[rec["tier"]] + rec["layout"],
+        "ac": rec["recompute"],
+        "batch": f"{rec['micro_batch']} x {rec['grad_accum']}",
+        "fits": rec["fits"],
+        "peak": rec["peak_gib"],
+        "state": rec.get("model_state_gib"),
+        "act": rec["saved_activations_gib_per_microbatch"],
+        "comm": rec.get("comm_gib_per_step"),
+        "step": rec["step_time_s"],
+        "band": compact_band(rec["step_time_band_pct"],
+                             bool(rec.get("step_time_band_extrapolated"))),
+        "tps": rec["tokens_per_s_per_gpu"],
+        "mfu": None if mfu is None else f"{mfu:.0%}",
+        "bubble": None if not bubble else f"{bubble:.0%}",
+    }
+
+
+def _wrapped(prefix: str, text: str) -> list[str]:
+    return textwrap.wrap(text, TERMINAL_COLUMNS, initial_indent=prefix,
+                         subsequent_indent=" " * len(prefix), break_on_hyphens=False)
+
+
+def plan_text(result: dict[str, Any]) -> str:
+    """The whole answer of zsim.api.plan as text, every line within TERMINAL_COLUMNS."""
+    gpus, per_node = result["gpus"], result["gpus_per_node"]
+    nodes = gpus / per_node
+    nodes_text = (f"{gpus} GPUs" if gpus <= per_node else
+                  f"{nodes:.0f} nodes of {per_node}" if nodes.is_integer() else
+                  f"{nodes:.2g} nodes of {per_node}")
+    out = _wrapped("", f"{result['model']} ({result['num_params'] / 1e9:.2f}B params) on "
+                       f"{nodes_text} x {result['hardware']} ({result['hbm_gib']:.1f} GiB "
+                       f"HBM per GPU)")
+    out += _wrapped("", f"sequence {result['seq_len']:,} tokens ({result['seq_len_source']}); "
+                        f"global batch {result['global_batch_sequences']:,} sequences = "
+                        f"{result['global_batch_tokens']:,} tokens per step (--global-batch)")
+    why: list[tuple[int, str]] = []
+    n = 0
+    tables = [("1-D plans: data parallelism over all GPUs", result["candidates"], COLUMNS)]
+    searched = result.get("parallel")
+    if searched:
+        shown = searched["candidates"][:PARALLEL_ROWS]
+        tables.append(("2-D and 3-D plans: FSDP2 or DDP over the data-parallel ranks with "
+                       "tensor, context or pipeline parallelism", shown, PARALLEL_COLUMNS))
+    for title, records, columns in tables:
+        if not records:
+            continue
+        rows = []
+        for rec in records:
+            n += 1
+            rows.append(_row(n, rec))
+            why.append((n, rec["why"]))
+        out += ["", title, text_table(rows, columns, headers=HEADERS,
+                                      left=("plan", "ac", "batch"))]
+    if searched and len(searched["candidates"]) > PARALLEL_ROWS:
+        out.append(f"... {len(searched['candidates']) - PARALLEL_ROWS} more 2-D/3-D plans "
+                   f"(--format json lists them all)")
+    tolerance = result.get("tie_tolerance_pct")
+    band = f" (±{tolerance:.0f}%)" if tolerance and tolerance >= 1 else ""
+    out.append("")
+    out += _wrapped("", f"> recommended, = tied: predicted within the error band of the fastest "
+                        f"plan{band}; among tied plans zsim prefers one that fits at the top of "
+                        f"its memory band, then the simplest, then the one with the least memory")
+    out += _wrapped("", "band: where the real step time lies, from this profile's "
+                        "validation runs; * widened where the plan goes beyond them "
+                        "(--format json: step_time_band_source and _extrapolated)")
+    if result.get("yours"):
+        out += _wrapped("", f"*: your config, {result['yours']}")
+    out += ["", "why:"]
+    width = len(str(n))
+    for i, text in why:
+        out += _wrapped(f"{i:>{width}}  ", text)
+    out.append("")
+    if result["recommended"] is None:
+        out.append("no plan fits in HBM")
+    else:
+        out += _wrapped("", f"recommended: {result['recommended']}, {_accumulation(result)} "
+                            f"({result['recommended_table']} table): "
+                            f"{result['recommendation']}")
+    return "\n".join(out)
+
+
+def _accumulation(result: dict[str, Any]) -> str:
+    """The recommended plan's gradient accumulation, e.g. "4 micro-batches"."""
+    records = [*result["candidates"], *(result["parallel"] or {}).get("candidates", [])]
+    ga = next(r["grad_accum"] for r in records if r["tier"] == "recommended")
+    return f"{ga} micro-batch{'es' if ga > 1 else ''} per step"
