@@ -95,7 +95,10 @@ def parallel_plans(model: ModelSpec, hw: HardwareProfile, *, gpus: int, seq_len:
     heads, cp (without PP) up to MAX_CP with the sequence in 2 cp chunks, pp dividing
     the layers up to MAX_PP, 1F1B and (where the layers allow 2 stages per rank)
     interleaved 1F1B; FSDP over the data-parallel ranks, HSDP sharding over one
-    node's data-parallel ranks, and DDP replicating over them; each recomputation
+    node's data-parallel ranks, and DDP replicating over them (with CP the state is
+    sharded over dp_shard x cp, Plan.dp_shard_cp, so HSDP's shard group is one node's
+    data- and context-parallel ranks, the CP ranks alone when they fill it: torchtitan's
+    HSDP over (dp_replicate, cp); DDP is left out); each recomputation
     policy; each micro-batch (`micro_batch`, or with None every divisor up to
     MAX_MICRO_BATCH of the sequences the global batch leaves each data-parallel rank);
     grad_accum the micro-batches the global batch (sequences) leaves each
@@ -136,9 +139,9 @@ def _variants(model: ModelSpec, hw: HardwareProfile, *, tp: int, cp: int, pp: in
     schedules: list[tuple[str, int]] = [("1f1b", 1)]
     if pp > 1 and model.num_layers % (2 * pp) == 0 and m % max(1, m // pp) == 0:
         schedules.append(("interleaved", 2))
-    group = max(1, hw.gpus_per_node // (tp * cp * pp))
+    group = max(1, hw.gpus_per_node // (tp * cp * pp))  # dp_shard filling a node
     shardings = [("fsdp", dp, 1)]
-    if 1 < group < dp and dp % group == 0:
+    if group * cp > 1 and group < dp and dp % group == 0:
         shardings.append(("hsdp", group, dp // group))
     shardings.append(("ddp", 1, dp))
     out = []

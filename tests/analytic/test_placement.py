@@ -67,3 +67,38 @@ def test_pipeline_hop(tp: int, pp: int, crosses: bool) -> None:
     by_hand = any(a // 8 != b // 8 for a, b in itertools.pairwise(ranks))
     assert by_hand == crosses
     assert pipeline_hop_crosses_nodes(plan, H100) == crosses
+
+
+def _torchtitan_rank(*, dp_replicate: int, dp_shard: int, cp: int, tp: int,
+                     dims: tuple[int, int, int, int]) -> int:
+    """Global rank at (dp_replicate, dp_shard, cp, tp) of torchtitan's row-major mesh
+    (pp, dp_replicate, dp_shard, cp, tp) with pp = 1 and degrees `dims` (R, S, C, T)."""
+    _, s, c, t = dims
+    return ((dp_replicate * s + dp_shard) * c + cp) * t + tp
+
+
+@pytest.mark.parametrize(("tp", "cp", "shard", "repl"), [
+    (1, 8, 2, 1),    # 13B on 16 GPUs at cp=8: the 8 CP ranks fill a node, 2 nodes
+    (2, 2, 4, 2),    # TP x CP x FSDP: 8 ranks 2 apart, 4 to a node
+    (4, 2, 16, 2),   # TP x CP fill a node: 32 ranks 4 apart, 2 to a node
+    (8, 2, 4, 1),    # TP fills a node: one rank of the group per node
+    (1, 4, 1, 4),    # HSDP over (dp_replicate, cp): shard groups of one node's 4 CP ranks
+])
+def test_fsdp_group_is_torchtitans_flattened_dp_shard_cp(tp: int, cp: int, shard: int,
+                                                         repl: int) -> None:
+    # torchtitan (parallel_dims.py, _build_mesh_without_ep) flattens the mesh's dp_shard
+    # and cp axes into "dp_shard_cp", and apply_fsdp shards over it: rank 0's group is
+    # every (dp_shard, cp) at dp_replicate = tp = 0.
+    plan = Plan(strategy="hsdp" if repl > 1 else "fsdp", dp_shard=shard, dp_replicate=repl,
+                tp=tp, cp=cp, seq_len=4096)
+    dims = (repl, shard, cp, tp)
+    members = [_torchtitan_rank(dp_replicate=0, dp_shard=s, cp=c, tp=0, dims=dims)
+               for s in range(shard) for c in range(cp)]
+    group = shard_group(plan, H100)
+    assert group.ranks == len(members) == plan.dp_shard_cp
+    assert group.nodes == _nodes_of(members)
+    assert group.ranks_per_node == sum(r // 8 == 0 for r in members)
+    # The replicas: one rank per shard group, the dp_shard_cp group's size apart.
+    replicas = [_torchtitan_rank(dp_replicate=r, dp_shard=0, cp=0, tp=0, dims=dims)
+                for r in range(repl)]
+    assert replicate_group(plan, H100).nodes == _nodes_of(replicas)

@@ -48,3 +48,52 @@ def refill_faults(ctx: RankContext, numel: int) -> int:
     for _ in range(5):
         round_trip()
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+def fsdp_over_dp_shard_cp(ctx: RankContext, payload: Any) -> dict[str, Any]:
+    """One AdamW step of the reference model fully_shard-ed over torchtitan's flattened
+    dp_shard x cp mesh, and what this rank then holds. `payload`: (ModelSpec, Plan).
+
+    The mesh is (dp_shard, cp), flattened into "dp_shard_cp" as torchtitan's ParallelDims
+    does, and zsim.calibrate.fsdp2.shard applies the plan's units over it. Each rank
+    trains on its cp share of its data-parallel rank's sequence (consecutive chunks: the
+    load balancer's order does not change what the state holds). torch's
+    context_parallel does not run on CPU (see test_cp_state_backend), so attention stays
+    inside the share."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
+
+    from zsim.calibrate.fsdp2 import shard
+    from zsim.calibrate.model import Transformer
+
+    spec, plan = payload
+    mesh = init_device_mesh("cpu", (plan.dp_shard, plan.cp), mesh_dim_names=("dp_shard", "cp"))
+    flat = mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+    torch.manual_seed(0)
+    model = Transformer(spec)
+    model.init_weights()
+    shard(model, plan, flat)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    g = torch.Generator().manual_seed(mesh.get_local_rank("dp_shard"))
+    tokens = torch.randint(0, spec.vocab_size, (plan.micro_batch, plan.seq_len + 1), generator=g)
+    share = plan.seq_len // plan.cp
+    first = mesh.get_local_rank("cp") * share
+    loss = model(tokens[:, first:first + share], tokens[:, first + 1:first + share + 1])
+    loss.backward()
+    params = list(model.parameters())
+    grads = [p.grad for p in params]
+    out = {
+        "loss": float(loss.item()),
+        "meshes": sorted({(p.device_mesh.size(), p.placements == (Shard(0),)) for p in params}),
+        "grad_meshes": sorted({(g.device_mesh.size(), g.placements == (Shard(0),))
+                               for g in grads}),
+        # The padded shard FSDP2 allocates (the local tensor is a view into it).
+        "param_storage_bytes": sum(p.to_local().untyped_storage().nbytes() for p in params),
+        "grad_bytes": sum(g.to_local().numel() * g.element_size() for g in grads),
+    }
+    optimizer.step()
+    out["moment_bytes"] = sum(
+        t.to_local().numel() * t.element_size()
+        for state in optimizer.state.values() for k, t in state.items()
+        if k in ("exp_avg", "exp_avg_sq"))
+    return out

@@ -36,6 +36,14 @@ def test_impossible_combinations_are_one_line(extra: tuple[str, ...], field: str
     assert line.startswith(f"error: {field}={value}"), line
 
 
+def test_ddp_with_cp_points_to_hsdp_over_the_cp_ranks() -> None:
+    # torchtitan has no DDP beside CP: with cp > 1 it applies fully_shard over dp_shard x
+    # cp, HSDP over (dp_replicate, cp) when dp_shard is 1 (parallelize.py).
+    line = error_line(["simulate", "--model", "llama2-7b", "--gpus", "16", "--strategy", "ddp",
+                       "--cp", "8"])
+    assert line.startswith("error: plan.cp=8") and "--strategy hsdp --shard-group 1" in line
+
+
 def test_tp_across_nodes_is_an_explicit_opt_in() -> None:
     line = error_line(["simulate", "--model", "llama2-7b", "--gpus", "64", "--strategy", "fsdp",
                        "--tp", "16"])

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from zsim.cli import app
 from zsim.errors import ConfigError
 from zsim.parallel_planner import choose_parallel, parallel_plans, parse_global_batch
+from zsim.schedule.lower import memory_floor_bytes
 from zsim.simulate import simulate
 from zsim.spec.presets import PRESETS
 from zsim.spec.registry import resolve_hardware
@@ -54,6 +55,31 @@ def test_factorizations_cover_every_axis_and_keep_the_batch() -> None:
     assert {(p.tp, p.pp) for p in ddp} >= {(1, 1), (2, 2), (8, 4)}
     assert all(p.dp_shard == 1 and p.dp_replicate == 32 // (p.tp * p.pp) and p.cp == 1
                for p in ddp)
+    # HSDP shards over one node's dp_shard x cp ranks (torchtitan's dp_shard_cp), or
+    # over the CP ranks alone when they and TP fill a node or more (HSDP over
+    # (dp_replicate, cp), what torchtitan runs for data parallelism beside CP).
+    hsdp = [p for p in plans if p.strategy == "hsdp"]
+    assert {p.cp for p in hsdp} == {1, 2, 4, 8}
+    for p in hsdp:
+        assert p.dp_shard * p.model_parallel == 8 or (
+            p.dp_shard == 1 and p.cp > 1 and p.model_parallel >= 8), p.label
+
+
+def test_cp_shards_the_state_so_7b_fits_131k_tokens_on_one_node() -> None:
+    # Issue 36: at cp=8 on 8 GPUs dp_shard is 1, and the state stayed whole (12 bytes x
+    # 6.74B, 75 GiB, the activations on top: "no 2-D/3-D plan fits"). torchtitan shards
+    # it over dp_shard x cp = 8 ranks: 12 bytes x P / 8 of fp32 master and Adam state
+    # (every sharded dim of llama2-7b, 4096, 11008, 32000, divides by 8: no padding).
+    plans = [p for p in parallel_plans(LLAMA2_7B, H100, gpus=8, seq_len=131072,
+                                       global_batch=8) if p.cp == 8]
+    assert plans and {(p.strategy, p.dp_shard, p.dp_shard_cp) for p in plans} == {
+        ("fsdp", 1, 8)}
+    for p in plans:
+        floor = memory_floor_bytes(LLAMA2_7B, p, H100)
+        assert floor["master_params"] + floor["optimizer_states"] == \
+            12 * 6_738_415_616 / 8
+    best = choose_parallel(LLAMA2_7B, H100, plans)[0]
+    assert best.result is not None and best.fits, best.plan.label
 
 
 def test_ranking_puts_a_simulated_fitting_plan_first() -> None:

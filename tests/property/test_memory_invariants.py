@@ -3,6 +3,8 @@
 - Per-rank parameter + gradient + master + optimizer bytes never increase as the ZeRO
   stage rises (ddp -> zero1 -> zero2 -> fsdp) or as dp_shard rises.
 - Sharded bytes x dp_shard >= unsharded bytes (padding could only add).
+- On the same GPUs, more context parallelism never grows an FSDP plan's per-rank state
+  (FSDP shards it over dp_shard x cp, torchtitan's dp_shard_cp), closed form and FSDP2's.
 - A plan that fits with micro-batch 2 fits with micro-batch 1.
 - Activation bytes: full <= selective <= none, and linear in the micro-batch.
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from plan_strategies import build_plan, models, plan_knobs
 
@@ -20,6 +22,7 @@ from zsim.analytic.activations import block_activation_bytes
 from zsim.analytic.memory import estimate_memory, model_state_bytes
 from zsim.errors import ConfigError
 from zsim.planner import evaluate
+from zsim.schedule.lower import rank_model, state_at_rest_bytes
 from zsim.spec.model import ModelSpec
 from zsim.spec.registry import resolve_hardware
 from zsim.units import GiB, dtype_bytes
@@ -63,6 +66,36 @@ def test_shards_cover_the_whole_state(num_params: int, strategy: str, dp_shard: 
     whole = model_state_bytes(num_params, build_plan(strategy=strategy, dp_shard=1, **knobs))
     for category, value in sharded.as_dict().items():
         assert value * dp_shard >= whole.as_dict()[category], category
+
+
+@given(model=models(), strategy=st.sampled_from(("fsdp", "fsdp-no-reshard", "hsdp")),
+       tp=st.sampled_from([1, 2, 4]), dp=st.integers(1, 16), shard=st.integers(1, 16),
+       cps=st.lists(st.sampled_from([1, 2, 4, 8]), min_size=2, max_size=2, unique=True),
+       knobs=plan_knobs())
+def test_state_never_grows_with_cp_on_the_same_gpus(model: ModelSpec, strategy: str, tp: int,
+                                                   dp: int, shard: int, cps: list[int],
+                                                   knobs: dict[str, Any]) -> None:
+    assume(model.num_heads % tp == 0 and model.num_kv_heads % tp == 0)
+    few, many = sorted(cps)
+    gpus = tp * many * dp  # the world size of both plans
+    plans = []
+    for cp in (few, many):
+        data = gpus // (tp * cp)
+        # hsdp keeps its dp_shard (the shard group flag); fsdp shards every dp rank.
+        s = shard if strategy == "hsdp" else data
+        assume(data % s == 0)
+        plans.append(build_plan(strategy=strategy, dp_shard=s, dp_replicate=data // s, tp=tp,
+                                cp=cp, sp=tp > 1, **knobs))
+    low, high = plans
+    assert low.world_size == high.world_size == gpus
+    local = rank_model(model, low)
+    closed = [model_state_bytes(local.num_params, p) for p in plans]
+    for category, value in closed[1].as_dict().items():
+        assert value <= closed[0].as_dict()[category], category
+    program = [sum(state_at_rest_bytes(model, p).values()) for p in plans]
+    assert program[1] <= program[0]
+    if strategy != "hsdp":  # the same dp_shard x cp ranks: the same state
+        assert closed[1] == closed[0] and program[1] == program[0]
 
 
 @given(model=models(), strategy=st.sampled_from(("ddp", *SHARDING)), gpus=st.integers(1, 64),

@@ -171,7 +171,11 @@ def test_a_one_byte_bucket_holds_one_tensor(tiny_model: ModelSpec,
     ("fsdp", {"unit_size": 3}, "plan.unit_size"),
     ("zero3", {"tp": 2, "dp_shard": 4}, "plan.tp"),       # TP is modelled with FSDP2 only
     ("fsdp", {"pp": 2, "dp_shard": 4, "grad_accum": 2}, "plan.pp"),
-    ("zero3", {"cp": 2, "dp_shard": 4}, "plan.cp")])
+    ("zero3", {"cp": 2, "dp_shard": 4}, "plan.cp"),
+    # torchtitan runs CP under fully_shard over dp_shard x cp only (its DDP takes a 1-D
+    # mesh): DDP and FSDP1 with CP are refused.
+    ("ddp", {"cp": 2}, "plan.cp"),
+    ("fsdp", {"cp": 2, "dp_shard": 4, "impl": "fsdp1"}, "plan.cp")])
 def test_unsupported_plans_raise_config_error(tiny_model: ModelSpec, h100: HardwareProfile,
                                               strategy: str, change: dict[str, object],
                                               field: str) -> None:

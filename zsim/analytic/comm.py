@@ -21,9 +21,11 @@ from zsim.units import dtype_bytes
 
 
 def shard_group(plan: Plan, hw: HardwareProfile) -> CommGroup:
-    """The group a model-state shard is spread over (consecutive ranks of a purely
-    data-parallel plan; tp * cp * pp ranks apart otherwise, zsim.analytic.placement)."""
-    return place(plan, hw).group("dp_shard")
+    """The group a model-state shard is spread over: the dp_shard x cp ranks of FSDP's
+    flattened dp_shard_cp group (Plan.dp_shard_cp; consecutive ranks of a purely
+    data-parallel plan, tp ranks apart with CP, tp * pp apart with PP,
+    zsim.analytic.placement)."""
+    return place(plan, hw).group("dp_shard_cp")
 
 
 def replicate_group(plan: Plan, hw: HardwareProfile) -> CommGroup:
@@ -65,6 +67,9 @@ def step_comm(model: ModelSpec, plan: Plan, hw: HardwareProfile) -> StepComm:
     - fsdp-no-reshard: one all_gather per micro-batch + reduce_scatter (2S).
     - hsdp: as fsdp inside the shard group, plus an all_reduce of the gradient shard
       across replicas.
+
+    With context parallelism the sharded strategies' collectives run over the dp_shard x
+    cp ranks (shard_group), as torchtitan's FSDP over dp_shard_cp.
     """
     n_params = model.num_params
     s_param = n_params * dtype_bytes(plan.param_dtype)
@@ -90,5 +95,5 @@ def step_comm(model: ModelSpec, plan: Plan, hw: HardwareProfile) -> StepComm:
         gathers = 2 if plan.reshard_after_forward else 1
         add("all_gather", s_param, shard, times=gathers * plan.grad_accum)
         add("reduce_scatter", s_reduce, shard)
-        add("all_reduce", s_reduce / plan.dp_shard, repl)
+        add("all_reduce", s_reduce / plan.dp_shard_cp, repl)
     return StepComm(size_bytes=sizes, bus_bytes=bus, time_s=time)

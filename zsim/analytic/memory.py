@@ -64,7 +64,8 @@ class ModelState:
 def model_state_bytes(num_params: int, plan: Plan) -> ModelState:
     """Parameters, gradients, master weights and optimizer states held per rank.
 
-    ZeRO-3/FSDP shards everything over dp_shard; ZeRO-2 keeps full compute-dtype params;
+    ZeRO-3/FSDP shards everything over dp_shard (x cp: Plan.dp_shard_cp, FSDP's group
+    with context parallelism); ZeRO-2 keeps full compute-dtype params;
     ZeRO-1 also keeps full gradients; DDP shards nothing. Offload moves the optimizer
     states and master copy (and with "params" the parameter shards) to host memory.
     """
@@ -72,7 +73,7 @@ def model_state_bytes(num_params: int, plan: Plan) -> ModelState:
     # A shard holds ceil(Psi / n) elements: the flat buffer is padded to a multiple of n
     # (FSDP1's FlatParameter, DeepSpeed's ZeRO partitions), so n shards always cover the
     # whole state. FSDP2 pads each parameter's dim 0 instead, which can only add more.
-    shard = float(-(-num_params // plan.dp_shard))
+    shard = float(-(-num_params // plan.dp_shard_cp))
     p_bytes, g_bytes = dtype_bytes(plan.param_dtype), dtype_bytes(plan.grad_dtype)
     master_bytes = dtype_bytes(plan.master_dtype) if plan.has_master_copy else 0
     opt_elems = shard if plan.shards_optimizer else psi

@@ -8,12 +8,15 @@ the two differ only in which of the pipeline and the data-parallel groups is pac
 a node first. A group along an axis of stride `stride` (the product of the inner
 degrees) and `ranks` members keeps min(ranks, max(1, gpus_per_node // stride)) members
 in a node: its collectives run on NVLink when that is all of them, else on the inter-
-node fabric for the hops between nodes (zsim.analytic.collectives.ring_link_loads). Pure
-arithmetic; imports only zsim.analytic.collectives and zsim.spec.
+node fabric for the hops between nodes (zsim.analytic.collectives.ring_link_loads).
+A flattened group (FLATTENED: FSDP's dp_shard_cp) spans every rank of its axes; its
+members in a node are the product of each axis's. Pure arithmetic; imports only
+zsim.analytic.collectives and zsim.spec.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from zsim.analytic.collectives import CommGroup
@@ -22,6 +25,11 @@ from zsim.spec.plan import Plan
 
 AXES: tuple[str, ...] = ("tp", "cp", "pp", "dp_shard", "dp_replicate")
 """The plan's mesh axes from innermost to outermost."""
+FLATTENED: dict[str, tuple[str, ...]] = {"dp_shard_cp": ("cp", "dp_shard")}
+"""Groups over several axes at once, as torchtitan's ParallelDims flattens them:
+"dp_shard_cp", the ranks FSDP shards the model state over (zsim.spec.plan.Plan.dp_shard_cp).
+CP runs without PP, so cp and dp_shard are adjacent at stride tp here as in torchtitan's
+mesh (pp, dp_replicate, dp_shard, cp, tp): the group is tp ranks apart."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -29,7 +37,7 @@ class Placement:
     """The process group along each mesh axis of a plan on a profile's nodes."""
 
     groups: dict[str, CommGroup]
-    """Axis name (AXES) -> its group as one rank sees it."""
+    """Axis name (AXES) or flattened group (FLATTENED) -> its group as one rank sees it."""
     strides: dict[str, int]
     """Axis name -> rank distance between consecutive members of its group."""
 
@@ -59,6 +67,10 @@ def place(plan: Plan, hw: HardwareProfile) -> Placement:
         groups[axis] = CommGroup(ranks=ranks, ranks_per_node=min(ranks, per_node))
         strides[axis] = stride
         stride *= ranks
+    for name, axes in FLATTENED.items():
+        groups[name] = CommGroup(ranks=math.prod(groups[a].ranks for a in axes),
+                                 ranks_per_node=math.prod(groups[a].ranks_per_node
+                                                          for a in axes))
     return Placement(groups=groups, strides=strides)
 
 

@@ -78,13 +78,14 @@ class Unit:
         return tuple(math.prod(s) for s in self.shapes)
 
     def gathered_elems(self, plan: Plan) -> int:
-        """Elements of the unit's gathered parameters: dp_shard padded shards."""
-        return self.shard * plan.dp_shard
+        """Elements of the unit's gathered parameters: dp_shard x cp padded shards."""
+        return self.shard * plan.dp_shard_cp
 
 
 def units(model: ModelSpec, plan: Plan, shard_elems: ShardElems) -> tuple[Unit, list[Unit]]:
     """The root unit and the block units (`plan.unit_size` blocks each) in forward order,
-    each unit's shard padded by the program's `shard_elems`.
+    each unit's shard padded by the program's `shard_elems` over the dp_shard x cp ranks
+    that share the state (Plan.dp_shard_cp).
 
     Raises:
         ConfigError: a unit size larger than the model.
@@ -92,7 +93,7 @@ def units(model: ModelSpec, plan: Plan, shard_elems: ShardElems) -> tuple[Unit, 
     if plan.unit_size > model.num_layers:
         raise ConfigError("plan.unit_size", plan.unit_size,
                           f"must be <= num_layers={model.num_layers}")
-    n = plan.dp_shard
+    n = plan.dp_shard_cp
     block = tuple(s for _, s in model.block_tensors())
     block_shard = shard_elems(block, n)
     root_shapes = tuple(s for _, s in model.root_tensors())

@@ -126,7 +126,9 @@ def saved_activation_bytes(model: ModelSpec, plan: Plan) -> int:
 
 def check_modelled(plan: Plan) -> None:
     """Refuse a plan the simulator does not model yet: context parallelism other than
-    with FSDP2 or with a pipeline, and tensor or pipeline parallelism with a program
+    with FSDP2 (torchtitan shards the state over dp_shard x cp with fully_shard whenever
+    cp > 1, and refuses DDP on a mesh of more than one axis: parallelize.py) or with a
+    pipeline, and tensor or pipeline parallelism with a program
     other than FSDP2 and torch DDP (torch's parallelize_module and pipelining compose
     with fully_shard on a 2-D or 3-D mesh, and run under DDP over the data-parallel
     ranks, or bare with one; ZeroRedundancyOptimizer, FSDP1 and DeepSpeed with them are
@@ -142,9 +144,15 @@ def check_modelled(plan: Plan) -> None:
     if plan.pp > 1 and plan.offload != "none":
         raise ConfigError("plan.offload", plan.offload,
                           "offload with a pipeline (pp > 1) is not modelled yet")
+    if plan.cp > 1 and plan.strategy == "ddp":
+        raise ConfigError("plan.cp", plan.cp, "torchtitan runs CP under FSDP2, its state "
+                          "sharded over dp_shard x cp (its DDP takes a 1-D mesh only): DDP "
+                          "with CP is HSDP over (dp_replicate, cp), --strategy hsdp "
+                          "--shard-group 1")
     if plan.cp > 1 and plan.impl != "fsdp2":
         raise ConfigError("plan.cp", plan.cp, "context parallelism is modelled with FSDP2 "
-                          f"(fsdp, fsdp-no-reshard, hsdp), not with {plan.impl}")
+                          "(fsdp, fsdp-no-reshard, hsdp), which shards the state over "
+                          f"dp_shard x cp as torchtitan does, not with {plan.impl}")
     for f in ("tp", "pp"):
         if getattr(plan, f) > 1 and plan.impl != "fsdp2" and plan.strategy != "ddp":
             raise ConfigError(f"plan.{f}", getattr(plan, f),
@@ -238,7 +246,7 @@ def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
         tokens_per_rank=whole.micro_batch * whole.seq_len * whole.grad_accum
         / whole.model_parallel,
         world_size=plan.world_size, peak_flop_per_s=hw.peak(plan.compute_dtype),
-        dp_shard=plan.dp_shard,
+        dp_shard=plan.dp_shard_cp,
         notes=("gradients reduced once per step, on the last micro-batch",),
         nic_share={name: share for name, group in (("shard", b.shard), ("replicate", b.repl),
                                                    ("tp", b.tp), ("cp", b.cp))

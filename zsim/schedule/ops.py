@@ -156,7 +156,8 @@ class Schedule:
     peak_flop_per_s: float
     """Dense peak of the compute dtype, for MFU."""
     dp_shard: int
-    """Ranks per shard group (rank-level mode builds the groups from it)."""
+    """Ranks per shard group, dp_shard x cp (Plan.dp_shard_cp; rank-level mode, which
+    runs without CP, builds the groups from it)."""
     collective_threads: int = 1
     """Collectives of one process group a rank runs at once (HardwareProfile.
     collective_threads): with more than 1, each data-parallel collective stream takes up

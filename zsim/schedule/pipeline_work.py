@@ -158,10 +158,12 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
     link = hw.inter_node if pipeline_hop_crosses_nodes(p, hw) else hw.intra_node
     send_s = link.latency_s + send_bytes / link.achievable_bytes_per_s
     placement = place(p, hw)
-    shard, repl = placement.group("dp_shard"), placement.group("dp_replicate")
+    # FSDP's group: dp_shard x cp ranks (Plan.dp_shard_cp; a plan without PP is the
+    # planner's one-stage pipeline, and may have CP).
+    shard, repl = placement.group("dp_shard_cp"), placement.group("dp_replicate")
     block_shapes = [s for _, s in model.block_tensors()]
-    unit_shard = p.unit_size * shard_elems(block_shapes, p.dp_shard)
-    unit_gathered = unit_shard * p.dp_shard
+    unit_shard = p.unit_size * shard_elems(block_shapes, p.dp_shard_cp)
+    unit_gathered = unit_shard * p.dp_shard_cp
     a, r = b.a, dtype_bytes(p.reduce_dtype)
     at_rest = dtype_bytes(p.master_dtype if p.has_master_copy else p.param_dtype)
     first_ag = collective_time_s("all_gather", unit_gathered * a, shard, hw) if fsdp else 0.0
@@ -176,7 +178,7 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
                  if (0 in stages and "embeddings" in t[0])
                  or (n_stages - 1 in stages and "embeddings" not in t[0])]
         shapes += [s for _, s in roots]
-        local = shard_elems(shapes, p.dp_shard)
+        local = shard_elems(shapes, p.dp_shard_cp)
         params = sum(math.prod(s) for s in shapes)
         # Foreach AdamW over the rank's shard (zsim.analytic.compute.optimizer_flops).
         opt = b.compute(optimizer_flops(
@@ -202,7 +204,7 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
             mem["comm_buffers"] = recv * p.grad_accum * send_bytes
         state.append(sum(mem.values()))
         if fsdp:
-            mem["gathered_params"] = float(local * p.dp_shard * a)
+            mem["gathered_params"] = float(local * p.dp_shard_cp * a)
             mem["gathered_grads"] = float(params * (a if p.grad_accum == 1 else r))
         else:
             mem["grads"] = float(params * at_rest)

@@ -5,14 +5,17 @@ model's heads, fitting the cluster) live in zsim.spec.validate. Imports only zsi
 zsim.units, zsim.spec.deepspeed and zsim.spec.fsdp1.
 
 Degrees follow torchtitan: `dp_shard` ranks share one copy of the sharded state,
-`dp_replicate` copies of it exist, world = dp_shard * dp_replicate * cp * tp * pp. Ranks are
+`dp_replicate` copies of it exist, world = dp_shard * dp_replicate * cp * tp * pp. With
+context parallelism FSDP shards the state over dp_shard x cp ranks (`dp_shard_cp`,
+torchtitan's flattened mesh of that name): the cp ranks of a sequence hold the same
+parameters, so they shard them like data-parallel ranks. Ranks are
 placed as torchtitan's ParallelDims builds its mesh (pp, dp_replicate, dp_shard, cp, tp,
 outermost first): tensor parallelism innermost, inside a node, then context, pipeline and
 data parallelism (zsim.analytic.placement gives each group its links).
 
 ZeRO stage -> FSDP2 mapping (cf. torchtitan docs/fsdp.md):
 
-| strategy        | sharded over dp_shard         | FSDP2 equivalent                          |
+| strategy        | sharded over dp_shard (x cp)  | FSDP2 equivalent                          |
 |-----------------|-------------------------------|-------------------------------------------|
 | ddp             | nothing (dp_shard = 1)        | DistributedDataParallel                   |
 | zero1           | optimizer state (+ master)    | none exact: ZeroRedundancyOptimizer       |
@@ -267,6 +270,16 @@ class Plan:
         return self.dp_shard * self.dp_replicate
 
     @property
+    def dp_shard_cp(self) -> int:
+        """Ranks one copy of the sharded model state is spread over: dp_shard x cp, the
+        group FSDP's all-gathers and reduce-scatters run over (torchtitan's ParallelDims
+        flattens the mesh's dp_shard and cp axes into "dp_shard_cp" and apply_fsdp
+        shards over it, HSDP over (dp_replicate, dp_shard_cp); the cp ranks of one
+        sequence hold the same parameters and so shard them, and their gradients are
+        reduced together). dp_shard without context parallelism."""
+        return self.dp_shard * self.cp
+
+    @property
     def shards_params(self) -> bool:
         return self.strategy in ("zero3", "fsdp", "fsdp-no-reshard", "hsdp")
 
@@ -284,7 +297,7 @@ class Plan:
 
     @property
     def hsdp_enabled(self) -> bool:
-        return self.dp_shard > 1 and self.dp_replicate > 1 and self.shards_params
+        return self.dp_shard_cp > 1 and self.dp_replicate > 1 and self.shards_params
 
     @property
     def tokens_per_step(self) -> int:
@@ -318,8 +331,8 @@ class Plan:
         Args:
             strategy: a Strategy.
             gpus: world size.
-            shard_group: hsdp only, ranks per shard group; must divide the data-parallel
-                size.
+            shard_group: hsdp only, its dp_shard (with context parallelism a shard
+                group spans dp_shard x cp ranks); must divide the data-parallel size.
             knobs: any other Plan field.
 
         Raises:

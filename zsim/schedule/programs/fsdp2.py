@@ -7,7 +7,9 @@ _fsdp_param_group.py):
   rest a rank holds only it and the optimizer states (12 B/param/N for AdamW, not the ZeRO
   paper's 16/N). Each parameter is sharded on dim 0 and every rank's shard padded to the
   first chunk (`shard_elems`), so all-gather outputs, gathered parameters and
-  reduce-scatter inputs are dp_shard padded shards.
+  reduce-scatter inputs are dp_shard padded shards. With context parallelism the mesh is
+  torchtitan's flattened dp_shard_cp: every "dp_shard" here is its dp_shard x cp ranks
+  (Plan.dp_shard_cp), the cp ranks' gradients reduce-scattered with the others.
 - Units: the root (embeddings, final norm, output; not resharded after forward, so
   gathered once per micro-batch) and blocks grouped by `plan.unit_size`. Each unit's
   all-gather is preceded on its stream by a copy-in that allocates the flat buffer, casts
@@ -107,7 +109,7 @@ def state_at_rest_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
     if plan.offload != "none":
         closed = model_state_bytes(model.num_params, _reshard_view(plan)).as_dict()
         return {c: v for c, v in closed.items() if c != "grads"}
-    shard = float(state_shard_elems(model, plan.dp_shard))
+    shard = float(state_shard_elems(model, plan.dp_shard_cp))
     params_cat = "master_params" if plan.has_master_copy else "params"
     return {params_cat: shard * _at_rest_bytes(plan),
             "optimizer_states": shard * optimizer_bytes_per_param(plan)}
@@ -121,7 +123,7 @@ def state_pieces(model: ModelSpec, plan: Plan) -> dict[str, tuple[int, ...]]:
     copies = optimizer_bytes_per_param(plan) / state_bytes
     if plan.offload != "none" or copies != int(copies):
         return {}
-    shapes, n = tuple(module_order(model)), plan.dp_shard
+    shapes, n = tuple(module_order(model)), plan.dp_shard_cp
     return {"master_params" if plan.has_master_copy else "params":
             sharded_pieces(shapes, n, _at_rest_bytes(plan)),
             "optimizer_states": sharded_pieces(shapes, n, state_bytes, int(copies))}
@@ -320,12 +322,12 @@ class _Step:
         host = hw.fsdp2_block_host
         if hw.launch != "async" or host is None:
             return 0.0
-        forward = host.issue_s("forward", p.dp_shard)
+        forward = host.issue_s("forward", p.dp_shard_cp)
         checkpointed = p.recompute != "none"
         if phase == "forward":
             per_block = forward + (host.checkpoint_s if checkpointed else 0.0)
         else:
-            per_block = host.issue_s("backward", p.dp_shard) + (forward if checkpointed else 0.0)
+            per_block = host.issue_s("backward", p.dp_shard_cp) + (forward if checkpointed else 0.0)
         return per_block * u.blocks
 
     # ------------------------------------------------------------------ gathers
@@ -352,7 +354,7 @@ class _Step:
                          microbatch=mb,
                          allocs=(Buffer(name=shard, category="comm_buffers", bytes=nbytes,
                                         pieces=fitted(sharded_pieces(
-                                            u.shapes, p.dp_shard, _at_rest_bytes(p)), nbytes)),),
+                                            u.shapes, p.dp_shard_cp, _at_rest_bytes(p)), nbytes)),),
                          **deps)
             deps = {"after": (h2d,)}
             frees += (shard,)
@@ -390,7 +392,7 @@ class _Step:
                      compute_s=b.compute(copy) + host_s,
                      allocs=(Buffer(name=name, category="gathered_params", bytes=size,
                                     pieces=fitted(gathered_pieces(
-                                        u.shapes, self.p.dp_shard, b.a), size)),),
+                                        u.shapes, self.p.dp_shard_cp, b.a), size)),),
                      frees=(self.release_all_gather(hold=f"{name}/flat")
                             if phase == "forward" else (f"{name}/flat",)))
 
@@ -499,14 +501,14 @@ class _Step:
         tensors = len(b.model.parameter_tensors())
         if p.offload != "none":
             host_optimizer(b, after=after, frees=frees,
-                           local_params=b.model.num_params / p.dp_shard, tensors=tensors,
+                           local_params=b.model.num_params / p.dp_shard_cp, tensors=tensors,
                            dtensor=True)
             return
         device_optimizer(b, after=after, frees=frees,
-                         local_params=state_shard_elems(b.model, p.dp_shard),
+                         local_params=state_shard_elems(b.model, p.dp_shard_cp),
                          tensors=tensors, master_bytes=_at_rest_bytes(p),
                          grad_bytes=_grad_bytes(p), dtensor=True,
-                         tensor_elems=tuple(shard_rows(s, p.dp_shard)
+                         tensor_elems=tuple(shard_rows(s, p.dp_shard_cp)
                                             for s in module_order(b.model)))
 
 
