@@ -1,15 +1,18 @@
 """Figure titles: the context lines of a set of runs (zsim.report.titles.context_text),
-worked out by hand from the scenario's YAML."""
+worked out by hand from the scenario's YAML, and every report figure titled with them."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
+from zsim.report.build import report_figures
+from zsim.report.frame import sweep_frame
 from zsim.report.titles import context_text
-from zsim.scenario import load_scenario
+from zsim.scenario import REPORT_FIGURES, load_scenario, simulate_runs, simulate_timeline
 
 # The toy model by hand (conftest.TOY: 2 blocks, d 256, 4 heads = 4 KV heads, SwiGLU 512,
 # vocabulary 1000, RMSNorm, untied, no bias): a block has q, k, v, o (4 x 256^2 =
@@ -52,3 +55,33 @@ def test_what_the_runs_vary_is_a_range_marked_varies(
         "micro-batch 1 · gradient accumulation 4 steps · global batch 32–64 sequences "
         "(varies)")
     assert context_text([]) == ""
+
+
+@pytest.fixture(scope="module")
+def every_figure(tmp_path_factory: pytest.TempPathFactory,
+                 toy_data: dict[str, Any]) -> dict[str, Any]:
+    """Every figure of REPORT_FIGURES drawn for the toy scenario, as `zsim report` would."""
+    data = {**toy_data, "report": {"figures": list(REPORT_FIGURES), "gantt": "fsdp",
+                              "memory_curves": ["fsdp", "hsdp"],
+                              "heatmap": {"x": "plan_name", "y": "strategy",
+                                          "value": "tokens_per_s_per_gpu"}}}
+    scenario = load(tmp_path_factory.mktemp("all"), data)
+    pairs = simulate_runs(scenario)
+    return report_figures(scenario, sweep_frame(pairs),
+                          {run.name: r.memory_curve for run, r in pairs},
+                          simulate_timeline(scenario))
+
+
+def test_every_report_figure_carries_the_context(every_figure: dict[str, Any]) -> None:
+    assert list(every_figure) == list(REPORT_FIGURES)
+    for key, fig in every_figure.items():
+        # The title wraps to the figure's width (the toy's heatmap is narrow).
+        title = " ".join(fig.get_suptitle().split())
+        for needle in ("tiny", "16 GPUs", "dgx-h100", "H100 SXM5 80GB",
+                       "sequence 512 tokens"):
+            assert needle in title, (key, needle, title)
+        # A figure of fsdp and hsdp alone (micro-batch 1 both) says so; one with
+        # ddp-huge too says the micro-batch varies.
+        one = key in ("memory_curve", "gantt")
+        assert ("micro-batch 1 ·" in title) == one, (key, title)
+        assert ("micro-batch 1–8,192 (varies)" in title) != one, (key, title)
