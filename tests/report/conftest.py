@@ -3,6 +3,7 @@ one of them out of memory) written under tmp_path, and its simulated runs."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,12 @@ TOY: dict[str, Any] = {
               # 8192 sequences of 512 tokens per GPU: activations exceed HBM.
               "ddp-huge": {"strategy": "ddp", "micro_batch": 8192}},
 }
+
+
+@pytest.fixture(scope="module")
+def toy_data() -> dict[str, Any]:
+    """The toy scenario's YAML as data, a copy to change."""
+    return copy.deepcopy(TOY)
 
 
 @pytest.fixture

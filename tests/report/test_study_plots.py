@@ -1,6 +1,8 @@
 """Study figures (Pareto front, scaling curves, exposed communication, heatmap, stream
 Gantt chart) and SVG output, tested through their axes' data and labels, never pixels.
-Frames are built by hand, so each expected line, point and cell is known in advance."""
+Frames are built by hand, so each expected line, point and cell is known in advance; the
+Gantt chart's exposed spans are checked against the compute row's idle time worked out
+from the op spans."""
 
 from __future__ import annotations
 
@@ -9,9 +11,18 @@ import itertools
 import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.figure import Figure
 
 from zsim.errors import ConfigError
-from zsim.report.gantt import KIND_COLORS, gantt_figure
+from zsim.report.gantt import (
+    EXPOSED_LABEL,
+    EXPOSED_MARKERS_GID,
+    KIND_COLORS,
+    gantt_figure,
+    zoom_window,
+)
+from zsim.report.labels import KINDS
+from zsim.report.labels import STREAMS as STREAM_WORDS
 from zsim.report.plots import svg_bytes
 from zsim.report.study_plots import (
     exposed_comm_figure,
@@ -23,6 +34,13 @@ from zsim.report.study_plots import (
 from zsim.scenario import Run
 from zsim.schedule.ops import STREAMS
 from zsim.simulate import simulate
+
+CONTEXT = "m (1.0B parameters) on 8 GPUs of hw (G)\nsequence 512 tokens"
+
+
+def legend_texts(fig: Figure) -> list[str]:
+    """Texts of the figure's legends (each figure here has one, on the figure)."""
+    return [t.get_text() for legend in fig.legends for t in legend.get_texts()]
 
 
 def row(**kw: object) -> dict[str, object]:
@@ -54,20 +72,47 @@ def test_pareto_figure_marks_each_strategy_and_draws_the_front() -> None:
         row(run="d", strategy="ddp", peak_memory_gib=90.0, tokens_per_s_per_gpu=None,
             fits=False, step_time_s=None),
     ])
-    fig = pareto_figure(frame)
+    fig = pareto_figure(frame, context=CONTEXT)
     ax = fig.axes[0]
     scatters = {c.get_label(): c.get_offsets().tolist() for c in ax.collections}
-    assert scatters == {"fsdp": [[10.0, 900.0], [20.0, 800.0]], "zero1": [[30.0, 1000.0]]}
+    assert scatters == {"FSDP (full shard)": [[10.0, 900.0], [20.0, 800.0]],
+                        "ZeRO-1": [[30.0, 1000.0]]}
     markers = {c.get_label(): c.get_paths()[0].vertices.tolist() for c in ax.collections}
-    assert markers["fsdp"] != markers["zero1"]
+    assert markers["FSDP (full shard)"] != markers["ZeRO-1"]
     front = next(ln for ln in ax.get_lines() if ln.get_label() == "Pareto front")
     assert (list(front.get_xdata()), list(front.get_ydata())) == ([10.0, 30.0], [900.0, 1000.0])
     assert [t.get_text() for t in ax.texts] == ["a", "b"]
-    assert (ax.get_xlabel(), ax.get_ylabel()) == ("peak memory per GPU (GiB)",
-                                                  "throughput per GPU (tokens/s)")
-    assert ax.get_title()
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
-        "fsdp", "zero1", "Pareto front", "HBM 79.1 GiB"]
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("Peak memory per GPU (GiB)",
+                                                  "Tokens/s per GPU")
+    # Both axes from zero, the y axis above the fastest run, the x axis beyond HBM.
+    assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] > 1000.0
+    assert ax.get_xlim()[0] == 0 and ax.get_xlim()[1] > 79.1
+    # Plan d never fits: it is named, with no point drawn.
+    assert legend_texts(fig) == ["FSDP (full shard)", "ZeRO-1", "Pareto front",
+                                 "HBM capacity 79.1 GiB", "Does not fit in HBM: ddp"]
+    assert fig.get_suptitle().splitlines()[1:] == CONTEXT.splitlines()
+
+
+def test_pareto_counts_the_runs_that_do_not_fit_of_plans_that_do() -> None:
+    """A plan with one run that fits and one that does not: nothing to name as never
+    fitting, but the run not drawn is counted."""
+    frame = pd.DataFrame([
+        row(run="fsdp seq=2", strategy="fsdp", peak_memory_gib=10.0,
+            tokens_per_s_per_gpu=900.0),
+        row(run="fsdp seq=8", strategy="fsdp", peak_memory_gib=99.0,
+            tokens_per_s_per_gpu=None, fits=False, step_time_s=None),
+        row(run="zero1 seq=2", strategy="zero1", peak_memory_gib=20.0,
+            tokens_per_s_per_gpu=950.0),
+        row(run="zero1 seq=4", strategy="zero1", peak_memory_gib=90.0,
+            tokens_per_s_per_gpu=None, fits=False, step_time_s=None)])
+    texts = legend_texts(pareto_figure(frame, context=CONTEXT))
+    assert not any(t.startswith("Does not fit") for t in texts)
+    assert texts[-1] == "2 runs do not fit in HBM (not drawn)"
+    frame.loc[3, "plan_name"] = frame.loc[2, "plan_name"] = "ddp"
+    frame.loc[2, ["fits", "step_time_s"]] = [False, None]
+    texts = legend_texts(pareto_figure(frame, context=CONTEXT))
+    assert texts[-2:] == ["Does not fit in HBM: ddp",
+                          "1 run of other plans does not fit in HBM (not drawn)"]
 
 
 def test_scaling_curves_per_plan_against_gpus() -> None:
@@ -76,87 +121,104 @@ def test_scaling_curves_per_plan_against_gpus() -> None:
                                ("hsdp", 8, 1.0e5, 0.41), ("hsdp", 16, 1.9e5, 0.39)]]
     rows.append(row(run="ddp gpus=8", plan_name="ddp", gpus=8, tokens_per_s=None, mfu=None,
                     fits=False, step_time_s=None))
-    fig = scaling_figure(pd.DataFrame(rows))
+    fig = scaling_figure(pd.DataFrame(rows), context=CONTEXT)
     speed_ax, mfu_ax = fig.axes
     speed = {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata()))
              for ln in speed_ax.get_lines()}
     assert speed == {"fsdp": ([8, 16], [1.0e5, 2.0e5]), "hsdp": ([8, 16], [1.0e5, 1.9e5]),
-                     "ddp": ([], [])}
+                     "ddp (does not fit in HBM)": ([], [])}
     mfu = {ln.get_label(): list(ln.get_ydata()) for ln in mfu_ax.get_lines()}
     assert mfu["fsdp"] == pytest.approx([41.0, 40.0])
     for ax in (speed_ax, mfu_ax):
         assert ax.get_xscale() == "log" and ax.get_xlabel() == "GPUs"
         assert [t.get_text() for t in ax.get_xticklabels()] == ["8", "16"]
-    assert speed_ax.get_ylabel() == "throughput (tokens/s, whole job)"
-    assert mfu_ax.get_ylabel() == "MFU (%)"
-    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["fsdp", "hsdp", "ddp"]
+    # The log axis cannot start at zero: its label says it is logarithmic.
+    assert speed_ax.get_ylabel() == "Tokens/s, whole job (log scale)"
+    assert speed_ax.get_yscale() == "log"
+    assert mfu_ax.get_ylabel() == "MFU (%)" and mfu_ax.get_ylim()[0] == 0
+    assert legend_texts(fig) == ["fsdp", "hsdp", "ddp (does not fit in HBM)"]
 
 
 def test_exposed_comm_lines_per_prefetch_against_unit_size() -> None:
     rows = [row(run=f"u={u} p={p}", plan_name="fsdp", unit_size=u, prefetch=p,
                 exposed_comm_s=0.1 * u + p)
             for u in (4, 1, 2) for p in (1, 0)]
-    fig = exposed_comm_figure(pd.DataFrame(rows))
+    rows.append(row(run="ddp", plan_name="ddp", unit_size=1, prefetch=1, fits=False,
+                    step_time_s=None, exposed_comm_s=None))
+    fig = exposed_comm_figure(pd.DataFrame(rows), context=CONTEXT)
     ax = fig.axes[0]
     lines = {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata()))
              for ln in ax.get_lines()}
-    assert list(lines) == ["prefetch=0", "prefetch=1"]
-    assert lines["prefetch=1"][0] == [1, 2, 4]
-    assert lines["prefetch=1"][1] == pytest.approx([1.1, 1.2, 1.4])
-    assert ax.get_xlabel() == "unit size (blocks per FSDP unit)"
-    assert ax.get_ylabel() == "exposed communication per step (s)"
+    assert list(lines) == ["fsdp, prefetch depth 0", "fsdp, prefetch depth 1",
+                           "Does not fit in HBM: ddp"]
+    assert lines["fsdp, prefetch depth 1"][0] == [1, 2, 4]
+    assert lines["fsdp, prefetch depth 1"][1] == pytest.approx([1.1, 1.2, 1.4])
+    assert lines["Does not fit in HBM: ddp"] == ([], [])
+    assert ax.get_xlabel() == "FSDP unit size (blocks per unit)"
+    assert ax.get_ylabel() == "Exposed communication per step (s)"
+    assert ax.get_ylim()[0] == 0
+    assert legend_texts(fig) == list(lines)
 
 
 def heat_frame() -> pd.DataFrame:
     return pd.DataFrame([
-        row(run=f"{p} gpus={g} bw={b}", plan_name=p, gpus=g, bw=b,
+        row(run=f"{p} gpus={g} bw={b}", plan_name=p, gpus=g, inter_node_gb_per_s=b,
             mfu=None if (g, b) == (64, 12.5) else g / 100 + b / 1000,
             fits=(g, b) != (64, 12.5))
         for p in ("fsdp", "hsdp") for g in (8, 64) for b in (50.0, 12.5)])
 
 
 def test_heatmap_cells_ticks_and_oom() -> None:
-    fig = heatmap_figure(heat_frame(), x="gpus", y="bw", value="mfu", plan="fsdp")
+    bw = "inter_node_gb_per_s"
+    fig = heatmap_figure(heat_frame(), x="gpus", y=bw, value="mfu", plan="fsdp",
+                         context=CONTEXT)
     ax = fig.axes[0]
     grid = ax.images[0].get_array()
-    # Rows: bw ascending (12.5, 50); columns: gpus ascending (8, 64).
+    # Rows: bandwidth ascending (12.5, 50); columns: gpus ascending (8, 64). MFU, a
+    # fraction in the frame, in % in the figure.
     assert grid.mask.tolist() == [[False, True], [False, False]]
-    assert grid.data[0, 0] == pytest.approx(0.08 + 0.0125)
-    assert grid.data[1].tolist() == pytest.approx([0.08 + 0.05, 0.64 + 0.05])
-    assert [t.get_text() for t in ax.texts] == ["0.0925", "OOM", "0.13", "0.69"]
-    big = heatmap_figure(heat_frame().assign(mfu=12345.6), x="gpus", y="bw", value="mfu",
-                         plan="hsdp")
+    assert grid.data[0, 0] == pytest.approx(100 * (0.08 + 0.0125))
+    assert grid.data[1].tolist() == pytest.approx([100 * (0.08 + 0.05), 100 * (0.64 + 0.05)])
+    assert [t.get_text() for t in ax.texts] == ["9.25", "OOM", "13", "69"]
+    big = heatmap_figure(heat_frame().assign(tflops_per_gpu=12345.6), x="gpus", y=bw,
+                         value="tflops_per_gpu", plan="hsdp", context=CONTEXT)
     assert [t.get_text() for t in big.axes[0].texts] == ["12,346", "OOM", "12,346", "12,346"]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["8", "64"]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["12.5", "50"]
-    assert (ax.get_xlabel(), ax.get_ylabel()) == ("gpus", "bw")
-    assert fig.axes[1].get_ylabel() == "mfu"  # the colour bar
-    assert ax.get_title() == "mfu by gpus and bw (fsdp)"
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("GPUs", "Inter-node bandwidth per GPU (GB/s)")
+    assert fig.axes[1].get_ylabel() == "MFU (%)"  # the colour bar
+    assert fig.get_suptitle() == ("MFU by GPUs and inter-node bandwidth per GPU, plan fsdp\n"
+                                  + CONTEXT)
 
 
 @pytest.mark.parametrize(("kwargs", "field", "needle"), [
-    ({"x": "gpuz", "y": "bw", "value": "mfu"}, "report.heatmap.x", "not a column"),
-    ({"x": "gpus", "y": "bw", "value": "mfu"}, "report.heatmap", "two runs at"),
-    ({"x": "gpus", "y": "bw", "value": "mfu", "plan": "ddp"}, "report.heatmap.plan",
-     "no such plan"),
+    ({"x": "gpuz", "y": "inter_node_gb_per_s", "value": "mfu"}, "report.heatmap.x",
+     "not a column"),
+    ({"x": "gpus", "y": "inter_node_gb_per_s", "value": "mfu"}, "report.heatmap",
+     "two runs at"),
+    ({"x": "gpus", "y": "inter_node_gb_per_s", "value": "mfu", "plan": "ddp"},
+     "report.heatmap.plan", "no such plan"),
 ])
 def test_heatmap_errors(kwargs: dict[str, str], field: str, needle: str) -> None:
     with pytest.raises(ConfigError) as e:
-        heatmap_figure(heat_frame(), **kwargs)
+        heatmap_figure(heat_frame(), **kwargs, context=CONTEXT)
     assert e.value.field == field and needle in e.value.reason
 
 
 def test_gantt_bars_are_the_spans_of_rank_0(toy_pairs: list[tuple[Run, object]]) -> None:
     run = toy_pairs[0][0]
     result = simulate(run.model, run.hardware, run.plan, trace=True)
-    fig = gantt_figure(result.spans, title="fsdp")
+    fig = gantt_figure(result.spans, waits=result.waits, title="fsdp", context=CONTEXT)
     ax = fig.axes[0]
     spans0 = [sp for sp in result.spans if sp.rank == 0]
     streams = [s for s in STREAMS if any(sp.stream == s for sp in spans0)]
-    assert [t.get_text() for t in ax.get_yticklabels()] == streams
+    assert [t.get_text() for t in ax.get_yticklabels()] == [STREAM_WORDS[s] for s in streams]
     drawn = 0
+    by_words = {KINDS[k]: k for k in KIND_COLORS}
     for bars in ax.containers:
-        kind = bars.get_label()
+        if bars.get_label() == EXPOSED_LABEL:
+            continue
+        kind = by_words[bars.get_label()]
         ops = [sp for sp in spans0 if sp.kind == kind]
         assert [p.get_x() for p in bars.patches] == pytest.approx([sp.start_s for sp in ops])
         assert [p.get_width() for p in bars.patches] == pytest.approx(
@@ -165,15 +227,89 @@ def test_gantt_bars_are_the_spans_of_rank_0(toy_pairs: list[tuple[Run, object]])
             [streams.index(sp.stream) for sp in ops])
         drawn += len(ops)
     assert drawn == len(spans0)  # every op of rank 0 has its bar
-    assert {b.get_label() for b in ax.containers} <= set(KIND_COLORS)
-    assert ax.get_xlabel() == "time in the step (s)" and ax.get_title() == "fsdp"
+    assert ax.get_xlabel() == "Time in the step (s)"
+    assert fig.get_suptitle().splitlines()[0] == "fsdp"
+    assert fig.get_suptitle().splitlines()[2:] == CONTEXT.splitlines()
+
+
+def idle_intervals(spans0: list, step_s: float) -> list[tuple[float, float]]:
+    """The compute stream's idle intervals in [0, step_s], from the op spans alone."""
+    idle, t = [], 0.0
+    for sp in sorted((sp for sp in spans0 if sp.stream == "compute"),
+                     key=lambda sp: sp.start_s):
+        if sp.start_s > t:
+            idle.append((t, sp.start_s))
+        t = max(t, sp.end_s)
+    return idle + ([(t, step_s)] if step_s > t else [])
+
+
+def test_gantt_marks_the_exposed_gaps_and_zooms_on_the_longest(
+        toy_pairs: list[tuple[Run, object]]) -> None:
+    """The toy FSDP step's compute stream idles only waiting on collectives (5 waits, 134
+    us of 376 us): the yellow spans are exactly its idle intervals worked out from the op
+    spans, total the Result's exposed_comm_s, and the title says so."""
+    run = toy_pairs[0][0]
+    result = simulate(run.model, run.hardware, run.plan, trace=True)
+    fig = gantt_figure(result.spans, waits=result.waits, title="fsdp", context=CONTEXT)
+    whole, zoomed = fig.axes
+    spans0 = [sp for sp in result.spans if sp.rank == 0]
+    idle = idle_intervals(spans0, result.step_time_s)
+    assert len(idle) == 5
+    for ax in (whole, zoomed):
+        (exposed,) = [c for c in ax.containers if c.get_label() == EXPOSED_LABEL]
+        drawn = [(p.get_x(), p.get_x() + p.get_width()) for p in exposed.patches]
+        assert [t for iv in drawn for t in iv] == pytest.approx(
+            [t for iv in idle for t in iv], abs=1e-12)
+        assert sum(b - a for a, b in drawn) == pytest.approx(result.exposed_comm_s, rel=1e-9)
+        assert {p.get_y() + p.get_height() / 2 for p in exposed.patches} == {0}  # compute row
+        (markers,) = [ln for ln in ax.get_lines() if ln.get_gid() == EXPOSED_MARKERS_GID]
+        assert list(markers.get_xdata()) == pytest.approx([(a + b) / 2 for a, b in idle])
+        assert all(y < -0.4 for y in markers.get_ydata())  # above the compute bars
+    title = fig.get_suptitle().splitlines()[1]
+    assert title.startswith(f"Exposed communication {result.exposed_comm_s * 1e3:.3g} ms in "
+                            "5 waits")
+    assert f"{result.exposed_comm_s * 1e3:.3g}" == "0.134"  # 134 us, as the docstring says
+    # The zoom: around the longest wait (59 us, the reduce-scatter the optimizer step
+    # waits on), three times its length (more than a sixteenth of the step), within the step.
+    longest = max(idle, key=lambda iv: iv[1] - iv[0])
+    lo, hi = zoomed.get_xlim()
+    assert lo <= longest[0] and longest[1] <= hi
+    assert hi - lo == pytest.approx(3 * (longest[1] - longest[0]))
+    assert hi - lo > result.step_time_s / 16
+    assert lo >= 0 and hi <= result.step_time_s * (1 + 1e-12)
+    assert zoomed.get_title().startswith(f"Zoom on {lo:.4g}–{hi:.4g} s")
+
+
+def test_zoom_window_by_hand() -> None:
+    """A 16 s step: a 1 s window centred on the longest wait, slid into the step at its
+    ends, or three times a wait longer than a sixteenth."""
+    from zsim.engine.trace import OpSpan, Wait
+
+    spans = [OpSpan(index=0, name="f", kind="forward", stream="compute", rank=0,
+                    start_s=0.0, end_s=16.0)]
+
+    def wait(start_s: float, end_s: float) -> Wait:
+        return Wait(rank=0, start_s=start_s, end_s=end_s, op="f", blocking="ag",
+                    collective="all_gather", reason="queued", link_shared=False)
+
+    assert zoom_window(spans, []) is None
+    for waits, window in (([wait(2.0, 2.1), wait(8.0, 8.2)], (7.6, 8.6)),
+                          ([wait(0.0, 0.2)], (0.0, 1.0)),
+                          ([wait(15.9, 16.0)], (15.0, 16.0)),
+                          ([wait(4.0, 6.0)], (2.0, 8.0))):
+        zoom = zoom_window(spans, waits)
+        assert zoom is not None
+        assert (zoom.start_s, zoom.end_s) == pytest.approx(window)
+        assert zoom.wait == max(waits, key=lambda w: w.wait_s)
 
 
 def test_svg_is_deterministic_without_date_or_version() -> None:
     first = svg_bytes(exposed_comm_figure(pd.DataFrame([
-        row(run="a", plan_name="fsdp", unit_size=1, prefetch=0, exposed_comm_s=0.5)])))
+        row(run="a", plan_name="fsdp", unit_size=1, prefetch=0, exposed_comm_s=0.5)]),
+        context=CONTEXT))
     second = svg_bytes(exposed_comm_figure(pd.DataFrame([
-        row(run="a", plan_name="fsdp", unit_size=1, prefetch=0, exposed_comm_s=0.5)])))
+        row(run="a", plan_name="fsdp", unit_size=1, prefetch=0, exposed_comm_s=0.5)]),
+        context=CONTEXT))
     assert first == second
     assert first.startswith(b"<?xml") and b"<dc:date>" not in first
     assert b"Matplotlib v" not in first
@@ -184,7 +320,7 @@ def test_pareto_labels_skip_a_point_that_would_overprint_the_last() -> None:
     frame = pd.DataFrame([
         row(run=n, strategy="fsdp", peak_memory_gib=m, tokens_per_s_per_gpu=t)
         for n, m, t in (("a", 10.0, 100.0), ("b", 11.0, 101.0), ("c", 12.0, 200.0))])
-    ax = pareto_figure(frame).axes[0]
+    ax = pareto_figure(frame, context=CONTEXT).axes[0]
     front = next(ln for ln in ax.get_lines() if ln.get_label() == "Pareto front")
     assert list(front.get_xdata()) == [10.0, 11.0, 12.0]
     assert [t.get_text() for t in ax.texts] == ["a", "c"]

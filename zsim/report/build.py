@@ -11,7 +11,7 @@ module (pandas, matplotlib).
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import pandas as pd
 from matplotlib.figure import Figure
@@ -32,6 +32,7 @@ from zsim.report.study_plots import (
     pareto_figure,
     scaling_figure,
 )
+from zsim.report.titles import context_text
 from zsim.result import Result
 from zsim.scenario import Scenario
 
@@ -102,7 +103,7 @@ def report_files(scenario: Scenario, frame: pd.DataFrame,
     """
     links: dict[str, str] = {}
     files: dict[str, bytes] = {}
-    for key, fig in _figures(scenario, frame, curves, timeline).items():
+    for key, fig in report_figures(scenario, frame, curves, timeline).items():
         stem = f"{scenario.name}-{FIGURES[key][0]}"
         files |= {f"{stem}.png": png_bytes(fig), f"{stem}.svg": svg_bytes(fig)}
         links[key] = f"![{FIGURES[key][1]}]({stem}.png) ([SVG]({stem}.svg))"
@@ -118,33 +119,49 @@ def report_files(scenario: Scenario, frame: pd.DataFrame,
             f"{scenario.name}.md": markdown.encode(), **files}
 
 
-def _figures(scenario: Scenario, frame: pd.DataFrame,
-             curves: Mapping[str, Sequence[tuple[float, int]]],
-             timeline: Result | None) -> dict[str, Figure]:
+def report_figures(scenario: Scenario, frame: pd.DataFrame,
+                   curves: Mapping[str, Sequence[tuple[float, int]]],
+                   timeline: Result | None) -> dict[str, Figure]:
+    """The figures of scenario.figures, by key, in that order, each titled with the
+    context of the runs it draws (zsim.report.titles.context_text): every run of the frame,
+    the memory curves' runs, the heatmap's plan's runs, or the gantt run. Arguments as
+    report_files's."""
+    runs = {run.name: run for run in scenario.runs}
+
+    def context(names: Iterable[object]) -> str:
+        """The title context of the runs named (zsim.report.titles.context_text)."""
+        return context_text([runs[str(n)] for n in names if str(n) in runs])
+
+    every = context(frame["run"])
+
     def memory_curve() -> Figure:
         first = frame.loc[frame["run"] == scenario.memory_curves[0], "hbm_gib"].iloc[0]
         return memory_curve_figure(memory_curve_frame(curves, scenario.memory_curves),
-                                   hbm_gib=float(first))
+                                   hbm_gib=float(first),
+                                   context=context(scenario.memory_curves))
 
     def heatmap() -> Figure:
         spec = scenario.heatmap
         if spec is None:
             raise ValueError("a heatmap figure without report.heatmap")  # load checks it
-        return heatmap_figure(frame, x=spec.x, y=spec.y, value=spec.value, plan=spec.plan)
+        drawn = frame if spec.plan is None else frame[frame["plan_name"] == spec.plan]
+        return heatmap_figure(frame, x=spec.x, y=spec.y, value=spec.value, plan=spec.plan,
+                              context=context(drawn["run"]))
 
     def gantt() -> Figure:
-        if timeline is None:
+        if timeline is None or scenario.gantt is None:
             raise ValueError("a gantt figure needs the timeline (simulate_timeline)")
-        return gantt_figure(timeline.spans, title=f"Streams of rank 0 over one step: "
-                                                  f"{scenario.gantt}")
+        return gantt_figure(timeline.spans, waits=timeline.waits,
+                            title=f"Streams of rank 0 over one step: {scenario.gantt}",
+                            context=context([scenario.gantt]))
 
     makers: dict[str, Callable[[], Figure]] = {
-        "step_time": lambda: step_time_figure(frame),
-        "memory": lambda: memory_figure(frame),
+        "step_time": lambda: step_time_figure(frame, context=every),
+        "memory": lambda: memory_figure(frame, context=every),
         "memory_curve": memory_curve,
-        "pareto": lambda: pareto_figure(frame),
-        "scaling": lambda: scaling_figure(frame),
-        "exposed_comm": lambda: exposed_comm_figure(frame),
+        "pareto": lambda: pareto_figure(frame, context=every),
+        "scaling": lambda: scaling_figure(frame, context=every),
+        "exposed_comm": lambda: exposed_comm_figure(frame, context=every),
         "heatmap": heatmap,
         "gantt": gantt,
     }

@@ -2,9 +2,11 @@
 
 Owns the figures of a scenario report: step time split into compute and exposed
 communication per run, memory live at the peak by category against HBM, and the
-allocated-memory curve over the step. Uses matplotlib's object API only (Figure, never
-pyplot, so no global state and no display: the Agg canvas renders PNGs); never simulates.
-Reads the columns zsim.report.frame produces. Only the sweep path imports this module.
+allocated-memory curve over the step with the HBM line labelled clear of the legend. Each
+is titled with the context of its runs (zsim.report.titles) and labelled in words with
+units (zsim.report.labels). Uses matplotlib's object API only (Figure, never pyplot, so no
+global state and no display: the Agg canvas renders PNGs); never simulates. Reads the
+columns zsim.report.frame produces. Only the sweep path imports this module.
 """
 
 from __future__ import annotations
@@ -17,12 +19,26 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from zsim.analytic.memory import CATEGORIES
+from zsim.report import labels
+from zsim.report.titles import set_title
 
 PNG_DPI = 100
 """Resolution of the saved PNGs, dots per inch."""
 
 IDLE_FLOOR_S = 1e-9
 """Idle compute-stream time below this (seconds) is rounding, not a bar segment."""
+
+NO_STEP_TIME = "does not fit in HBM: no step time"
+"""Written in the step-time row of a run that does not fit (it has no bar)."""
+
+LABEL_INCH_PER_CHAR = 0.075
+"""Width of a run-name character on a bar figure's y axis (10 pt), inches, about."""
+
+HEADROOM = 1.1
+"""The memory curve's y axis ends this factor above the higher of HBM and the curves."""
+
+LEGEND_WIDE_CHARS = 24
+"""A run name longer than this puts the memory curve's legend in two columns, not four."""
 
 _COLORS = {
     "compute": "#4c72b0", "exposed_comm": "#dd8452", "other_idle": "#bbbbbb",
@@ -32,27 +48,44 @@ _COLORS = {
 }
 
 
+def _run_labels(frame: pd.DataFrame) -> list[str]:
+    """The run names of a bar figure's y axis; a run that does not fit is labelled (OOM),
+    and (OOM, closed form) when it was not simulated."""
+    return [run if fits else f"{run} (OOM, closed form)" if how == "closed form"
+            else f"{run} (OOM)"
+            for run, fits, how in zip(frame["run"], frame["fits"], frame["evaluated"],
+                                      strict=True)]
+
+
 def _run_axis(ax: Axes, frame: pd.DataFrame) -> None:
-    """Runs top to bottom on the y axis; a run that does not fit is labelled (OOM), and
-    (OOM, closed form) when it was not simulated."""
-    labels = [run if fits else f"{run} (OOM, closed form)" if how == "closed form"
-              else f"{run} (OOM)"
-              for run, fits, how in zip(frame["run"], frame["fits"], frame["evaluated"],
-                                        strict=True)]
-    ax.set_yticks(range(len(labels)))
-    ax.set_yticklabels(labels)
+    """Runs top to bottom on the y axis, labelled by _run_labels."""
+    ax.set_yticks(range(len(frame)))
+    ax.set_yticklabels(_run_labels(frame))
     ax.invert_yaxis()
 
 
-def step_time_figure(frame: pd.DataFrame) -> Figure:
+def _bars_size(frame: pd.DataFrame) -> tuple[float, float]:
+    """Width and height (inches) of a figure of one bar per run: a row per run, and wider
+    where run names are long, so that the bars keep about 5 inches."""
+    longest = max((len(label) for label in _run_labels(frame)), default=0)
+    return max(8.0, 5.5 + LABEL_INCH_PER_CHAR * longest), 2.4 + 0.45 * len(frame)
+
+
+def hbm_label(hbm_gib: float) -> str:
+    """The legend entry of an HBM capacity line."""
+    return f"HBM capacity {hbm_gib:.1f} GiB"
+
+
+def step_time_figure(frame: pd.DataFrame, *, context: str) -> Figure:
     """Horizontal stacked bars per run: compute time, exposed communication, and any other
     idle time of the compute stream (host waits), summing to the step time.
 
-    A run not simulated to the end of its step has no bar.
+    A run that does not fit in HBM has no bar, and NO_STEP_TIME in its row.
 
     Args:
         frame: zsim.report.frame.sweep_frame output (run, fits, evaluated, step_time_s,
             compute_time_s, exposed_comm_s).
+        context: the runs' context lines (zsim.report.titles.context_text).
     """
     runs = list(frame["run"])
     compute = list(frame["compute_time_s"].fillna(0.0))
@@ -61,33 +94,38 @@ def step_time_figure(frame: pd.DataFrame) -> Figure:
     other = [x if x > IDLE_FLOOR_S else 0.0 for x in
              (s - c - e for s, c, e in zip(frame["step_time_s"].fillna(0.0), compute, exposed,
                                            strict=True))]
-    fig = Figure(figsize=(8, 1.8 + 0.45 * len(runs)), layout="constrained")
+    fig = Figure(figsize=_bars_size(frame), layout="constrained")
     ax = fig.add_subplot()
     y = list(range(len(runs)))
     left = [0.0] * len(runs)
-    for key, label, width in (("compute", "compute", compute),
-                              ("exposed_comm", "exposed communication", exposed),
-                              ("other_idle", "other idle (host)", other)):
+    for key, label, width in (("compute", "Compute", compute),
+                              ("exposed_comm", "Exposed communication", exposed),
+                              ("other_idle", "Other idle time (host)", other)):
         if key == "other_idle" and not any(w > 0 for w in width):
             continue
         ax.barh(y, width, left=left, color=_COLORS[key], label=label)
         left = [a + b for a, b in zip(left, width, strict=True)]
+    for row, (fits, step) in enumerate(zip(frame["fits"], frame["step_time_s"], strict=True)):
+        if not fits and pd.isna(step):  # no bar: say why rather than leave the row blank
+            ax.annotate(NO_STEP_TIME, (0, row), xytext=(4, 0), textcoords="offset points",
+                        va="center", fontsize="small", color="dimgrey")
     _run_axis(ax, frame)
-    ax.set_xlabel("step time (s)")
-    ax.set_title("Step time: compute vs exposed communication")
+    ax.set_xlabel(labels.COLUMNS["step_time_s"].label)
+    set_title(fig, "Step time per run: compute and exposed communication", context)
     fig.legend(loc="outside lower center", ncols=3)
     return fig
 
 
-def memory_figure(frame: pd.DataFrame) -> Figure:
+def memory_figure(frame: pd.DataFrame, *, context: str) -> Figure:
     """Horizontal stacked bars per run of the memory live at the peak, by category (GiB),
     with a vertical line at each distinct HBM capacity.
 
     Args:
         frame: sweep_frame output (run, fits, evaluated, hbm_gib, at_peak_<category>_gib).
+        context: the runs' context lines (zsim.report.titles.context_text).
     """
     runs = list(frame["run"])
-    fig = Figure(figsize=(8, 1.8 + 0.45 * len(runs)), layout="constrained")
+    fig = Figure(figsize=_bars_size(frame), layout="constrained")
     ax = fig.add_subplot()
     y = list(range(len(runs)))
     left = [0.0] * len(runs)
@@ -95,36 +133,45 @@ def memory_figure(frame: pd.DataFrame) -> Figure:
         width = list(frame[f"at_peak_{cat}_gib"])
         if not any(w > 0 for w in width):
             continue
-        ax.barh(y, width, left=left, color=_COLORS[cat], label=cat)
+        ax.barh(y, width, left=left, color=_COLORS[cat],
+                label=labels.words(cat, labels.CATEGORIES))
         left = [a + b for a, b in zip(left, width, strict=True)]
     for hbm in sorted(set(frame["hbm_gib"])):
-        ax.axvline(hbm, color="black", linestyle="--", linewidth=1,
-                   label=f"HBM {hbm:.1f} GiB")
+        ax.axvline(hbm, color="black", linestyle="--", linewidth=1, label=hbm_label(hbm))
     _run_axis(ax, frame)
-    ax.set_xlabel("allocated at the peak (GiB)")
-    ax.set_title("Peak memory by category")
-    fig.legend(loc="outside lower center", ncols=4, fontsize="small")
+    ax.set_xlabel("Memory allocated at the peak, per GPU (GiB)")
+    set_title(fig, "Peak memory per GPU by category", context)
+    fig.legend(loc="outside lower center", ncols=3, fontsize="small")
     return fig
 
 
-def memory_curve_figure(curves: pd.DataFrame, *, hbm_gib: float) -> Figure:
-    """Allocated memory over the simulated step, one step line per run, and the HBM line.
+def memory_curve_figure(curves: pd.DataFrame, *, hbm_gib: float, context: str) -> Figure:
+    """Allocated memory over the simulated step, one step line per run, and the HBM line,
+    labelled on the axes; the y axis from zero to above the HBM line, and the legend under
+    the axes, where it cannot cover the line.
 
     Args:
         curves: zsim.report.frame.memory_curve_frame output (run, time_s, allocated_gib).
         hbm_gib: HBM capacity to draw, GiB.
+        context: the runs' context lines (zsim.report.titles.context_text).
     """
-    fig = Figure(figsize=(8, 4.5), layout="constrained")
+    fig = Figure(figsize=(8, 5), layout="constrained")
     ax = fig.add_subplot()
     for run, points in curves.groupby("run", sort=False):
         ax.plot(list(points["time_s"]), list(points["allocated_gib"]),
                 drawstyle="steps-post", linewidth=1, label=str(run))
-    ax.axhline(hbm_gib, color="black", linestyle="--", linewidth=1,
-               label=f"HBM {hbm_gib:.1f} GiB")
-    ax.set_xlabel("time in the step (s)")
-    ax.set_ylabel("allocated (GiB)")
-    ax.set_title("Memory over one optimizer step")
-    ax.legend(loc="upper right", fontsize="small")
+    ax.axhline(hbm_gib, color="black", linestyle="--", linewidth=1, label=hbm_label(hbm_gib))
+    ax.annotate(hbm_label(hbm_gib), (1.0, hbm_gib), xycoords=("axes fraction", "data"),
+                xytext=(-4, 3), textcoords="offset points", ha="right", va="bottom",
+                fontsize="small")
+    top = max([hbm_gib, *curves["allocated_gib"]])
+    ax.set_ylim(0, HEADROOM * top)
+    ax.set_xlabel("Time in the step (s)")
+    ax.set_ylabel("Allocated memory per GPU (GiB)")
+    set_title(fig, "Allocated memory over one optimizer step", context)
+    longest = max((len(str(r)) for r in curves["run"]), default=0)
+    fig.legend(loc="outside lower center", ncols=2 if longest > LEGEND_WIDE_CHARS else 4,
+               fontsize="small")
     return fig
 
 
