@@ -62,8 +62,9 @@ def _row(n: int, rec: dict[str, Any]) -> dict[str, object]:
         "act": rec["saved_activations_gib_per_microbatch"],
         "comm": rec.get("comm_gib_per_step"),
         "step": rec["step_time_s"],
-        "band": compact_band(rec["step_time_band_pct"],
-                             bool(rec.get("step_time_band_extrapolated"))),
+        "band": "est." if rec["evaluated"] == "estimate" and rec["step_time_s"] is not None
+        else compact_band(rec["step_time_band_pct"],
+                          bool(rec.get("step_time_band_extrapolated"))),
         "tps": rec["tokens_per_s_per_gpu"],
         "mfu": None if mfu is None else f"{mfu:.0%}",
         "bubble": None if not bubble else f"{bubble:.0%}",
@@ -117,7 +118,8 @@ def plan_text(result: dict[str, Any]) -> str:
                         f"its memory band, then the simplest, then the one with the least memory")
     out += _wrapped("", "band: where the real step time lies, from this profile's "
                         "validation runs; * widened where the plan goes beyond them "
-                        "(--format json: step_time_band_source and _extrapolated)")
+                        "(--format json: step_time_band_source and _extrapolated); est.: "
+                        "the pipeline replay's estimate, not simulated, no band")
     if result.get("yours"):
         out += _wrapped("", f"*: your config, {result['yours']}")
     out += ["", "why:"]
