@@ -280,6 +280,10 @@ def to_record(model: ModelSpec, choice: Choice, best: Choice) -> dict[str, objec
         "step_time_band_pct": band_pct(r.step_time_band_s, r.step_time_s),
         "step_time_s_low": _rounded(r.step_time_band_s and r.step_time_band_s[0], 4),
         "step_time_s_high": _rounded(r.step_time_band_s and r.step_time_band_s[1], 4),
+        # Why the band is wider than its evidence's range ("; " between reasons), and
+        # where it comes from (zsim.spec.error_bands).
+        "step_time_band_extrapolated": "; ".join(r.step_time_band_extrapolated),
+        "step_time_band_source": r.step_time_band_source,
         "compute_time_s": _rounded(r.compute_time_s, 4),
         "exposed_comm_s": _rounded(r.exposed_comm_s, 4),
         "tokens_per_s_per_gpu": _rounded(r.tokens_per_s_per_gpu, 1),

@@ -16,8 +16,10 @@ from zsim.cli import app
 
 PLAN_13B_128 = ["plan", "--model", "13b", "--gpus", "128"]
 
-LABEL_KEYS = {"plan", "strategy", "impl", "recompute", "evaluated", "why", "step_time_band_pct"}
-"""Text columns (no unit; the error band as text, e.g. "-5%..+13%", in percent)."""
+LABEL_KEYS = {"plan", "strategy", "impl", "recompute", "evaluated", "why", "step_time_band_pct",
+              "step_time_band_extrapolated", "step_time_band_source"}
+"""Text columns (no unit; the error band as text, e.g. "-5%..+13%", in percent, why it is
+widened and where it comes from)."""
 DIMENSIONLESS_KEYS = {"dp_shard", "dp_replicate", "micro_batch", "fits", "mfu", "yours"}
 """Counts, a flag and a fraction: no unit to name."""
 UNITS = ("gib", "gb", "bytes", "s", "flops", "model_sizes")
