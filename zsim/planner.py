@@ -373,6 +373,10 @@ def to_record(model: ModelSpec, choice: Choice, *, why: str,
         "step_time_band_pct": band_pct(band, r.step_time_s),
         "step_time_s_low": _rounded(band and band[0], 4),
         "step_time_s_high": _rounded(band and band[1], 4),
+        # Why the band is wider than its evidence's range ("; " between reasons), and
+        # where it comes from (zsim.spec.error_bands).
+        "step_time_band_extrapolated": "; ".join(r.step_time_band_extrapolated),
+        "step_time_band_source": r.step_time_band_source,
         "compute_time_s": _rounded(r.compute_time_s, 4),
         "exposed_comm_s": _rounded(r.exposed_comm_s, 4),
         "tokens_per_s_per_gpu": _rounded(r.tokens_per_s_per_gpu, 1),

@@ -1,9 +1,10 @@
 """Recommendation: which fitting plan to run, told as honestly as zsim's error allows.
 
-Owns the tie rule and the tie-break the planner's tables share. A prediction is only as
-good as the profile's error band (zsim.spec.error_bands): plans whose predicted speed is
-within the band of the fastest one are tied, zsim cannot tell them apart, and ranking
-them by a difference far inside its own error would be noise. Among tied plans the
+Owns the tie rule and the tie-break the planner's tables share. A ranking is only as good
+as the evidence behind it: the profile's validation runs scattered around their
+predictions by some amount (zsim.spec.error_bands.ErrorBands.spread), so plans predicted
+closer than that to the fastest one are tied: zsim cannot tell them apart, and ranking
+them by a difference inside its own scatter would be noise. Among tied plans the
 recommendation is the one a team would rather run: first one whose peak, at the top of
 its memory band, still fits (a plan that may run out of memory is no tie-break winner),
 then the simplest (fewest of the things a team must also run and debug: a pipeline,
@@ -23,8 +24,8 @@ from zsim.spec.plan import Plan
 from zsim.units import GiB
 
 SAME_SPEED = 0.001
-"""Relative speed difference below which two plans tie even on a profile without an
-error band (the simulator's own rounding of kernel times is finer than this)."""
+"""Relative speed difference below which two plans tie even on a profile without
+validation runs (the simulator's own rounding of kernel times is finer than this)."""
 
 
 class Ranked(Protocol):
@@ -67,8 +68,9 @@ class Contender:
     plan: Plan
     step_time_s: float
     tokens_per_s_per_gpu: float
-    step_time_band_s: tuple[float, float] | None
-    """Where the real step time lies (zsim.spec.error_bands); None without a band."""
+    step_time_spread: float | None
+    """How far apart the profile's validation runs scattered around their predictions,
+    relative (Result.step_time_spread); None without a band."""
     peak_bytes: float
     peak_band_high_bytes: float | None
     """The top of the peak's memory band; None without a band."""
@@ -98,19 +100,21 @@ def contender(plan: Plan, result: Result | None) -> Contender | None:
     band = result.peak_memory_band_bytes
     return Contender(plan=plan, step_time_s=result.step_time_s,
                      tokens_per_s_per_gpu=result.tokens_per_s_per_gpu,
-                     step_time_band_s=result.step_time_band_s,
+                     step_time_spread=result.step_time_spread,
                      peak_bytes=float(result.peak_memory_bytes),
                      peak_band_high_bytes=None if band is None else band[1],
                      hbm_bytes=result.hbm_bytes)
 
 
 def tolerance(fastest: Contender) -> float:
-    """The relative speed difference within which plans tie with `fastest`: half the
-    width of its step-time band relative to its prediction (SAME_SPEED at the least)."""
-    if fastest.step_time_band_s is None:
+    """The relative speed difference within which plans tie with `fastest`: the scatter
+    of the profile's validation runs around their predictions for its kind of plan
+    (Result.step_time_spread; SAME_SPEED at the least). Not its whole error band: what
+    widens a band beyond the validated runs (a larger world, another program) says how
+    far every such plan may be off, together, not how far apart two of them are."""
+    if fastest.step_time_spread is None:
         return SAME_SPEED
-    low, high = fastest.step_time_band_s
-    return max(SAME_SPEED, (high - low) / (2.0 * fastest.step_time_s))
+    return max(SAME_SPEED, fastest.step_time_spread)
 
 
 def _preference(c: Contender) -> tuple[bool, int, float, float]:
@@ -136,16 +140,17 @@ class Recommendation:
     def reason(self) -> str:
         """Why the pick: one line."""
         others = len(self.tied) - 1
-        band = f"±{self.tolerance:.0%}" if self.tolerance > SAME_SPEED else "0.1%"
+        scatter = (f"the ±{self.tolerance:.0%} scatter of this profile's validation runs"
+                   if self.tolerance > SAME_SPEED else "0.1%")
         if others == 0:
-            return f"the fastest, by more than its error band ({band})"
+            return f"the fastest, by more than {scatter}"
         if self.pick is self.fastest:
             return (f"the fastest; {others} other plan{'s' if others > 1 else ''} within "
-                    f"its error band ({band}) rank below it by simplicity and memory")
+                    f"{scatter} rank below it by simplicity and memory")
         ahead = self.pick.slower_than(self.fastest)
         more = f" and {others - 1} more" if others > 1 else ""
         return (f"tied with the fastest prediction ({self.fastest.plan.label}, {ahead:.1%} "
-                f"faster, inside the {band} error band){more}; chosen for "
+                f"faster, within {scatter}){more}; chosen for "
                 f"{_advantage(self.pick, self.fastest)}")
 
     def why_tied(self, c: Contender) -> str:
@@ -153,8 +158,8 @@ class Recommendation:
         diff = c.slower_than(self.pick)
         speed = (f"{diff:.1%} slower" if diff > 0 else f"{-diff:.1%} faster"
                  if diff < 0 else "as fast")
-        return (f"tied: {speed} than the recommended plan, inside the error band; not "
-                f"picked: {_advantage(c, self.pick, loser=True)}")
+        return (f"tied: {speed} than the recommended plan, within the validation "
+                f"scatter; not picked: {_advantage(c, self.pick, loser=True)}")
 
 
 def _advantage(winner: Contender, other: Contender, *, loser: bool = False) -> str:

@@ -151,9 +151,22 @@ class Result:
     step_time_p99_s: float | None = None
     step_time_band_s: tuple[float, float] | None = None
     """Where the real step time lies given the profile's validation residuals for this
-    kind of plan (zsim.spec.error_bands); None where the profile has none."""
+    kind of plan, widened where the plan is outside what they covered
+    (zsim.spec.error_bands); None where the profile has none."""
     peak_memory_band_bytes: tuple[float, float] | None = None
     """Likewise for the peak allocated memory."""
+    step_time_spread: float | None = None
+    """How far apart the profile's validation runs scattered around their predictions
+    for this kind of plan, relative (ErrorBands.spread): two predictions closer than
+    this cannot be ranked by the evidence. None where the profile has no bands."""
+    step_time_band_source: str | None = None
+    """The evidence the bands come from and the command that made them (None: no band)."""
+    step_time_band_extrapolated: tuple[str, ...] = ()
+    """Why the step-time band is wider than its evidence's own range, one short reason
+    per widening (e.g. "world 128 > 8 validated with communication ..."); empty inside
+    the evidence's domain."""
+    peak_memory_band_extrapolated: tuple[str, ...] = ()
+    """Likewise for the peak memory band."""
     spans: tuple[OpSpan, ...] = field(default=(), repr=False)
     """Every op's execution (for the Chrome trace)."""
     notes: tuple[str, ...] = ()
@@ -218,6 +231,10 @@ class Result:
             "step_time_p50_s": self.step_time_p50_s, "step_time_p99_s": self.step_time_p99_s,
             **_band("step_time_s", self.step_time_band_s),
             **_band("peak_memory_bytes", self.peak_memory_band_bytes),
+            "step_time_spread": self.step_time_spread,
+            "step_time_band_source": self.step_time_band_source,
+            "step_time_band_extrapolated": list(self.step_time_band_extrapolated),
+            "peak_memory_band_extrapolated": list(self.peak_memory_band_extrapolated),
             "top_waits": [
                 {"op": w.op, "blocking": w.blocking, "collective": w.collective,
                  "reason": w.reason, "link_shared": w.link_shared, "wait_s": w.wait_s}

@@ -25,7 +25,7 @@ from zsim.schedule.lower import (
     program_plan,
     rank_model,
 )
-from zsim.schedule.ops import Schedule
+from zsim.schedule.ops import COPY_KINDS, Schedule
 from zsim.schedule.pipeline import rank_actions, rank_stages
 from zsim.schedule.pipeline_work import pipeline_work
 from zsim.spec.hardware import HardwareProfile
@@ -220,16 +220,30 @@ def simulate_pipeline(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Resu
 
 def with_bands(result: Result, hw: HardwareProfile, plan: Plan) -> Result:
     """The result with the intervals its profile's error bands give its step time and
-    peak (zsim.spec.error_bands); unchanged for a profile without bands."""
+    peak (zsim.spec.error_bands), why each is wider than its evidence's range, and their
+    source; unchanged for a profile without bands. The step's collective time (its
+    collective streams' busy time, summed) and the time it waited on them are what the
+    bands' world rule bounds; a pipeline replay keeps no streams, so there both are the
+    data-parallel collectives it leaves exposed."""
     bands = hw.error_bands
     if bands is None:
         return result
-    step = result.step_time_s
+    memory = bands.interval("peak_memory_bytes", plan, result.peak_memory_bytes)
+    collective_s = sum(v for k, v in result.comm_busy_s.items() if k not in COPY_KINDS)
+    exposed_s = sum(v for k, v in result.exposed_by_kind_s.items() if k not in COPY_KINDS)
+    if result.pipeline_stages:
+        collective_s = exposed_s = result.exposed_comm_s or 0.0
+    step = None if result.step_time_s is None else bands.interval(
+        "step_time_s", plan, result.step_time_s, collective_s=collective_s,
+        exposed_collective_s=exposed_s)
     return replace(
         result,
-        step_time_band_s=None if step is None else bands.interval("step_time_s", plan, step),
-        peak_memory_band_bytes=bands.interval("peak_memory_bytes", plan,
-                                              result.peak_memory_bytes))
+        step_time_band_s=None if step is None else (step.low, step.high),
+        step_time_band_extrapolated=() if step is None else step.extrapolated,
+        peak_memory_band_bytes=(memory.low, memory.high),
+        peak_memory_band_extrapolated=memory.extrapolated,
+        step_time_spread=bands.spread(plan),
+        step_time_band_source=bands.describe())
 
 
 def chrome_trace(result: Result) -> dict[str, Any]:

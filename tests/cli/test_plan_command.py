@@ -17,8 +17,9 @@ from zsim.cli import app
 PLAN_13B_128 = ["plan", "--model", "13b", "--gpus", "128"]
 
 LABEL_KEYS = {"plan", "layout", "strategy", "impl", "recompute", "evaluated", "tier", "why",
-              "step_time_band_pct"}
-"""Text columns (no unit; the error band as text, e.g. "-5%..+13%", in percent)."""
+              "step_time_band_pct", "step_time_band_extrapolated", "step_time_band_source"}
+"""Text columns (no unit; the error band as text, e.g. "-5%..+13%", in percent, why it is
+widened and where it comes from)."""
 DIMENSIONLESS_KEYS = {"dp_shard", "dp_replicate", "micro_batch", "grad_accum", "fits", "mfu",
                       "yours"}
 """Counts, a flag and a fraction: no unit to name."""
@@ -43,7 +44,7 @@ def table_rows(out: str) -> list[str]:
     """The 1-D table's data rows of `zsim plan`'s text answer."""
     lines = out.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("#  "))
-    assert lines[header + 1].split() == ["GiB", "GiB", "GiB/mb", "GiB/step", "s", "per", "GPU"]
+    assert lines[header + 1].split() == ["GiB", "GiB", "GiB", "GiB", "s", "%", "/GPU"]
     assert set(lines[header + 2]) <= {"-", " "}
     end = lines.index("", header)
     return lines[header + 3:end]

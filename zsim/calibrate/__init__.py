@@ -7,7 +7,9 @@ Modules: model (the reference Llama), fsdp2 (Plan -> fully_shard / DDP / ZeRO), 
 profile (`calibrate`), validate (`validate` and the report), gpu_report and gpu_bench (the
 GPU validation report and its measurements), gpu_phases (where a real GPU step's time
 goes, by phase and kernel class), published_runs (the published H200 runs replayed in the
-simulator; no torch), deepspeed_zero and fsdp1 (the other libraries' programs),
+simulator; no torch), published_cases (published.yaml's steps and nccl-tests sweeps
+replayed; no torch), bands (every shipped profile's error bands from its evidence; no
+torch), deepspeed_zero and fsdp1 (the other libraries' programs),
 tensor_parallel (torch's TP, alone or under FSDP2 on a 2-D mesh), pipeline
 (torch.distributed.pipelining), training (the library-neutral training step)."""
 

@@ -1,13 +1,11 @@
 """The published real FSDP2 steps on one H200 (shared/cases/h200-fsdp2-runs.yaml) replayed
 in the simulator: each run's model and plan, the simulator's figures for what was
 measured, and the residuals (predicted / measured - 1) that issue 11's targets and the
-profile's error bands (zsim.spec.error_bands) are made of.
+profiles' error bands (zsim.calibrate.bands) are made of.
 
-    python -m zsim.calibrate.published_runs --cases PATH [--hardware hgx-h200] [--bands]
+    python -m zsim.calibrate.published_runs --cases PATH [--hardware hgx-h200]
 
-prints the per-run table of errors (percent) and, with --bands, the `error_bands:` section
-those residuals give, to paste into the profile (tests/golden/test_h200_runs.py checks that
-the committed section is what the current model gives).
+prints the per-run table of errors (percent).
 
 The runs are rank 0 of N on a fake process group, so they have no communication: the
 comparable figure is the simulated step less its exposed collective waits (offload
@@ -24,8 +22,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from zsim.calibrate.published_cases import step_row
 from zsim.simulate import simulate
-from zsim.spec.error_bands import bands_yaml, plan_kind
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
@@ -110,13 +108,15 @@ def predict(run: PublishedRun, hw: HardwareProfile) -> dict[str, float]:
 
 
 def residuals(runs: list[PublishedRun], hw: HardwareProfile) -> list[dict[str, Any]]:
-    """Per run: its name, kind (zsim.spec.error_bands.plan_kind) and predicted /
-    measured - 1 per metric."""
+    """Per run, a step row (zsim.calibrate.published_cases.step_row: its name, kind,
+    program, world size, micro-batch, no communication) with predicted / measured - 1 per
+    metric."""
     out = []
     for run in runs:
         pred = predict(run, hw)
-        out.append({"run": run.name, "kind": plan_kind(run.plan),
-                    **{k: pred[k] / run.measured[k] - 1.0 for k in METRICS}})
+        out.append(step_row(run.name, run.plan,
+                            {k: pred[k] / run.measured[k] - 1.0 for k in METRICS},
+                            communication=False))
     return out
 
 
@@ -138,12 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", type=Path, required=True,
                         help="shared/cases/h200-fsdp2-runs.yaml")
     parser.add_argument("--hardware", default="hgx-h200")
-    parser.add_argument("--bands", action="store_true",
-                        help="print the error_bands: section these residuals give")
     args = parser.parse_args(argv)
-    rows = residuals(load_runs(args.cases), resolve_hardware(args.hardware))
-    print(bands_yaml(rows, source=f"python -m zsim.calibrate.published_runs --cases "
-                                  f"{args.cases.name} --bands") if args.bands else _table(rows))
+    print(_table(residuals(load_runs(args.cases), resolve_hardware(args.hardware))))
     return 0
 
 

@@ -26,8 +26,8 @@ MARKS = {"recommended": "> ", "tied": "= ", "": "  "}
 HEADERS: dict[str, tuple[str, str]] = {
     "n": ("#", ""), "plan": ("plan", ""), "ac": ("ac", ""), "batch": ("mb x ga", ""),
     "fits": ("fits", ""), "peak": ("peak", "GiB"), "state": ("state", "GiB"),
-    "act": ("saved act", "GiB/mb"), "comm": ("comm", "GiB/step"), "step": ("step", "s"),
-    "band": ("band", ""), "tps": ("tokens/s", "per GPU"), "mfu": ("MFU", ""),
+    "act": ("act/mb", "GiB"), "comm": ("comm/step", "GiB"), "step": ("step", "s"),
+    "band": ("band", "%"), "tps": ("tok/s", "/GPU"), "mfu": ("MFU", ""),
     "bubble": ("bubble", ""),
 }
 """Each column's title and unit."""
@@ -37,15 +37,22 @@ PARALLEL_COLUMNS = ("n", "plan", "ac", "batch", "fits", "peak", "act", "step", "
                     "tps", "bubble")
 
 
-def compact_band(band: str | None, extrapolated: bool = False) -> str | None:
-    """"-6%..+6%" as "±6%", "-12%..+7%" as "-12..+7%"; "*" marks a band widened
-    beyond what was validated."""
-    if band is None:
+def compact_band(rec: dict[str, Any]) -> str | None:
+    """A row's step-time band in percent of its prediction: "±6" where symmetric,
+    "-3..+70" otherwise; "*" marks a band widened beyond what was validated; "est." a
+    2-D plan the pipeline replay estimated but the engine did not simulate (no band)."""
+    step, low, high = rec["step_time_s"], rec["step_time_s_low"], rec["step_time_s_high"]
+    if rec["evaluated"] == "estimate" and step is not None:
+        return "est."
+    if step is None or low is None or high is None:
         return None
-    low, high = band.split("..")
-    text = (f"±{high.lstrip('+')}" if low.lstrip("-") == high.lstrip("+")
-            else f"{low.rstrip('%')}..{high}")
-    return text + ("*" if extrapolated else "")
+    lo, hi = (round(100 * (b / step - 1)) for b in (low, high))
+    text = f"±{hi}" if lo == -hi else f"{_signed(lo)}..{_signed(hi)}"
+    return text + ("*" if rec.get("step_time_band_extrapolated") else "")
+
+
+def _signed(pct: int) -> str:
+    return f"{pct:+d}" if pct else "0"
 
 
 def _row(n: int, rec: dict[str, Any]) -> dict[str, object]:
@@ -62,9 +69,7 @@ def _row(n: int, rec: dict[str, Any]) -> dict[str, object]:
         "act": rec["saved_activations_gib_per_microbatch"],
         "comm": rec.get("comm_gib_per_step"),
         "step": rec["step_time_s"],
-        "band": "est." if rec["evaluated"] == "estimate" and rec["step_time_s"] is not None
-        else compact_band(rec["step_time_band_pct"],
-                          bool(rec.get("step_time_band_extrapolated"))),
+        "band": compact_band(rec),
         "tps": rec["tokens_per_s_per_gpu"],
         "mfu": None if mfu is None else f"{mfu:.0%}",
         "bubble": None if not bubble else f"{bubble:.0%}",
@@ -111,15 +116,18 @@ def plan_text(result: dict[str, Any]) -> str:
         out.append(f"... {len(searched['candidates']) - PARALLEL_ROWS} more 2-D/3-D plans "
                    f"(--format json lists them all)")
     tolerance = result.get("tie_tolerance_pct")
-    band = f" (±{tolerance:.0f}%)" if tolerance and tolerance >= 1 else ""
+    scatter = f" (±{tolerance:.0f}%)" if tolerance and tolerance >= 1 else ""
     out.append("")
-    out += _wrapped("", f"> recommended, = tied: predicted within the error band of the fastest "
-                        f"plan{band}; among tied plans zsim prefers one that fits at the top of "
-                        f"its memory band, then the simplest, then the one with the least memory")
-    out += _wrapped("", "band: where the real step time lies, from this profile's "
-                        "validation runs; * widened where the plan goes beyond them "
-                        "(--format json: step_time_band_source and _extrapolated); est.: "
-                        "the pipeline replay's estimate, not simulated, no band")
+    out += _wrapped("", f"> recommended, = tied: predicted within the scatter of this "
+                        f"profile's validation runs{scatter} of the fastest plan; among tied "
+                        f"plans zsim prefers one that fits at the top of its memory band, "
+                        f"then the simplest, then the one with the least memory")
+    out += _wrapped("", "act/mb: what one micro-batch saves for backward; comm/step: what "
+                        "each GPU sends per step; band: where the real step time lies, in % "
+                        "of the prediction, from this profile's validation runs; * widened "
+                        "where the plan goes beyond them (--format json: "
+                        "step_time_band_extrapolated); est.: the pipeline replay's estimate, "
+                        "not simulated")
     if result.get("yours"):
         out += _wrapped("", f"*: your config, {result['yours']}")
     out += ["", "why:"]

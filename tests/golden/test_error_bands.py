@@ -1,0 +1,111 @@
+"""Every shipped profile's `error_bands:` section is what its evidence gives with the current
+model (zsim.calibrate.bands regenerates it), and the figures it rests on agree with the
+published cases they come from."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from zsim.calibrate.bands import PROFILES, label_program, profile_bands, with_section
+from zsim.simulate import simulate
+from zsim.spec.error_bands import plan_kind, program_of
+from zsim.spec.plan import Plan
+from zsim.spec.presets import PRESETS
+from zsim.spec.registry import PROFILES_DIR, hardware_names, resolve_hardware
+from zsim.units import GiB
+
+
+def _committed(name: str) -> dict[str, Any]:
+    return yaml.safe_load((PROFILES_DIR / f"{name}.yaml").read_text())["error_bands"]
+
+
+def test_every_shipped_profile_has_evidence_and_bands() -> None:
+    assert set(hardware_names()) == set(PROFILES)
+    for name in PROFILES:
+        assert resolve_hardware(name).error_bands is not None, name
+
+
+@pytest.mark.parametrize("name", list(PROFILES))
+def test_committed_section_is_what_the_evidence_gives(name: str, cases_dir: Path) -> None:
+    """Regenerate with: python -m zsim.calibrate.bands --profile NAME --write."""
+    assert profile_bands(name, cases_dir=cases_dir).to_dict() == _committed(name)
+
+
+def test_validated_worlds_are_the_published_clusters(
+        published_cases: dict[str, dict[str, Any]]) -> None:
+    """The largest world with communication: torchtitan's 8 H100 (dgx-h100), MosaicML's
+    128 A100 (dgx-a100), the CPU validation's 4 ranks; none where the runs had no
+    communication (hgx-h200: a fake process group) or ran on other links (pcie-a100)."""
+    worlds = {n: _committed(n)["step_time_s"]["world_size"] for n in PROFILES}
+    tt = published_cases["TT-L3-8B-FSDP2-8xH100"]["cluster"]["gpus"]
+    mpt = max(r["gpus"] for r in published_cases[
+        "MOS-MPT7B-FSDP-scaling-A100-40-RoCE"]["measured"]["rows"])
+    assert worlds == {"dgx-h100": tt, "dgx-a100": mpt, "local-cpu": 4, "hgx-h200": 1,
+                      "pcie-a100": 1}
+
+
+def test_hgx_h200_bands_are_the_runs_published_errors() -> None:
+    """The README's figures for the 16 H200 runs: step time without communication at most
+    12.4% off (the CPU-offload run, predicted fast), bf16 without offload within 6.5%;
+    peak allocated within 2.3% (13B with full recomputation, predicted short)."""
+    bands = _committed("hgx-h200")
+    assert bands["step_time_s"]["kinds"]["offload"][0] == -12.4
+    assert max(abs(x) for x in bands["step_time_s"]["kinds"]["plain"]) == 6.5
+    assert bands["peak_memory_bytes"]["kinds"]["recompute"][0] == -2.4
+
+
+def test_dgx_h100_bands_hold_torchtitans_step(
+        published_cases: dict[str, dict[str, Any]]) -> None:
+    """torchtitan's eager Llama 3.1 8B (5,762 tokens/s per GPU on 8 H100 96GB) against the
+    simulator on dgx-h100 with that memory: the step is predicted a third too fast (the
+    500 W cap is not modelled). A whole step with communication enters every kind's
+    range: the plain range's low end is its residual, rounded outwards."""
+    case = published_cases["TT-L3-8B-FSDP2-8xH100"]
+    hw = replace(resolve_hardware("dgx-h100"), hbm_bytes=95 * GiB)
+    plan = Plan.for_strategy("fsdp", gpus=8, seq_len=8192, micro_batch=2,
+                             recompute="selective", reduce_dtype="fp32")
+    r = simulate(PRESETS["llama3-8b"], hw, plan)
+    assert r.tokens_per_s_per_gpu is not None
+    measured = case["measured"]["variants"][0]
+    assert measured["label"] == "FSDP (eager)"
+    residual = measured["tps_per_gpu"] / r.tokens_per_s_per_gpu - 1
+    assert -0.4 < residual < -0.25
+    kinds = _committed("dgx-h100")["step_time_s"]["kinds"]
+    assert kinds["plain"][0] == math.floor(1000 * residual) / 10
+    assert all(v[0] <= kinds["plain"][0] for v in kinds.values())
+
+
+def test_collective_ranges_hold_the_nccl_sweeps() -> None:
+    """tests/analytic/test_nccl_choice.py bounds the DGX H100 sweep within 35% at every
+    size: the committed range is inside that bound, and its high end is the 8-byte
+    call's (15.0 us predicted against 13.67 measured, +9.7%)."""
+    low, high = _committed("dgx-h100")["collectives"]
+    assert -35 <= low < 0 < high <= 35
+    assert high == math.ceil(1000 * (15.0 / 13.67 - 1)) / 10
+
+
+@pytest.mark.parametrize("plan", [
+    Plan.for_strategy("zero2", gpus=2, seq_len=256, micro_batch=2, offload="optimizer"),
+    Plan.for_strategy("fsdp-no-reshard", gpus=4, impl="fsdp1", seq_len=256, micro_batch=2),
+    Plan.for_strategy("hsdp", gpus=4, shard_group=2, seq_len=256, micro_batch=2,
+                      recompute="full"),
+    Plan(strategy="ddp", dp_shard=1, pp=2, grad_accum=4, seq_len=256, micro_batch=2),
+    Plan(strategy="fsdp", dp_shard=2, tp=2, seq_len=256, micro_batch=2),
+], ids=lambda p: p.label)
+def test_cpu_labels_read_back_as_their_plans(plan: Plan) -> None:
+    """The CPU validation's rows name their plans by Plan.label; reading one back gives
+    the program, kind and micro-batch the plan itself has."""
+    assert label_program(plan.label) == (program_of(plan), plan_kind(plan), plan.micro_batch)
+
+
+def test_a_section_replaces_only_itself() -> None:
+    text = "name: x\nerror_bands:\n  runs: 1\n  # note\nother: 2\n"
+    assert with_section(text, "error_bands:\n  runs: 2\n") == \
+        "name: x\nerror_bands:\n  runs: 2\nother: 2\n"
+    assert with_section("name: x", "error_bands: {}\n") == "name: x\nerror_bands: {}\n"
