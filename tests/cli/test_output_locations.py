@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
 import venv
@@ -83,26 +84,43 @@ def _source_files() -> list[str]:
     return [f for f in names if (REPO / f).is_file()]
 
 
+def _environ() -> dict[str, str]:
+    """This process's environment without PYTHONPATH, which would put a checkout's zsim
+    before the installed one."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(source copy, virtual environment) with zsim installed from the copy, not editable;
-    the environment sees this interpreter's packages (torch, simpy, ...) beneath its own."""
+    """(source copy, virtual environment) with zsim installed from the copy, not editable,
+    built as a user's `pip install` builds it (in an isolated environment with the
+    setuptools pyproject.toml asks for, from the user's package index); the environment
+    sees this interpreter's packages (torch, simpy, ...) beneath its own, through a .pth
+    file naming this interpreter's site-packages (a virtual environment's
+    system_site_packages would name the base interpreter's instead, which lack them when
+    this interpreter is itself a virtual environment)."""
     root = tmp_path_factory.mktemp("install")
     src = root / "src"
     for f in _source_files():
         (src / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / f, src / f)
     env_dir = root / "venv"
-    venv.create(env_dir, system_site_packages=True, with_pip=False)
+    venv.create(env_dir, with_pip=False)
     python = env_dir / "bin" / "python"
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install",
-                    "--quiet", "--no-deps", "--no-build-isolation", "--no-index", str(src)],
-                   check=True, capture_output=True)
+    own = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path("
+                          "'purelib'))"], capture_output=True, text=True, check=True,
+                         env=_environ()).stdout.strip()
+    (Path(own) / "outer.pth").write_text("".join(f"{d}\n" for d in site.getsitepackages()))
+    install = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install",
+                              "--quiet", "--no-deps", str(src)],
+                             capture_output=True, text=True, env=_environ())
+    assert install.returncode == 0, install.stderr[-3000:]
     shutil.rmtree(src / "build", ignore_errors=True)  # setuptools' own staging
     for info in src.glob("*.egg-info"):
         shutil.rmtree(info)
     where = subprocess.run([str(python), "-c", "import zsim; print(zsim.__file__)"],
-                           cwd=root, capture_output=True, text=True, check=True).stdout
+                           cwd=root, capture_output=True, text=True, check=True,
+                           env=_environ()).stdout
     assert Path(where.strip()).is_relative_to(env_dir), where
     return src, env_dir
 
@@ -135,7 +153,7 @@ def written(installed: tuple[Path, Path], tmp_path_factory: pytest.TempPathFacto
     (inputs / "tiny").mkdir()
     (inputs / "tiny" / "config.json").write_text(json.dumps(TINY_CONFIG))
     (inputs / "where.yaml").write_text(SCENARIO)
-    env = {**os.environ, "HOME": str(home), "TMPDIR": str(tmp), "XDG_CACHE_HOME": str(cache),
+    env = {**_environ(), "HOME": str(home), "TMPDIR": str(tmp), "XDG_CACHE_HOME": str(cache),
            "MPLCONFIGDIR": str(cache / "matplotlib"), "PYTHONDONTWRITEBYTECODE": "1",
            "TORCHINDUCTOR_CACHE_DIR": str(cache / "torchinductor"),
            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
