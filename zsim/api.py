@@ -104,9 +104,12 @@ def _parallel_search(spec: ModelSpec, hw: Any, *, gpus: int, seq_len: int, micro
                                           **precision_knobs(precision or "bf16"))
              if all(getattr(p, k) == v for k, v in parallel.items())]
     if not plans:
+        named = [f"{k}={v}" for k, v in parallel.items()]
+        fixed = " and ".join([", ".join(named[:-1]), named[-1]] if len(named) > 1 else named)
+        why = pp.degree_problem(spec, hw, gpus=gpus, seq_len=seq_len, **parallel)
         raise ConfigError("gpus", gpus, f"no 2-D or 3-D factorization of {gpus} GPUs runs "
                           f"a global batch of {sequences} sequences of {spec.name}"
-                          + (f" with {parallel}" if parallel else ""))
+                          + (f" with {fixed}" if fixed else "") + (f": {why}" if why else ""))
     ranked = pp.choose_parallel(spec, hw, plans)
     best = ranked[0]
     return {"global_batch_sequences": sequences,
