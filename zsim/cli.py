@@ -359,7 +359,7 @@ def sweep(
     set_: SetOpt = None,
     executor: Annotated[Executor, typer.Option(
         help="local: every core here (ZSIM_WORKERS=N caps them); ray: a Ray cluster "
-             "(pip install 'zsim[ray]').")] = Executor.local,
+             "(needs Ray: pip install 'ray>=2.40').")] = Executor.local,
     ray_address: Annotated[str | None, typer.Option(
         help="Ray cluster address (default: RAY_ADDRESS, else a local cluster).")] = None,
 ) -> None:
