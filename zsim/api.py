@@ -301,9 +301,28 @@ def sweep(scenario: Path, out: Path | None = None, *, executor: str = "local",
             "warnings": warnings, "simulated": done.simulated}
 
 
-SHIPPED_SCENARIOS = Path("scenarios")
-"""Where `zsim report --all` finds the shipped studies: every *.yaml directly in this
-folder, relative to the working folder (the repository root)."""
+SHIPPED_SCENARIOS = "zsim.scenarios"
+"""The data package of the shipped studies: the repository's scenarios/ folder, installed
+with zsim (pyproject.toml), its report templates beside it in zsim.reports."""
+
+
+def shipped_scenarios() -> list[Path]:
+    """Every shipped study, SHIPPED_SCENARIOS/*.yaml in name order, wherever zsim is
+    installed (an editable install: the repository's scenarios/).
+
+    Raises:
+        ConfigError: the data package is not installed (an editable install made before
+            it was added: reinstall).
+    """
+    from importlib.resources import files
+
+    try:
+        folder = Path(str(files(SHIPPED_SCENARIOS)))
+    except ModuleNotFoundError:
+        raise ConfigError("all", SHIPPED_SCENARIOS, "the shipped studies are not installed "
+                          "with this zsim: reinstall it (pip install -e . in the repository)"
+                          ) from None
+    return sorted(folder.glob("*.yaml"))
 
 
 def report(scenarios: Sequence[Path], out: Path, *, shipped: bool = False,
@@ -316,7 +335,7 @@ def report(scenarios: Sequence[Path], out: Path, *, shipped: bool = False,
     Args:
         scenarios: scenario files (schema in zsim.scenario), each with a distinct name.
         out: folder for the report files.
-        shipped: also every shipped study (SHIPPED_SCENARIOS/*.yaml, in name order).
+        shipped: also every shipped study (shipped_scenarios()).
         overrides: `KEY=VALUE` settings over every file (zsim.scenario.apply_overrides).
         progress: called after each run with (scenario name, runs done, runs in total,
             run name).
@@ -333,11 +352,7 @@ def report(scenarios: Sequence[Path], out: Path, *, shipped: bool = False,
     from zsim.sweep import run_sweep
 
     if shipped:
-        found = sorted(SHIPPED_SCENARIOS.glob("*.yaml"))
-        if not found:
-            raise ConfigError("all", f"{SHIPPED_SCENARIOS}/", "no scenario files here; "
-                              "run from the repository root")
-        scenarios = [*scenarios, *found]
+        scenarios = [*scenarios, *shipped_scenarios()]
     if not scenarios:
         raise ConfigError("scenario", None, "give at least one --scenario file")
     names: dict[str, Path] = {}

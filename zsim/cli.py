@@ -391,8 +391,9 @@ def report(
     scenario: Annotated[list[Path] | None, typer.Option(
         help="Scenario YAML; repeatable.")] = None,
     all_: Annotated[bool, typer.Option(
-        "--all", help="Every shipped study, scenarios/*.yaml (run from the repository "
-                      "root): `zsim report --all --out reports` regenerates reports/.")] = False,
+        "--all", help="Every shipped study (the repository's scenarios/*.yaml, installed "
+                      "with zsim): `zsim report --all --out reports` regenerates "
+                      "reports/.")] = False,
     set_: SetOpt = None,
 ) -> None:
     """Simulate scenarios and write their markdown reports with tables and figures."""

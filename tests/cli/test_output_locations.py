@@ -2,7 +2,9 @@
 virtual environment, every command that writes run from an empty folder, and nothing
 appears anywhere but in the folder each command was given: not in the working folder,
 not in HOME or TMPDIR, not in the installed package (where `zsim validate` used to drop
-its CSV), not in the source it was installed from.
+its CSV), not in the source it was installed from. `zsim report --all` among them finds
+the shipped studies (and their configs and report templates) in the installed package,
+outside the repository (issue 36).
 
 Caches of the libraries zsim uses (matplotlib's font cache; torch's inductor cache, which
 torch creates under TMPDIR when FSDP2 is imported; numba's machine code of the sweep's
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 torch = pytest.importorskip("torch")
 
@@ -111,8 +114,10 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
                           "'purelib'))"], capture_output=True, text=True, check=True,
                          env=_environ()).stdout.strip()
     (Path(own) / "outer.pth").write_text("".join(f"{d}\n" for d in site.getsitepackages()))
+    # --ignore-installed: a zsim installed in this interpreter, seen through the .pth
+    # file, is left alone.
     install = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install",
-                              "--quiet", "--no-deps", str(src)],
+                              "--quiet", "--no-deps", "--ignore-installed", str(src)],
                              capture_output=True, text=True, env=_environ())
     assert install.returncode == 0, install.stderr[-3000:]
     shutil.rmtree(src / "build", ignore_errors=True)  # setuptools' own staging
@@ -171,6 +176,7 @@ def written(installed: tuple[Path, Path], tmp_path_factory: pytest.TempPathFacto
         ["zsim", "validate", "--model", str(inputs / "tiny" / "config.json"), "--nproc", "2",
          "--strategy", "ddp", "--seq", "32", "--steps", "1"],
         [str(bin_dir / "python"), "-c", CALIBRATE, str(out / "calibrate" / "cpu.yaml")],
+        ["zsim", "report", "--all", "--out", str(out / "report")],
     ]
     for cmd in commands:
         proc = subprocess.run(cmd, cwd=run_dir, env=env, capture_output=True, text=True,
@@ -185,7 +191,8 @@ def test_every_writing_command_writes_only_into_its_folder(
     _, env_dir = installed
     parquet = subprocess.run([str(env_dir / "bin" / "python"), "-c", "import pyarrow"],
                              capture_output=True).returncode == 0
-    assert _tree(written.out) == {
+    reports = {name for name in _tree(written.out) if name.startswith("report")}
+    assert _tree(written.out) - reports == {
         "trace", "trace/step.json",
         "sweep", "sweep/where.csv", "sweep/where.md", "sweep/where-step-time.png",
         "sweep/where-memory.png", "sweep/where-memory-curve.png", "sweep/where-step-time.svg",
@@ -197,6 +204,22 @@ def test_every_writing_command_writes_only_into_its_folder(
     assert written.after["home"] == set()
     assert written.after["tmp"] == set()
     assert {name: written.after[name] for name in written.before} == written.before
+
+
+def test_report_all_finds_the_installed_studies(written: Written) -> None:
+    """`zsim report --all`, run outside the repository, reported every shipped study
+    (scenarios/*.yaml, by their names), each through its own template (its title line)
+    and the configs configs-13b-64 reads."""
+    for path in sorted((REPO / "scenarios").glob("*.yaml")):
+        scenario = yaml.safe_load(path.read_text())
+        md = written.out / "report" / f"{scenario['name']}.md"
+        assert (written.out / "report" / f"{scenario['name']}.csv").is_file()
+        template = (scenario.get("report") or {}).get("template")
+        if template:
+            title = (path.parent / template).read_text().splitlines()[0]
+            assert title.startswith("# ") and title in md.read_text().splitlines()
+    runs = (written.out / "report" / "configs-13b-64.csv").read_text()
+    assert "ds-zero3-offload" in runs and "accelerate-fsdp2" in runs
 
 
 def test_the_installed_calibrate_writes_a_loadable_profile_with_provenance(
