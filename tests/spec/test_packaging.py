@@ -7,6 +7,7 @@ study reads, or an installed zsim misses it."""
 from __future__ import annotations
 
 import fnmatch
+import re
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,21 @@ def test_every_file_a_shipped_study_reads_is_package_data() -> None:
         package = folders[file.resolve().parent]
         patterns = config["package-data"][package]
         assert any(fnmatch.fnmatch(file.name, p) for p in patterns), (file, patterns)
+
+
+def test_ci_runs_the_readmes_test_command_in_a_fresh_venv() -> None:
+    """Issue 36: CI ran its own install (into the machine's python3, upgrading pip) where
+    a user runs the README's; now .ci/run makes a new virtual environment of python3 with
+    the pip it comes with and runs the Quickstart's test command, verbatim."""
+    readme = (REPO / "README.md").read_text()
+    start = readme.index("## Quickstart")
+    quickstart = readme[start:readme.index("\n## ", start)]
+    commands = [block.strip() for block in quickstart.split("```bash")[1:]]
+    commands = [c[:c.index("```")].strip() for c in commands]
+    assert commands == ["pip install -e . && zsim plan --model 13b --gpus 128",
+                        "pip install -e '.[test]' && pytest"]
+    assert "python3 -m venv .venv && . .venv/bin/activate" in " ".join(quickstart.split())
+    lines = [line for line in (REPO / ".ci" / "run").read_text().splitlines()
+             if line and not line.startswith("#")]
+    assert lines[-2:] == ['python3 -m venv "$venv" && . "$venv/bin/activate"', commands[1]]
+    assert not any(re.search(r"\bpip\b", line) for line in lines[:-1])  # no other install
