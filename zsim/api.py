@@ -75,7 +75,7 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
         "micro_batch": best.plan.micro_batch,
         "recommended": best.plan.label if best.fits else None,
         "yours": yours.label if yours is not None else None,
-        "warnings": list(warnings),
+        "warnings": [*warnings, *_partial_node(gpus, hw)],
         "candidates": [{**planner.to_record(spec, c, best), "yours": c.plan == yours}
                        for c in ranked],
     }
@@ -171,13 +171,27 @@ def build_plan(spec: ModelSpec, *, gpus: int, strategy: str, shard_group: int | 
 
 def default_shard_group(gpus_per_node: int, gpus: int, parallel: dict[str, Any]) -> int:
     """HSDP's usual shard group: the data-parallel ranks of one node (all of them when
-    fewer), given the model-parallel degrees in `parallel` (1 where absent)."""
+    fewer), given the model-parallel degrees in `parallel` (1 where absent).
+
+    Raises:
+        ConfigError: a node's data-parallel ranks do not divide the job's (12 GPUs on
+            8-GPU nodes), naming the shard groups that would.
+    """
     model_parallel = 1
     for axis in ("tp", "cp", "pp"):
         degree = parallel.get(axis, 1)
         model_parallel *= degree if isinstance(degree, int) and degree > 0 else 1
     dp = max(1, gpus // model_parallel)
-    return max(1, min(gpus_per_node // model_parallel, dp))
+    group = max(1, min(gpus_per_node // model_parallel, dp))
+    if dp % group:
+        fit = [str(g) for g in range(2, dp) if dp % g == 0 and (
+            gpus_per_node % (g * model_parallel) == 0 or (g * model_parallel) % gpus_per_node
+            == 0)]
+        raise ConfigError("shard_group", None, f"HSDP shards over a node's {group} data-"
+                          f"parallel ranks by default, which do not divide the {dp} of "
+                          f"--gpus {gpus} ({gpus / gpus_per_node:g} nodes of {gpus_per_node})"
+                          + (f": give --shard-group ({' or '.join(fit)})" if fit else ""))
+    return group
 
 
 def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | None = None,
@@ -242,7 +256,15 @@ def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | 
     if trace is not None:
         write_files(trace.parent, {trace.name: json.dumps(chrome_trace(result)).encode()})
     return {"model": spec.name, "hardware": hw.name, "plan": plan.to_dict(),
-            "warnings": list(warnings), **result.to_dict()}
+            "warnings": [*warnings, *_partial_node(gpus, hw)], **result.to_dict()}
+
+
+def _partial_node(gpus: int, hw: Any) -> list[str]:
+    """The warning of a world that is not a whole number of nodes, if it is one."""
+    from zsim.analytic.placement import partial_node_warning
+
+    note = partial_node_warning(gpus, hw)
+    return [note] if note else []
 
 
 def sweep(scenario: Path, out: Path | None = None, *, executor: str = "local",
