@@ -144,7 +144,7 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
         "recommendation": None if rec is None else rec.reason(),
         "tie_tolerance_pct": None if rec is None else round(100 * rec.tolerance, 2),
         "yours": yours.label if yours is not None else None,
-        "warnings": list(warnings),
+        "warnings": [*warnings, *_partial_node(gpus, hw)],
         "candidates": candidates,
         "parallel": parallel_rows,
     }
@@ -177,9 +177,12 @@ def _parallel_search(spec: ModelSpec, hw: Any, *, gpus: int, seq_len: int, seque
     if not plans:
         if not parallel:
             return None
+        named = [f"{k}={v}" for k, v in parallel.items()]
+        fixed = " and ".join([", ".join(named[:-1]), named[-1]] if len(named) > 1 else named)
+        why = pp.degree_problem(spec, hw, gpus=gpus, seq_len=seq_len, **parallel)
         raise ConfigError("gpus", gpus, f"no 2-D or 3-D factorization of {gpus} GPUs runs "
-                          f"a global batch of {sequences} sequences of {spec.name} with "
-                          + ", ".join(f"{k}={v}" for k, v in parallel.items()))
+                          f"a global batch of {sequences} sequences of {spec.name}"
+                          + (f" with {fixed}" if fixed else "") + (f": {why}" if why else ""))
     return pp.choose_parallel(spec, hw, plans)
 
 
@@ -237,13 +240,27 @@ def build_plan(spec: ModelSpec, *, gpus: int, strategy: str, shard_group: int | 
 
 def default_shard_group(gpus_per_node: int, gpus: int, parallel: dict[str, Any]) -> int:
     """HSDP's usual shard group: the data-parallel ranks of one node (all of them when
-    fewer), given the model-parallel degrees in `parallel` (1 where absent)."""
+    fewer), given the model-parallel degrees in `parallel` (1 where absent).
+
+    Raises:
+        ConfigError: a node's data-parallel ranks do not divide the job's (12 GPUs on
+            8-GPU nodes), naming the shard groups that would.
+    """
     model_parallel = 1
     for axis in ("tp", "cp", "pp"):
         degree = parallel.get(axis, 1)
         model_parallel *= degree if isinstance(degree, int) and degree > 0 else 1
     dp = max(1, gpus // model_parallel)
-    return max(1, min(gpus_per_node // model_parallel, dp))
+    group = max(1, min(gpus_per_node // model_parallel, dp))
+    if dp % group:
+        fit = [str(g) for g in range(2, dp) if dp % g == 0 and (
+            gpus_per_node % (g * model_parallel) == 0 or (g * model_parallel) % gpus_per_node
+            == 0)]
+        raise ConfigError("shard_group", None, f"HSDP shards over a node's {group} data-"
+                          f"parallel ranks by default, which do not divide the {dp} of "
+                          f"--gpus {gpus} ({gpus / gpus_per_node:g} nodes of {gpus_per_node})"
+                          + (f": give --shard-group ({' or '.join(fit)})" if fit else ""))
+    return group
 
 
 def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | None = None,
@@ -315,9 +332,17 @@ def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | 
     ranks_per_node = min(plan.world_size, hw.gpus_per_node)
     return {"model": spec.name, "num_params": spec.num_params, "hardware": hw.name,
             "gpus_per_node": hw.gpus_per_node, "plan": plan.to_dict(),
-            "warnings": list(warnings), "host_memory_bytes_per_gpu": host,
-            "ranks_per_node": ranks_per_node,
+            "warnings": [*warnings, *_partial_node(gpus, hw)],
+            "host_memory_bytes_per_gpu": host, "ranks_per_node": ranks_per_node,
             "host_memory_bytes_per_node": host * ranks_per_node, **result.to_dict()}
+
+
+def _partial_node(gpus: int, hw: Any) -> list[str]:
+    """The warning of a world that is not a whole number of nodes, if it is one."""
+    from zsim.analytic.placement import partial_node_warning
+
+    note = partial_node_warning(gpus, hw)
+    return [note] if note else []
 
 
 def sweep(scenario: Path, out: Path | None = None, *, executor: str = "local",
@@ -376,9 +401,28 @@ def sweep(scenario: Path, out: Path | None = None, *, executor: str = "local",
             "warnings": warnings, "simulated": done.simulated}
 
 
-SHIPPED_SCENARIOS = Path("scenarios")
-"""Where `zsim report --all` finds the shipped studies: every *.yaml directly in this
-folder, relative to the working folder (the repository root)."""
+SHIPPED_SCENARIOS = "zsim.scenarios"
+"""The data package of the shipped studies: the repository's scenarios/ folder, installed
+with zsim (pyproject.toml), its report templates beside it in zsim.reports."""
+
+
+def shipped_scenarios() -> list[Path]:
+    """Every shipped study, SHIPPED_SCENARIOS/*.yaml in name order, wherever zsim is
+    installed (an editable install: the repository's scenarios/).
+
+    Raises:
+        ConfigError: the data package is not installed (an editable install made before
+            it was added: reinstall).
+    """
+    from importlib.resources import files
+
+    try:
+        folder = Path(str(files(SHIPPED_SCENARIOS)))
+    except ModuleNotFoundError:
+        raise ConfigError("all", SHIPPED_SCENARIOS, "the shipped studies are not installed "
+                          "with this zsim: reinstall it (pip install -e . in the repository)"
+                          ) from None
+    return sorted(folder.glob("*.yaml"))
 
 
 def report(scenarios: Sequence[Path], out: Path, *, shipped: bool = False,
@@ -391,7 +435,7 @@ def report(scenarios: Sequence[Path], out: Path, *, shipped: bool = False,
     Args:
         scenarios: scenario files (schema in zsim.scenario), each with a distinct name.
         out: folder for the report files.
-        shipped: also every shipped study (SHIPPED_SCENARIOS/*.yaml, in name order).
+        shipped: also every shipped study (shipped_scenarios()).
         overrides: `KEY=VALUE` settings over every file (zsim.scenario.apply_overrides).
         progress: called after each run with (scenario name, runs done, runs in total,
             run name).
@@ -408,11 +452,7 @@ def report(scenarios: Sequence[Path], out: Path, *, shipped: bool = False,
     from zsim.sweep import run_sweep
 
     if shipped:
-        found = sorted(SHIPPED_SCENARIOS.glob("*.yaml"))
-        if not found:
-            raise ConfigError("all", f"{SHIPPED_SCENARIOS}/", "no scenario files here; "
-                              "run from the repository root")
-        scenarios = [*scenarios, *found]
+        scenarios = [*scenarios, *shipped_scenarios()]
     if not scenarios:
         raise ConfigError("scenario", None, "give at least one --scenario file")
     names: dict[str, Path] = {}

@@ -289,7 +289,7 @@ def sweep(
     set_: SetOpt = None,
     executor: Annotated[Executor, typer.Option(
         help="local: every core here (ZSIM_WORKERS=N caps them); ray: a Ray cluster "
-             "(pip install 'zsim[ray]').")] = Executor.local,
+             "(needs Ray: pip install 'ray>=2.40').")] = Executor.local,
     ray_address: Annotated[str | None, typer.Option(
         help="Ray cluster address (default: RAY_ADDRESS, else a local cluster).")] = None,
 ) -> None:
@@ -321,8 +321,9 @@ def report(
     scenario: Annotated[list[Path] | None, typer.Option(
         help="Scenario YAML; repeatable.")] = None,
     all_: Annotated[bool, typer.Option(
-        "--all", help="Every shipped study, scenarios/*.yaml (run from the repository "
-                      "root): `zsim report --all --out reports` regenerates reports/.")] = False,
+        "--all", help="Every shipped study (the repository's scenarios/*.yaml, installed "
+                      "with zsim): `zsim report --all --out reports` regenerates "
+                      "reports/.")] = False,
     set_: SetOpt = None,
 ) -> None:
     """Simulate scenarios and write their markdown reports with tables and figures."""

@@ -8,13 +8,19 @@ every core this process may use (`ZSIM_WORKERS=N` caps them, as for `zsim plan`)
 workers that inherit the loaded scenario, so only run indices and rows cross processes.
 `ray` sends batches of runs to a Ray cluster (`ray.init(address)`: the address given, else
 `RAY_ADDRESS`, else a local cluster on this machine); ray is imported only there (the
-optional extra `zsim[ray]`), and every node must be able to import zsim.
+optional extra `ray`, RAY_INSTALL), and every node must be able to import zsim. A
+cluster's address is first reached with a plain TCP connection, CONNECT_TIMEOUT_S at
+most (an unknown host, a refused or unanswered connection is a ConfigError at once:
+Ray's own client retries for minutes), and Ray's client then gets the same bound on its
+connection to the cluster (its GCS) and one attempt.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import signal
+import socket
 from collections.abc import Generator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
@@ -27,6 +33,24 @@ from zsim.fanout import workers_for
 from zsim.scenario import Run
 
 EXECUTORS: tuple[str, ...] = ("local", "ray")
+
+RAY_INSTALL = "pip install 'ray>=2.40'"
+"""How to install what `--executor ray` needs: the `ray` extra of pyproject.toml (a test
+keeps them equal, and the same words in the CLI's help and the README)."""
+
+CONNECT_TIMEOUT_S = 5
+"""Seconds a Ray cluster's address may take to accept a TCP connection, and Ray's client
+to connect to the cluster's GCS (Ray's own default for the latter is 30 s, retried 20
+times)."""
+
+RAY_CONNECT_ENV: dict[str, str] = {
+    "RAY_gcs_rpc_server_connect_timeout_s": str(CONNECT_TIMEOUT_S),
+    "RAY_py_gcs_connect_timeout_s": str(CONNECT_TIMEOUT_S),
+    "RAY_gcs_server_port_wait_time_s": "1",
+}
+"""Ray 2.x's settings of its client's connection to a cluster (read from the environment:
+the first two when ray is imported, the last, its count of attempts, at ray.init),
+applied where the user has not set them."""
 
 MAX_BATCH = 32
 """Runs per batch at most: a batch's rows reach the journal (and the progress bar)
@@ -133,16 +157,31 @@ def run_ray(runs: Sequence[Run], pending: Sequence[int], curves: frozenset[str],
             as it is (and left running).
 
     Raises:
-        ConfigError: ray is not installed.
+        ConfigError: ray is not installed, or no Ray cluster answers at the address.
     """
+    field, address = (("ray_address", address) if address is not None
+                      else ("RAY_ADDRESS", os.environ.get("RAY_ADDRESS")))
+    remote = address is not None and address not in ("", "auto", "local")
+    set_here = {k: v for k, v in RAY_CONNECT_ENV.items() if remote and k not in os.environ}
+    os.environ.update(set_here)  # before ray is imported, which reads some of them
     try:
-        import ray
-    except ImportError:
-        raise ConfigError("executor", "ray", "needs Ray: pip install 'zsim[ray]'") from None
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
+        try:
+            import ray
+        except ImportError:
+            raise ConfigError("executor", "ray", f"needs Ray: {RAY_INSTALL}") from None
+        started = not ray.is_initialized()
+        if started:
+            if remote:
+                check_ray_address(field, str(address))
+            try:
+                ray.init(address=address or None, include_dashboard=False,
+                         log_to_driver=False, configure_logging=False)
+            except ConnectionError as e:  # e.g. something else listens there, or "auto"
+                reason = (str(e).strip().splitlines() or ["no Ray cluster answered"])[0]
+                raise ConfigError(field, address, reason) from None
+    finally:
+        for key in set_here:
+            del os.environ[key]
     try:
         remote = ray.remote(evaluate)
         workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
@@ -159,3 +198,32 @@ def run_ray(runs: Sequence[Run], pending: Sequence[int], curves: frozenset[str],
     finally:
         if started:
             ray.shutdown()
+
+
+def check_ray_address(field: str, address: str) -> None:
+    """Reach a Ray cluster's address (HOST:PORT or ray://HOST:PORT) with a TCP connection,
+    CONNECT_TIMEOUT_S at most.
+
+    Raises:
+        ConfigError: `field`=`address` is not HOST:PORT, its host is unknown, or the
+            connection is refused or not answered in time.
+    """
+    hostport = address.removeprefix("ray://")
+    host, _, port = hostport.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")  # [IPv6]:PORT
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(field, address, "must be HOST:PORT (or ray://HOST:PORT, auto, "
+                          "local)")
+    try:
+        with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except socket.gaierror as e:
+        raise ConfigError(field, address, f"unknown host {host!r} ({e.strerror})") from None
+    except TimeoutError:
+        raise ConfigError(field, address, f"no answer within {CONNECT_TIMEOUT_S} s (connection "
+                          "timeout): no Ray cluster reachable there") from None
+    except ConnectionRefusedError:
+        raise ConfigError(field, address, "connection refused: no Ray cluster listens there "
+                          "(`ray start --head` starts one)") from None
+    except OSError as e:
+        raise ConfigError(field, address, f"cannot connect ({e.strerror or e})") from None

@@ -47,8 +47,8 @@ from zsim.spec.validate import validate
 from zsim.units import GiB, dtype_bytes
 
 RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
-MAX_CP = 8
-"""Largest context-parallel degree enumerated."""
+CP_DEGREES: tuple[int, ...] = (1, 2, 4, 8)
+"""Context-parallel degrees enumerated."""
 MAX_PP = 32
 """Largest pipeline degree enumerated."""
 TOP = 3
@@ -91,12 +91,12 @@ MAX_MICRO_BATCH = 16
 def parallel_plans(model: ModelSpec, hw: HardwareProfile, *, gpus: int, seq_len: int,
                    global_batch: int, micro_batch: int | None = 1,
                    **knobs: object) -> list[Plan]:
-    """Every factorization of `gpus` the simulator models: tp dividing a node and the
-    heads, cp (without PP) up to MAX_CP with the sequence in 2 cp chunks, pp dividing
-    the layers up to MAX_PP, 1F1B and (where the layers allow 2 stages per rank)
-    interleaved 1F1B; FSDP over the data-parallel ranks, HSDP sharding over one
-    node's data-parallel ranks, and DDP replicating over them (with CP the state is
-    sharded over dp_shard x cp, Plan.dp_shard_cp, so HSDP's shard group is one node's
+    """Every factorization of `gpus` the simulator models (degree_problem: tp dividing a
+    node and the heads, cp one of CP_DEGREES (without PP) with the sequence in 2 cp
+    chunks, pp dividing the layers up to MAX_PP), 1F1B and (where the layers allow 2
+    stages per rank) interleaved 1F1B; FSDP over the data-parallel ranks, HSDP sharding
+    over one node's data-parallel ranks, and DDP replicating over them (with CP the state
+    is sharded over dp_shard x cp, Plan.dp_shard_cp, so HSDP's shard group is one node's
     data- and context-parallel ranks, the CP ranks alone when they fill it: torchtitan's
     HSDP over (dp_replicate, cp); DDP is left out); each recomputation
     policy; each micro-batch (`micro_batch`, or with None every divisor up to
@@ -106,15 +106,11 @@ def parallel_plans(model: ModelSpec, hw: HardwareProfile, *, gpus: int, seq_len:
     after every micro-batch as torchtitan's loop does (grad_sync "every"), except under
     pipelining, whose stages reduce on the last, and with DDP, run with no_sync until the
     last. Invalid combinations are left out."""
-    gpn = hw.gpus_per_node
     out: list[Plan] = []
-    for tp in (t for t in range(1, gpn + 1) if gpn % t == 0):
-        if model.num_heads % tp or model.num_kv_heads % tp:
-            continue
-        for cp in (c for c in (1, 2, 4, 8) if (c <= MAX_CP and seq_len % (2 * c) == 0)
-                   or c == 1):
-            for pp in (p for p in range(1, MAX_PP + 1) if model.num_layers % p == 0):
-                if (cp > 1 and pp > 1) or gpus % (tp * cp * pp):
+    for tp in range(1, hw.gpus_per_node + 1):
+        for cp in CP_DEGREES:
+            for pp in range(1, MAX_PP + 1):
+                if degree_problem(model, hw, gpus=gpus, seq_len=seq_len, tp=tp, cp=cp, pp=pp):
                     continue
                 dp = gpus // (tp * cp * pp)
                 if global_batch % dp:
@@ -132,6 +128,37 @@ def parallel_plans(model: ModelSpec, hw: HardwareProfile, *, gpus: int, seq_len:
                     out += _variants(model, hw, tp=tp, cp=cp, pp=pp, dp=dp, m=m,
                                      seq_len=seq_len, micro_batch=mb, knobs=knobs)
     return out
+
+
+def degree_problem(model: ModelSpec, hw: HardwareProfile, *, gpus: int, seq_len: int,
+                   tp: int = 1, cp: int = 1, pp: int = 1) -> str | None:
+    """Why parallel_plans has no plan of these degrees whatever the batch, in words; None
+    where it enumerates them."""
+    fixed = {name: d for name, d in (("tp", tp), ("cp", cp), ("pp", pp)) if d > 1}
+    product = tp * cp * pp
+    if gpus % product:
+        degrees = " x ".join(fixed)
+        what = f"{degrees} = {product}" if len(fixed) > 1 else f"{degrees}={product}"
+        return f"{gpus} is not divisible by {what}"
+    if hw.gpus_per_node % tp:
+        return (f"tp={tp} does not divide a {hw.name} node's {hw.gpus_per_node} GPUs (tensor "
+                "parallelism stays inside a node)")
+    if model.num_heads % tp or model.num_kv_heads % tp:
+        return (f"tp={tp} does not divide {model.name}'s {model.num_heads} attention heads "
+                f"and {model.num_kv_heads} key/value heads")
+    if cp not in CP_DEGREES:
+        return (f"cp={cp} is not a context-parallel degree the planner enumerates "
+                f"({', '.join(map(str, CP_DEGREES))})")
+    if cp > 1 and seq_len % (2 * cp):
+        return (f"a sequence of {seq_len} does not split into 2 x cp = {2 * cp} chunks "
+                "(load-balanced ring attention)")
+    if pp > MAX_PP:
+        return f"pp={pp} exceeds the {MAX_PP} pipeline stages the planner enumerates"
+    if model.num_layers % pp:
+        return f"pp={pp} does not divide {model.name}'s {model.num_layers} layers"
+    if cp > 1 and pp > 1:
+        return "the planner does not combine context and pipeline parallelism"
+    return None
 
 
 def _variants(model: ModelSpec, hw: HardwareProfile, *, tp: int, cp: int, pp: int, dp: int,

@@ -62,6 +62,7 @@ from typing import Any
 
 import yaml
 
+from zsim.analytic.placement import partial_node_warning
 from zsim.errors import ConfigError
 from zsim.result import Result
 from zsim.spec.expression import Expression, compile_expression
@@ -607,8 +608,10 @@ def _run(name: str, plan_name: str, swept: tuple[tuple[str, Any], ...],
             field, value = f"{where}.{key}", e.value
         context = f" (run {name!r})" if swept else ""
         raise ConfigError(field, value, e.reason + context) from None
+    partial = partial_node_warning(values["gpus"], hw)
     return Run(name=name, plan_name=plan_name, swept=swept, model=model, hardware=hw,
-               plan=plan, gpus=values["gpus"], warnings=warnings)
+               plan=plan, gpus=values["gpus"],
+               warnings=(*warnings, partial) if partial else warnings)
 
 
 def _config_plan(key: str, values: dict[str, Any], origin: dict[str, str],

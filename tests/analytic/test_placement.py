@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from zsim.analytic.collectives import CommGroup
+from zsim.analytic.collectives import CommGroup, ring_link_loads
 from zsim.analytic.comm import replicate_group, shard_group
 from zsim.analytic.placement import pipeline_hop_crosses_nodes, place
 from zsim.spec.plan import Plan
@@ -102,3 +102,53 @@ def test_fsdp_group_is_torchtitans_flattened_dp_shard_cp(tp: int, cp: int, shard
     replicas = [_torchtitan_rank(dp_replicate=r, dp_shard=0, cp=0, tp=0, dims=dims)
                 for r in range(repl)]
     assert replicate_group(plan, H100).nodes == _nodes_of(replicas)
+
+
+def _groups(degrees: dict[str, int], axis: str) -> list[list[int]]:
+    """Every group along `axis` of a row-major mesh (innermost first), as rank lists."""
+    names = list(degrees)
+    strides = dict(zip(names, itertools.accumulate([1, *degrees.values()][:-1],
+                                                   lambda a, b: a * b), strict=True))
+    others = [range(degrees[n]) for n in names if n != axis]
+    groups = []
+    for coords in itertools.product(*others):
+        base = sum(c * strides[n] for c, n in zip(coords, [n for n in names if n != axis],
+                                                  strict=True))
+        groups.append([base + i * strides[axis] for i in range(degrees[axis])])
+    return groups
+
+
+@pytest.mark.parametrize(("tp", "shard", "repl"), [
+    (1, 12, 1),   # FSDP on 12 GPUs: 8 + 4
+    (2, 6, 1),    # tp=2: the shard group holds 4 ranks of node 0, 2 of node 1
+    (4, 3, 1),    # tp=4: 2 + 1
+    (1, 4, 3),    # HSDP on 12: shard groups whole in a node, replicas 2 + 1
+    (2, 10, 1),   # 20 GPUs, 2.5 nodes: 4 + 4 + 2
+    (1, 16, 1),   # whole nodes: unchanged
+])
+def test_a_partly_filled_last_node_is_placed_from_rank_numbers(tp: int, shard: int,
+                                                              repl: int) -> None:
+    """Issue 36: a world that is not whole nodes fills its last node in part. Each
+    axis's group says how many members the fullest node holds (ranks_per_node) and the
+    least filled one (fewest_per_node), over every group of the axis, counted from rank
+    numbers (rank // 8 is the node)."""
+    plan = Plan(strategy="hsdp" if repl > 1 else "fsdp", dp_shard=shard, dp_replicate=repl,
+                tp=tp, seq_len=4096)
+    placement = place(plan, H100)
+    degrees = {"tp": tp, "cp": 1, "pp": 1, "dp_shard": shard, "dp_replicate": repl}
+    for axis in degrees:
+        counts = [sum(1 for r in group if r // 8 == node)
+                  for group in _groups(degrees, axis) for node in {r // 8 for r in group}]
+        group = placement.group(axis)
+        assert (group.ranks_per_node, group.fewest_per_node) == (max(counts), min(counts)), axis
+
+
+def test_the_least_filled_node_carries_the_ring_across_nodes() -> None:
+    """12 ranks on 8-GPU nodes, 8 + 4: every channel's ring leaves and enters the 4-GPU
+    node once; rotated over channels, each of its 4 NICs sends 1/4 of the bus bytes (a
+    full node's 8 NICs send 1/8 each); NVLink carries the fuller node's 7/8."""
+    group = place(Plan(strategy="fsdp", dp_shard=12, seq_len=4096), H100).group("dp_shard")
+    assert group == CommGroup(ranks=12, ranks_per_node=8, last_node_ranks=4)
+    assert ring_link_loads(group) == (("intra_node", 7 / 8), ("inter_node", 1 / 4))
+    whole = place(Plan(strategy="fsdp", dp_shard=16, seq_len=4096), H100).group("dp_shard")
+    assert ring_link_loads(whole) == (("intra_node", 7 / 8), ("inter_node", 1 / 8))

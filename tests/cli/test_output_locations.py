@@ -2,7 +2,9 @@
 virtual environment, every command that writes run from an empty folder, and nothing
 appears anywhere but in the folder each command was given: not in the working folder,
 not in HOME or TMPDIR, not in the installed package (where `zsim validate` used to drop
-its CSV), not in the source it was installed from.
+its CSV), not in the source it was installed from. `zsim report --all` among them finds
+the shipped studies (and their configs and report templates) in the installed package,
+outside the repository (issue 36).
 
 Caches of the libraries zsim uses (matplotlib's font cache; torch's inductor cache, which
 torch creates under TMPDIR when FSDP2 is imported; numba's machine code of the sweep's
@@ -19,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
 import venv
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 torch = pytest.importorskip("torch")
 
@@ -83,26 +87,45 @@ def _source_files() -> list[str]:
     return [f for f in names if (REPO / f).is_file()]
 
 
+def _environ() -> dict[str, str]:
+    """This process's environment without PYTHONPATH, which would put a checkout's zsim
+    before the installed one."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(source copy, virtual environment) with zsim installed from the copy, not editable;
-    the environment sees this interpreter's packages (torch, simpy, ...) beneath its own."""
+    """(source copy, virtual environment) with zsim installed from the copy, not editable,
+    built as a user's `pip install` builds it (in an isolated environment with the
+    setuptools pyproject.toml asks for, from the user's package index); the environment
+    sees this interpreter's packages (torch, simpy, ...) beneath its own, through a .pth
+    file naming this interpreter's site-packages (a virtual environment's
+    system_site_packages would name the base interpreter's instead, which lack them when
+    this interpreter is itself a virtual environment)."""
     root = tmp_path_factory.mktemp("install")
     src = root / "src"
     for f in _source_files():
         (src / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / f, src / f)
     env_dir = root / "venv"
-    venv.create(env_dir, system_site_packages=True, with_pip=False)
+    venv.create(env_dir, with_pip=False)
     python = env_dir / "bin" / "python"
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install",
-                    "--quiet", "--no-deps", "--no-build-isolation", "--no-index", str(src)],
-                   check=True, capture_output=True)
+    own = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path("
+                          "'purelib'))"], capture_output=True, text=True, check=True,
+                         env=_environ()).stdout.strip()
+    (Path(own) / "outer.pth").write_text("".join(f"{d}\n" for d in site.getsitepackages()))
+    # --ignore-installed: a zsim installed in this interpreter, seen through the .pth
+    # file, is left alone.
+    install = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install",
+                              "--quiet", "--no-deps", "--ignore-installed", str(src)],
+                             capture_output=True, text=True, env=_environ())
+    assert install.returncode == 0, install.stderr[-3000:]
     shutil.rmtree(src / "build", ignore_errors=True)  # setuptools' own staging
     for info in src.glob("*.egg-info"):
         shutil.rmtree(info)
     where = subprocess.run([str(python), "-c", "import zsim; print(zsim.__file__)"],
-                           cwd=root, capture_output=True, text=True, check=True).stdout
+                           cwd=root, capture_output=True, text=True, check=True,
+                           env=_environ()).stdout
     assert Path(where.strip()).is_relative_to(env_dir), where
     return src, env_dir
 
@@ -135,7 +158,7 @@ def written(installed: tuple[Path, Path], tmp_path_factory: pytest.TempPathFacto
     (inputs / "tiny").mkdir()
     (inputs / "tiny" / "config.json").write_text(json.dumps(TINY_CONFIG))
     (inputs / "where.yaml").write_text(SCENARIO)
-    env = {**os.environ, "HOME": str(home), "TMPDIR": str(tmp), "XDG_CACHE_HOME": str(cache),
+    env = {**_environ(), "HOME": str(home), "TMPDIR": str(tmp), "XDG_CACHE_HOME": str(cache),
            "MPLCONFIGDIR": str(cache / "matplotlib"), "PYTHONDONTWRITEBYTECODE": "1",
            "TORCHINDUCTOR_CACHE_DIR": str(cache / "torchinductor"),
            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
@@ -153,6 +176,7 @@ def written(installed: tuple[Path, Path], tmp_path_factory: pytest.TempPathFacto
         ["zsim", "validate", "--model", str(inputs / "tiny" / "config.json"), "--nproc", "2",
          "--strategy", "ddp", "--seq", "32", "--steps", "1"],
         [str(bin_dir / "python"), "-c", CALIBRATE, str(out / "calibrate" / "cpu.yaml")],
+        ["zsim", "report", "--all", "--out", str(out / "report")],
     ]
     for cmd in commands:
         proc = subprocess.run(cmd, cwd=run_dir, env=env, capture_output=True, text=True,
@@ -167,7 +191,8 @@ def test_every_writing_command_writes_only_into_its_folder(
     _, env_dir = installed
     parquet = subprocess.run([str(env_dir / "bin" / "python"), "-c", "import pyarrow"],
                              capture_output=True).returncode == 0
-    assert _tree(written.out) == {
+    reports = {name for name in _tree(written.out) if name.startswith("report")}
+    assert _tree(written.out) - reports == {
         "trace", "trace/step.json",
         "sweep", "sweep/where.csv", "sweep/where.md", "sweep/where-step-time.png",
         "sweep/where-memory.png", "sweep/where-memory-curve.png", "sweep/where-step-time.svg",
@@ -179,6 +204,22 @@ def test_every_writing_command_writes_only_into_its_folder(
     assert written.after["home"] == set()
     assert written.after["tmp"] == set()
     assert {name: written.after[name] for name in written.before} == written.before
+
+
+def test_report_all_finds_the_installed_studies(written: Written) -> None:
+    """`zsim report --all`, run outside the repository, reported every shipped study
+    (scenarios/*.yaml, by their names), each through its own template (its title line)
+    and the configs configs-13b-64 reads."""
+    for path in sorted((REPO / "scenarios").glob("*.yaml")):
+        scenario = yaml.safe_load(path.read_text())
+        md = written.out / "report" / f"{scenario['name']}.md"
+        assert (written.out / "report" / f"{scenario['name']}.csv").is_file()
+        template = (scenario.get("report") or {}).get("template")
+        if template:
+            title = (path.parent / template).read_text().splitlines()[0]
+            assert title.startswith("# ") and title in md.read_text().splitlines()
+    runs = (written.out / "report" / "configs-13b-64.csv").read_text()
+    assert "ds-zero3-offload" in runs and "accelerate-fsdp2" in runs
 
 
 def test_the_installed_calibrate_writes_a_loadable_profile_with_provenance(

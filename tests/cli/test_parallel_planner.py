@@ -4,6 +4,8 @@ and `zsim plan`'s table."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from test_bad_input import error_line
@@ -115,3 +117,27 @@ def test_zsim_plan_prints_the_2d_3d_table() -> None:
 def test_zsim_plan_bad_global_batch_is_one_line() -> None:
     line = error_line(["plan", "--model", "7b", "--gpus", "16", "--global-batch", "lots"])
     assert line.startswith("error: global_batch='lots'")
+
+
+@pytest.mark.parametrize(("fixed", "why"), [
+    (("--cp", "3"), "with cp=3: 16 is not divisible by cp=3"),
+    (("--tp", "3", "--pp", "2"), "with tp=3 and pp=2: 16 is not divisible by tp x pp = 6"),
+    (("--tp", "2", "--pp", "8", "--cp", "2"),
+     "with tp=2, pp=8 and cp=2: 16 is not divisible by tp x cp x pp = 32"),
+    (("--tp", "16"), "with tp=16: tp=16 does not divide a dgx-h100 node's 8 GPUs"),
+    (("--pp", "16"), "with pp=16: pp=16 does not divide llama2-13b's 40 layers"),
+    (("--cp", "16"), "with cp=16: cp=16 is not a context-parallel degree the planner "
+                     "enumerates (1, 2, 4, 8)"),
+    (("--cp", "2", "--pp", "2"), "the planner does not combine context and pipeline"),
+])
+def test_no_factorization_says_why_in_words(fixed: tuple[str, ...], why: str) -> None:
+    """Issue 36: `--cp 3` on 16 GPUs printed the dict {'cp': 3}. The error names the
+    degrees in words and the first reason no plan has them (16 = 2^4 has no factor 3;
+    Llama-2-13B has 40 layers, 8 KV heads; a DGX H100 node 8 GPUs)."""
+    result = subprocess.run([sys.executable, "-m", "zsim", "plan", "--model", "13b",
+                             "--gpus", "16", *fixed], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2 and result.stdout == "", result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
+    assert result.stderr.startswith("error: gpus=16: no 2-D or 3-D factorization of 16 GPUs")
+    assert why in result.stderr and "{" not in result.stderr

@@ -129,3 +129,41 @@ def test_a_step_the_allocator_cannot_place_is_flagged() -> None:
     assert "fragmentation" in text and "expandable_segments" in text
     small = CliRunner().invoke(app, [*SMALL, "--strategy", "fsdp"]).stdout
     assert "fragmentation" not in small
+
+
+NODES_NOTE = ("warning: 12 GPUs are 1.5 nodes of 8 (dgx-h100): placed in rank order on 1 "
+              "full node and one of 4, whose 4 NICs carry a larger share of each collective "
+              "across nodes")
+
+
+@pytest.mark.parametrize("command", [
+    ["simulate", "--model", "125m", "--gpus", "12", "--seq", "1024", "--strategy", "fsdp"],
+    ["plan", "--model", "125m", "--gpus", "12", "--seq", "1024"],
+])
+def test_a_world_of_part_nodes_is_stated(command: list[str]) -> None:
+    """Issue 36: `--gpus 12` on 8-GPU nodes ran without a word that it is 1.5 nodes."""
+    result = run(command)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [NODES_NOTE]
+    whole = run([*command[:4], "16", *command[5:]])
+    assert whole.returncode == 0 and whole.stderr == ""
+
+
+@pytest.mark.parametrize(("extra", "line"), [
+    (["--gpus", "12"], "error: shard_group=None: HSDP shards over a node's 8 data-parallel "
+     "ranks by default, which do not divide the 12 of --gpus 12 (1.5 nodes of 8): give "
+     "--shard-group (2 or 4)"),
+    (["--gpus", "24", "--shard-group", "12"], "error: plan.dp_shard=12: an HSDP shard group "
+     "spans 12 GPUs, 1.5 nodes of 8 (dgx-h100): groups would straddle nodes; it must divide "
+     "a node or be whole nodes"),
+])
+def test_hsdp_that_needs_whole_nodes_is_refused_in_one_line(extra: list[str],
+                                                              line: str) -> None:
+    """HSDP shards within a node: on 12 GPUs of 8-GPU nodes the default group (8) does
+    not divide the world (the error named only shard_group=8), and a shard group of 12
+    on 24 GPUs put ranks 12-23 on nodes 1 and 2 while zsim modelled each group's
+    all-gathers as if consecutive (it ran, exit 0)."""
+    result = run(["simulate", "--model", "125m", "--seq", "1024", "--strategy", "hsdp",
+                  *extra])
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [line]

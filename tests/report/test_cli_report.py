@@ -11,6 +11,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from zsim import api
 from zsim.cli import app
 from zsim.errors import ConfigError
 from zsim.report.build import FIGURES
@@ -20,6 +21,16 @@ from zsim.scenario import REPORT_FIGURES, scenario_from_dict
 def report(*args: str) -> tuple[int, str, str]:
     result = CliRunner().invoke(app, ["report", *args])
     return result.exit_code, result.stdout, result.stderr
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_shipped_studies_are_the_repositorys_scenarios() -> None:
+    """In a checkout's (editable) install, the shipped studies are scenarios/*.yaml: the
+    repository's folder is their one source (the installed copy is checked by
+    tests/cli/test_output_locations.py)."""
+    assert api.shipped_scenarios() == sorted((REPO / "scenarios").glob("*.yaml"))
 
 
 def test_every_report_figure_has_a_file_name_and_caption() -> None:
@@ -45,15 +56,21 @@ def test_report_writes_the_chosen_figures_in_png_and_svg(toy_path: Path,
     assert "toy [3/3] ddp-huge" in stderr
 
 
-def test_all_regenerates_every_scenario_in_scenarios(toy_path: Path, tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "scenarios").mkdir()
+def test_all_regenerates_every_shipped_scenario_from_any_folder(
+        toy_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--all takes the shipped studies from the installed package (here stood in for by
+    two toy scenarios), not from a scenarios/ folder under the working folder, which
+    issue 36 found missing when run outside the repository."""
+    (tmp_path / "shipped").mkdir()
+    shipped = []
     for name in ("one", "two"):
         data = dict(yaml.safe_load(toy_path.read_text()), name=name,
                     plans={"fsdp": {"strategy": "fsdp"}})
-        (tmp_path / "scenarios" / f"{name}.yaml").write_text(yaml.safe_dump(data))
-    monkeypatch.chdir(tmp_path)
-    code, _, stderr = report("--all", "--out", "reports")
+        shipped.append(tmp_path / "shipped" / f"{name}.yaml")
+        shipped[-1].write_text(yaml.safe_dump(data))
+    monkeypatch.setattr(api, "shipped_scenarios", lambda: shipped)
+    monkeypatch.chdir(tmp_path / "shipped")
+    code, _, stderr = report("--all", "--out", str(tmp_path / "reports"))
     assert code == 0, stderr
     assert {p.name for p in (tmp_path / "reports").iterdir()} == {
         f"{n}{suffix}" for n in ("one", "two")

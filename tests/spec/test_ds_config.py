@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import KeysView
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from zsim.errors import ConfigError
 from zsim.schedule.programs.deepspeed import _sub_groups
 from zsim.simulate import simulate as simulate_plan
 from zsim.spec.deepspeed import DeepSpeedZero
-from zsim.spec.ds_config import ZERO_KEYS, ds_plan, read_ds_config
+from zsim.spec.ds_config import REMOVED_TOP, TOP_KEYS, ZERO_KEYS, ds_plan, read_ds_config
 from zsim.spec.registry import resolve_hardware, resolve_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,6 +43,111 @@ def test_zero_keys_are_deepspeeds() -> None:
     fields = config.DeepSpeedZeroConfig.model_fields
     names = set(fields) | {f.alias for f in fields.values() if f.alias}
     assert names == ZERO_KEYS
+
+
+class _Looked(KeysView):
+    """The keys view of a _Recording: `key in config.keys()` is recorded too."""
+
+    def __contains__(self, key: object) -> bool:
+        self._mapping.seen.add(key)  # type: ignore[attr-defined]
+        return dict.__contains__(self._mapping, key)  # type: ignore[arg-type]
+
+
+class _Recording(dict):
+    """A config that records every key DeepSpeed looks up in it (copies share the
+    record: DeepSpeedConfig parses a copy)."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        super().__init__(data)
+        self.seen: set[object] = set()
+
+    def __contains__(self, key: object) -> bool:
+        self.seen.add(key)
+        return super().__contains__(key)
+
+    def __getitem__(self, key: str) -> Any:
+        self.seen.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.seen.add(key)
+        return super().get(key, default)
+
+    def keys(self) -> _Looked:  # type: ignore[override]
+        return _Looked(self)
+
+    def __copy__(self) -> _Recording:
+        copy = _Recording(dict(self.items()))
+        copy.seen = self.seen
+        return copy
+
+
+def test_top_keys_are_the_keys_deepspeed_reads() -> None:
+    """TOP_KEYS is every top-level key DeepSpeedConfig looks up while parsing a config
+    (recorded by the dict given to it), less those it refuses as removed features
+    (REMOVED_TOP, its _REMOVED_TOP_LEVEL_CONFIG_KEYS), plus the two mesh sizes
+    deepspeed.initialize reads before it (sequence_parallel_size, data_parallel_size)."""
+    runtime = pytest.importorskip("deepspeed.runtime.config")
+    seen: set[object] = set()
+    for config in ({"train_micro_batch_size_per_gpu": 1},
+                   {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+                    "zero_optimization": {"stage": 3}, "optimizer": {"type": "AdamW"}}):
+        recording = _Recording(config)
+        runtime.DeepSpeedConfig(recording)
+        seen |= recording.seen
+    assert set(runtime._REMOVED_TOP_LEVEL_CONFIG_KEYS) == REMOVED_TOP
+    assert (seen - REMOVED_TOP) | {"sequence_parallel_size", "data_parallel_size"} == TOP_KEYS
+    for key in REMOVED_TOP:  # refused by DeepSpeed itself
+        with pytest.raises(runtime.DeepSpeedConfigError):
+            runtime.DeepSpeedConfig({"train_micro_batch_size_per_gpu": 1, key: {}})
+
+
+@pytest.mark.parametrize(("config", "named", "hint"), [
+    ({"zero_optimisation": {"stage": 3}}, "zero_optimisation={'stage': 3}",
+     "which would ignore it; did you mean 'zero_optimization'?"),
+    ({"zero_optimization": {"stage": 3}, "gradient_acumulation_steps": 4},
+     "gradient_acumulation_steps=4", "did you mean 'gradient_accumulation_steps'?"),
+    ({"zero_optimization": {"stage": 3}, "my_notes": "x"}, "my_notes='x'",
+     "not a key of DeepSpeed 0.19's config, which would ignore it"),
+    ({"zero_optimization": {"stage": 3}, "elasticity": {}}, "elasticity={}",
+     "DeepSpeed 0.19 removed this feature and refuses the key"),
+    ({"zero_optimization": {"stage": 3, "overlap_com": True}},
+     "zero_optimization.overlap_com=True", "did you mean 'overlap_comm'?"),
+    ({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "pin_memroy": 1}}},
+     "zero_optimization.offload_param.pin_memroy=1", "did you mean 'pin_memory'?"),
+    ({"train_micro_batch_size_per_gpu": 1}, "zero_optimization.stage=0",
+     "(no zero_optimization.stage: DeepSpeed's default); stage 0 is DeepSpeed's data "
+     "parallelism without ZeRO"),
+])
+def test_an_unknown_key_is_named_with_the_nearest_known_one(
+        tmp_path: Path, config: dict[str, Any], named: str, hint: str) -> None:
+    """Issue 36: a misspelt "zero_optimisation" was read as no ZeRO section, and the
+    error said stage 0 is unsupported. A key DeepSpeed does not read at all is refused
+    (DeepSpeed would ignore it), naming the nearest key it reads; the stage-0 error says
+    where the 0 came from."""
+    path = write(tmp_path, config)
+    result = cli("--model", "125m", "--gpus", "8", "--ds-config", str(path))
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
+    assert result.stderr.startswith(f"error: {path}:{named}: ")
+    assert hint in result.stderr
+
+
+def test_bfloat16_is_deepspeeds_older_name_of_bf16(tmp_path: Path) -> None:
+    """DeepSpeed's get_bfloat16_config reads "bfloat16" where "bf16" is absent: so does
+    zsim (it read such a config as fp32)."""
+    precision = pytest.importorskip("deepspeed.runtime.precision_config")
+    for section, expected in (({"bfloat16": {"enabled": True}}, "bf16"),
+                              ({"bfloat16": {"enabled": True}, "bf16": {"enabled": False}},
+                               "fp32")):
+        config = {"zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW"}, **section}
+        run = read_ds_config(write(tmp_path, config), hidden_size=64)
+        assert precision.get_bfloat16_config(section).enabled == (expected == "bf16")
+        assert (run.precision, run.warnings) == (expected, ())
+    config = {"zero_optimization": {"stage": 2}, "bfloat16": {"check_grad_overflow": "no"}}
+    with pytest.raises(ConfigError) as e:
+        read_ds_config(write(tmp_path, config), hidden_size=64)
+    assert e.value.field.endswith(":bfloat16.check_grad_overflow")
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])

@@ -130,6 +130,25 @@ def test_unknown_fsdp_key_warns(tmp_path: Path) -> None:
     assert "fsdp_backward_prefetch (FSDP2 ignores it)" in run.warnings[0]
 
 
+def test_a_misspelt_key_is_named_with_the_nearest_known_one(tmp_path: Path) -> None:
+    """Issue 36: a misspelt top-level key is refused (accelerate refuses it) naming the
+    nearest key accelerate knows; a misspelt fsdp_config option, which accelerate ignores,
+    is warned about with the option it nearly is (the plan falls back to the default)."""
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(yaml.safe_dump({"distributed_type": "FSDP", "fsdp_confg": {},
+                                    "mixed_precision": "bf16"}))
+    result = cli("--model", "125m", "--gpus", "8", "--fsdp-config", str(path))
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith(f"error: {path}:fsdp_confg={{}}: not an accelerate "
+                                    "config key")
+    assert result.stderr.rstrip().endswith("did you mean 'fsdp_config'?")
+    run = read_fsdp_config(write(tmp_path, {"fsdp_versoin": 2, "limit_all_gather": True}))
+    assert run.impl == "fsdp1"  # accelerate's default, as accelerate would run it
+    assert ("fsdp_config.fsdp_versoin (accelerate ignores it; did you mean 'fsdp_version'?)"
+            in run.warnings[0])
+    assert "fsdp_config.limit_all_gather (accelerate ignores it)" in run.warnings[0]
+
+
 def test_config_plan_is_the_flags_plan(tmp_path: Path) -> None:
     path = write(tmp_path, {"fsdp_sharding_strategy": "SHARD_GRAD_OP",
                             "fsdp_backward_prefetch": "BACKWARD_PRE"}, num_processes=16)

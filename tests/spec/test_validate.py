@@ -65,6 +65,37 @@ def test_hsdp_group_may_span_nodes() -> None:
     assert validate(LLAMA2_7B, H100, plan, gpus=64) is None
 
 
+@pytest.mark.parametrize(("shard", "tp", "gpus", "ok"), [
+    (16, 1, 64, True),    # two whole nodes
+    (4, 1, 12, True),     # inside a node (the world is 1.5 nodes: a warning, not this rule)
+    (4, 2, 24, True),     # tp x dp_shard = 8: one node
+    (6, 1, 24, False),    # ranks 6-11 and 12-17 would each hold ranks of two nodes
+    (12, 1, 24, False),   # 1.5 nodes: ranks 12-23 straddle nodes 1 and 2
+    (6, 2, 24, False),    # tp x dp_shard = 12
+])
+def test_hsdp_shard_groups_must_not_straddle_nodes(shard: int, tp: int, gpus: int,
+                                                   ok: bool) -> None:
+    """Issue 36: zsim places each shard group as consecutive ranks and models its
+    collectives inside a node when it holds no more than a node; a group size that
+    neither divides a node nor is whole nodes would put some groups on two nodes (by rank
+    numbers: group k holds ranks [k*s, (k+1)*s))."""
+    plan = Plan.for_strategy("hsdp", gpus=gpus, shard_group=shard, tp=tp, seq_len=4096)
+    span = shard * tp
+    groups_in = {n: {r // span for r in range(8 * n, min(8 * n + 8, gpus))}
+                 for n in range(-(-gpus // 8))}
+    straddles = any(len(nodes) > 1 and any(len(groups_in[n]) > 1 for n in nodes)
+                    for nodes in ({r // 8 for r in range(k * span, (k + 1) * span)}
+                                  for k in range(gpus // span)))
+    assert straddles != ok
+    if ok:
+        assert validate(LLAMA2_7B, H100, plan, gpus=gpus) is None
+        return
+    e = _error(plan=plan, gpus=gpus)
+    assert (e.field, e.value) == ("plan.dp_shard", shard)
+    assert f"an HSDP shard group spans {span} GPUs" in e.reason
+    assert f"{span / 8:g} nodes of 8 (dgx-h100)" in e.reason
+
+
 def test_hsdp_group_must_divide_gpus() -> None:
     plan = Plan(strategy="hsdp", dp_shard=3, dp_replicate=2, seq_len=4096)
     e = _error(plan=plan, gpus=8)

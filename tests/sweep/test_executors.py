@@ -6,6 +6,12 @@ naming the run, as the serial reference does."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +19,7 @@ import yaml
 
 import zsim.simulate
 from zsim.errors import ConfigError
-from zsim.executor import evaluate
+from zsim.executor import CONNECT_TIMEOUT_S, RAY_INSTALL, check_ray_address, evaluate
 from zsim.report.build import RESULTS_CSV, RESULTS_PARQUET, results_files
 from zsim.report.frame import rows_frame, sweep_frame, sweep_row
 from zsim.scenario import load_scenario, simulate_runs
@@ -21,6 +27,7 @@ from zsim.schedule.lower import lower
 from zsim.simulate import simulate
 from zsim.sweep import SweepRows, run_sweep
 
+REPO = Path(__file__).resolve().parents[2]
 RUNS = 4 * 2 * 3 * 2 * 2
 """Runs of the grid scenario (tests/sweep/conftest.py): plans x gpus x micro_batch x
 recompute x unit_size."""
@@ -163,3 +170,81 @@ def test_a_curve_asked_for_later_is_computed_again(grid_path: Path, tmp_path: Pa
     again = run_sweep(scenario, tmp_path / "out", curves=scenario.memory_curves[:1])
     assert again.simulated == 1 and list(again.curves) == [scenario.memory_curves[0]]
     assert again.rows == first.rows
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("where", ["flag", "env"])
+def test_a_ray_address_without_a_cluster_is_one_line_at_once(grid_path: Path,
+                                                             where: str) -> None:
+    """Issue 36: `--ray-address` at a closed port printed an 88-line traceback (exit 1)
+    and RAY_ADDRESS=bogus:1 hung past 60 s (Ray's client retries its connection 20 times):
+    now one line naming the address and the reason, exit 2, within seconds."""
+    pytest.importorskip("ray")
+    address = f"127.0.0.1:{_closed_port()}" if where == "flag" else "bogus:1"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    args = [sys.executable, "-m", "zsim", "sweep", "--scenario", str(grid_path),
+            "--executor", "ray"]
+    if where == "flag":
+        args += ["--ray-address", address]
+    else:
+        env["RAY_ADDRESS"] = address
+    start = time.monotonic()
+    result = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
+    took_s = time.monotonic() - start
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
+    field = "ray_address" if where == "flag" else "RAY_ADDRESS"
+    reason = ("connection refused: no Ray cluster listens there" if where == "flag"
+              else "unknown host 'bogus'")
+    assert result.stderr.startswith(f"error: {field}='{address}': {reason}"), result.stderr
+    assert took_s < 30  # start-up and ray's import; the hang was minutes
+
+
+def test_an_unanswered_ray_address_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection that nobody answers (an address that drops the packets) gives up after
+    CONNECT_TIMEOUT_S: the timeout socket.create_connection is given, and its error."""
+    asked: list[float] = []
+
+    def silent(address: tuple[str, int], timeout: float) -> socket.socket:
+        asked.append(timeout)
+        raise TimeoutError("timed out")
+
+    monkeypatch.setattr(socket, "create_connection", silent)
+    with pytest.raises(ConfigError) as e:
+        check_ray_address("ray_address", "ray://head.example:10001")
+    assert asked == [CONNECT_TIMEOUT_S] == [5]
+    assert str(e.value) == ("ray_address='ray://head.example:10001': no answer within 5 s "
+                            "(connection timeout): no Ray cluster reachable there")
+    for bad in ("head", "head:port", ":6379", "head:0", "head:70000"):
+        with pytest.raises(ConfigError, match="must be HOST:PORT"):
+            check_ray_address("ray_address", bad)
+
+
+def test_ray_has_one_install_hint_everywhere(grid_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The error without Ray, `zsim sweep --help` and the README give the same command,
+    which installs the `ray` extra's requirement (pyproject.toml)."""
+    tomllib = pytest.importorskip("tomllib")
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["ray"]
+    assert f"pip install '{extra[0]}'" == RAY_INSTALL and len(extra) == 1
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    with pytest.raises(ConfigError) as e:
+        run_sweep(load_scenario(grid_path), executor="ray")
+    assert str(e.value) == f"executor='ray': needs Ray: {RAY_INSTALL}"
+    from typer.testing import CliRunner
+
+    from zsim.cli import app
+
+    output = CliRunner().invoke(app, ["sweep", "--help"]).output
+    help_text = " ".join(output.replace("\u2502", " ").split())  # rich's box edges
+    readme = " ".join((REPO / "README.md").read_text().split())
+    for text in (help_text, readme):
+        hints = {h.strip() for h in re.findall(r"pip install [^`)]*", text) if "ray" in h}
+        assert hints == {RAY_INSTALL}

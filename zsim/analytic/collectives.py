@@ -103,10 +103,20 @@ class CommGroup:
 
     ranks: int
     ranks_per_node: int
+    last_node_ranks: int = 0
+    """Members in the group's last node when that node holds fewer than ranks_per_node
+    (a world that is not a whole number of nodes: 12 ranks on 8-GPU nodes, 8 + 4); 0:
+    every node holds ranks_per_node."""
 
     @property
     def spans_nodes(self) -> bool:
         return self.ranks > self.ranks_per_node
+
+    @property
+    def fewest_per_node(self) -> int:
+        """Members in the group's least filled node, whose NICs carry the largest share of
+        a collective across nodes."""
+        return self.last_node_ranks or self.ranks_per_node
 
     @property
     def nodes(self) -> int:
@@ -164,14 +174,17 @@ def ring_link_loads(group: CommGroup) -> tuple[tuple[str, float], ...]:
     bandwidth is min(NVLink * r/(r-1), NIC * r). On 8-NIC NDR nodes that is 8 x ~47 =
     ~376 GB/s, the NCCL maintainers' expectation of 370-385 GB/s ring busbw
     (shared/cases/published.yaml C-NCCL-maintainer-multinode-reference-points). With one
-    rank per node (HSDP replicas) every hop uses the NIC (load 1).
+    rank per node (HSDP replicas) every hop uses the NIC (load 1). A node holding fewer
+    members (the last node of a world that is not whole nodes: r' of them) sends the
+    ring's crossing hops of every channel through its r' NICs, 1/r' each: the NIC load
+    is the least filled node's, the NVLink load the fullest's.
     """
     if not group.spans_nodes:
         return (("intra_node", 1.0),)
     r = group.ranks_per_node
     if r == 1:
         return (("inter_node", 1.0),)
-    return (("intra_node", (r - 1) / r), ("inter_node", 1.0 / r))
+    return (("intra_node", (r - 1) / r), ("inter_node", 1.0 / group.fewest_per_node))
 
 
 def nic_share(group: CommGroup) -> float:
@@ -302,7 +315,8 @@ def _nvls_tree(group: CommGroup, hw: HardwareProfile) -> Algorithm:
     n, r = group.ranks, group.ranks_per_node
     bus_per_buffer = 2.0 * (n - 1) / n
     passes = 1 if group.nodes <= 2 else 2
-    inter = passes / r / bus_per_buffer / hw.inter_node.kind_efficiency["all_reduce"]
+    inter = (passes / group.fewest_per_node / bus_per_buffer
+             / hw.inter_node.kind_efficiency["all_reduce"])
     intra = (hw.intra_node.achievable_bytes_per_s / hw.nvls_bus_bytes_per_s
              * 2.0 * (r - 1) / r / bus_per_buffer)
     latency = (BASE_LATENCY_S[(NVLS_TREE, "Simple")] + NVLS_LATENCY_S

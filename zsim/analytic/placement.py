@@ -8,9 +8,12 @@ the two differ only in which of the pipeline and the data-parallel groups is pac
 a node first. A group along an axis of stride `stride` (the product of the inner
 degrees) and `ranks` members keeps min(ranks, max(1, gpus_per_node // stride)) members
 in a node: its collectives run on NVLink when that is all of them, else on the inter-
-node fabric for the hops between nodes (zsim.analytic.collectives.ring_link_loads).
-A flattened group (FLATTENED: FSDP's dp_shard_cp) spans every rank of its axes; its
-members in a node are the product of each axis's. Pure arithmetic; imports only
+node fabric for the hops between nodes (zsim.analytic.collectives.ring_link_loads). A
+world that is not a whole number of nodes (12 ranks on 8-GPU nodes) leaves its last node
+partly filled (8 + 4): the outermost axis's groups, which reach it, hold fewer members
+there (CommGroup.last_node_ranks), and partial_node_warning says so. A flattened group
+(FLATTENED: FSDP's dp_shard_cp) spans every rank of its axes, placed as one axis of their
+degrees' product at the innermost one's stride. Pure arithmetic; imports only
 zsim.analytic.collectives and zsim.spec.
 """
 
@@ -59,19 +62,38 @@ def axis_degrees(plan: Plan) -> dict[str, int]:
 def place(plan: Plan, hw: HardwareProfile) -> Placement:
     """Each axis's group on `hw`'s nodes (see the module docstring): pipeline stages
     sit tp * cp ranks apart, data-parallel shard groups tp * cp * pp apart."""
+    world = plan.world_size
+    left = world % hw.gpus_per_node if world > hw.gpus_per_node else 0
+
+    def group(stride: int, ranks: int) -> CommGroup:
+        per_node = min(ranks, max(1, hw.gpus_per_node // stride))
+        # Only the groups of the axis that spans the world reach its partial last node.
+        last = max(1, left // stride) if left and stride * ranks == world else 0
+        return CommGroup(ranks=ranks, ranks_per_node=per_node,
+                         last_node_ranks=last if 0 < last < per_node else 0)
+
     groups: dict[str, CommGroup] = {}
     strides: dict[str, int] = {}
     stride = 1
     for axis, ranks in axis_degrees(plan).items():
-        per_node = max(1, hw.gpus_per_node // stride)
-        groups[axis] = CommGroup(ranks=ranks, ranks_per_node=min(ranks, per_node))
+        groups[axis] = group(stride, ranks)
         strides[axis] = stride
         stride *= ranks
     for name, axes in FLATTENED.items():
-        groups[name] = CommGroup(ranks=math.prod(groups[a].ranks for a in axes),
-                                 ranks_per_node=math.prod(groups[a].ranks_per_node
-                                                          for a in axes))
+        groups[name] = group(strides[axes[0]], math.prod(groups[a].ranks for a in axes))
     return Placement(groups=groups, strides=strides)
+
+
+def partial_node_warning(gpus: int, hw: HardwareProfile) -> str | None:
+    """One line saying that `gpus` GPUs are not a whole number of `hw`'s nodes, and how
+    zsim places them; None when they are (or fit in one node)."""
+    per_node = hw.gpus_per_node
+    if gpus <= per_node or gpus % per_node == 0:
+        return None
+    full, left = divmod(gpus, per_node)
+    return (f"{gpus} GPUs are {gpus / per_node:g} nodes of {per_node} ({hw.name}): placed in "
+            f"rank order on {full} full node{'s' if full > 1 else ''} and one of {left}, "
+            f"whose {left} NICs carry a larger share of each collective across nodes")
 
 
 def pipeline_hop_crosses_nodes(plan: Plan, hw: HardwareProfile) -> bool:

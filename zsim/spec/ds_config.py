@@ -4,13 +4,16 @@
 Owns the mapping from the config's keys to a zsim plan: the ZeRO stage (-> zero1, zero2,
 zero3), batch sizes, precision, offload and zsim.spec.deepspeed.DeepSpeedZero's knobs.
 `zero_optimization` is checked as strictly as DeepSpeed checks it (its pydantic model
-forbids unknown keys); an unknown top-level key, which DeepSpeed ignores, and a key zsim
-reads but does not model are collected as warnings. "auto" (transformers'
-integrations/deepspeed.py, HfTrainerDeepSpeedConfig): batch sizes and precision come from
-the caller (the CLI's flags); reduce_bucket_size = hidden^2, stage3_prefetch_bucket_size
-= 0.9 hidden^2, stage3_param_persistence_threshold = 10 hidden, gradient_clipping = 1.0
-(TrainingArguments.max_grad_norm's default). `ds_plan` merges a config
-with the command line's flags into a Plan. Imports only zsim.errors and zsim.spec.
+forbids unknown keys); a top-level key DeepSpeed 0.19 removed is refused, as DeepSpeed
+refuses it; a top-level key it does not read at all, which it would ignore, is refused
+too, named with the nearest key it reads (a misspelt "zero_optimisation" would otherwise
+run as ZeRO stage 0); a key zsim reads but does not model is collected as a warning.
+"bfloat16" is DeepSpeed's older name of the "bf16" section (read when "bf16" is absent).
+"auto" (transformers' integrations/deepspeed.py, HfTrainerDeepSpeedConfig): batch sizes
+and precision come from the caller (the CLI's flags); reduce_bucket_size = hidden^2,
+stage3_prefetch_bucket_size = 0.9 hidden^2, stage3_param_persistence_threshold = 10 hidden,
+gradient_clipping = 1.0 (TrainingArguments.max_grad_norm's default). `ds_plan` merges a
+config with the command line's flags into a Plan. Imports only zsim.errors and zsim.spec.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from zsim.errors import ConfigError
 from zsim.spec.deepspeed import DeepSpeedZero, is_clipping
 from zsim.spec.json_file import read_json
 from zsim.spec.plan import Plan, precision_knobs
+from zsim.spec.strict import nearest_key
 
 ZERO_KEYS: frozenset[str] = frozenset({
     "stage", "contiguous_gradients", "reduce_scatter", "reduce_bucket_size",
@@ -47,6 +51,13 @@ ZERO_KEYS: frozenset[str] = frozenset({
 })
 """Every key DeepSpeed 0.19's DeepSpeedZeroConfig accepts, aliases included (a test checks
 it against the library)."""
+
+OFFLOAD_KEYS: frozenset[str] = frozenset({
+    "device", "pin_memory", "nvme_path", "buffer_count", "buffer_size", "max_in_cpu",
+    "pipeline_read", "pipeline_write", "fast_init", "ratio", "super_offload",
+    "cpuadam_cores_perc",
+})
+"""The keys of DeepSpeed 0.19's offload_param and offload_optimizer sections."""
 
 MODELLED_ZERO = {
     "stage": "stage", "reduce_bucket_size": "reduce_bucket_size",
@@ -85,9 +96,35 @@ UNMODELLED_DEFAULTS: dict[str, object] = {
 """DeepSpeed 0.19's defaults of keys zsim does not model: a config that spells the default
 out is run as zsim models it, so it draws no warning."""
 
+TOP_KEYS: frozenset[str] = frozenset({
+    "activation_checkpointing", "aio", "autotuning", "bf16", "bfloat16", "checkpoint", "comet",
+    "comms_logger", "communication_data_type", "compile", "csv_monitor", "data_efficiency",
+    "data_types", "dataloader_drop_last", "datastates_ckpt", "disable_allgather",
+    "disable_python_gc", "dump_state", "expert_parallel", "flops_profiler", "fp16",
+    "gradient_accumulation_steps", "gradient_allreduce_op", "gradient_clipping",
+    "gradient_predivide_factor", "hybrid_engine", "log_level", "managed_gradient_accumulation",
+    "memory_breakdown", "optimizer", "pipeline", "prescale_gradients", "scheduler",
+    "seq_parallel_communication_data_type", "steps_per_print", "tensor_parallel", "tensorboard",
+    "timers", "torch_autocast", "train_batch_size", "train_micro_batch_size_per_gpu",
+    "use_data_before_expert_parallelism", "vocabulary_size", "wall_clock_breakdown", "wandb",
+    "weight_quantization", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
+    "zero_optimization",
+    "sequence_parallel_size", "data_parallel_size",  # deepspeed.initialize's mesh sizes
+})
+"""Every top-level key DeepSpeed 0.19 reads (DeepSpeedConfig, and deepspeed.initialize's
+mesh sizes); a test checks it against the library."""
+
+REMOVED_TOP: frozenset[str] = frozenset({
+    "amp", "compression_training", "curriculum_learning", "eigenvalue", "elasticity",
+    "graph_harvesting", "nebula", "progressive_layer_drop", "quantize_training",
+    "sparse_attention", "sparse_gradients",
+})
+"""Top-level keys of removed features, which DeepSpeed 0.19 refuses
+(_REMOVED_TOP_LEVEL_CONFIG_KEYS)."""
+
 MODELLED_TOP = frozenset({
     "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-    "bf16", "fp16", "zero_optimization", "optimizer", "communication_data_type",
+    "bf16", "bfloat16", "fp16", "zero_optimization", "optimizer", "communication_data_type",
     "gradient_clipping",
 })
 HARMLESS_TOP = frozenset({
@@ -163,6 +200,12 @@ class DsConfigReader:
         if not isinstance(data, dict):
             raise self.error("", data, "a DeepSpeed config is a JSON object")
         for key in data:
+            if key in REMOVED_TOP:
+                raise self.error(key, data[key], "DeepSpeed 0.19 removed this feature and "
+                                 "refuses the key")
+            if key not in TOP_KEYS:
+                raise self.error(key, data[key], "not a key of DeepSpeed 0.19's config, "
+                                 f"which would ignore it{nearest_key(key, TOP_KEYS)}")
             if key not in MODELLED_TOP and key not in HARMLESS_TOP:
                 self.unmodelled.append(key)
         zero = data.get("zero_optimization", {})
@@ -170,9 +213,11 @@ class DsConfigReader:
             raise self.error("zero_optimization", zero, "must be an object")
         stage = self.count(zero, "zero_optimization.stage", zero.get("stage", 0), low=0)
         if stage not in (1, 2, 3):
+            absent = ("" if "stage" in zero else " (no zero_optimization.stage: DeepSpeed's "
+                      "default)")
             raise self.error("zero_optimization.stage", stage,
-                             "zsim models ZeRO stages 1, 2 and 3 (stage 0 is DeepSpeed's "
-                             "data parallelism without ZeRO: use --strategy ddp)")
+                             f"zsim models ZeRO stages 1, 2 and 3{absent}; stage 0 is "
+                             "DeepSpeed's data parallelism without ZeRO: use --strategy ddp")
         knobs, offload = self.zero(zero, stage)
         precision = self.precision(data)
         knobs = replace(knobs, **self.step_knobs(data))
@@ -227,16 +272,18 @@ class DsConfigReader:
         """bf16 or fp16 when enabled, fp32 when both are off, None on "auto"."""
         found: dict[str, bool | None] = {}
         for name in ("bf16", "fp16"):
-            section = data.get(name, {})
+            where = bf16_key(data) if name == "bf16" else name
+            section = data.get(where, {})
             if not isinstance(section, dict):
-                raise self.error(name, section, "must be an object")
+                raise self.error(where, section, "must be an object")
             value = section.get("enabled", False)
-            found[name] = None if value == "auto" else self.flag(f"{name}.enabled", value)
+            found[name] = None if value == "auto" else self.flag(f"{where}.enabled", value)
             for key in section:
                 if key != "enabled" and key not in PRECISION_KEYS[name]:
-                    self.unmodelled.append(f"{name}.{key}")
+                    self.unmodelled.append(f"{where}.{key}")
         if found["bf16"] and found["fp16"]:
-            raise self.error("bf16.enabled", True, "bf16 and fp16 cannot both be enabled")
+            raise self.error(f"{bf16_key(data)}.enabled", True,
+                             "bf16 and fp16 cannot both be enabled")
         if found["bf16"]:
             return "bf16"
         if found["fp16"]:
@@ -256,9 +303,10 @@ class DsConfigReader:
             if not is_clipping(clip):
                 raise self.error("gradient_clipping", clip, "must be a number >= 0")
             knobs["gradient_clipping"] = float(clip)
-        check = data.get("bf16", {}).get("check_grad_overflow")
+        where = bf16_key(data)
+        check = data.get(where, {}).get("check_grad_overflow")
         if check is not None:
-            knobs["check_grad_overflow"] = self.flag("bf16.check_grad_overflow", check)
+            knobs["check_grad_overflow"] = self.flag(f"{where}.check_grad_overflow", check)
         return knobs
 
     def comm_dtype(self, data: dict[str, Any]) -> str | None:
@@ -279,7 +327,8 @@ class DsConfigReader:
             path = f"zero_optimization.{key}"
             if key not in ZERO_KEYS:
                 raise self.error(path, value, "not a DeepSpeed 0.19 zero_optimization key "
-                                 "(DeepSpeed rejects unknown keys here)")
+                                 "(DeepSpeed rejects unknown keys here)"
+                                 + nearest_key(key, ZERO_KEYS))
             if key == "stage":
                 continue
             if key in ("offload_optimizer", "offload_param"):
@@ -321,12 +370,17 @@ class DsConfigReader:
         if device not in ("none", "cpu", "nvme"):
             raise self.error(f"{path}.device", device, "must be none, cpu or nvme")
         for key in section:
-            if key not in ("device", "pin_memory", "nvme_path", "buffer_count", "buffer_size",
-                           "max_in_cpu", "pipeline_read", "pipeline_write", "fast_init",
-                           "ratio", "super_offload", "cpuadam_cores_perc"):
+            if key not in OFFLOAD_KEYS:
                 raise self.error(f"{path}.{key}", section[key],
-                                 "not a DeepSpeed 0.19 offload key")
+                                 "not a DeepSpeed 0.19 offload key"
+                                 + nearest_key(key, OFFLOAD_KEYS))
         return str(device)
+
+
+def bf16_key(data: dict[str, Any]) -> str:
+    """The config's bf16 section: "bf16", else the older "bfloat16" where only it is given
+    (DeepSpeed's get_bfloat16_config)."""
+    return "bfloat16" if "bf16" not in data and "bfloat16" in data else "bf16"
 
 
 def ds_plan(run: DeepSpeedRun, *, where: str, gpus: int, seq_len: int,

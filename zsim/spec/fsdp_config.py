@@ -10,8 +10,10 @@ parallelism_config's dp_replicate_size), fsdp_backward_prefetch (accelerate's de
 NO_PREFETCH), fsdp_forward_prefetch, fsdp_offload_params, fsdp_activation_checkpointing
 (full recomputation of each wrapped layer), fsdp_auto_wrap_policy (one unit per layer;
 NO_WRAP: one unit for all layers) and mixed_precision. Top-level keys are checked as
-accelerate checks them (an unknown one is an error); an fsdp_config key accelerate does
-not know, which it ignores, and a key zsim reads but does not model draw one warning line.
+accelerate checks them (an unknown one is an error, naming the nearest known key); an
+fsdp_config key accelerate does not know, which it ignores (named with the nearest option
+it knows, where one is near), and a key zsim reads but does not model draw one warning
+line.
 Imports only zsim.errors, zsim.spec and PyYAML (through zsim.spec.yaml_file).
 """
 
@@ -24,6 +26,7 @@ from typing import Any
 from zsim.errors import ConfigError
 from zsim.spec.fsdp1 import Fsdp1Options
 from zsim.spec.plan import Plan, precision_knobs
+from zsim.spec.strict import nearest_key
 from zsim.spec.yaml_file import read_yaml
 
 TOP_KEYS: frozenset[str] = frozenset({
@@ -105,7 +108,7 @@ class _Reader:
         for key in data:
             if key not in TOP_KEYS:
                 raise self.error(key, data[key], "not an accelerate config key (accelerate "
-                                 "rejects unknown keys)")
+                                 f"rejects unknown keys){nearest_key(key, TOP_KEYS)}")
         if data.get("distributed_type") != "FSDP":
             raise self.error("distributed_type", data.get("distributed_type"),
                              "zsim reads FSDP configs (for DeepSpeed give --ds-config)")
@@ -117,7 +120,8 @@ class _Reader:
                 raise self.error(f"fsdp_config.{key}", fsdp[key], "keys are option names")
             name = key if key.startswith("fsdp_") else f"fsdp_{key}"  # launch adds fsdp_
             if name not in FSDP_KEYS:
-                self.unmodelled.append(f"fsdp_config.{key} (accelerate ignores it)")
+                self.unmodelled.append(f"fsdp_config.{key} (accelerate ignores it"
+                                       f"{nearest_key(name, FSDP_KEYS)})")
         get = {(k if k.startswith("fsdp_") else f"fsdp_{k}"): v for k, v in fsdp.items()}
         version = get.get("fsdp_version", 1)
         if isinstance(version, bool) or not isinstance(version, int) or version not in (1, 2):

@@ -31,8 +31,9 @@ def validate(model: ModelSpec, hw: HardwareProfile, plan: Plan, *,
 
     Rules: world size (dp_shard * dp_replicate * cp * tp * pp) equals `gpus` when given,
     and the shard group divides it (an HSDP shard group may span nodes); attention heads
-    and kv heads divide by tp; a TP group fits in a node and divides it unless
-    plan.tp_across_nodes; layers divide by pp x virtual stages; the pipeline's
+    and kv heads divide by tp; an HSDP shard group (with the model-parallel ranks
+    inside it) divides a node or is whole nodes; a TP group fits in a node and divides it
+    unless plan.tp_across_nodes; layers divide by pp x virtual stages; the pipeline's
     micro-batches (grad_accum) suit its schedule; the sequence divides by 2 x cp, and by
     tp with sequence parallelism; a unit holds at most all layers (of a stage); a model
     with learned position embeddings cannot train past its table; the compute dtype has
@@ -93,6 +94,15 @@ def _check_model_split(model: ModelSpec, plan: Plan) -> None:
 
 
 def _check_placement(hw: HardwareProfile, plan: Plan) -> None:
+    per_node = hw.gpus_per_node
+    span = plan.tp * plan.cp * plan.pp * plan.dp_shard
+    if plan.dp_replicate > 1 and plan.dp_shard > 1 and per_node % span and span % per_node:
+        # Consecutive groups of `span` ranks: some would hold ranks of two nodes.
+        named = "" if span == plan.dp_shard else " (tp x cp x pp x dp_shard)"
+        raise ConfigError("plan.dp_shard", plan.dp_shard,
+                          f"an HSDP shard group spans {span} GPUs{named}, {span / per_node:g} "
+                          f"nodes of {per_node} ({hw.name}): groups would straddle nodes; it "
+                          f"must divide a node or be whole nodes")
     if plan.tp_across_nodes:
         return
     if plan.tp > hw.gpus_per_node:
