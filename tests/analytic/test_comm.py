@@ -106,11 +106,18 @@ def test_fp32_reduction_doubles_reduce_scatter_bytes_only(
     assert fp32.bus_bytes["all_gather"] == bf16.bus_bytes["all_gather"] > 0
 
 
-def test_fp32_reduction_doubles_ddp_all_reduce(two_tier_hw: HardwareProfile) -> None:
-    bf16 = step_comm(MODEL, Plan.for_strategy("ddp", gpus=8, seq_len=1024), two_tier_hw)
-    fp32 = step_comm(MODEL, Plan.for_strategy("ddp", gpus=8, seq_len=1024,
-                                              reduce_dtype="fp32"), two_tier_hw)
-    assert fp32.total_bus_bytes == 2 * bf16.total_bus_bytes == 2 * 2 * 7 / 8 * S_BF16
+def test_ddp_all_reduces_its_buckets_in_the_parameters_dtype(
+        two_tier_hw: HardwareProfile) -> None:
+    # torch.autocast leaves the parameters, their gradients and so DDP's buckets in fp32:
+    # 2 x 7/8 x 4P whatever the reduce dtype; only a model cast to bf16 reduces 2 bytes.
+    plans = {k: Plan.for_strategy("ddp", gpus=8, seq_len=1024, **knobs) for k, knobs in {
+        "autocast": {}, "fp32 reduce": {"reduce_dtype": "fp32"},
+        "bf16 model": {"master_dtype": "bf16"}}.items()}
+    bus = {k: step_comm(MODEL, p, two_tier_hw).bus_bytes for k, p in plans.items()}
+    fp32 = 2 * 7 / 8 * 4 * MODEL.num_params
+    assert bus["autocast"] == bus["fp32 reduce"] == pytest.approx(
+        {"all_gather": 0.0, "reduce_scatter": 0.0, "all_reduce": fp32})
+    assert bus["bf16 model"]["all_reduce"] == pytest.approx(fp32 / 2)
 
 
 @pytest.mark.parametrize(("strategy", "gathers_per_micro_batch"),

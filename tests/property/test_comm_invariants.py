@@ -2,7 +2,8 @@
 
 - One data-parallel rank => no data-parallel communication at all.
 - FSDP (ZeRO-3) moves 1.5x DDP's bus bytes (3S vs 2S, ZeRO paper Sec. 7) when gradients
-  are reduced in the parameter dtype and there is one micro-batch per step.
+  are reduced in the parameter dtype (DDP's buckets are: a model cast to it) and there
+  is one micro-batch per step.
 - FSDP without resharding after forward skips the backward all-gather: 2/3 of FSDP's.
 """
 
@@ -33,7 +34,8 @@ def test_one_data_parallel_rank_communicates_nothing(model: ModelSpec, strategy:
 
 
 def _same_dtype_single_micro_batch(knobs: dict[str, Any]) -> dict[str, Any]:
-    return {**knobs, "reduce_dtype": knobs["param_dtype"], "grad_accum": 1}
+    dtype = knobs["param_dtype"]
+    return {**knobs, "reduce_dtype": dtype, "master_dtype": dtype, "grad_accum": 1}
 
 
 @given(model=models(), gpus=st.integers(2, 2048), knobs=plan_knobs())

@@ -32,6 +32,21 @@ def replicate_group(plan: Plan, hw: HardwareProfile) -> CommGroup:
     return place(plan, hw).group("dp_replicate")
 
 
+def ddp_bucket_dtype(plan: Plan) -> str:
+    """The dtype of torch DDP's gradient buckets, and so of its all-reduces (impl
+    "torch": ddp, and zero1's DDP under ZeroRedundancyOptimizer): the parameters' own.
+    The reducer allocates each bucket in its parameters' dtype and the gradients must
+    match it (torch/csrc/distributed/c10d/reducer.cpp, initialize_buckets and
+    check_grad_layout); the all-reduce runs on the bucket. The module's parameters are
+    the master weights (plan.master_dtype): fp32 under torch.autocast, whatever the
+    compute dtype, and the compute dtype only for a model cast to it (master_dtype equal
+    to param_dtype). DDP has no reduce dtype of its own, so plan.reduce_dtype is not read:
+    a bucket cast down in flight (the bf16_compress_hook / fp16_compress_hook comm hooks)
+    or DDP's private _MixedPrecision (buckets in its param_dtype, all-reduced in its
+    reduce_dtype) is not modelled."""
+    return plan.master_dtype
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepComm:
     """Per-rank communication of one optimizer step, by collective and group."""
@@ -59,8 +74,14 @@ def step_comm(model: ModelSpec, plan: Plan, hw: HardwareProfile) -> StepComm:
     no_sync keep accumulating locally across micro-batches); FSDP all-gathers once per
     micro-batch in forward and, when resharding, again in backward.
 
-    - ddp: all_reduce of the gradients (reduce dtype) over dp_replicate.
-    - zero1 / zero2: reduce_scatter of gradients + all_gather of updated params (2S).
+    - ddp (and zero1 as torch runs it, DDP + ZeroRedundancyOptimizer): all_reduce of
+      the gradients over the data-parallel group in DDP's bucket dtype
+      (ddp_bucket_dtype: fp32 under autocast, so 2 (n-1)/n 4P bytes where the ZeRO
+      paper, Sec. 7, counts 16-bit gradients); zero1 then sends each rank's updated
+      partition to the others, in the same dtype: an all_gather (zsim's stand-in for
+      torch's broadcasts).
+    - zero1 / zero2 (DeepSpeed): reduce_scatter of gradients + all_gather of updated
+      params (2S).
     - fsdp: all_gather fwd + bwd per micro-batch, reduce_scatter of grads (3S).
     - fsdp-no-reshard: one all_gather per micro-batch + reduce_scatter (2S).
     - hsdp: as fsdp inside the shard group, plus an all_reduce of the gradient shard
@@ -73,16 +94,21 @@ def step_comm(model: ModelSpec, plan: Plan, hw: HardwareProfile) -> StepComm:
     bus: dict[str, float] = dict.fromkeys(COLLECTIVES, 0.0)
     time: dict[str, float] = dict.fromkeys(COLLECTIVES, 0.0)
 
-    def add(kind: str, size: float, group: CommGroup, times: int = 1) -> None:
+    def add(kind: str, size: float, group: CommGroup, times: int = 1,
+            dtype: str = plan.reduce_dtype) -> None:
         if group.ranks <= 1:
             return
         sizes[kind] += times * size
         bus[kind] += times * bus_bytes(kind, size, group.ranks)
-        time[kind] += times * collective_time_s(kind, size, group, hw, plan.reduce_dtype)
+        time[kind] += times * collective_time_s(kind, size, group, hw, dtype)
 
     shard, repl = shard_group(plan, hw), replicate_group(plan, hw)
-    if plan.strategy == "ddp":
-        add("all_reduce", s_reduce, repl)
+    if plan.impl == "torch":
+        bucket = ddp_bucket_dtype(plan)
+        g = n_params * dtype_bytes(bucket)
+        add("all_reduce", g, repl if plan.strategy == "ddp" else shard, dtype=bucket)
+        if plan.strategy == "zero1":
+            add("all_gather", g, shard, dtype=bucket)
     elif plan.strategy in ("zero1", "zero2"):
         add("reduce_scatter", s_reduce, shard)
         add("all_gather", s_param, shard)

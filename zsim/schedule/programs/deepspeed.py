@@ -79,6 +79,7 @@ from zsim.schedule.build import (
     head_backward,
     head_forward,
     host_optimizer,
+    root_split,
 )
 from zsim.schedule.ops import Buffer, Op
 from zsim.schedule.programs import Program, offloaded_state_bytes
@@ -213,15 +214,6 @@ def gathered_floor_bytes(model: ModelSpec, plan: Plan) -> float:
 
 
 # ---------------------------------------------------------------------- stages 1 and 2
-def _root_split(model: ModelSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Elements of the root's parameters whose gradients the head's backward produces
-    (final norm, output) and those the embedding's backward produces, in module order."""
-    head, emb = [], []
-    for name, shape in model.root_tensors():
-        (head if name.startswith(("norm.", "output.")) else emb).append(math.prod(shape))
-    return tuple(head), tuple(emb)
-
-
 class _Step12:
     """One step of ZeRO stage 1 or 2."""
 
@@ -245,7 +237,7 @@ class _Step12:
 
     def lower(self, root: Unit, blocks: list[Unit]) -> None:
         b, p = self.b, self.b.plan
-        head_numels, emb_numels = _root_split(b.model)
+        head_numels, emb_numels = root_split(b.model)
         epilogues: list[int] = []
         for mb in range(p.grad_accum):
             self.boundary = mb == p.grad_accum - 1
