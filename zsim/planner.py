@@ -101,8 +101,10 @@ class Candidate:
     comm_bus_bytes: float
     """Bytes each rank sends per optimizer step, all collectives."""
     comm_volume_model_sizes: float
-    """Communication volume in units of S (the param-dtype model size), counted as the
-    seed card does: all_reduce = 2S, reduce_scatter = all_gather = 1S (per micro-batch)."""
+    """The step's bus bytes in units of S (the param-dtype model size) as the seed card
+    counts them (a ring all_reduce of S = 2, reduce_scatter or all_gather of S = 1): what
+    the program sends (zsim.analytic.comm.step_comm), e.g. 4 for DDP's fp32 buckets where
+    the card says 2."""
     comm_time_s: float
     """Alpha-beta time of all collectives if run back to back."""
     compute_time_s: float

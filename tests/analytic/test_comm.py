@@ -84,33 +84,45 @@ def test_groups_of_a_hybrid_plan(two_tier_hw: HardwareProfile) -> None:
 def test_hsdp_step_by_hand(two_tier_hw: HardwareProfile) -> None:
     plan = Plan.for_strategy("hsdp", gpus=8, shard_group=4, seq_len=1024)
     comm = step_comm(MODEL, plan, two_tier_hw)
-    s = S_BF16
-    # inside the node: all_gather fwd + bwd (2 x 3/4 S), reduce_scatter 3/4 S at 100 GB/s
+    s, root = S_BF16, 2 * MODEL.root_params
+    # inside the node: the blocks all-gathered fwd + bwd, the root once (never resharded
+    # after forward), 3/4 of each; reduce_scatter 3/4 S; at 100 GB/s, 1 us a ring step
     # across nodes: all_reduce of the S/4 shard over 2 replicas, 2 x 1/2 x S/4 at 10 GB/s
-    assert comm.bus_bytes == pytest.approx(
-        {"all_gather": 1.5 * s, "reduce_scatter": 0.75 * s, "all_reduce": 0.25 * s})
+    assert comm.bus_bytes == pytest.approx({"all_gather": 0.75 * (2 * (s - root) + root),
+                                            "reduce_scatter": 0.75 * s,
+                                            "all_reduce": 0.25 * s})
     assert comm.time_s == pytest.approx({
-        "all_gather": 2 * (0.75 * s / 100e9 + 3e-6),
+        "all_gather": 2 * (0.75 * (s - root) / 100e9 + 3e-6) + 0.75 * root / 100e9 + 3e-6,
         "reduce_scatter": 0.75 * s / 100e9 + 3e-6,
         "all_reduce": 0.25 * s / 10e9 + 2 * 10e-6,
     })
 
 
-@pytest.mark.parametrize("strategy", ["zero1", "zero2", "fsdp", "fsdp-no-reshard"])
-def test_fp32_reduction_doubles_reduce_scatter_bytes_only(
-        strategy: str, two_tier_hw: HardwareProfile) -> None:
+@pytest.mark.parametrize(("strategy", "reduction"), [
+    ("zero1", "all_reduce"), ("zero2", "all_reduce"),  # DeepSpeed all-reduces its buckets
+    ("fsdp", "reduce_scatter"), ("fsdp-no-reshard", "reduce_scatter")])
+def test_fp32_reduction_doubles_the_gradient_reduction_only(
+        strategy: str, reduction: str, two_tier_hw: HardwareProfile) -> None:
     bf16 = step_comm(MODEL, Plan.for_strategy(strategy, gpus=8, seq_len=1024), two_tier_hw)
     fp32 = step_comm(MODEL, Plan.for_strategy(strategy, gpus=8, seq_len=1024,
                                               reduce_dtype="fp32"), two_tier_hw)
-    assert fp32.bus_bytes["reduce_scatter"] == 2 * bf16.bus_bytes["reduce_scatter"] > 0
+    # DeepSpeed's step also all-reduces its gradient norm and inf/NaN flag: 5 bytes.
+    assert fp32.bus_bytes[reduction] == pytest.approx(2 * bf16.bus_bytes[reduction], rel=1e-7)
     assert fp32.bus_bytes["all_gather"] == bf16.bus_bytes["all_gather"] > 0
 
 
-def test_fp32_reduction_doubles_ddp_all_reduce(two_tier_hw: HardwareProfile) -> None:
-    bf16 = step_comm(MODEL, Plan.for_strategy("ddp", gpus=8, seq_len=1024), two_tier_hw)
-    fp32 = step_comm(MODEL, Plan.for_strategy("ddp", gpus=8, seq_len=1024,
-                                              reduce_dtype="fp32"), two_tier_hw)
-    assert fp32.total_bus_bytes == 2 * bf16.total_bus_bytes == 2 * 2 * 7 / 8 * S_BF16
+def test_ddp_all_reduces_its_buckets_in_the_parameters_dtype(
+        two_tier_hw: HardwareProfile) -> None:
+    # torch.autocast leaves the parameters, their gradients and so DDP's buckets in fp32:
+    # 2 x 7/8 x 4P whatever the reduce dtype; only a model cast to bf16 reduces 2 bytes.
+    plans = {k: Plan.for_strategy("ddp", gpus=8, seq_len=1024, **knobs) for k, knobs in {
+        "autocast": {}, "fp32 reduce": {"reduce_dtype": "fp32"},
+        "bf16 model": {"master_dtype": "bf16"}}.items()}
+    bus = {k: step_comm(MODEL, p, two_tier_hw).bus_bytes for k, p in plans.items()}
+    fp32 = 2 * 7 / 8 * 4 * MODEL.num_params
+    assert bus["autocast"] == bus["fp32 reduce"] == pytest.approx(
+        {"all_gather": 0.0, "reduce_scatter": 0.0, "all_reduce": fp32})
+    assert bus["bf16 model"]["all_reduce"] == pytest.approx(fp32 / 2)
 
 
 @pytest.mark.parametrize(("strategy", "gathers_per_micro_batch"),
@@ -118,8 +130,10 @@ def test_fp32_reduction_doubles_ddp_all_reduce(two_tier_hw: HardwareProfile) -> 
 def test_fsdp_gathers_every_micro_batch(strategy: str, gathers_per_micro_batch: int,
                                         two_tier_hw: HardwareProfile) -> None:
     # FSDP frees gathered parameters after each micro-batch's backward, so each micro-batch
-    # all-gathers again (forward, and backward when resharded after forward).
+    # all-gathers again (forward, and backward when resharded after forward: the blocks,
+    # not the root, which is never resharded after forward).
     plan = Plan.for_strategy(strategy, gpus=4, seq_len=1024, grad_accum=3)
     comm = step_comm(MODEL, plan, two_tier_hw)
+    root = 2 * MODEL.root_params
     assert comm.bus_bytes["all_gather"] == pytest.approx(
-        3 * gathers_per_micro_batch * 0.75 * S_BF16)
+        3 * 0.75 * (gathers_per_micro_batch * (S_BF16 - root) + root))

@@ -105,9 +105,11 @@ def test_a_reduction_in_a_dtype_measured_apart_takes_its_table(
 
 
 def test_the_simulator_charges_gradient_reductions_at_their_dtype() -> None:
-    """DDP's bucket all-reduces in bf16 (the plan's reduce_dtype) on a 2-rank host whose
-    bf16 all-reduces were measured 1 ms slower than fp32's at every size: each call is
-    1 ms longer than with the fp32 table alone, and the simulation counts the same calls."""
+    """DDP's bucket all-reduces on a 2-rank host whose bf16 all-reduces were measured 1 ms
+    slower than fp32's at every size: a model cast to bf16 reduces bf16 buckets, each call
+    1 ms longer than with the fp32 table alone; under autocast the buckets are fp32 (the
+    parameters' dtype) whatever the plan's reduce_dtype, and the bf16 table is not read.
+    The simulation counts the same calls either way."""
     from dataclasses import replace
 
     from zsim.simulate import simulate
@@ -124,10 +126,13 @@ def test_the_simulator_charges_gradient_reductions_at_their_dtype() -> None:
         "all_reduce": [[s, us + 1000] for s, us in fp32]}
     slow_bf16 = HardwareProfile.from_dict(data, name="t")
     spec = resolve_model("125m")
-    plan = replace(Plan.for_strategy("ddp", gpus=2, seq_len=512), micro_batch=1)
-    assert plan.reduce_dtype == "bf16"
-    a, b = simulate(spec, plain, plan), simulate(spec, slow_bf16, plan)
+    autocast = replace(Plan.for_strategy("ddp", gpus=2, seq_len=512), micro_batch=1)
+    assert autocast.reduce_dtype == "bf16" and autocast.master_dtype == "fp32"
+    bf16_model = autocast.with_(master_dtype="bf16")
+    a, b = simulate(spec, plain, bf16_model), simulate(spec, slow_bf16, bf16_model)
     calls = a.collective_calls["all_reduce"]
     assert calls > 1 and b.collective_calls == a.collective_calls
     assert b.comm_busy_s["all_reduce"] - a.comm_busy_s["all_reduce"] == pytest.approx(
         calls * 1e-3)
+    c, d = simulate(spec, plain, autocast), simulate(spec, slow_bf16, autocast)
+    assert d.comm_busy_s["all_reduce"] == pytest.approx(c.comm_busy_s["all_reduce"])

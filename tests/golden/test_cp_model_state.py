@@ -60,13 +60,14 @@ def test_simulated_state_at_cp8_is_cp1s_and_the_peak_is_not_higher() -> None:
 
 
 def test_fsdp_collectives_run_over_the_16_ranks_of_dp_shard_cp() -> None:
-    # Two all-gathers (forward, backward) and a reduce-scatter of the bf16 parameters per
-    # step, each rank moving 15/16 of them (ring), over the same 16 ranks (8 per node) at
-    # cp=8 as at cp=1.
+    # Two all-gathers of the blocks (forward, backward), one of the root (never resharded
+    # after forward) and a reduce-scatter of the bf16 parameters per step, each rank
+    # moving 15/16 of them (ring), over the same 16 ranks (8 per node) at cp=8 as at cp=1.
     s = 2 * P
+    gathered = 2 * (2 * (P - M13B.root_params) + M13B.root_params)
     for cp in (1, 8):
         comm = step_comm(M13B, _plan(cp), H100)
-        assert comm.bus_bytes["all_gather"] == 2 * s * 15 / 16
+        assert comm.bus_bytes["all_gather"] == gathered * 15 / 16
         assert comm.bus_bytes["reduce_scatter"] == s * 15 / 16
     assert step_comm(M13B, _plan(8), H100) == step_comm(M13B, _plan(1), H100)
 

@@ -3,7 +3,8 @@
 Sources:
 - Seed card (shared/seed/zero-fsdp-card.txt): 7B parameters on 64 GPUs hold 112 / ~29 /
   ~15.5 / ~1.75 GB (DDP / ZeRO-1 / ZeRO-2 / ZeRO-3), communication 2S / 2S / 2S / 3S with
-  S the bf16 size of the parameters.
+  S the bf16 size of the parameters; the programs zsim runs depart from the last where
+  PROGRAM_COMM_S says.
 - Rajbhandari et al. 2020 (ZeRO), Fig. 1 / Table 1 for Psi = 7.5B, transcribed in
   shared/cases/published.yaml as F-ZeRO-Table1-7.5B; read at test time.
 """
@@ -27,9 +28,37 @@ from zsim.units import GB
 SEED_GB = {"ddp": "112", "zero1": "29.3", "zero2": "15.5", "fsdp": "1.75", "zero3": "1.75"}
 """Seed card, 7.0e9 parameters on 64 GPUs, decimal GB as printed."""
 
-SEED_COMM_S = {"ddp": 2, "zero1": 2, "zero2": 2, "fsdp": 3, "zero3": 3}
-"""Seed card: communication per step in units of S (all_reduce = reduce_scatter +
-all_gather = 2S; ZeRO-3 gathers twice and reduce-scatters once = 3S)."""
+BLOCK_F = 202_383_360 - 2 * 4096
+"""synthetic(7e9): a block's elements less its two norms, which DeepSpeed's ZeRO-3 keeps
+whole (param_persistence_threshold 100,000)."""
+
+PROGRAM_COMM_S = {
+    # Card: all_reduce 2S. DDP all-reduces its buckets in the parameters' dtype, fp32
+    # under torch.autocast: 2 x 4P bytes = 4S.
+    "ddp": 4.0,
+    # Card: reduce_scatter + all_gather = 2S. DeepSpeed 0.19 all-reduces each gradient
+    # bucket whole (use_multi_rank_bucket_allreduce), each rank keeping its slice: 2S,
+    # then gathers the updated 16-bit parameters: 1S.
+    "zero1": 3.0, "zero2": 3.0,
+    # Card: 3S. FSDP2 never reshards its root (embedding, final norm, output and the
+    # synthetic model's 261,584,384 extra: 523,732,480 elements) after forward: gathered
+    # once, not twice.
+    "fsdp": 3 - 523_732_480 / 7e9,
+    # Card: 3S. DeepSpeed's coordinator keeps blocks 28-31 gathered from forward to
+    # backward (with the head, 4 x 202,383,360 + 131,076,096 elements fit in
+    # max_live_parameters, 1e9, which the prefetch fills), so it gathers the
+    # 32 + 28 blocks' partitioned tensors, the embedding and extra (392,656,384) twice,
+    # the output (131,072,000) once and the 32 x 2 + 1 persistent norms once after the
+    # step; and reduce-scatters S once.
+    "zero3": 1 + (60 * BLOCK_F + 2 * 392_656_384 + 131_072_000 + 65 * 4096) / 7e9,
+}
+"""What each default program sends per step on 7e9 parameters over 64 GPUs, in units of
+S (the bf16 model, 14 GB) as the card counts them (a ring all_gather of S = 1, an
+all_reduce of S = 2), against the seed card's 2S / 2S / 2S / 3S (ZeRO paper, Sec. 7)."""
+
+STEP_SCALAR_BYTES = {"zero1": 1 + 4, "zero2": 1 + 4, "zero3": 8}
+"""DeepSpeed's step also all-reduces the gradient norm (fp32; stage 3 float64) and, in
+stages 1/2 under bf16, the inf/NaN flag (1 byte)."""
 
 
 @pytest.mark.parametrize("strategy", sorted(SEED_GB))
@@ -50,15 +79,23 @@ def test_seed_card_exact_bytes_per_param() -> None:
         assert math.isclose(got, per_param * 7e9, rel_tol=1e-12), strategy
 
 
-@pytest.mark.parametrize("strategy", sorted(SEED_COMM_S))
+@pytest.mark.parametrize("strategy", sorted(PROGRAM_COMM_S))
 def test_seed_card_communication_7b_on_64(strategy: str, toy_hw: HardwareProfile) -> None:
     model = synthetic(7_000_000_000)
     plan = Plan.for_strategy(strategy, gpus=64, seq_len=4096)
     s_bytes = 7e9 * 2  # bf16
     # A ring moves (n-1)/n of the tensor per rank per all_gather / reduce_scatter.
-    expected = SEED_COMM_S[strategy] * (63 / 64) * s_bytes
+    expected = (PROGRAM_COMM_S[strategy] * s_bytes
+                + 2 * STEP_SCALAR_BYTES.get(strategy, 0)) * (63 / 64)
     assert math.isclose(step_comm(model, plan, toy_hw).total_bus_bytes, expected,
                         rel_tol=1e-12)
+
+
+def test_ddp_all_reduce_7b_on_64_by_hand(toy_hw: HardwareProfile) -> None:
+    # 2 (n-1)/n x 4 bytes x 7e9 fp32 gradients = 55.125 GB per rank per step.
+    plan = Plan.for_strategy("ddp", gpus=64, seq_len=4096)
+    bus = step_comm(synthetic(7_000_000_000), plan, toy_hw).bus_bytes
+    assert bus == {"all_gather": 0.0, "reduce_scatter": 0.0, "all_reduce": 55.125e9}
 
 
 def _zero_case(cases_dir: Path) -> dict:

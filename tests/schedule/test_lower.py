@@ -77,19 +77,15 @@ def test_no_reshard_gathers_once_and_hsdp_adds_replica_all_reduce(
 def test_comm_volume_matches_closed_form(tiny_model: ModelSpec, h100: HardwareProfile,
                                          strategy: str, shard_group: int | None, impl: str,
                                          grad_accum: int) -> None:
-    # zsim.analytic.comm.step_comm sums the ZeRO paper's 2S / 3S per strategy, which the
-    # torch programs follow (DeepSpeed's do not: tests/schedule/test_deepspeed.py). One
-    # difference, by design: FSDP2's root unit (embeddings, output) is not resharded after
-    # forward, so resharding strategies gather it once per micro-batch, not twice.
+    # zsim.analytic.comm.step_comm counts each program's collectives (DDP's fp32
+    # buckets, FSDP2's root gathered once per micro-batch); the lowering issues them call
+    # by call. The one difference: padding.
     plan = Plan.for_strategy(strategy, gpus=32, shard_group=shard_group, seq_len=128,
                              grad_accum=grad_accum, bucket_bytes=100_000, impl=impl)
     ops = lower(tiny_model, h100, plan).ops
-    program = plan
-    expected = dict(step_comm(tiny_model, program, h100).bus_bytes)
+    expected = dict(step_comm(tiny_model, plan, h100).bus_bytes)
     n = plan.dp_shard
-    if plan.reshard_after_forward:
-        expected["all_gather"] -= grad_accum * tiny_model.root_params * 2 * (n - 1) / n
-    if program.shards_params:
+    if plan.shards_params:
         # FSDP2 pads each parameter's dim 0 to a multiple of n: on 32 ranks the two
         # 1000 x 256 vocabulary matrices gain 24 rows each (every other dim divides by 32).
         # The root is gathered once per micro-batch and reduced once.
@@ -141,14 +137,17 @@ def test_ddp_buckets_cover_every_gradient_once(tiny_model: ModelSpec,
                                                h100: HardwareProfile) -> None:
     plan = Plan.for_strategy("ddp", gpus=16, seq_len=128, bucket_bytes=100_000)
     buckets = [op for op in lower(tiny_model, h100, plan).ops if op.kind == "all_reduce"]
-    assert sum(op.size_bytes for op in buckets) == tiny_model.num_params * 2
-    # DDP fills buckets with whole tensors in reverse module order (blocks last to first,
-    # the root's tensors when the embedding's backward ends) and closes one at the cap:
-    # every bucket but the last holds at least 100,000 B, and every bucket boundary falls
-    # between two tensors.
+    # fp32 buckets: the parameters' dtype under autocast.
+    assert sum(op.size_bytes for op in buckets) == tiny_model.num_params * 4
+    # DDP fills buckets with whole tensors in the order their gradients appear (the
+    # output projection and final norm, blocks last to first in reverse module order,
+    # the embedding) and closes one at the cap: every bucket but the last holds at least
+    # 100,000 B, and every bucket boundary falls between two tensors.
     assert all(op.size_bytes >= 100_000 for op in buckets[:-1])
-    order = [math.prod(s) * 2 for _, s in reversed(tiny_model.block_tensors())] * 2
-    order += [math.prod(s) * 2 for _, s in reversed(tiny_model.root_tensors())]
+    root = dict(tiny_model.root_tensors())
+    order = [math.prod(root[n]) * 4 for n in ("output.weight", "norm.weight")]
+    order += [math.prod(s) * 4 for _, s in reversed(tiny_model.block_tensors())] * 2
+    order.append(math.prod(root["tok_embeddings.weight"]) * 4)
     tensor_ends = set(itertools.accumulate(order))
     assert set(itertools.accumulate(op.size_bytes for op in buckets)) <= tensor_ends
 
@@ -156,11 +155,11 @@ def test_ddp_buckets_cover_every_gradient_once(tiny_model: ModelSpec,
 def test_a_one_byte_bucket_holds_one_tensor(tiny_model: ModelSpec,
                                             h100: HardwareProfile) -> None:
     # The smallest cap gives one bucket per parameter tensor, never a bucket per element.
-    for strategy, kind in (("ddp", "all_reduce"), ("zero1", "reduce_scatter")):
+    for strategy in ("ddp", "zero1"):  # zero1: DDP's buckets under the ZeRO optimizer
         plan = Plan.for_strategy(strategy, gpus=16, seq_len=128, bucket_bytes=1,
                                  impl="torch")
         ops = lower(tiny_model, h100, plan).ops
-        assert len([op for op in ops if op.kind == kind]) == \
+        assert len([op for op in ops if op.kind == "all_reduce"]) == \
             len(tiny_model.parameter_tensors())
     gathers = [op for op in ops if op.kind == "all_gather"]  # zero1's post-step gather
     assert len(gathers) == len(tiny_model.parameter_tensors())

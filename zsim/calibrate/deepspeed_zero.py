@@ -25,10 +25,9 @@ from zsim.calibrate.fsdp2 import LEARNING_RATE, apply_recompute
 from zsim.calibrate.model import Transformer
 from zsim.calibrate.training import Prepared
 from zsim.errors import ConfigError
+from zsim.spec.deepspeed import ZERO_STAGES
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
-
-STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
 
 
 def check_plan(plan: Plan, world_size: int, spec: ModelSpec) -> None:
@@ -54,7 +53,7 @@ def check_plan(plan: Plan, world_size: int, spec: ModelSpec) -> None:
 
 def ds_config(plan: Plan) -> dict[str, Any]:
     """The DeepSpeed config that runs `plan`."""
-    stage = STAGES[plan.strategy]
+    stage = ZERO_STAGES[plan.strategy]
     ds = plan.ds
     zero: dict[str, Any] = {
         "stage": stage,

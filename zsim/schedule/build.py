@@ -612,6 +612,15 @@ def host_optimizer(b: Builder, *, after: tuple[int, ...], frees: tuple[str, ...]
                   microbatch=p.grad_accum - 1, after=(step,))
 
 
+def root_split(model: ModelSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Elements of the root's parameters whose gradients the head's backward produces
+    (final norm, output) and those the embedding's backward produces, in module order."""
+    head, emb = [], []
+    for name, shape in model.root_tensors():
+        (head if name.startswith(("norm.", "output.")) else emb).append(math.prod(shape))
+    return tuple(head), tuple(emb)
+
+
 def pack_whole_tensors(numels: Iterable[int], cap: int, *, pending: int = 0) -> list[int]:
     """Buckets of whole tensors, as DDP's _compute_bucket_assignment_by_size fills them:
     each tensor joins the open bucket, which closes once it holds `cap` elements or more.

@@ -37,8 +37,9 @@ With torch DDP (strategy ddp, zsim.schedule.programs.torch_ddp) a stage holds it
 parameters whole in the master dtype and computes under autocast (its activations then
 include autocast's casts); its gradients, whole and in that dtype, live from its first
 backward to the step (set to None after it) and, with more than one data-parallel rank,
-sit in DDP's reducer buckets for good and are all-reduced over the data-parallel group
-after the last backward (zsim.calibrate.pipeline runs the stage bare with one).
+sit in DDP's reducer buckets for good and are all-reduced, in that dtype, over the
+data-parallel group after the last backward (zsim.calibrate.pipeline runs the stage bare
+with one).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import math
 from dataclasses import dataclass
 
 from zsim.analytic.collectives import bus_bytes, collective_time_s
+from zsim.analytic.comm import ddp_bucket_dtype
 from zsim.analytic.compute import head_backward_flops, head_forward_flops, optimizer_flops
 from zsim.analytic.memory import optimizer_bytes_per_param
 from zsim.analytic.placement import pipeline_hop_crosses_nodes, place
@@ -186,8 +188,10 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
             state_bytes_per_param=optimizer_bytes_per_param(p), grad_bytes=at_rest,
             param_copy_bytes=a if p.has_master_copy else 0, foreach=hw.foreach_kernels))
         head_s.append(first_ag)
-        if not fsdp:  # DDP: one all-reduce of the stage's gradients, in buckets
-            last_rs = (collective_time_s("all_reduce", params * r, repl, hw, p.reduce_dtype)
+        if not fsdp:  # DDP: one all-reduce of the stage's gradients, in its buckets' dtype
+            bucket = ddp_bucket_dtype(p)
+            last_rs = (collective_time_s("all_reduce", params * dtype_bytes(bucket), repl, hw,
+                                         bucket)
                        if torch_ddp.has_reducer(p) else 0.0)
         tail_s.append(last_rs + opt)
         saved = {s: layers * acts.saved_per_block

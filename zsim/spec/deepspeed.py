@@ -17,6 +17,9 @@ from zsim.spec.strict import check_keys
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
 
+ZERO_STAGES: dict[str, int] = {"zero1": 1, "zero2": 2, "zero3": 3}
+"""The ZeRO stage each zero strategy runs as under DeepSpeed."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeepSpeedZero:
@@ -90,6 +93,13 @@ class DeepSpeedZero:
         if self.offload_device not in ("none", "cpu", "nvme"):
             raise ConfigError("plan.ds.offload_device", self.offload_device,
                               "must be none, cpu or nvme")
+
+    def scans_for_overflow(self, stage: int, param_dtype: str) -> bool:
+        """Whether the step scans the gradients for inf/NaN and all-reduces the flag:
+        under fp16 always, under bf16 in stages 1 and 2 unless check_grad_overflow is off
+        (engine.py), never in fp32."""
+        return param_dtype == "fp16" or (param_dtype == "bf16" and stage < 3
+                                         and self.check_grad_overflow)
 
     def overlaps(self, stage: int) -> bool:
         """overlap_comm as DeepSpeed resolves it for `stage`."""

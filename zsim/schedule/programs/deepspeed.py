@@ -79,22 +79,23 @@ from zsim.schedule.build import (
     head_backward,
     head_forward,
     host_optimizer,
+    root_split,
 )
 from zsim.schedule.ops import Buffer, Op
 from zsim.schedule.programs import Program, offloaded_state_bytes
 from zsim.schedule.programs.deepspeed_fetch import FetchStep, Param, replay
+from zsim.spec.deepspeed import ZERO_STAGES
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 from zsim.units import dtype_bytes
 
-STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
 NCCL_START_ALIGNMENT = 2
 """Stages 1/2 pad the flat 16-bit buffer to a multiple of 2 x N elements (4-byte
 aligned all-gather send buffers: nccl_start_alignment_factor)."""
 
 
 def _stage(plan: Plan) -> int:
-    return STAGES[plan.strategy]
+    return ZERO_STAGES[plan.strategy]
 
 
 def _flat_elems(model: ModelSpec, n: int) -> int:
@@ -213,15 +214,6 @@ def gathered_floor_bytes(model: ModelSpec, plan: Plan) -> float:
 
 
 # ---------------------------------------------------------------------- stages 1 and 2
-def _root_split(model: ModelSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Elements of the root's parameters whose gradients the head's backward produces
-    (final norm, output) and those the embedding's backward produces, in module order."""
-    head, emb = [], []
-    for name, shape in model.root_tensors():
-        (head if name.startswith(("norm.", "output.")) else emb).append(math.prod(shape))
-    return tuple(head), tuple(emb)
-
-
 class _Step12:
     """One step of ZeRO stage 1 or 2."""
 
@@ -245,7 +237,7 @@ class _Step12:
 
     def lower(self, root: Unit, blocks: list[Unit]) -> None:
         b, p = self.b, self.b.plan
-        head_numels, emb_numels = _root_split(b.model)
+        head_numels, emb_numels = root_split(b.model)
         epilogues: list[int] = []
         for mb in range(p.grad_accum):
             self.boundary = mb == p.grad_accum - 1
@@ -393,7 +385,7 @@ class _Step12:
             elems, m = math.ceil(elements / p.dp_shard), _master_bytes(p)
             tensors = _partition_tensors(b.model, p.dp_shard) * elements / b.model.num_params
             work = _norm_scan(elems, tensors, b.a) + _pass(elems * (b.a + m), tensors)
-            if _scans_for_overflow(p):
+            if p.ds.scans_for_overflow(self.stage, p.param_dtype):
                 work = work + _overflow_scan(elems, tensors, b.a)
             prep = b.add(name=f"bucket {i} norms and fp32 cast", kind="backward",
                          stream=stream, unit=i, microbatch=p.grad_accum - 1, after=(coll,),
@@ -431,7 +423,8 @@ class _Step12:
                           if p.offload == "none" else (0, 0))
         after = _checks(b, after, norm=_norm_scan(elems, tensors, b.a), norm_bytes=4,
                         overflow=(_overflow_scan(elems, tensors, b.a)
-                                  if _scans_for_overflow(p) else None))
+                                  if p.ds.scans_for_overflow(self.stage, p.param_dtype)
+                                  else None))
         if p.offload != "none":
             # the step on the host, the updated 16-bit partition copied back: the
             # all-gather below runs all the same (step(): all_gather_dp_groups after
@@ -473,13 +466,6 @@ def _divide_and_flatten(elements: float, a: int, r: int) -> Flops:
     place (stages 1/2: average_tensor's div_ of the ipg bucket; stage 3:
     reduce_scatter_coalesced's of the flat buffer: 2 r bytes), one kernel each."""
     return _pass(elements * (a + r + 2 * r), 2)
-
-
-def _scans_for_overflow(plan: Plan) -> bool:
-    """Stages 1/2 check the gradients for inf/NaN under fp16, and under bf16 unless
-    bf16.check_grad_overflow is off (engine.py); never in fp32."""
-    return plan.param_dtype == "fp16" or (plan.param_dtype == "bf16"
-                                          and plan.ds.check_grad_overflow)
 
 
 def _overflow_scan(elems: float, tensors: float, a: int) -> Flops:
@@ -784,7 +770,7 @@ class _Step3:
                           if p.offload == "none" else (0, 0))
         prev = _checks(b, after, norm=_norm_scan(elems, tensors, b.a), norm_bytes=8,
                        overflow=(_pass(elems * 2 * (b.a + 2), 8)
-                                 if p.param_dtype == "fp16" else None))
+                                 if p.ds.scans_for_overflow(3, p.param_dtype) else None))
         if p.offload != "none":
             prev = (host_optimizer(b, after=prev, frees=(),
                                    local_params=b.model.num_params / p.dp_shard,

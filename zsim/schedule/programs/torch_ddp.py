@@ -6,12 +6,22 @@
   the gradients as views into them (gradient_as_bucket_view=True), alive all the time;
   AdamW states, partitioned over the ranks for zero1. The activations are autocast's
   (zsim.analytic.activations, autocast=True).
-- Reduction: in buckets of `plan.bucket_bytes` filled with whole tensors in reverse module
-  order (_compute_bucket_assignment_by_size), each all-reduced (ddp) or reduce-scattered
-  (zero1) with async_op by the backward op that completes it, once per optimizer step
-  (no_sync before the last micro-batch).
+- Reduction: in buckets of `plan.bucket_bytes` in the parameters' dtype (fp32 under
+  autocast: zsim.analytic.comm.ddp_bucket_dtype; plan.reduce_dtype is not read), filled
+  with whole tensors in the order their gradients become ready, as the reducer rebuilds
+  its buckets after the first step (Reducer::rebuild_buckets ->
+  compute_bucket_assignment_by_size): the output projection and final norm after the
+  head's backward, each block's in reverse module order, the embedding last. The backend
+  passes bucket_cap_mb, so the first bucket's cap is the same (torch's 1 MiB first
+  bucket, dist._DEFAULT_FIRST_BUCKET_BYTES, is only for bucket_cap_mb=None). Each bucket
+  is all-reduced over the data-parallel group with async_op by the backward op that
+  completes it (zero1 too: DDP reduces whole gradients whatever optimizer steps them),
+  once per optimizer step (no_sync before the last micro-batch).
 - zero1's ZeroRedundancyOptimizer steps on the rank's partition (whole tensors: the mean
-  partition is 1/N of the model), then all-gathers the updated parameters in buckets.
+  partition is 1/N of the model), then each rank's updated partition goes to every other
+  rank: torch broadcasts each parameter from its owner (_sync_params), which zsim, with
+  no broadcast kind, stands for by all-gathers of the parameters in their dtype (fp32,
+  the module's), in buckets.
 - Offloaded plans keep the closed-form state of zsim.analytic.memory (ZeRO-Offload): the
   reduced gradients go to the host (d2h) and the optimizer steps there.
 - Tensor parallelism (ddp): each rank runs its shard of the model
@@ -31,6 +41,7 @@ from __future__ import annotations
 
 import math
 
+from zsim.analytic.comm import ddp_bucket_dtype
 from zsim.analytic.memory import model_state_bytes, optimizer_bytes_per_param
 from zsim.schedule.build import (
     TP_EMBEDDING_EXIT,
@@ -46,6 +57,7 @@ from zsim.schedule.build import (
     head_forward,
     host_optimizer,
     pack_whole_tensors,
+    root_split,
     tensor_parallel,
 )
 from zsim.schedule.ops import Buffer
@@ -112,22 +124,23 @@ def _grad_bytes(plan: Plan) -> int:
 
 
 class _Buckets:
-    """Bucketed gradient reduction in readiness order: a bucket's collective is issued,
+    """Bucketed gradient reduction in readiness order: a bucket's all-reduce is issued,
     with async_op, by the backward op that completes it, right after that op in the
-    host's order. Buckets hold whole tensors (pack_whole_tensors), so there are never
-    more buckets than parameter tensors."""
+    host's order. Buckets hold whole tensors (pack_whole_tensors) in the bucket dtype
+    (ddp_bucket_dtype), so there are never more buckets than parameter tensors."""
 
     def __init__(self, b: Builder) -> None:
         p = b.plan
         self.b = b
-        self.per_bucket = max(1, p.bucket_bytes // dtype_bytes(p.reduce_dtype))
+        self.dtype = ddp_bucket_dtype(p)
+        self.per_bucket = max(1, p.bucket_bytes // dtype_bytes(self.dtype))
         self.pending = 0
         self.issued: list[int] = []
 
-    def ready(self, u: Unit, op: int) -> None:
-        """The gradients of `u` are complete once `op` has run (DDP fills its buckets in
-        reverse module order)."""
-        *full, self.pending = pack_whole_tensors(reversed(u.tensors), self.per_bucket,
+    def ready(self, numels: tuple[int, ...], op: int) -> None:
+        """The gradients of these tensors (module order) are complete once `op` has run:
+        they join the buckets last to first, as backward produces them."""
+        *full, self.pending = pack_whole_tensors(reversed(numels), self.per_bucket,
                                                  pending=self.pending)
         for elems in full:
             self._flush(elems, op)
@@ -141,17 +154,15 @@ class _Buckets:
 
     def _flush(self, elems: int, after: int) -> None:
         b, p = self.b, self.b.plan
-        r_bytes = dtype_bytes(p.reduce_dtype)
         bucket = len(self.issued)
         ddp = p.strategy == "ddp"
-        kw = dict(name=f"bucket {bucket} {'all-reduce' if ddp else 'reduce-scatter'}",
-                  unit=bucket, microbatch=p.grad_accum - 1, after=(after,), async_op=True)
-        if ddp:
-            op = b.collective(kind="all_reduce", size_bytes=elems * r_bytes,
-                              group=b.repl, gname="replicate", **kw)
-        else:
-            op = b.collective(kind="reduce_scatter", size_bytes=elems * r_bytes,
-                              group=b.shard, gname="shard", **kw)
+        # DDP's process group: every data-parallel rank (dp_replicate for ddp, dp_shard
+        # for zero1, the other degree 1).
+        group, gname = (b.repl, "replicate") if ddp else (b.shard, "shard")
+        op = b.collective(kind="all_reduce", size_bytes=elems * dtype_bytes(self.dtype),
+                          group=group, gname=gname, dtype=self.dtype,
+                          name=f"bucket {bucket} all-reduce", unit=bucket,
+                          microbatch=p.grad_accum - 1, after=(after,), async_op=True)
         if p.offload == "optimizer":
             local = elems if ddp else math.ceil(elems / p.dp_shard)
             op = b.copy(kind="d2h", nbytes=local * _grad_bytes(p), unit=bucket,
@@ -191,9 +202,12 @@ def _lower(b: Builder, root: Unit, blocks: list[Unit]) -> None:
         head_f = head_forward(b, mb, after=(fwd[-1] if fwd else emb,))
         gather_logits(b, after=head_f, mb=mb)
         head_b = head_backward(b, mb, grads=grad_alloc(root))
+        buckets = _Buckets(b) if last_mb and has_reducer(p) else None
+        head_numels, emb_numels = root_split(b.model)
+        if buckets is not None:
+            buckets.ready(head_numels, head_b)
         tensor_parallel(b, after=head_b, phase="backward", regions=1, boundaries=(TP_ENTER,),
                         name="output", mb=mb)
-        buckets = _Buckets(b) if last_mb and has_reducer(p) else None
         op = head_b
         for u in reversed(blocks):
             op = block_backward(b, u, mb, grads=grad_alloc(u))
@@ -203,13 +217,13 @@ def _lower(b: Builder, root: Unit, blocks: list[Unit]) -> None:
             tensor_parallel(b, after=op, phase="backward", regions=2 * u.blocks,
                             name=u.name, mb=mb, unit=u.index)
             if buckets is not None:
-                buckets.ready(u, op)
+                buckets.ready(u.tensors, op)
         tensor_parallel(b, after=op, phase="backward", regions=1,
                         boundaries=(TP_EMBEDDING_EXIT,), name="embedding", mb=mb)
         emb_b = b.add(name=f"embedding backward (mb {mb})", kind="backward", stream="compute",
                       microbatch=mb)
         if buckets is not None:
-            buckets.ready(root, emb_b)
+            buckets.ready(emb_numels, emb_b)
             last_reduce.extend(buckets.finish(emb_b))
     after, frees = tuple(last_reduce), tuple(grad_buffers)
     if p.offload != "none":
@@ -228,16 +242,19 @@ def _lower(b: Builder, root: Unit, blocks: list[Unit]) -> None:
 
 
 def _param_all_gather(b: Builder, opt: int) -> None:
-    """zero1: all-gather the updated compute-dtype parameters, in buckets of whole
-    tensors."""
+    """zero1: every rank's updated partition sent to the others, in the module's
+    parameter dtype (ZeroRedundancyOptimizer._sync_params broadcasts each parameter from
+    its owner), stood for by all-gathers of the parameters in buckets of whole tensors."""
     p, m = b.plan, b.model
+    dtype = p.master_dtype  # the module's parameters (ddp_bucket_dtype's reading)
+    w = dtype_bytes(dtype)
     numels = [math.prod(s) for _, s in m.root_tensors()]
     numels += [math.prod(s) for _, s in m.block_tensors()] * m.num_layers
-    per = max(1, p.bucket_bytes // b.a)
+    per = max(1, p.bucket_bytes // w)
     *full, last = pack_whole_tensors(numels, per)
     for i, elems in enumerate([*full, last] if last else full):
-        b.collective(kind="all_gather", size_bytes=elems * b.a, group=b.shard,
-                     gname="shard", name=f"param all-gather bucket {i}", unit=i,
+        b.collective(kind="all_gather", size_bytes=elems * w, group=b.shard,
+                     gname="shard", dtype=dtype, name=f"param all-gather bucket {i}", unit=i,
                      microbatch=p.grad_accum - 1, after=(opt,))
 
 
