@@ -123,10 +123,21 @@ def test_guard_step_time_without_communication(rows: list[dict[str, Any]]) -> No
 
 
 def test_guard_peak_allocated(rows: list[dict[str, Any]]) -> None:
-    """Today's level (mean 0.8%, max 2.3%: full recomputation on 13B 2.3% short) is not
+    """Today's level (mean 0.7%, max 1.5%: full recomputation on 13B 1.5% short) is not
     lost."""
     mean, worst = _stats(rows, "peak_memory_bytes")
-    assert mean < 0.01 and worst < 0.025
+    assert mean < 0.0075 and worst < 0.016
+
+
+def test_guard_peak_allocated_under_full_recomputation(rows: list[dict[str, Any]]) -> None:
+    """The four full-recomputation runs, whose peak (but 1.3B's, at the loss) is in a
+    checkpointed block's backward, where the gradient of the block's output is alive
+    beside the recomputed block (zsim.analytic.allocations._block_backward): 7B -1.1%,
+    13B -1.5% and +1.2% (micro-batch 2, at the loss), 1.3B +0.7%; without that gradient
+    7B read -1.6% and 13B -2.3%."""
+    full = [r for r in rows if r["kind"] == "recompute"]
+    assert len(full) == 4
+    assert all(abs(r["peak_memory_bytes"]) < 0.016 for r in full)
 
 
 def test_state_after_step(rows: list[dict[str, Any]]) -> None:
@@ -144,7 +155,7 @@ def test_target_step_time(rows: list[dict[str, Any]]) -> None:
     assert mean <= 0.03 and worst <= 0.06
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11 target not reached: mean 0.8%, max 2.3%")
+@pytest.mark.xfail(strict=True, reason="issue 11 target not reached: mean 0.7%, max 1.5%")
 def test_target_peak_allocated(rows: list[dict[str, Any]]) -> None:
     mean, worst = _stats(rows, "peak_memory_bytes")
     assert mean <= 0.005 and worst <= 0.015
