@@ -99,13 +99,18 @@ def net_bytes(pieces: Sequence[int]) -> int:
     return sum(p for i, p in enumerate(pieces) if p >= 0 and i not in freed)
 
 
-def repeat(pieces: Sequence[int], times: int) -> tuple[int, ...]:
-    """A script run `times` times in a row (a unit of several blocks)."""
+def chain(*scripts: Sequence[int]) -> tuple[int, ...]:
+    """Scripts run one after the other (each one's frees refer to its own entries)."""
     out: list[int] = []
-    for _ in range(times):
+    for pieces in scripts:
         base = len(out)
         out += [p if p >= 0 else ~(~p + base) for p in pieces]
     return tuple(out)
+
+
+def repeat(pieces: Sequence[int], times: int) -> tuple[int, ...]:
+    """A script run `times` times in a row (a unit of several blocks)."""
+    return chain(*[pieces] * times)
 
 
 # ---------------------------------------------------------------------- scripts
@@ -299,17 +304,19 @@ def _scripted(model: ModelSpec, plan: Plan, saved_per_block: int) -> bool:
 
 
 def block_saved_pieces(model: ModelSpec, plan: Plan, *, saved_per_block: int,
-                       blocks: int) -> tuple[int, ...]:
+                       blocks: int, input_casts: tuple[int, ...] = ()) -> tuple[int, ...]:
     """The saved buffer of a unit of `blocks` blocks (zsim.schedule.build.block_forward),
-    each block saving `saved_per_block` bytes: the reference block's script per block,
-    else the saved tensors (zsim.analytic.activations.block_saved_tensors) in forward
-    order when they add up, else ()."""
+    each block keeping `input_casts` (its inputs cast at its boundary, made first) and
+    saving `saved_per_block` bytes: the reference block's script per block, else the
+    saved tensors (zsim.analytic.activations.block_saved_tensors) in forward order when
+    they add up, else ()."""
     if _scripted(model, plan, saved_per_block):
-        return repeat(_block_script(model, plan), blocks)
+        return repeat(chain(input_casts, _block_script(model, plan)), blocks)
     tensors = [t.bytes for t in block_saved_tensors(
         model, micro_batch=plan.micro_batch, seq_len=plan.seq_len,
         recompute=plan.recompute, act_bytes=dtype_bytes(plan.param_dtype))]
-    return fitted(repeat(tensors, blocks), saved_per_block * blocks)
+    return fitted(repeat([*input_casts, *tensors], blocks),
+                  (saved_per_block + sum(input_casts)) * blocks)
 
 
 def _block_backward(s: _Script, z: _Sizes, plan: Plan, saved: dict[str, int | None],
