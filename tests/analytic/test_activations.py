@@ -9,7 +9,9 @@ import dataclasses
 import pytest
 
 from zsim.analytic.activations import (
+    STATE_ALIASES,
     block_activation_bytes,
+    block_input_casts,
     block_recompute_bytes,
     loss_working_bytes,
     root_saved_tensors,
@@ -94,6 +96,28 @@ def test_loss_and_root_by_hand(upcast: bool) -> None:
     forward = b * s * v * (2 + (4 if upcast else 0))
     assert loss_working_bytes(model, micro_batch=b, seq_len=s) == max(
         forward, 2 * b * s * v * logit)
+
+
+def test_fp32_rope_tables_are_the_buffers_and_a_cast_per_block() -> None:
+    """ModelSpec.rope_table_dtype "fp32": the root saves slices of the fp32 buffers
+    (state, no new bytes) instead of a bf16 copy; a program that casts each block's
+    inputs (FSDP2's MixedPrecisionPolicy) keeps a bf16 (s, head_dim) cos and sin per
+    block."""
+    b, s = 1, 1024
+    shared = dataclasses.replace(LLAMA3_8B, rope_table_dtype="activation")
+    fp32 = dataclasses.replace(LLAMA3_8B, rope_table_dtype="fp32")
+
+    def root(model: ModelSpec) -> int:
+        return sum(t.bytes for t in root_saved_tensors(model, micro_batch=b, seq_len=s)
+                   if t.name not in STATE_ALIASES)
+
+    assert root(shared) - root(fp32) == 2 * s * 128 * 2
+    assert [t.bytes for t in block_input_casts(fp32, seq_len=s, casts_inputs=True)] == \
+        [s * 128 * 2, s * 128 * 2]
+    assert block_input_casts(fp32, seq_len=s, casts_inputs=False) == []
+    assert block_input_casts(shared, seq_len=s, casts_inputs=True) == []
+    gpt = dataclasses.replace(PRESETS["gpt3-13b"], rope_table_dtype="fp32")
+    assert block_input_casts(gpt, seq_len=s, casts_inputs=True) == []  # no RoPE
 
 
 # ---------------------------------------------------------------------- autocast (DDP)

@@ -114,10 +114,27 @@ def test_guard_step_time_without_communication(rows: list[dict[str, Any]]) -> No
 
 
 def test_guard_peak_allocated(rows: list[dict[str, Any]]) -> None:
-    """Today's level (mean 0.8%, max 2.3%: full recomputation on 13B 2.3% short) is not
-    lost."""
+    """Today's level (mean 0.10%, max 0.56%: 1.3B with full recomputation, whose state
+    after the step reads 1.6% short) is not lost. It was mean 0.77%, max 2.34% before
+    the runs' program was modelled as their memory shows it was written
+    (zsim.calibrate.published_runs.HARNESS) and the gradient of a block's output was
+    held through its backward."""
     mean, worst = _stats(rows, "peak_memory_bytes")
-    assert mean < 0.01 and worst < 0.025
+    assert mean < 0.0015 and worst < 0.006
+
+
+def test_guard_peak_allocated_under_full_recomputation(rows: list[dict[str, Any]]) -> None:
+    """The four full-recomputation runs: 7B +0.07% and 13B +0.03% and +0.03% (micro-
+    batch 1 and 2), whose peak is a checkpointed block's backward (the gradient of the
+    block's output beside the recomputed block, zsim.analytic.allocations._block_backward;
+    each block's bf16 copy of RoPE's tables, zsim.analytic.activations.block_input_casts),
+    and 1.3B -0.56%, at the loss's backward. They read +0.66%, -1.64%, -2.34% and +1.24%
+    (1.3B, 7B, 13B, 13B micro-batch 2) before."""
+    full = {r["run"]: r["peak_memory_bytes"] for r in rows if r["kind"] == "recompute"}
+    assert len(full) == 4
+    assert all(abs(err) < 0.006 for err in full.values())
+    assert all(abs(full[run]) < 0.001
+               for run in ("7b_n64_ac", "13b_n128_mb1_ac", "13b_n128_mb2_ac"))
 
 
 def test_state_after_step(rows: list[dict[str, Any]]) -> None:
@@ -135,12 +152,11 @@ def test_target_step_time(rows: list[dict[str, Any]]) -> None:
     assert mean <= 0.03 and worst <= 0.06
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11 target not reached: mean 0.8%, max 2.3%")
 def test_target_peak_allocated(rows: list[dict[str, Any]]) -> None:
     mean, worst = _stats(rows, "peak_memory_bytes")
     assert mean <= 0.005 and worst <= 0.015
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11 target not reached: reserved within 8.2%")
+@pytest.mark.xfail(strict=True, reason="issue 11 target not reached: reserved within 7.4%")
 def test_target_peak_reserved(rows: list[dict[str, Any]]) -> None:
     assert _stats(rows, "reserved_memory_bytes")[1] <= 0.03

@@ -297,7 +297,8 @@ def test_hf_config_biases_everywhere_are_counted(tmp_path: Path) -> None:
 # ------------------------------------------------------------- single-field checks
 @pytest.mark.parametrize(("field", "value"), [("num_layers", 0), ("d_model", -8),
                                               ("vocab_size", 1.5), ("max_seq_len", True),
-                                              ("extra_params", -1), ("mlp", "relu")])
+                                              ("extra_params", -1), ("mlp", "relu"),
+                                              ("rope_table_dtype", "bf16")])
 def test_bad_field_raises_naming_it(field: str, value: object) -> None:
     with pytest.raises(ConfigError) as e:
         dataclasses.replace(PRESETS["llama2-7b"], **{field: value})

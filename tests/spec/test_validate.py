@@ -263,3 +263,18 @@ def test_sequence_parallel_divides_the_sequence() -> None:
     assert validate(LLAMA2_7B, H100, _fsdp(dp_shard=8, tp=8, sp=True)) is None
     e = _error(plan=_fsdp(dp_shard=8, tp=8, sp=True, seq_len=4100))
     assert (e.field, e.value) == ("plan.seq_len", 4100)
+
+
+def test_fp32_rope_tables_need_a_program_that_casts_them() -> None:
+    """FSDP2 casts each block's inputs (Plan.casts_block_inputs), autocast computes the
+    rotation in fp32 anyway, fp32 compute needs no cast; FSDP1 and DeepSpeed in bf16
+    would rotate q and k in fp32 (not modelled)."""
+    fp32_tables = dataclasses.replace(LLAMA2_7B, rope_table_dtype="fp32")
+    assert validate(fp32_tables, H100, _fsdp()) is None
+    assert validate(fp32_tables, H100, _fsdp(param_dtype="fp32", grad_dtype="fp32")) is None
+    assert validate(fp32_tables, H100, Plan.for_strategy("ddp", gpus=8, seq_len=4096)) is None
+    for plan in (_fsdp(impl="fsdp1"), Plan.for_strategy("zero3", gpus=64, seq_len=4096)):
+        e = _error(model=fp32_tables, plan=plan)
+        assert (e.field, e.value) == ("model.rope_table_dtype", "fp32")
+    assert validate(dataclasses.replace(GPT3_13B, rope_table_dtype="fp32"), H100,
+                    _fsdp(impl="fsdp1", seq_len=2048)) is None  # no RoPE

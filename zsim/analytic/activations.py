@@ -4,8 +4,9 @@ Owns the list of tensors the reference training step of DESIGN.md keeps between 
 forward and its backward, per recomputation policy, and the transient working memory of
 the loss. Pure arithmetic on ModelSpec; imports nothing heavy. Kernel choices that move
 memory (flash vs math attention, fused vs composite RMSNorm, GQA by enable_gqa or by
-repeating k/v, fp32 logits) are ModelSpec knobs; the torch backend measures the same
-tensors with `torch.autograd.graph.saved_tensors_hooks`.
+repeating k/v, fp32 logits, the dtype RoPE's tables reach the blocks in) are ModelSpec
+knobs; the torch backend measures the same tensors with
+`torch.autograd.graph.saved_tensors_hooks`.
 
 References:
 - What each aten op saves: derivatives.yaml in PyTorch (tools/autograd/derivatives.yaml).
@@ -190,6 +191,23 @@ def block_saved_tensors(model: ModelSpec, *, micro_batch: int, seq_len: int,
     return _block_all(model, b, s, a, autocast)
 
 
+def block_input_casts(model: ModelSpec, *, seq_len: int, act_bytes: int = 2,
+                      casts_inputs: bool) -> list[SavedTensor]:
+    """Copies one block keeps of its floating-point inputs when the program casts them
+    to the compute dtype at the block's boundary (`casts_inputs`, Plan.casts_block_inputs:
+    FSDP2's MixedPrecisionPolicy, cast_forward_inputs, in each fully_shard'ed block's
+    pre-forward, outside the block's checkpoint). The residual stream arrives in the
+    compute dtype already; RoPE's cos and sin tables do not when the model hands its
+    blocks the fp32 buffers (ModelSpec.rope_table_dtype "fp32"): each block then gets a
+    (s, head_dim) copy of each, which its checkpoint keeps as an input (full
+    recomputation) or its rotation's products save, until the block's backward."""
+    if not casts_inputs or model.learned_pos_emb or model.rope_table_dtype != "fp32":
+        return []
+    table = seq_len * model.head_dim * act_bytes
+    return [SavedTensor(name="block.rope_cos_cast", bytes=table),
+            SavedTensor(name="block.rope_sin_cast", bytes=table)]
+
+
 def block_activation_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int,
                            recompute: str, act_bytes: int = 2, autocast: bool = False) -> int:
     """Bytes one block keeps saved between its forward and backward (see
@@ -225,7 +243,8 @@ def block_backward_working_bytes(model: ModelSpec, *, micro_batch: int, seq_len:
 def root_saved_tensors(model: ModelSpec, *, micro_batch: int, seq_len: int,
                        act_bytes: int = 2, autocast: bool = False) -> list[SavedTensor]:
     """Tensors saved outside the blocks: token ids, the position ids (learned positions)
-    or the RoPE tables, final norm (see _norm_saved), output
+    or the RoPE tables (a compute-dtype copy, or the fp32 buffers themselves under
+    autocast or ModelSpec.rope_table_dtype "fp32"), final norm (see _norm_saved), output
     projection input, and the log-softmax of the loss (fp32 when logits are upcast, and
     always under autocast, where cross_entropy is on the fp32 list) over the vocabulary
     the loss reads (ModelSpec.loss_vocab: a TP rank's loss spans the whole one). Under `autocast`
@@ -238,9 +257,11 @@ def root_saved_tensors(model: ModelSpec, *, micro_batch: int, seq_len: int,
     if model.learned_pos_emb:
         # The position ids, arange(s), one row per position shared by the micro-batch.
         out.append(SavedTensor(name="pos_embeddings.indices", bytes=s * INDEX_BYTES))
-    elif autocast:
-        # The tables' cast to the fp32 activations is a no-op: every block saves a
-        # slice of the model's fp32 RoPE buffers, whose storage spans max_seq_len.
+    elif autocast or model.rope_table_dtype == "fp32":
+        # The model's fp32 RoPE buffers themselves (under autocast the tables' cast to
+        # the fp32 activations is a no-op): every block saves a slice of them, whose
+        # storage spans max_seq_len; a program that casts them per block keeps copies
+        # (block_input_casts).
         out.append(SavedTensor(name="rope.cos_sin_buffers",
                                bytes=2 * model.max_seq_len * model.head_dim * FP32_BYTES))
     else:

@@ -8,8 +8,9 @@ on many ranks each is small enough for the allocator's small pool. And the alloc
 scripts of the reference training step (DESIGN.md) where the aggregate hides the order
 the allocator sees: a block's forward (what it saves, with the transients it frees on the
 way: RoPE's halves and products, the attention and MLP outputs consumed by the residual
-adds), a block's backward (its recomputation under full checkpointing, the activation
-gradients, flash attention's fp32 dq accumulator, what autograd frees as each node ends),
+adds), a block's backward (the gradient of its output, alive throughout, its
+recomputation under full checkpointing, the activation gradients, flash attention's
+fp32 dq accumulator, what autograd frees as each node ends),
 the output projection and loss, and FSDP2's all-gather copy-in (the shard cast to the
 compute dtype, then the flat output). The scripts were read from the aten ops of
 zsim.calibrate.model's blocks and checked against the allocation traces of real FSDP2
@@ -98,13 +99,18 @@ def net_bytes(pieces: Sequence[int]) -> int:
     return sum(p for i, p in enumerate(pieces) if p >= 0 and i not in freed)
 
 
-def repeat(pieces: Sequence[int], times: int) -> tuple[int, ...]:
-    """A script run `times` times in a row (a unit of several blocks)."""
+def chain(*scripts: Sequence[int]) -> tuple[int, ...]:
+    """Scripts run one after the other (each one's frees refer to its own entries)."""
     out: list[int] = []
-    for _ in range(times):
+    for pieces in scripts:
         base = len(out)
         out += [p if p >= 0 else ~(~p + base) for p in pieces]
     return tuple(out)
+
+
+def repeat(pieces: Sequence[int], times: int) -> tuple[int, ...]:
+    """A script run `times` times in a row (a unit of several blocks)."""
+    return chain(*[pieces] * times)
 
 
 # ---------------------------------------------------------------------- scripts
@@ -209,11 +215,14 @@ def _forward(s: _Script, z: _Sizes, *, grad: bool, to_output: bool = True
 
 def _backward(s: _Script, z: _Sizes, saved: dict[str, int | None],
               weights: dict[str, int] | None = None) -> None:
-    """One block's backward: each activation gradient as autograd makes it, each saved
-    tensor freed as its node ends (`saved` entries; missing ones belong to another
-    buffer), and with `weights` (bytes by weight, `_weight_elems` names) each weight's
-    gradient allocated by its node (else they are their own buffers). The residual
-    stream's gradient is accumulated in place and allocates nothing."""
+    """One block's backward after its recomputation: each activation gradient as
+    autograd makes it, each saved tensor freed as its node ends (`saved` entries; missing
+    ones belong to another buffer), and with `weights` (bytes by weight, `_weight_elems`
+    names) each weight's gradient allocated by its node (else they are their own
+    buffers). The residual stream's gradient (the incoming gradient, which
+    `_block_backward` holds) takes each norm's input gradient in place (autograd's
+    InputBuffer accumulates into a tensor it holds the last reference to), so those are
+    freed once made."""
     def sv(name: str) -> int | None:
         return saved.get(name)
 
@@ -295,32 +304,52 @@ def _scripted(model: ModelSpec, plan: Plan, saved_per_block: int) -> bool:
 
 
 def block_saved_pieces(model: ModelSpec, plan: Plan, *, saved_per_block: int,
-                       blocks: int) -> tuple[int, ...]:
+                       blocks: int, input_casts: tuple[int, ...] = ()) -> tuple[int, ...]:
     """The saved buffer of a unit of `blocks` blocks (zsim.schedule.build.block_forward),
-    each block saving `saved_per_block` bytes: the reference block's script per block,
-    else the saved tensors (zsim.analytic.activations.block_saved_tensors) in forward
-    order when they add up, else ()."""
+    each block keeping `input_casts` (its inputs cast at its boundary, made first) and
+    saving `saved_per_block` bytes: the reference block's script per block, else the
+    saved tensors (zsim.analytic.activations.block_saved_tensors) in forward order when
+    they add up, else ()."""
     if _scripted(model, plan, saved_per_block):
-        return repeat(_block_script(model, plan), blocks)
+        return repeat(chain(input_casts, _block_script(model, plan)), blocks)
     tensors = [t.bytes for t in block_saved_tensors(
         model, micro_batch=plan.micro_batch, seq_len=plan.seq_len,
         recompute=plan.recompute, act_bytes=dtype_bytes(plan.param_dtype))]
-    return fitted(repeat(tensors, blocks), saved_per_block * blocks)
+    return fitted(repeat([*input_casts, *tensors], blocks),
+                  (saved_per_block + sum(input_casts)) * blocks)
+
+
+def _block_backward(s: _Script, z: _Sizes, plan: Plan, saved: dict[str, int | None],
+                    weights: dict[str, int] | None = None) -> None:
+    """A block's backward as autograd runs it, from the gradient of the block's output
+    on: that gradient (b*s*d, the residual stream's) is alive throughout, while a
+    checkpointed block re-runs its forward (torch.utils.checkpoint, non-reentrant: the
+    first unpack of a saved tensor, in w2's backward, recomputes the block up to w2's
+    input, so every recomputed tensor is alive at once) and while the block's own
+    gradients are made (`_backward`); the residual add passes it on to both branches,
+    and the norms' input gradients are accumulated into it, so it is what leaves the
+    block, freed here for the next block's backward to hold. Under "none" `saved` are the
+    forward's tensors, else the recomputation's."""
+    incoming = s.alloc(z.d)
+    if plan.recompute == "full":
+        saved = _forward(s, z, grad=True, to_output=False)
+    _backward(s, z, saved, weights)
+    s.free(incoming)
 
 
 @lru_cache(maxsize=64)
 def _backward_script(model: ModelSpec, plan: Plan) -> tuple[int, ...]:
     z, s = _Sizes(model, plan), _Script()
-    saved = _forward(s, z, grad=True, to_output=False) if plan.recompute == "full" else {}
-    _backward(s, z, saved)
+    _block_backward(s, z, plan, {})
     return tuple(s.entries)
 
 
 def block_backward_pieces(model: ModelSpec, plan: Plan, *, saved_per_block: int,
                           blocks: int) -> tuple[int, ...]:
     """The backward working buffer of a unit of `blocks` blocks
-    (zsim.schedule.build.block_backward): per block, under full recomputation the
-    forward re-run up to w2's input, then the backward; () off the reference step."""
+    (zsim.schedule.build.block_backward): per block, the gradient of its output, under
+    full recomputation the forward re-run up to w2's input, then the backward
+    (`_block_backward`); () off the reference step."""
     if not _scripted(model, plan, saved_per_block):
         return ()
     return repeat(_backward_script(model, plan), blocks)
@@ -331,7 +360,8 @@ def backward_transient_bytes(model: ModelSpec, plan: Plan, *, saved_per_block: i
                              blocks: int, grad_bytes_per_param: float) -> int | None:
     """What a unit's backward (zsim.schedule.build.block_backward) holds at its most
     beyond its saved tensors and its weight gradients, both of which the ledger holds
-    for the whole op: the peak of the blocks' scripts run in reverse, each weight's
+    for the whole op: the peak of the blocks' scripts run in reverse (`_block_backward`:
+    the gradient flowing in, the recomputation, the backward), each weight's
     gradient (`grad_bytes_per_param` per element, 0 when the program allocates none)
     made by its node and each saved tensor freed as its node ends, less those saved
     tensors and gradients; 0 when the ledger's whole-op view holds more than that peak.
@@ -342,10 +372,8 @@ def backward_transient_bytes(model: ModelSpec, plan: Plan, *, saved_per_block: i
     s.alloc(z.d)  # the block's input
     saved = _forward(s, z, grad=plan.recompute == "none")
     start = len(s.entries)
-    if plan.recompute == "full":
-        saved = _forward(s, z, grad=True, to_output=False)
     weights = {n: round(e * grad_bytes_per_param) for n, e in _weight_elems(model).items()}
-    _backward(s, z, saved, weights)
+    _block_backward(s, z, plan, saved, weights)
     saved_bytes, grad_bytes = net_bytes(s.entries[:start]), sum(weights.values())
     peak = _peak_bytes(s.entries)
     # The unit's blocks run one after the other: the first holds the others' saved

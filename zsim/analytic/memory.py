@@ -18,8 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zsim.analytic.activations import (
+    STATE_ALIASES,
     block_activation_bytes,
     block_backward_working_bytes,
+    block_input_casts,
     block_recompute_bytes,
     loss_working_bytes,
     root_saved_tensors,
@@ -140,10 +142,14 @@ def estimate_memory(model: ModelSpec, plan: Plan) -> MemoryEstimate:
         # Gradients accumulate unsharded across micro-batches and are reduced once per
         # step (FSDP2 set_requires_gradient_sync(False), DDP no_sync), as step_comm counts.
         grads_in_flight = float(model.num_params * dtype_bytes(plan.grad_dtype))
-    saved = model.num_layers * block_activation_bytes(model, micro_batch=b, seq_len=s,
-                                                      recompute=plan.recompute, act_bytes=a)
+    saved = model.num_layers * (
+        block_activation_bytes(model, micro_batch=b, seq_len=s, recompute=plan.recompute,
+                               act_bytes=a)
+        + sum(t.bytes for t in block_input_casts(model, seq_len=s, act_bytes=a,
+                                                 casts_inputs=plan.casts_block_inputs)))
     saved += sum(t.bytes for t in root_saved_tensors(model, micro_batch=b, seq_len=s,
-                                                      act_bytes=a))
+                                                      act_bytes=a)
+                 if t.name not in STATE_ALIASES)
     transient = max(
         loss_working_bytes(model, micro_batch=b, seq_len=s, act_bytes=a),
         block_backward_working_bytes(model, micro_batch=b, seq_len=s, act_bytes=a)

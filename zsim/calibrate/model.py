@@ -5,20 +5,23 @@ spec to fit this machine.
 Owns the torch program whose memory and time the simulator predicts. The Llama block:
 token embedding; per block RMSNorm (torch.nn.RMSNorm) -> bias-free q/k/v/o attention with
 GQA, rotary embeddings (rotate-half form, cos/sin tables cast once per step to the
-activation dtype and shared by all blocks) and scaled_dot_product_attention(is_causal=True)
--> residual -> RMSNorm -> SwiGLU MLP (w1, w3 up; w2 down) -> residual; final RMSNorm;
-untied output. The GPT block (GPT-2/3): token plus learned position embeddings (a table of
-max_seq_len rows, looked up by position ids) and no rotation; LayerNorm (with a bias when
+activation dtype and shared by all blocks, or spec.rope_table_dtype's fp32 buffers) and
+scaled_dot_product_attention(is_causal=True) -> residual -> RMSNorm -> SwiGLU MLP (w1,
+w3 up; w2 down) -> residual; final RMSNorm; untied output. The GPT block (GPT-2/3):
+token plus learned position embeddings (a table of max_seq_len rows, looked up by
+position ids) and no rotation; LayerNorm (with a bias when
 spec.bias); q/k/v/o and MLP projections with biases when spec.bias; GELU MLP (w1 up, w2
 down) with the tanh approximation GPT-2 and GPT-3 train with; final LayerNorm; the output
 projection tied to the token embedding when spec.tied_embeddings (one Parameter held by
 both modules, as HF's GPT-2 ties lm_head, so every wrapper sees it in the root and
 DeepSpeed's ZeRO-3 fetches it for the output module's forward). Each field selects its
 part independently (norm, mlp, bias, learned_pos_emb, tied_embeddings). Loss =
-cross_entropy(logits.float(), labels). The spec's kernel knobs select the SDPA backend
-(attention_kernel="math" forces the math kernel), GQA (enable_gqa or repeated k/v) and
-the logits upcast. Module and parameter names follow ModelSpec.parameter_tensors
-(torchtitan's Llama names, for GPT too), so the two counts can be compared one to one.
+cross_entropy(logits.float(), labels), in the model's forward or, with
+spec.loss_in_forward False, outside it (LossOutside, as torchtitan's step). The spec's
+kernel knobs select the SDPA backend (attention_kernel="math" forces the math kernel),
+GQA (enable_gqa or repeated k/v) and the logits upcast. Module and parameter names
+follow ModelSpec.parameter_tensors (torchtitan's Llama names, for GPT too), so the two
+counts can be compared one to one.
 Imports torch; only zsim.calibrate may import this module.
 """
 
@@ -137,7 +140,8 @@ class TransformerBlock(nn.Module):
 
 
 class Transformer(nn.Module):
-    """The whole reference model; `forward(tokens, labels)` returns the scalar loss."""
+    """The whole reference model; `forward(tokens, labels)` returns the scalar loss, or
+    the logits when spec.loss_in_forward is False (LossOutside computes the loss)."""
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
@@ -178,14 +182,44 @@ class Transformer(nn.Module):
             # parameters per module (DeepSpeed ZeRO-3) see the lookup.
             h = h + self.pos_embeddings(torch.arange(s, device=tokens.device))
         else:
-            # Cast once per step, shared by every block: one (s, head_dim) table each.
-            rope = (self.rope_cos[:s].to(h.dtype), self.rope_sin[:s].to(h.dtype))
+            rope = rope_inputs(self.spec, self.rope_cos, self.rope_sin, s, h.dtype)
         for layer in self.layers:
             h = layer(h, rope)
         logits = self.output(self.norm(h))
+        if not self.spec.loss_in_forward:
+            return logits  # LossOutside computes the loss
         if self.spec.logits_upcast:
             logits = logits.float()
         return F.cross_entropy(logits.flatten(0, 1), labels.flatten(0, 1))
+
+
+def rope_inputs(spec: ModelSpec, cos: torch.Tensor, sin: torch.Tensor, s: int,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The RoPE tables a model hands its blocks for a sequence of `s` tokens
+    (spec.rope_table_dtype): cast once to the activation `dtype`, shared by every block;
+    or the fp32 buffers' rows as they are (FSDP2's MixedPrecisionPolicy then casts them
+    in each block's pre-forward)."""
+    if spec.rope_table_dtype == "fp32":
+        return cos[:s], sin[:s]
+    return cos[:s].to(dtype), sin[:s].to(dtype)
+
+
+class LossOutside(nn.Module):
+    """The step's loss around a model whose forward returns its logits
+    (spec.loss_in_forward False, torchtitan's loss_fn(model(inputs), labels)): the
+    wrapped, sharded model's root module outputs the logits, and the loss is computed
+    here, outside it; called as model(tokens, labels) -> loss like the model itself."""
+
+    def __init__(self, model: nn.Module, spec: ModelSpec) -> None:
+        super().__init__()
+        self.model = model
+        self.spec = spec
+
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        logits = self.model(tokens, labels)
+        upcast = logits.float() if self.spec.logits_upcast else logits
+        del logits  # torchtitan frees its prediction before the backward
+        return F.cross_entropy(upcast.flatten(0, 1), labels.flatten(0, 1))
 
 
 def init_parameters(module: nn.Module) -> None:

@@ -31,7 +31,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
 from zsim.calibrate.fsdp2 import LEARNING_RATE, TORCH_DTYPES, apply_recompute, stepper
-from zsim.calibrate.model import Transformer, init_parameters, rope_tables
+from zsim.calibrate.model import Transformer, init_parameters, rope_inputs, rope_tables
 from zsim.calibrate.training import Prepared
 from zsim.errors import ConfigError
 from zsim.spec.model import ModelSpec
@@ -111,7 +111,7 @@ class StageModule(nn.Module):
                             enabled=dtype is not None):
             h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
             s = h.shape[1]
-            rope = (self.rope_cos[:s].to(h.dtype), self.rope_sin[:s].to(h.dtype))
+            rope = rope_inputs(self.spec, self.rope_cos, self.rope_sin, s, h.dtype)
             for layer in self.layers.values():
                 h = layer(h, rope)
             if self.norm is None or self.output is None:

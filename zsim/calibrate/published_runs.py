@@ -35,6 +35,26 @@ HOST_CORES = 16
 """Cores of the host the runs were measured on (the file's setup.gpu line), all of them
 the measured rank's."""
 
+HARNESS: dict[str, Any] = {"loss_in_forward": False, "rope_table_dtype": "fp32"}
+"""How the runs' program hands the loss and RoPE's tables over (ModelSpec knobs), read
+from their memory, which the setup's text does not pin down:
+- The loss is computed outside the model (loss = cross_entropy(logits.float()), as the
+  setup writes it and torchtitan does): in every run whose peak is the loss's backward
+  (all but three), peak - after_forward is exactly the loss's two fp32 gradients (2 x
+  tokens x vocab x 4 B: 1.953 GiB at 8192 tokens), with no block's all-gather beside
+  them; zsim.calibrate's own program on the same GPU, whose model returns its loss, read
+  that plus the last block's prefetched all-gather (reports/validation-h200/runs.yaml,
+  1p3b_n8: 2.049 GiB = 1.953 + 0.096; 7b_n64: 1.353 = 0.977 + 0.377), FSDP2's root
+  pre-backward running on the loss's gradient before the loss's backward.
+- The blocks get RoPE's tables as the model's fp32 buffers: after the forward every bf16
+  run holds, beyond zsim.calibrate's program (one shared bf16 copy), one bf16 (s,
+  head_dim) cos and sin per block more, independent of the micro-batch and of the world
+  size (after_forward - simulated, less the state's residual: 1.3B 24 MiB = 24 blocks x
+  2048 x 512 B, 7B 62-63 MiB = 32 x 4096 x 512 B, 13B 155-160 MiB = 40 x 8192 x 512 B,
+  micro-batch 1 and 2 alike), and the fp32 run none: FSDP2's MixedPrecisionPolicy casts
+  the tables at every block (zsim.analytic.activations.block_input_casts), and casts
+  nothing in fp32."""
+
 METRICS: dict[str, str] = {
     "step_time_s": "step_time_s", "forward_time_s": "fwd_time_s",
     "backward_time_s": "bwd_time_s", "optimizer_time_s": "opt_time_s",
@@ -58,7 +78,8 @@ def load_runs(path: Path) -> list[PublishedRun]:
     """The runs of h200-fsdp2-runs.yaml that completed (status ok), with their plans as
     the file's setup describes them: FSDP2 per block and root, bf16 with fp32 reduction
     (or fp32 with TF32 matmuls), AdamW(foreach), full recomputation of every block,
-    CPUOffloadPolicy."""
+    CPUOffloadPolicy; and their model as the runs' memory shows the program wrote it
+    (HARNESS)."""
     data = read_yaml(path, field="cases")
     runs = []
     for r in data["runs"]:
@@ -68,7 +89,7 @@ def load_runs(path: Path) -> list[PublishedRun]:
         spec = ModelSpec(name=r["name"], num_layers=m["layers"], d_model=m["d_model"],
                          num_heads=m["heads"], num_kv_heads=m["kv_heads"],
                          ffn_hidden=m["ffn_hidden"], vocab_size=m["vocab"],
-                         max_seq_len=p["seq"])
+                         max_seq_len=p["seq"], **HARNESS)
         strategy = ("hsdp" if p["replicate_group"] > 1 else
                     "fsdp" if p["reshard_after_forward"] else "fsdp-no-reshard")
         knobs: dict[str, Any] = {"seq_len": p["seq"], "micro_batch": p["micro_batch"],

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from zsim.calibrate.model import LossOutside
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 
@@ -77,11 +78,20 @@ def check_plan(plan: Plan, world_size: int, spec: ModelSpec) -> None:
 
 
 def prepare(spec: ModelSpec, plan: Plan, *, device: str, world_size: int) -> Prepared:
-    """Build the model on `device` and apply `plan` with the library it names."""
+    """Build the model on `device` and apply `plan` with the library it names; with
+    spec.loss_in_forward False, the step computes the loss around the wrapped model
+    (LossOutside; a pipeline's schedule computes it on the last stage either way)."""
     if plan.pp > 1:
         from zsim.calibrate import pipeline
 
         return pipeline.prepare(spec, plan, device=device, world_size=world_size)
+    prep = _prepare(spec, plan, device=device, world_size=world_size)
+    if spec.loss_in_forward:
+        return prep
+    return replace(prep, model=LossOutside(prep.model, spec))
+
+
+def _prepare(spec: ModelSpec, plan: Plan, *, device: str, world_size: int) -> Prepared:
     if plan.tp > 1:
         from zsim.calibrate import tensor_parallel
 

@@ -30,7 +30,11 @@ from typing import Any
 
 import torch
 
-from zsim.analytic.activations import block_saved_tensors, root_saved_tensors
+from zsim.analytic.activations import (
+    block_input_casts,
+    block_saved_tensors,
+    root_saved_tensors,
+)
 from zsim.atomic import write_files
 from zsim.calibrate.step import PlanMeasurement, measure_plan
 from zsim.errors import ConfigError
@@ -125,7 +129,8 @@ def csv_name(spec: ModelSpec, plan: Plan) -> str:
 def predicted_activation_bytes(spec: ModelSpec, plan: Plan) -> tuple[int, int]:
     """Saved-activation bytes of the blocks and of the root on rank 0 (measured_figures
     reads rank 0's), as the backend's recorder attributes them: the RoPE tables are saved
-    first inside layers.0, so they count under the blocks. A rank saves what its TP
+    first inside layers.0, so they count under the blocks (or each block its own cast of
+    them, zsim.analytic.activations.block_input_casts). A rank saves what its TP
     shard of the model computes (zsim.schedule.lower.rank_model: its heads and MLP
     slice, the norms and the loss whole). A pipeline's first rank records every
     micro-batch of the step (the recorder sees the schedule as one step): its stages'
@@ -137,11 +142,16 @@ def predicted_activation_bytes(spec: ModelSpec, plan: Plan) -> tuple[int, int]:
     per_block = sum(t.bytes for t in block_saved_tensors(
         model, micro_batch=plan.micro_batch, seq_len=plan.seq_len, recompute=plan.recompute,
         act_bytes=act, autocast=autocast))
+    casts = sum(t.bytes for t in block_input_casts(
+        model, seq_len=plan.seq_len, act_bytes=act, casts_inputs=plan.casts_block_inputs))
+    per_block += casts
     root = root_saved_tensors(model, micro_batch=plan.micro_batch, seq_len=plan.seq_len,
                               act_bytes=act, autocast=autocast)
-    rope = sum(t.bytes for t in root if t.name.startswith("rope."))
+    tables = sum(t.bytes for t in root if t.name.startswith("rope."))
+    # Blocks that get their own casts of the tables save those, not the root's tables.
+    rope = 0 if casts else tables
     if plan.pp == 1:
-        return spec.num_layers * per_block + rope, sum(t.bytes for t in root) - rope
+        return spec.num_layers * per_block + rope, sum(t.bytes for t in root) - tables
     layers = rank_layers(plan, spec.num_layers, 0)
     ids = sum(t.bytes for t in root if t.name == "tok_embeddings.indices")
     return plan.grad_accum * layers * per_block + rope, plan.grad_accum * ids

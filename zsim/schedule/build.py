@@ -22,6 +22,7 @@ from zsim.analytic.activations import (
     STATE_ALIASES,
     block_activation_bytes,
     block_backward_working_bytes,
+    block_input_casts,
     block_recompute_bytes,
     head_backward_working_bytes,
     loss_forward_working_bytes,
@@ -127,11 +128,20 @@ class ActivationSizes:
     """Working memory of the loss forward beside its saved output."""
     head_backward_working: tuple[int, int]
     """Working memory of the loss's backward, then of the output projection's."""
+    input_casts: tuple[int, ...] = ()
+    """Copies one block keeps of its inputs, cast at its boundary by the program
+    (zsim.analytic.activations.block_input_casts), bytes each; beside saved_per_block."""
+
+    @property
+    def held_per_block(self) -> int:
+        """What one block keeps from its forward to its backward: its saved tensors and
+        its inputs' casts."""
+        return self.saved_per_block + sum(self.input_casts)
 
     def floor_bytes(self, model: ModelSpec) -> int:
-        """Live when the loss's forward starts: every block's and the root's saved
-        tensors, and the loss's working memory."""
-        return model.num_layers * self.saved_per_block + self.root_saved + self.loss_working
+        """Live when the loss's forward starts: every block's saved tensors and input
+        casts, the root's saved tensors, and the loss's working memory."""
+        return model.num_layers * self.held_per_block + self.root_saved + self.loss_working
 
 
 def activation_sizes(model: ModelSpec, plan: Plan, *, autocast: bool) -> ActivationSizes:
@@ -151,7 +161,10 @@ def activation_sizes(model: ModelSpec, plan: Plan, *, autocast: bool) -> Activat
         loss_saved=sum(t.bytes for t in root if t.name.startswith(LOSS_PREFIX)),
         loss_working=loss_working_bytes(model, **kw),
         loss_forward_working=loss_forward_working_bytes(model, **kw),
-        head_backward_working=head_backward_working_bytes(model, **kw))
+        head_backward_working=head_backward_working_bytes(model, **kw),
+        input_casts=tuple(t.bytes for t in block_input_casts(
+            model, seq_len=plan.seq_len, act_bytes=kw["act_bytes"],
+            casts_inputs=plan.casts_block_inputs)))
 
 
 # ---------------------------------------------------------------------- builder
@@ -418,19 +431,20 @@ def context_parallel(b: Builder, *, after: int, phase: str, blocks: int, name: s
 # ---------------------------------------------------------------------- shared ops
 def block_forward(b: Builder, u: Unit, mb: int, *, after: tuple[int, ...] = (),
                   frees: tuple[str, ...] = (), host_s: float = 0.0) -> int:
-    """The forward of unit `u`'s blocks for micro-batch mb: allocates what they save for
-    backward (`mb<mb>/<unit>/saved`). On an async host it lasts at least `host_s`, the
-    host's time to issue it (the program's own figure: the device waits for the host)."""
+    """The forward of unit `u`'s blocks for micro-batch mb: allocates what they keep for
+    backward (`mb<mb>/<unit>/saved`: each block's input casts, then its saved tensors).
+    On an async host it lasts at least `host_s`, the host's time to issue it (the
+    program's own figure: the device waits for the host)."""
     flops = b.block_fwd.scaled(u.blocks)
     return b.add(
         name=f"{u.name} forward (mb {mb})", kind="forward", stream="compute", unit=u.index,
         microbatch=mb, after=after, flops=flops.total,
         compute_s=max(b.compute(flops) + b.block_host_s("forward", u.blocks), host_s),
         allocs=(Buffer(name=f"mb{mb}/{u.name}/saved", category="activations",
-                       bytes=b.acts.saved_per_block * u.blocks,
+                       bytes=b.acts.held_per_block * u.blocks,
                        pieces=allocations.block_saved_pieces(
                            b.model, b.plan, saved_per_block=b.acts.saved_per_block,
-                           blocks=u.blocks)),),
+                           blocks=u.blocks, input_casts=b.acts.input_casts)),),
         frees=frees)
 
 
@@ -461,12 +475,18 @@ def block_backward(b: Builder, u: Unit, mb: int, *, after: tuple[int, ...] = (),
 
 
 def head_forward(b: Builder, mb: int, *, after: tuple[int, ...],
-                 frees: tuple[str, ...] = ()) -> int:
-    """Output projection + loss forward of micro-batch mb."""
+                 frees: tuple[str, ...] = (), root_post_forward: tuple[str, ...] = ()
+                 ) -> int:
+    """Output projection + loss forward of micro-batch mb; `frees` are freed at its end,
+    `root_post_forward` (what FSDP's root post-forward frees) there too when the model
+    computes its loss in its forward (ModelSpec.loss_in_forward), else at its start: the
+    root's forward ends with the logits, before the step's loss."""
     head = _head_flops(b)
     acts, loss_saved = b.acts, b.acts.loss_saved
+    inside = b.model.loss_in_forward
     return b.add(name=f"output+loss forward (mb {mb})", kind="forward", stream="compute",
                  microbatch=mb, after=after, compute_s=b.compute(head), flops=head.total,
+                 frees_at_start=() if inside else root_post_forward,
                  allocs=(Buffer(name=f"mb{mb}/loss/fwd", category="activations",
                                 bytes=acts.loss_forward_working,
                                 pieces=allocations.loss_forward_pieces(
@@ -480,24 +500,29 @@ def head_forward(b: Builder, mb: int, *, after: tuple[int, ...],
                                 bytes=loss_saved,
                                 pieces=allocations.root_saved_pieces(
                                     b.model, b.plan, root_saved=loss_saved, loss=True))),
-                 frees=(f"mb{mb}/loss/fwd", *frees))
+                 frees=(f"mb{mb}/loss/fwd", *frees, *(root_post_forward if inside else ())))
 
 
 def head_backward(b: Builder, mb: int, *, after: tuple[int, ...] = (),
                   grads: tuple[Buffer, ...] = (), frees: tuple[str, ...] = (),
-                  on_backward_start: Callable[[], object] | None = None) -> int:
+                  root_pre_backward: Callable[..., object] | None = None,
+                  forward: int | None = None) -> int:
     """Loss backward, then output projection backward, of micro-batch mb (together twice
     the forward's work); returns the second. A hook on the root module's output (FSDP's
-    root pre-backward) runs as the backward starts, before the loss's backward: the
-    reference model computes its loss in its forward (zsim.calibrate.model, as Hugging
-    Face models given labels do), so the root's output is the loss, whose gradient
-    exists first. `on_backward_start()` adds the hook's ops, placed as its caller says."""
+    root pre-backward) runs when that output's gradient exists: `root_pre_backward(
+    after=op)` adds its ops, issued after op. A model that computes its loss in its
+    forward (ModelSpec.loss_in_forward: zsim.calibrate.model, as Hugging Face models
+    given labels do) outputs the loss, whose gradient exists first: the hook runs as the
+    backward starts, after the head's `forward` op. One that outputs the logits
+    (torchtitan, whose step computes the loss) gets their gradient from the loss's
+    backward: the hook runs after it, before the output projection's backward."""
     loss_flops, output_flops = head_backward_flops(
         b.model, micro_batch=b.plan.micro_batch, seq_len=b.plan.seq_len, act_bytes=b.a)
     acts, kw = b.acts, dict(saved_per_block=b.acts.saved_per_block)
     loss_bytes, output_bytes = acts.head_backward_working
-    if on_backward_start is not None:
-        on_backward_start()
+    if root_pre_backward is not None and b.model.loss_in_forward:
+        assert forward is not None, "the hook follows the head's forward"
+        root_pre_backward(after=forward)
     loss = b.add(name=f"loss backward (mb {mb})", kind="backward", stream="compute",
                  microbatch=mb, after=after, compute_s=b.compute(loss_flops),
                  flops=loss_flops.total,
@@ -505,6 +530,8 @@ def head_backward(b: Builder, mb: int, *, after: tuple[int, ...] = (),
                                 bytes=loss_bytes,
                                 pieces=allocations.loss_backward_pieces(b.model, b.plan, **kw)),),
                  frees=(f"mb{mb}/loss/bwd", f"mb{mb}/loss/saved"))
+    if root_pre_backward is not None and not b.model.loss_in_forward:
+        root_pre_backward(after=loss)
     return b.add(name=f"output backward (mb {mb})", kind="backward", stream="compute",
                  microbatch=mb, after=(loss,), compute_s=b.compute(output_flops),
                  flops=output_flops.total,

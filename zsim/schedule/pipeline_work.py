@@ -194,7 +194,7 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
                                          bucket)
                        if torch_ddp.has_reducer(p) else 0.0)
         tail_s.append(last_rs + opt)
-        saved = {s: layers * acts.saved_per_block
+        saved = {s: layers * acts.held_per_block
                  + (acts.root_saved if s == n_stages - 1 else 0) for s in stages}
         actions = rank_actions(p, rank)
         held = peak_in_flight(actions, weight=lambda s, saved=saved: saved[s])

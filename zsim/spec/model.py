@@ -29,6 +29,7 @@ Norm = Literal["rmsnorm", "layernorm"]
 AttentionKernel = Literal["flash", "math"]
 NormKernel = Literal["fused", "composite"]
 GqaImpl = Literal["enable_gqa", "repeat_kv"]
+RopeTableDtype = Literal["activation", "fp32"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,6 +73,20 @@ class ModelSpec:
     all heads before attention (saved at full width)."""
     logits_upcast: bool = True
     """Loss computed as cross_entropy(logits.float()): the log-softmax saved in fp32."""
+    loss_in_forward: bool = True
+    """The model's forward returns the loss (Hugging Face models given labels,
+    zsim.calibrate.model): FSDP's root pre-backward hook, on the root's output, runs as
+    the backward starts. False: it returns the logits and the step computes the loss
+    outside (torchtitan's loss_fn(model(inputs), labels)), so that hook, and the
+    all-gather it prefetches, runs once the loss's backward has made the logits'
+    gradient."""
+    rope_table_dtype: RopeTableDtype = "activation"
+    """The dtype the model hands its blocks RoPE's cos and sin tables in: "activation":
+    cast once per step from its fp32 buffers and shared by every block; "fp32": the
+    buffers themselves, which FSDP2's MixedPrecisionPolicy (cast_forward_inputs) casts
+    to the compute dtype in each block's pre-forward, a copy per block that its
+    checkpoint or its rotation keeps until the block's backward. No effect with learned
+    position embeddings."""
     extra_params: int = 0
     """Parameters outside the transformer structure, held by the root unit. Synthetic
     models (`synthetic()`) use it to reach an exact parameter count; 0 for real models."""
@@ -113,7 +128,8 @@ class ModelSpec:
                            ("norm", ("rmsnorm", "layernorm")),
                            ("attention_kernel", ("flash", "math")),
                            ("norm_kernel", ("fused", "composite")),
-                           ("gqa_impl", ("enable_gqa", "repeat_kv"))):
+                           ("gqa_impl", ("enable_gqa", "repeat_kv")),
+                           ("rope_table_dtype", ("activation", "fp32"))):
             if getattr(self, f) not in choices:
                 raise ConfigError(f"model.{f}", getattr(self, f),
                                   f"must be one of {', '.join(choices)}")

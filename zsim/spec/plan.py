@@ -309,6 +309,14 @@ class Plan:
         return self.master_dtype != self.param_dtype
 
     @property
+    def casts_block_inputs(self) -> bool:
+        """Whether the program casts each block's floating-point forward inputs to the
+        compute dtype: FSDP2's MixedPrecisionPolicy (cast_forward_inputs, on by default)
+        does in every fully_shard'ed module's pre-forward; FSDP1's MixedPrecision casts
+        only the root's (cast_root_forward_inputs), DDP and DeepSpeed none."""
+        return self.impl == "fsdp2" and self.param_dtype != "fp32"
+
+    @property
     def pinned_host_buffers(self) -> bool:
         """Whether the program's offload buffers on the host are page-locked: FSDP2's
         CPUOffloadPolicy and FSDP1's CPUOffload pin them; DeepSpeed only with

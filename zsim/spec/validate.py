@@ -36,8 +36,8 @@ def validate(model: ModelSpec, hw: HardwareProfile, plan: Plan, *,
     unless plan.tp_across_nodes; layers divide by pp x virtual stages; the pipeline's
     micro-batches (grad_accum) suit its schedule; the sequence divides by 2 x cp, and by
     tp with sequence parallelism; a unit holds at most all layers (of a stage); a model
-    with learned position embeddings cannot train past its table; the compute dtype has
-    a peak in `hw`.
+    with learned position embeddings cannot train past its table; fp32 RoPE tables need
+    a program that casts them or autocast; the compute dtype has a peak in `hw`.
 
     Args:
         model: the transformer.
@@ -54,6 +54,7 @@ def validate(model: ModelSpec, hw: HardwareProfile, plan: Plan, *,
     _check_placement(hw, plan)
     _check_pipeline(plan)
     _check_sequence(model, plan)
+    _check_rope_tables(model, plan)
     if plan.param_dtype not in hw.peak_flop_per_s:
         raise ConfigError("plan.param_dtype", plan.param_dtype,
                           f"hardware {hw.name} has no peak for it; it has "
@@ -125,6 +126,22 @@ def _check_pipeline(plan: Plan) -> None:
         if m % rounds:
             raise ConfigError("plan.grad_accum", m,
                               f"interleaved 1F1B needs a multiple of its {rounds} rounds")
+
+
+def _check_rope_tables(model: ModelSpec, plan: Plan) -> None:
+    """fp32 RoPE tables (ModelSpec.rope_table_dtype) reach a 16-bit block as the program
+    hands them over: FSDP2's MixedPrecisionPolicy casts them at each block
+    (Plan.casts_block_inputs), and under autocast (torch DDP and ZeroRedundancyOptimizer
+    with master-dtype parameters) the residual stream they multiply is fp32 anyway; any
+    other program would rotate q and k in fp32 by type promotion, which is not
+    modelled."""
+    autocast = plan.impl == "torch" and plan.has_master_copy
+    if (model.rope_table_dtype == "fp32" and not model.learned_pos_emb
+            and plan.param_dtype != "fp32" and not plan.casts_block_inputs and not autocast):
+        raise ConfigError("model.rope_table_dtype", model.rope_table_dtype,
+                          f"modelled with FSDP2 (it casts each block's inputs) or autocast; "
+                          f"{plan.impl} with {plan.param_dtype} compute would rotate q and k "
+                          f"in fp32")
 
 
 def _check_sequence(model: ModelSpec, plan: Plan) -> None:

@@ -156,12 +156,13 @@ class _Step:
                 if reshard:
                     self.limiter.enqueue(prev)
             head_f = head_forward(b, mb, after=(prev,))
-            # ---- backward: the root's pre-backward (on the loss's gradient, as the
-            # backward starts) may prefetch the last unit
+            # ---- backward: the root's pre-backward (on its output's gradient: the
+            # loss's as the backward starts, or the logits' after the loss's backward)
+            # may prefetch the last unit
             prev = head_backward(
                 b, mb, after=(head_f,), grads=self.grads(root, mb, root.params - emb_params),
-                on_backward_start=partial(self.unshard, blocks[-1], mb, "backward",
-                                          after=head_f)
+                forward=head_f,
+                root_pre_backward=partial(self.unshard, blocks[-1], mb, "backward")
                 if opt.backward_prefetch == "pre" else None)
             for k in reversed(range(len(blocks))):
                 u = blocks[k]

@@ -23,8 +23,10 @@ _fsdp_param_group.py):
   pre-forward, and issues its all-gather, when unit k-1 starts computing; p >= 2 adds
   set_modules_to_forward_prefetch of the next units from each pre-forward; p = 0 issues a
   unit's all-gather after unit k-1 ends. Backward prefetch is explicit: each
-  pre-backward (the root's before the head's backward) issues the all-gathers of the next
-  p units in backward order. reshard_after_forward frees the gathered parameters after a
+  pre-backward (the root's on its output's gradient: before the head's backward when the
+  model outputs its loss, after the loss's when it outputs the logits,
+  ModelSpec.loss_in_forward) issues the all-gathers of the next p units in backward
+  order. reshard_after_forward frees the gathered parameters after a
   unit's forward (fsdp, hsdp) or keeps them until after its backward.
 - Gradients are reduced once per optimizer step, on the last micro-batch
   (set_requires_gradient_sync(False) before it), or with plan.grad_sync "every" after
@@ -234,15 +236,17 @@ class _Step:
                                              params * acc_bytes)),)
 
             emb_grad = 0 if b.model.tied_embeddings else b.model.embedding_params
-            head_f = head_forward(b, mb, after=(fwd[-1],), frees=self.release_all_gather())
+            head_f = head_forward(b, mb, after=(fwd[-1],),
+                                  root_post_forward=self.release_all_gather())
             gather_logits(b, after=head_f, mb=mb)
             issued: dict[int, int] = {}
-            # The root's pre-backward hook runs as the backward starts (on the loss's
-            # gradient): it prefetches the last units once the forward has ended.
+            # The root's pre-backward hook (on its output's gradient: the loss's as the
+            # backward starts, or the logits' after the loss's backward) prefetches the
+            # last units.
             head_b = head_backward(
-                b, mb, grads=grad_alloc(root, root.params - emb_grad),
-                on_backward_start=partial(self.backward_prefetch, blocks, mb, gathered,
-                                          issued, below=len(blocks), after=head_f)
+                b, mb, grads=grad_alloc(root, root.params - emb_grad), forward=head_f,
+                root_pre_backward=partial(self.backward_prefetch, blocks, mb, gathered,
+                                          issued, below=len(blocks))
                 if reshard else None)
             tensor_parallel(b, after=head_b, phase="backward", regions=1,
                             boundaries=(TP_ENTER,), name="output", mb=mb)
@@ -407,10 +411,11 @@ class _Step:
 
     def backward_prefetch(self, blocks: list[Unit], mb: int, gathered: dict[int, str],
                           issued: dict[int, int], *, below: int, after: int) -> None:
-        """Backward prefetch from the pre-backward hook that just ran (the root's, before
-        the head's backward, when `below` is the unit count; else unit `below`'s, after
-        its copy-out `after`): the all-gathers of the next `plan.prefetch` units in
-        backward order not issued yet, recorded in `issued`."""
+        """Backward prefetch from the pre-backward hook that just ran (the root's, after
+        the op `after` zsim.schedule.build.head_backward names, when `below` is the unit
+        count; else unit `below`'s, after its copy-out `after`): the all-gathers of the
+        next `plan.prefetch` units in backward order not issued yet, recorded in
+        `issued`."""
         for j in range(below - 1, max(below - 1 - self.p.prefetch, -1), -1):
             if j not in issued:
                 issued[j] = self.all_gather(blocks[j], mb, gathered, phase="backward",
