@@ -1,8 +1,8 @@
 """Host memory of the offloaded plans (zsim.schedule.lower.host_state_bytes), per rank and
 per node: against DeepSpeed 0.19's own estimators for a 13B model on two 8-GPU nodes and
-against DeepSpeed's partitioning code for the accumulation buffers. (The real DeepSpeed
-runs that measure the same figure to the byte are
-tests/calibrate/test_deepspeed_offload_host.py.)"""
+against DeepSpeed's partitioning code for the accumulation buffers; worked by hand for
+FSDP2's CPUOffloadPolicy and torch's DDP. (The real DeepSpeed runs that measure the same
+figure to the byte are tests/calibrate/test_deepspeed_offload_host.py.)"""
 
 from __future__ import annotations
 
@@ -110,3 +110,23 @@ def test_accumulation_adds_each_parameter_of_the_partition_whole(
     extra = (host_state_bytes(tiny_model, plan.with_(grad_accum=2))
              - host_state_bytes(tiny_model, plan))
     assert extra == max(held) * 2
+
+
+@pytest.mark.parametrize(("strategy", "offload", "elems", "per_elem"), [
+    # FSDP2 CPUOffloadPolicy: the fp32 sharded parameter (the master under
+    # MixedPrecisionPolicy), its gradient in the same dtype (foreach_reduce casts the
+    # reduce-scatter output to it before the copy to the host), AdamW's two fp32 moments
+    # and foreach AdamW's exp_avg_sq_sqrt list during the step: 4 + 4 + 8 + 4.
+    ("fsdp", "params", 1_824_000 // 8, 20),
+    # zsim's optimizer-only offload keeps the bf16 shard on the GPU and copies the
+    # gradients to the host in the grad dtype: 4 + 2 + 8 + 4.
+    ("fsdp", "optimizer", 1_824_000 // 8, 18),
+    # DDP with the optimizer on the host: every parameter's master, gradient, moments.
+    ("ddp", "optimizer", 1_824_000, 18),
+])
+def test_torch_programs_host_by_hand(tiny_model: ModelSpec, strategy: str, offload: str,
+                                     elems: int, per_elem: int) -> None:
+    """Every dim 0 of the tiny model splits evenly on 8 ranks (no padding)."""
+    assert tiny_model.num_params == 1_824_000
+    plan = Plan.for_strategy(strategy, gpus=8, seq_len=128, offload=offload)
+    assert host_state_bytes(tiny_model, plan) == elems * per_elem

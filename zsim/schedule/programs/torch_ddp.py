@@ -12,8 +12,10 @@
   (no_sync before the last micro-batch).
 - zero1's ZeroRedundancyOptimizer steps on the rank's partition (whole tensors: the mean
   partition is 1/N of the model), then all-gathers the updated parameters in buckets.
-- Offloaded plans keep the closed-form state of zsim.analytic.memory (ZeRO-Offload): the
-  reduced gradients go to the host (d2h) and the optimizer steps there.
+- Offloaded plans keep the closed-form state of zsim.analytic.memory on the device
+  (ZeRO-Offload): the reduced gradients go to the host (d2h) and the optimizer steps
+  there, on the master copy and states the host holds
+  (zsim.schedule.programs.offloaded_state_bytes).
 - Tensor parallelism (ddp): each rank runs its shard of the model
   (zsim.schedule.lower.rank_model) as parallelize_module leaves it, with the TP
   collectives of zsim.schedule.build.tensor_parallel where activations enter and leave
