@@ -97,3 +97,55 @@ def fsdp_over_dp_shard_cp(ctx: RankContext, payload: Any) -> dict[str, Any]:
         for state in optimizer.state.values() for k, t in state.items()
         if k in ("exp_avg", "exp_avg_sq"))
     return out
+
+
+OFFLOAD_HOST_BUFFERS = (
+    # stage_1_and_2.py with cpu_offload (self.device = "cpu")
+    "single_partition_of_fp32_groups", "param_buffer_of_bit16_for_cpu_offload_groups",
+    "temp_grad_buffer_for_cpu_offload", "accumulated_grads_in_cpu",
+    # stage3.py with offload_optimizer / offload_param
+    "fp32_partitioned_groups_flat", "grad_partitions_flat_buffer",
+    "param_groups_fp16_flat_cpu_memory",
+)
+"""The ZeRO optimizer's attributes that DeepSpeed 0.19 allocates on the offload device
+(each a tensor, or a list or dict of them)."""
+
+
+def offload_host_bytes(ctx: RankContext, payload: Any) -> dict[str, int]:
+    """One DeepSpeed step of `payload` = (spec, plan) with the optimizer offloaded, then
+    the bytes of what its ZeRO optimizer holds on the offload device, by attribute
+    (OFFLOAD_HOST_BUFFERS, their tensors' .grad counted with them) and "optimizer.state"
+    (DeepSpeedCPUAdam's moments); each storage counted once."""
+    from zsim.calibrate import training
+
+    spec, plan = payload
+    prep = training.prepare(spec, plan, device=ctx.device, world_size=ctx.world_size)
+    training.train_step(prep, training.batches(spec, plan, device=ctx.device,
+                                               rank=ctx.rank, step=0))
+    zero = prep.model.optimizer  # the engine's ZeRO optimizer
+    seen: set[int] = set()
+
+    def storage_bytes(tensors: list[torch.Tensor]) -> int:
+        total = 0
+        for t in tensors:
+            for x in (t, t.grad):
+                if x is None or x.untyped_storage().data_ptr() in seen:
+                    continue
+                seen.add(x.untyped_storage().data_ptr())
+                total += x.untyped_storage().nbytes()
+        return total
+
+    def tensors_of(value: Any) -> list[torch.Tensor]:
+        if isinstance(value, torch.Tensor):
+            return [value]
+        if isinstance(value, dict):
+            value = list(value.values())
+        if isinstance(value, (list, tuple)):
+            return [t for v in value for t in tensors_of(v)]
+        return []
+
+    out = {name: storage_bytes(tensors_of(getattr(zero, name, None)))
+           for name in OFFLOAD_HOST_BUFFERS}
+    out["optimizer.state"] = storage_bytes(
+        [t for state in zero.optimizer.state.values() for t in tensors_of(state)])
+    return out

@@ -187,7 +187,10 @@ def test_unsupported_plans_raise_config_error(tiny_model: ModelSpec, h100: Hardw
 def test_parameter_offload_copies_every_shard_in_and_every_gradient_out(
         tiny_model: ModelSpec, h100: HardwareProfile) -> None:
     # FSDP2 CPUOffloadPolicy: before each all-gather the fp32 shard crosses PCIe; blocks
-    # are gathered twice per micro-batch, the root once; each gradient shard goes back once.
+    # are gathered twice per micro-batch, the root once; each gradient shard goes back
+    # once, in the sharded parameter's dtype (fp32): foreach_reduce casts the
+    # reduce-scatter output to it (_to_dtype_if_needed(reduce_output, orig_dtype)) before
+    # new_sharded_grad.to("cpu") (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py).
     n, accum = 8, 2
     plan = Plan.for_strategy("fsdp", gpus=n, seq_len=128, grad_accum=accum, offload="params")
     ops = lower(tiny_model, h100, plan).ops
@@ -196,7 +199,7 @@ def test_parameter_offload_copies_every_shard_in_and_every_gradient_out(
     h2d = sum(op.bus_bytes for op in ops if op.kind == "h2d")
     assert h2d == accum * (2 * tiny_model.num_layers * block_shard + root_shard) * 4
     d2h = sum(op.bus_bytes for op in ops if op.kind == "d2h")
-    assert d2h == (tiny_model.num_layers * block_shard + root_shard) * 2
+    assert d2h == (tiny_model.num_layers * block_shard + root_shard) * 4
     host = [op for op in ops if op.stream == "host"]
     # DGX H100 host: 7.7e8 AdamW params/s per node shared by 8 GPUs.
     assert [op.compute_s for op in host] == [pytest.approx(

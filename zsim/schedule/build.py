@@ -579,7 +579,7 @@ def device_optimizer(b: Builder, *, after: tuple[int, ...], frees: tuple[str, ..
         host = optimizer_host_s(b.hw, tensors, dtensor=dtensor)
         ops = len(ADAMW_FOREACH_DEPTHS) if p.optimizer == "adamw" and not fused else 1
         seconds = max(seconds, host) + min(seconds, host) / ops
-    temp = () if fused else _optimizer_temporaries(p, local_params, tensor_elems)
+    temp = () if fused else optimizer_temporaries(p, local_params, tensor_elems)
     return b.add(name="optimizer step", kind="optimizer", stream="compute",
                  microbatch=p.grad_accum - 1, after=after, compute_s=seconds,
                  allocs=temp, frees=frees + tuple(t.name for t in temp))
@@ -604,8 +604,8 @@ def optimizer_host_s(hw: HardwareProfile, tensors: int, *, dtensor: bool) -> flo
     return tensors * hw.optimizer_tensor_s["dtensor" if dtensor else "plain"]
 
 
-def _optimizer_temporaries(plan: Plan, local_params: float,
-                           tensor_elems: tuple[int, ...] = ()) -> tuple[Buffer, ...]:
+def optimizer_temporaries(plan: Plan, local_params: float,
+                          tensor_elems: tuple[int, ...] = ()) -> tuple[Buffer, ...]:
     """Working memory of the foreach optimizer step: torch.optim's _multi_tensor_adam
     builds one new list, exp_avg_sq_sqrt = _foreach_sqrt(exp_avg_sq) (the size of the
     second moment, one tensor per parameter of `tensor_elems` when given), and updates

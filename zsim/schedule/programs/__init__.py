@@ -18,10 +18,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from zsim.analytic.memory import model_state_bytes
-from zsim.schedule.build import Builder, ShardElems, Unit
+from zsim.analytic.memory import optimizer_bytes_per_param
+from zsim.schedule.build import Builder, ShardElems, Unit, optimizer_temporaries
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
+from zsim.units import dtype_bytes
 
 
 def no_state_pieces(model: ModelSpec, plan: Plan) -> dict[str, tuple[int, ...]]:
@@ -29,13 +30,27 @@ def no_state_pieces(model: ModelSpec, plan: Plan) -> dict[str, tuple[int, ...]]:
     return {}
 
 
+def host_step_bytes(plan: Plan, elems: float, grad_bytes: int) -> float:
+    """Host memory at its most of a torch optimizer that steps `elems` elements on the
+    host (torch.optim.AdamW on the offloaded shard): the copy it updates, in the at-rest
+    dtype (the fp32 master in mixed precision, else the parameters'), the gradients it
+    steps with (`grad_bytes` an element, as the program copies them to the host), the
+    optimizer states, and foreach AdamW's working list (exp_avg_sq_sqrt,
+    zsim.schedule.build.optimizer_temporaries), live during the step."""
+    at_rest = dtype_bytes(plan.master_dtype if plan.has_master_copy else plan.param_dtype)
+    work = sum(b.bytes for b in optimizer_temporaries(plan, elems))
+    return elems * (at_rest + grad_bytes + optimizer_bytes_per_param(plan)) + work
+
+
 def offloaded_state_bytes(model: ModelSpec, plan: Plan) -> float:
-    """Host bytes of an offloading plan by the closed form of zsim.analytic.memory: the
-    state that offload moves off the device (0 without offload)."""
+    """Host bytes of torch's DDP and ZeroRedundancyOptimizer with the optimizer offloaded
+    (torch_ddp): host_step_bytes over the elements the rank's optimizer steps (all of
+    them, or its 1/N for zero1), with the gradients its buckets copy to the host in the
+    plan's grad dtype; 0 without offload."""
     if plan.offload == "none":
         return 0.0
-    kept = model_state_bytes(model.num_params, plan).total
-    return model_state_bytes(model.num_params, plan.with_(offload="none")).total - kept
+    n = plan.dp_shard if plan.shards_optimizer else 1
+    return host_step_bytes(plan, float(-(-model.num_params // n)), dtype_bytes(plan.grad_dtype))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,8 +73,8 @@ class Program:
     """Emit one step's ops into the builder, through the optimizer step and what follows
     it, given the root and block units."""
     host_state_bytes: Callable[[ModelSpec, Plan], float] = offloaded_state_bytes
-    """Bytes a rank keeps in host memory between steps (offloaded state and its
-    staging buffers); the device's figures exclude them."""
+    """Bytes a rank holds in host memory at its most (what offload moves there, its
+    staging buffers, and what the host step adds); the device's figures exclude them."""
     state_pieces: Callable[[ModelSpec, Plan], dict[str, tuple[int, ...]]] = no_state_pieces
     """The tensors of each category of the state at rest, as the CUDA caching allocator
     sees them (zsim.schedule.ops.Buffer.pieces); a category missing is one tensor."""

@@ -57,8 +57,9 @@ Stage 3 (DeepSpeedZeroOptimizer_Stage3):
   16-bit partitions; then every persistent
   parameter's partition all-gathered again, one call each (_post_step), which at
   thousands of ranks is a latency-bound tail of one ring per norm and bias.
-Offload: see zsim.schedule.build.host_optimizer (the closed-form state of
-zsim.analytic.memory stands for the offloaded parts).
+Offload: the step is zsim.schedule.build.host_optimizer; what stays on the device is
+state_at_rest_bytes's, what goes to the host host_state_bytes's (each read from the
+buffers stage_1_and_2.py and stage3.py allocate on the offload device).
 """
 
 from __future__ import annotations
@@ -67,8 +68,9 @@ import math
 from functools import lru_cache
 from typing import NamedTuple
 
+from zsim.analytic.allocations import module_order
 from zsim.analytic.compute import Flops
-from zsim.analytic.memory import model_state_bytes, optimizer_bytes_per_param
+from zsim.analytic.memory import optimizer_bytes_per_param
 from zsim.schedule.build import (
     Builder,
     Shapes,
@@ -82,7 +84,7 @@ from zsim.schedule.build import (
     root_split,
 )
 from zsim.schedule.ops import Buffer, Op
-from zsim.schedule.programs import Program, offloaded_state_bytes
+from zsim.schedule.programs import Program
 from zsim.schedule.programs.deepspeed_fetch import FetchStep, Param, replay
 from zsim.spec.deepspeed import ZERO_STAGES
 from zsim.spec.model import ModelSpec
@@ -121,18 +123,20 @@ def _partition_elems(model: ModelSpec, plan: Plan) -> int:
 
 
 @lru_cache(maxsize=64)
-def _stage3_elems(model: ModelSpec, n: int, persistence_threshold: int) -> tuple[int, int]:
+def _stage3_elems(model: ModelSpec, n: int, persistence_threshold: int) -> tuple[int, int, int]:
     """Stage 3 on n ranks: (elements of the rank's partition of the model, elements of
-    its 16-bit parameters: each parameter's partition, persistent ones whole). A walk
-    over every parameter, asked for several times per plan (memory floor, lowering, the
-    planner's row), so worked out once per model and degree."""
-    part = params = 0
+    its 16-bit parameters on the device: each parameter's partition, persistent ones
+    whole, elements of the persistent parameters). A walk over every parameter, asked
+    for several times per plan (memory floor, lowering, the planner's row), so worked
+    out once per model and degree."""
+    part = params = persistent = 0
     for _, shape in model.parameter_tensors():
         numel = math.prod(shape)
         shard = shard_elems([shape], n)
         part += shard
         params += numel if numel <= persistence_threshold else shard
-    return part, params
+        persistent += numel if numel <= persistence_threshold else 0
+    return part, params, persistent
 
 
 def _sub_groups(model: ModelSpec, plan: Plan) -> list[int]:
@@ -156,19 +160,56 @@ def _largest_param(model: ModelSpec) -> int:
 
 
 def host_state_bytes(model: ModelSpec, plan: Plan) -> float:
-    """Host memory of ZeRO-Offload between steps. Stages 1/2 with the optimizer on the
-    CPU (stage_1_and_2.py): the fp32 master partition, a 16-bit copy of it that the
-    updated parameters go back through (param_buffer_of_bit16_for_cpu_offload_groups),
-    the fp32 gradient partition (the master's .grad, allocated at init), Adam's moments,
-    and the host staging buffer of the largest parameter's gradient
-    (temp_grad_buffer_for_cpu_offload). Stage 3 and parameter offload: the closed form
-    of what offload moves (zsim.schedule.programs.offloaded_state_bytes)."""
-    if not (plan.offload == "optimizer" and _stage(plan) < 3):
-        return offloaded_state_bytes(model, plan)
+    """Host memory of ZeRO-Offload between steps, as DeepSpeed 0.19 allocates it on the
+    offload device (`self.device` = cpu with offload_optimizer). Every stage: the fp32
+    master partition, its fp32 gradient (stages 1/2: the partition's .grad, allocated at
+    init; stage 3: one per sub-group, initialize_optimizer_states) and
+    DeepSpeedCPUAdam's moments (fp32, created at the first step). Stages 1/2
+    (stage_1_and_2.py) add a 16-bit copy of the partition that the updated parameters
+    go back through (param_buffer_of_bit16_for_cpu_offload_groups), the host staging
+    buffer of the largest parameter's gradient (temp_grad_buffer_for_cpu_offload) and,
+    with gradient accumulation, a 16-bit buffer per parameter of the partition, whole
+    (accumulated_grads_in_cpu: _accumulated_grads_elems). Stage 3 (stage3.py) adds the
+    gradient partition buffer (grad_partitions_flat_buffer, in the gradient
+    accumulation dtype: the parameters', DeepSpeed's default) and, with offload_param,
+    the 16-bit partitions themselves (param_groups_fp16_flat_cpu_memory). That is
+    18 bytes per parameter per rank (stage 3 with offload_param 20) where DeepSpeed's
+    estimators (estimate_zero2/3_model_states_mem_needs) count 16 (18): they predate
+    the 16-bit buffers and leave out the staging buffers."""
+    if plan.offload == "none":
+        return 0.0
     a, m = dtype_bytes(plan.param_dtype), _master_bytes(plan)
     part = float(_partition_elems(model, plan))
-    return (part * (m + a + m + optimizer_bytes_per_param(plan))
-            + float(_largest_param(model)) * a)
+    held = part * (m + m + optimizer_bytes_per_param(plan)) + part * a
+    if _stage(plan) == 3:
+        return held + (part * a if plan.offload == "params" else 0.0)
+    return (held + float(_largest_param(model)) * a
+            + float(_accumulated_grads_elems(model, plan)) * a)
+
+
+def _accumulated_grads_elems(model: ModelSpec, plan: Plan) -> int:
+    """Stages 1/2 with the optimizer offloaded and gradient accumulation: elements of
+    the host buffers that hold each parameter's accumulated gradient between
+    micro-batches (async_accumulate_grad_in_cpu_via_gpu: one of the parameter's whole
+    size for every parameter of the rank's partition, get_partition_info's
+    params_in_partition, kept from the first step on), on the rank that holds the most.
+    None without accumulation (a lone backward skips them)."""
+    if plan.grad_accum == 1:
+        return 0
+    part = _flat_elems(model, plan.dp_shard) // plan.dp_shard
+    # A rank holds every parameter it overlaps. A parameter's first and last ranks may
+    # hold others too; a rank strictly between them holds only it.
+    held: dict[int, int] = {}
+    most = start = 0
+    for shape in module_order(model):
+        numel = math.prod(shape)
+        first, last = start // part, (start + numel - 1) // part
+        for rank in {first, last}:
+            held[rank] = held.get(rank, 0) + numel
+        if last - first > 1:
+            most = max(most, numel)
+        start += numel
+    return max(most, *held.values())
 
 
 def _master_bytes(plan: Plan) -> int:
@@ -179,8 +220,9 @@ def state_at_rest_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
     """Stages 1/2: the flat 16-bit parameters, and the fp32 partition and its moments
     (offloaded: the flat parameters and the gradient staging buffer, see host_state_bytes).
     Stage 3: the 16-bit partitions (persistent parameters whole), the fp32 partitions and
-    moments, the gradient partition buffer and the ipg bucket buffer. Stage 3 offloaded
-    keeps the closed form of zsim.analytic.memory."""
+    moments, the gradient partition buffer and the ipg bucket buffer; offloaded, the
+    16-bit partitions (offload_param: only the persistent parameters, whole) and the ipg
+    bucket buffer (the rest is host state, see host_state_bytes)."""
     a = dtype_bytes(plan.param_dtype)
     if plan.offload == "optimizer" and _stage(plan) < 3:
         # stage_1_and_2.py with cpu_offload: the flat 16-bit parameters stay, and one
@@ -188,20 +230,24 @@ def state_at_rest_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
         # (temp_grad_buffer_for_gpu_offload); the rest is host state.
         return {"params": float(_flat_elems(model, plan.dp_shard)) * a,
                 "comm_buffers": float(_largest_param(model)) * a}
-    if plan.offload != "none":
-        closed = model_state_bytes(model.num_params, plan).as_dict()
-        return {c: v for c, v in closed.items() if c != "grads"}
     part = float(_partition_elems(model, plan))
-    out = {"optimizer_states": part * optimizer_bytes_per_param(plan)}
-    if plan.has_master_copy:
-        out["master_params"] = part * _master_bytes(plan)
+    out: dict[str, float] = {}
+    if plan.offload == "none":
+        out["optimizer_states"] = part * optimizer_bytes_per_param(plan)
+        if plan.has_master_copy:
+            out["master_params"] = part * _master_bytes(plan)
     if _stage(plan) < 3:
         out["params"] = float(_flat_elems(model, plan.dp_shard)) * a
         return out
-    out["params"] = float(_stage3_elems(model, plan.dp_shard,
-                                        plan.ds.param_persistence_threshold)[1])
-    out["params"] *= a
-    out["grads"] = part * a
+    _, params, persistent = _stage3_elems(model, plan.dp_shard,
+                                          plan.ds.param_persistence_threshold)
+    # stage3.py: with offload_optimizer the gradient partitions live on self.device (the
+    # host); the ipg bucket stays on the accelerator (_setup_for_real_optimizer). With
+    # offload_param the partitions are in host memory and only persistent parameters,
+    # gathered whole, stay.
+    out["params"] = float(persistent if plan.offload == "params" else params) * a
+    if plan.offload == "none":
+        out["grads"] = part * a
     if plan.ds.contiguous_gradients:
         out["comm_buffers"] = float(plan.ds.reduce_bucket_size) * a
     return out

@@ -39,7 +39,7 @@ _fsdp_param_group.py):
   next unit's post-backward (reduce_scatter_states, cap 1).
 - Offload (CPUOffloadPolicy): reduced gradient shards go to the host (d2h), the
   optimizer steps there; with "params" each all-gather is preceded by an h2d copy of the
-  unit's shard.
+  unit's shard. What the host holds is host_state_bytes's.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ from zsim.schedule.build import (
     units,
 )
 from zsim.schedule.ops import Buffer
-from zsim.schedule.programs import Program
+from zsim.schedule.programs import Program, host_step_bytes
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 from zsim.units import dtype_bytes
@@ -159,8 +159,24 @@ def gathered_bytes(model: ModelSpec, plan: Plan, u: Unit) -> int:
 
 def _grad_bytes(plan: Plan) -> int:
     """Bytes per element of the sharded gradients the optimizer reads: the sharded
-    parameter's dtype, except offloaded plans, which keep the closed form's grad dtype."""
-    return _at_rest_bytes(plan) if plan.offload == "none" else dtype_bytes(plan.grad_dtype)
+    parameter's dtype (foreach_reduce casts the reduce-scatter output to it, and with
+    CPUOffloadPolicy copies that to the host), except with only the optimizer offloaded,
+    which keeps the closed form's grad dtype."""
+    return dtype_bytes(plan.grad_dtype) if plan.offload == "optimizer" else _at_rest_bytes(plan)
+
+
+def host_state_bytes(model: ModelSpec, plan: Plan) -> float:
+    """Host memory of an offloaded plan at its most: the host step's (host_step_bytes)
+    over the rank's padded shard. With "params" (CPUOffloadPolicy, _fsdp_param.py) the
+    sharded parameters themselves live on the host (the fp32 master in mixed
+    precision), their gradients arrive there in the same dtype and AdamW's states are
+    made beside them; with "optimizer" the master and the states are on the host and
+    the gradients arrive in the grad dtype, the compute-dtype shard staying on the
+    GPU."""
+    if plan.offload == "none":
+        return 0.0
+    return host_step_bytes(plan, float(state_shard_elems(model, plan.dp_shard)),
+                           _grad_bytes(plan))
 
 
 def _unsharded_grad_dtype(plan: Plan) -> str:
@@ -523,4 +539,5 @@ def _lower(b: Builder, root: Unit, blocks: list[Unit]) -> None:
 
 PROGRAM = Program(name="fsdp2", shard_elems=shard_elems, autocast=lambda plan: False,
                   state_at_rest_bytes=state_at_rest_bytes, state_pieces=state_pieces,
-                  gathered_floor_bytes=gathered_floor_bytes, lower=_lower)
+                  gathered_floor_bytes=gathered_floor_bytes, lower=_lower,
+                  host_state_bytes=host_state_bytes)

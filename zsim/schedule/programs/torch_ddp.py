@@ -22,8 +22,10 @@
   rank: torch broadcasts each parameter from its owner (_sync_params), which zsim, with
   no broadcast kind, stands for by all-gathers of the parameters in their dtype (fp32,
   the module's), in buckets.
-- Offloaded plans keep the closed-form state of zsim.analytic.memory (ZeRO-Offload): the
-  reduced gradients go to the host (d2h) and the optimizer steps there.
+- Offloaded plans keep the closed-form state of zsim.analytic.memory on the device
+  (ZeRO-Offload): the reduced gradients go to the host (d2h) and the optimizer steps
+  there, on the master copy and states the host holds
+  (zsim.schedule.programs.offloaded_state_bytes).
 - Tensor parallelism (ddp): each rank runs its shard of the model
   (zsim.schedule.lower.rank_model) as parallelize_module leaves it, with the TP
   collectives of zsim.schedule.build.tensor_parallel where activations enter and leave
