@@ -10,12 +10,16 @@ plain data: no simulation, no pandas.
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
+from zsim.report.plan_text import TERMINAL_COLUMNS
 from zsim.report.tables import text_table
 from zsim.spec.error_bands import band_pct
 
 GIB = 2**30
+VALUE_COLUMN = 16
+"""Where each line's value starts, after its label ("step time       ")."""
 
 
 def _nodes(gpus: int, per_node: int) -> str:
@@ -59,12 +63,12 @@ def _time_lines(r: dict[str, Any]) -> list[str]:
     if r["step_time_s_low"] is not None:
         band = (f"{band_pct((r['step_time_s_low'], r['step_time_s_high']), step)}: real "
                 f"{r['step_time_s_low']:.4g} to {r['step_time_s_high']:.4g} s")
-        if r.get("step_time_band_extrapolated"):
-            band += ", widened: " + "; ".join(r["step_time_band_extrapolated"])
     else:
         band = "no error band for this profile"
-    out = [f"step time       {step:.4f} s ({band})",
-           f"  compute       {r['compute_time_s']:.4f} s busy on the compute stream"]
+    out = [f"step time       {step:.4f} s ({band})"]
+    if r.get("step_time_band_extrapolated"):
+        out.append("  band widened  " + "; ".join(r["step_time_band_extrapolated"]))
+    out.append(f"  compute       {r['compute_time_s']:.4f} s busy on the compute stream")
     by_kind = ", ".join(f"{k} {v:.4f} s" for k, v in r["exposed_comm_by_kind_s"].items()
                         if v > 0)
     out.append(f"  exposed comm  {r['exposed_comm_s']:.4f} s waiting on communication"
@@ -118,9 +122,17 @@ def _comm_lines(r: dict[str, Any]) -> list[str]:
             f"algorithms      {algos}"]
 
 
+def _wrapped(line: str) -> list[str]:
+    """A line of the summary within TERMINAL_COLUMNS, continued under its value."""
+    return textwrap.wrap(line, TERMINAL_COLUMNS, subsequent_indent=" " * VALUE_COLUMN,
+                         break_on_hyphens=False) or [""]
+
+
 def simulate_text(r: dict[str, Any]) -> str:
-    """The answer of zsim.api.simulate as text."""
-    out = [*_plan_lines(r), *_time_lines(r), *_memory_lines(r), *_comm_lines(r)]
+    """The answer of zsim.api.simulate as text, every line within TERMINAL_COLUMNS (but
+    the pipeline ranks' table)."""
+    lines = [*_plan_lines(r), *_time_lines(r), *_memory_lines(r), *_comm_lines(r)]
+    out = [w for line in lines for w in _wrapped(line)]
     rows = [{"category": k, "gib_at_peak": v / GIB} for k, v in r["memory_at_peak"].items()]
     out.append(text_table(rows, ("category", "gib_at_peak"),
                           headers={"category": ("memory at peak", ""),
