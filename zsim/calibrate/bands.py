@@ -95,11 +95,18 @@ class Sources:
 
 
 def _with_h200_memory(hw: HardwareProfile, *, bandwidth: bool) -> HardwareProfile:
-    """`hw` with the H200's HBM capacity and cuBLAS workspace (and its HBM bandwidth)."""
+    """`hw` with the H200's HBM capacity and cuBLAS workspace (and its HBM bandwidth, with
+    the rates of the memory-bound kernel classes measured at it, where both profiles
+    have them)."""
     h200 = resolve_hardware("hgx-h200")
     out = replace(hw, hbm_bytes=h200.hbm_bytes, blas_workspace_bytes=h200.blas_workspace_bytes)
-    return replace(out, hbm_bandwidth_bytes_per_s=h200.hbm_bandwidth_bytes_per_s) \
-        if bandwidth else out
+    if not bandwidth:
+        return out
+    out = replace(out, hbm_bandwidth_bytes_per_s=h200.hbm_bandwidth_bytes_per_s)
+    if out.kernels is None or h200.kernels is None:
+        return out
+    return replace(out, kernels=replace(
+        out.kernels, memory_bytes_per_s=h200.kernels.memory_bytes_per_s))
 
 
 def _count(rows: list[Row]) -> str:
@@ -134,8 +141,8 @@ def _dgx_h100(src: Sources, hw: HardwareProfile) -> Evidence:
     return Evidence(steps=h200 + tt, world_size=max(r["world_size"] for r in tt),
                     collectives=coll, parts=[
         f"{len(h200)} runs of {H200_RUNS} (one H200, no communication) replayed on "
-        "dgx-h100 with the H200's HBM capacity, bandwidth and cuBLAS workspace (same SM "
-        "and clocks)",
+        "dgx-h100 with the H200's HBM capacity, bandwidth, cuBLAS workspace and "
+        "memory-bound kernel rates (same SM, clocks, power and host)",
         f"{len(tt)} step of {tt[0]['run']} (torchtitan on 8 H100 96GB at a 500 W power "
         f"cap, with communication; step time only)",
         f"collectives: {_count(coll)}"])
