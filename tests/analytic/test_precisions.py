@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -30,7 +31,8 @@ def test_float8_casts_by_hand() -> None:
 
 
 def test_fp8_runs_the_block_matmuls_at_the_fp8_peak_and_halves_the_gathers() -> None:
-    hw = resolve_hardware("dgx-h100")  # flat efficiencies: the ratio is the peaks'
+    # Flat efficiencies (no measured bf16 table beside the fp8 peak): the ratio is the peaks'.
+    hw = replace(resolve_hardware("dgx-h100"), kernels=None)
     spec = resolve_model("13b")
     bf16 = Plan.for_strategy("fsdp", gpus=64, seq_len=4096)
     fp8 = Plan.for_strategy("fsdp", gpus=64, seq_len=4096, **precision_knobs("fp8"))

@@ -245,16 +245,17 @@ def idle_intervals(spans0: list, step_s: float) -> list[tuple[float, float]]:
 
 def test_gantt_marks_the_exposed_gaps_and_zooms_on_the_longest(
         toy_pairs: list[tuple[Run, object]]) -> None:
-    """The toy FSDP step's compute stream idles only waiting on collectives (5 waits, 134
-    us of 376 us): the yellow spans are exactly its idle intervals worked out from the op
-    spans, total the Result's exposed_comm_s, and the title says so."""
+    """The toy FSDP step's compute stream idles only waiting on collectives (3 waits, 132
+    us of an 11.4 ms step, most of it the host issuing FSDP2's two blocks: dgx-h100's
+    2.3 ms a block at 16 ranks): the yellow spans are exactly its idle intervals worked
+    out from the op spans, total the Result's exposed_comm_s, and the title says so."""
     run = toy_pairs[0][0]
     result = simulate(run.model, run.hardware, run.plan, trace=True)
     fig = gantt_figure(result.spans, waits=result.waits, title="fsdp", context=CONTEXT)
     whole, zoomed = fig.axes
     spans0 = [sp for sp in result.spans if sp.rank == 0]
     idle = idle_intervals(spans0, result.step_time_s)
-    assert len(idle) == 5
+    assert len(idle) == 3
     for ax in (whole, zoomed):
         (exposed,) = [c for c in ax.containers if c.get_label() == EXPOSED_LABEL]
         drawn = [(p.get_x(), p.get_x() + p.get_width()) for p in exposed.patches]
@@ -267,15 +268,15 @@ def test_gantt_marks_the_exposed_gaps_and_zooms_on_the_longest(
         assert all(y < -0.4 for y in markers.get_ydata())  # above the compute bars
     title = fig.get_suptitle().splitlines()[1]
     assert title.startswith(f"Exposed communication {result.exposed_comm_s * 1e3:.3g} ms in "
-                            "5 waits")
-    assert f"{result.exposed_comm_s * 1e3:.3g}" == "0.134"  # 134 us, as the docstring says
-    # The zoom: around the longest wait (59 us, the reduce-scatter the optimizer step
-    # waits on), three times its length (more than a sixteenth of the step), within the step.
+                            "3 waits")
+    assert f"{result.exposed_comm_s * 1e3:.3g}" == "0.132"  # 132 us, as the docstring says
+    # The zoom: around the longest wait (61 us, the reduce-scatter the optimizer step
+    # waits on), a sixteenth of the step (more than three times the wait), within the step.
     longest = max(idle, key=lambda iv: iv[1] - iv[0])
     lo, hi = zoomed.get_xlim()
     assert lo <= longest[0] and longest[1] <= hi
-    assert hi - lo == pytest.approx(3 * (longest[1] - longest[0]))
-    assert hi - lo > result.step_time_s / 16
+    assert 3 * (longest[1] - longest[0]) < result.step_time_s / 16
+    assert hi - lo == pytest.approx(result.step_time_s / 16)
     assert lo >= 0 and hi <= result.step_time_s * (1 + 1e-12)
     assert zoomed.get_title().startswith(f"Zoom on {lo:.4g}–{hi:.4g} s")
 
