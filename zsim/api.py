@@ -33,8 +33,10 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
     per GPU).
 
     Returns:
-        {"model", "num_params", "hardware", "gpus", "seq_len", "micro_batch",
-        "recommended", "yours" (the config's plan label, or None), "warnings",
+        {"model", "num_params", "hardware", "gpus", "seq_len", "seq_len_source" (where
+        seq_len came from: "--seq" or ModelSpec.seq_len_source), "micro_batch",
+        "recommended", "yours" (the config's plan label, or None), "warnings" (the
+        model's and the config's),
         "candidates": [record, ...], "parallel": None or {"global_batch_sequences",
         "recommended", "candidates": [record, ...]}} with records from
         zsim.planner.to_record, each with "yours" (whether it is the config's own plan),
@@ -72,10 +74,11 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
         "hardware": hw.name,
         "gpus": gpus,
         "seq_len": seq_len,
+        "seq_len_source": "--seq" if seq is not None else spec.seq_len_source,
         "micro_batch": best.plan.micro_batch,
         "recommended": best.plan.label if best.fits else None,
         "yours": yours.label if yours is not None else None,
-        "warnings": list(warnings),
+        "warnings": [*spec.warnings, *warnings],
         "candidates": [{**planner.to_record(spec, c, best), "yours": c.plan == yours}
                        for c in ranked],
     }
@@ -194,8 +197,10 @@ def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | 
     with `fsdp_config` the accelerate FSDP config's (zsim.spec.fsdp_config).
 
     Returns:
-        Result.to_dict() plus "model", "hardware", "plan" (the Plan's fields) and
-        "warnings" (config keys read but not modelled).
+        Result.to_dict() plus "model", "hardware", "plan" (the Plan's fields),
+        "seq_len_source" (where the plan's seq_len came from: "--seq" or
+        ModelSpec.seq_len_source) and "warnings" (model and config keys read but not
+        modelled).
 
     Raises:
         ConfigError: invalid names, sizes or combinations, or a bad config file.
@@ -239,7 +244,8 @@ def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | 
     if trace is not None:
         write_files(trace.parent, {trace.name: json.dumps(chrome_trace(result)).encode()})
     return {"model": spec.name, "hardware": hw.name, "plan": plan.to_dict(),
-            "warnings": list(warnings), **result.to_dict()}
+            "seq_len_source": "--seq" if seq is not None else spec.seq_len_source,
+            "warnings": [*spec.warnings, *warnings], **result.to_dict()}
 
 
 def sweep(scenario: Path, out: Path | None = None, *, executor: str = "local",

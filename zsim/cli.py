@@ -44,14 +44,23 @@ def _run(fn: Callable[[], T]) -> T:
         raise typer.Exit(code=2) from None
 
 
+def _seq_line(seq_len: int, source: str) -> str:
+    """The header line saying where the sequence length came from, and how to change it."""
+    if source == "--seq":
+        return f"seq {seq_len}: from --seq"
+    return f"seq {seq_len}: {source or 'the model spec'}; change it with --seq N"
+
+
 ModelOpt = Annotated[str | None, typer.Option(
-    help="Preset name (see `zsim models`) or a config.json path.")]
+    help="Preset name (see `zsim models`), a preset's Hugging Face id "
+         "(meta-llama/Llama-2-13b-hf) or a config.json path.")]
 ParamsOpt = Annotated[float | None, typer.Option(
     help="Synthetic Llama-style model of exactly this many parameters, e.g. 7e9.")]
 GpusOpt = Annotated[int, typer.Option(help="World size (number of GPUs).")]
 HardwareOpt = Annotated[str, typer.Option(
     help="Hardware profile name (see `zsim hardware`) or YAML path.")]
-SeqOpt = Annotated[int | None, typer.Option(help="Sequence length, tokens (default: the model's).")]
+SeqOpt = Annotated[int | None, typer.Option(
+    help="Sequence length, tokens (default: the model's training length, else 4096).")]
 MicroBatchOpt = Annotated[int, typer.Option(help="Sequences per micro-batch per GPU.")]
 FormatOpt = Annotated[Format, typer.Option(help="Output format.")]
 
@@ -112,6 +121,7 @@ def plan(
         typer.echo(f"{result['model']} ({result['num_params'] / 1e9:.2f}B params) on "
                    f"{result['gpus']} x {result['hardware']}, seq {result['seq_len']}, "
                    f"micro-batch {result['micro_batch']}")
+        typer.echo(_seq_line(result["seq_len"], result["seq_len_source"]))
         if result["yours"]:
             rows = [{**r, "plan": f"* {r['plan']}" if r["yours"] else r["plan"]} for r in rows]
         typer.echo(text_table(rows, PLAN_COLUMNS))
@@ -268,6 +278,7 @@ def simulate(
     p = r["plan"]
     typer.echo(f"{r['model']} on {gpus} x {r['hardware']}: {p['strategy']} ({p['impl']}), "
                f"ac={p['recompute']}, micro-batch {p['micro_batch']} x {p['grad_accum']}")
+    typer.echo(_seq_line(p["seq_len"], r["seq_len_source"]))
     if r["step_time_s"] is None:
         typer.echo(f"step time       not simulated ({r['evaluated']})")
     else:

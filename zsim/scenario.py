@@ -608,7 +608,7 @@ def _run(name: str, plan_name: str, swept: tuple[tuple[str, Any], ...],
         context = f" (run {name!r})" if swept else ""
         raise ConfigError(field, value, e.reason + context) from None
     return Run(name=name, plan_name=plan_name, swept=swept, model=model, hardware=hw,
-               plan=plan, gpus=values["gpus"], warnings=warnings)
+               plan=plan, gpus=values["gpus"], warnings=model.warnings + warnings)
 
 
 def _config_plan(key: str, values: dict[str, Any], origin: dict[str, str],

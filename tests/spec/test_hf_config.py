@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from zsim.cli import app
 from zsim.errors import ConfigError
+from zsim.scenario import load_scenario
 from zsim.spec.hf_config import read_hf_config
 from zsim.spec.registry import resolve_model
 
@@ -149,6 +150,33 @@ def test_rope_scaling_gives_the_training_length(tmp_path: Path) -> None:
     assert m.num_params == 8_030_261_248
 
 
+@pytest.mark.parametrize("folder", sorted(RELEASED))
+def test_plan_header_says_where_the_sequence_length_came_from(folder: str) -> None:
+    m = read_hf_config(CONFIGS / folder / "config.json")
+    result = CliRunner().invoke(app, ["plan", "--model", str(CONFIGS / folder / "config.json"),
+                                      "--gpus", "8", "--hardware", HARDWARE])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(f"{folder} ({m.num_params / 1e9:.2f}B params)")
+    assert lines[1] == f"seq {m.max_seq_len}: {m.seq_len_source}; change it with --seq N"
+
+
+def test_simulate_header_says_it_too() -> None:
+    path = str(CONFIGS / "Qwen2-7B" / "config.json")
+    result = CliRunner().invoke(app, ["simulate", "--model", path, "--gpus", "8",
+                                      "--strategy", "fsdp", "--hardware", HARDWARE])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[1] == ("seq 4096: default 4,096 (the config allows up "
+                                             "to 131,072); change it with --seq N")
+
+
+def test_seq_flag_is_named_as_the_source() -> None:
+    result = CliRunner().invoke(app, ["plan", "--model", str(CONFIGS / "gpt2" / "config.json"),
+                                      "--gpus", "8", "--hardware", HARDWARE, "--seq", "512"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[1] == "seq 512: from --seq"
+
+
 # ------------------------------------------------------------ refusals
 def test_mixtral_is_refused_naming_model_type_and_key() -> None:
     line = error_line(["plan", "--model", str(CONFIGS / "Mixtral-8x7B-v0.1" / "config.json"),
@@ -245,6 +273,23 @@ def test_unknown_and_unmodelled_keys_warn(tmp_path: Path) -> None:
     assert m.warnings == ('m: read but not modelled: hidden_act="gelu" (simulated as SiLU)',
                           "m: not read (model_type 'llama' does not use them in zsim): "
                           "some_new_knob")
+
+
+def test_model_warnings_reach_the_cli() -> None:
+    result = CliRunner().invoke(app, ["plan", "--model", str(CONFIGS / "gpt2" / "config.json"),
+                                      "--gpus", "8", "--hardware", HARDWARE])
+    assert result.exit_code == 0
+    assert result.stderr.startswith("warning: gpt2: read but not modelled: resid_pdrop=0.1")
+
+
+def test_model_warnings_reach_a_scenarios_runs(tmp_path: Path) -> None:
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2" / "config.json").write_text(
+        (CONFIGS / "gpt2" / "config.json").read_text())
+    (tmp_path / "s.yaml").write_text(f"name: s\nmodel: gpt2/config.json\nhardware: {HARDWARE}\n"
+                                     "plans: {fsdp: {strategy: fsdp, gpus: 8}}\n")
+    run = load_scenario(tmp_path / "s.yaml").runs[0]
+    assert run.warnings == read_hf_config(CONFIGS / "gpt2" / "config.json").warnings
 
 
 # ------------------------------------------------------------ names
