@@ -42,14 +42,16 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
 
     Returns:
         {"model", "num_params", "hardware", "gpus", "gpus_per_node", "hbm_gib",
-        "seq_len", "global_batch_sequences", "global_batch_tokens", "recommended" (the
-        pick's label, or None when nothing fits), "recommended_table" ("1-D" or "2-D"),
-        "recommendation" (why, one line), "tie_tolerance_pct", "yours" (the config's
-        plan label, or None), "warnings", "candidates": [record, ...], "parallel": None
-        or {"global_batch_sequences", "candidates": [record, ...]}}, records from
-        zsim.planner.to_record (each with "yours": whether it is the config's plan) and
-        zsim.parallel_planner.parallel_record, each table's recommended and tied plans
-        first.
+        "seq_len", "seq_len_source" (where seq_len came from: "--seq" or
+        ModelSpec.seq_len_source), "global_batch_sequences", "global_batch_tokens",
+        "recommended" (the pick's label, or None when nothing fits), "recommended_table"
+        ("1-D" or "2-D"), "recommendation" (why, one line; with nothing fitting, what it
+        would take), "tie_tolerance_pct", "yours" (the config's plan label, or None),
+        "warnings" (the model's, the config's, a partial node's), "candidates": [record,
+        ...], "parallel": None or {"global_batch_sequences", "candidates": [record,
+        ...]}}, records from zsim.planner.to_record (each with "yours": whether it is the
+        config's plan) and zsim.parallel_planner.parallel_record, each table's
+        recommended and tied plans first.
 
     Raises:
         ConfigError: unknown model/hardware, invalid sizes, a global batch no plan can
@@ -135,7 +137,7 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
         "gpus_per_node": hw.gpus_per_node,
         "hbm_gib": round(hw.hbm_bytes / GiB, 2),
         "seq_len": seq_len,
-        "seq_len_source": "--seq" if seq is not None else "the model's",
+        "seq_len_source": "--seq" if seq is not None else spec.seq_len_source,
         "global_batch_sequences": sequences,
         "global_batch_tokens": sequences * seq_len,
         "recommended": None if rec is None else rec.pick.plan.label,
@@ -144,7 +146,7 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
         "recommendation": None if rec is None else rec.reason(),
         "tie_tolerance_pct": None if rec is None else round(100 * rec.tolerance, 2),
         "yours": yours.label if yours is not None else None,
-        "warnings": [*warnings, *_partial_node(gpus, hw)],
+        "warnings": [*spec.warnings, *warnings, *_partial_node(gpus, hw)],
         "candidates": candidates,
         "parallel": parallel_rows,
     }
@@ -281,10 +283,12 @@ def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | 
 
     Returns:
         Result.to_dict() plus "model", "num_params", "hardware", "gpus_per_node", "plan"
-        (the Plan's fields), "warnings" (config keys read but not modelled),
-        "host_memory_bytes_per_gpu" (the state an offload plan keeps in host memory per
-        rank, zsim.schedule.lower.host_state_bytes; 0 without offload),
-        "ranks_per_node" and "host_memory_bytes_per_node" (that of every rank on a node).
+        (the Plan's fields), "seq_len_source" (where the plan's seq_len came from:
+        "--seq" or ModelSpec.seq_len_source), "warnings" (model and config keys read but
+        not modelled, a partial node), "host_memory_bytes_per_gpu" (the state an offload
+        plan keeps in host memory per rank, zsim.schedule.lower.host_state_bytes; 0
+        without offload), "ranks_per_node" and "host_memory_bytes_per_node" (that of
+        every rank on a node).
 
     Raises:
         ConfigError: invalid names, sizes or combinations, or a bad config file.
@@ -332,7 +336,8 @@ def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | 
     ranks_per_node = min(plan.world_size, hw.gpus_per_node)
     return {"model": spec.name, "num_params": spec.num_params, "hardware": hw.name,
             "gpus_per_node": hw.gpus_per_node, "plan": plan.to_dict(),
-            "warnings": [*warnings, *_partial_node(gpus, hw)],
+            "seq_len_source": "--seq" if seq is not None else spec.seq_len_source,
+            "warnings": [*spec.warnings, *warnings, *_partial_node(gpus, hw)],
             "host_memory_bytes_per_gpu": host, "ranks_per_node": ranks_per_node,
             "host_memory_bytes_per_node": host * ranks_per_node, **result.to_dict()}
 

@@ -46,13 +46,15 @@ def _run(fn: Callable[[], T]) -> T:
 
 
 ModelOpt = Annotated[str | None, typer.Option(
-    help="Preset name (see `zsim models`) or a config.json path.")]
+    help="Preset name (see `zsim models`), a preset's Hugging Face id "
+         "(meta-llama/Llama-2-13b-hf) or a config.json path.")]
 ParamsOpt = Annotated[float | None, typer.Option(
     help="Synthetic Llama-style model of exactly this many parameters, e.g. 7e9.")]
 GpusOpt = Annotated[int, typer.Option(help="World size (number of GPUs).")]
 HardwareOpt = Annotated[str, typer.Option(
     help="Hardware profile name (see `zsim hardware`) or YAML path.")]
-SeqOpt = Annotated[int | None, typer.Option(help="Sequence length, tokens (default: the model's).")]
+SeqOpt = Annotated[int | None, typer.Option(
+    help="Sequence length, tokens (default: the model's training length, else 4096).")]
 MicroBatchOpt = Annotated[int, typer.Option(help="Sequences per micro-batch per GPU.")]
 FormatOpt = Annotated[Format, typer.Option(help="Output format.")]
 

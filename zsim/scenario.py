@@ -611,7 +611,8 @@ def _run(name: str, plan_name: str, swept: tuple[tuple[str, Any], ...],
     partial = partial_node_warning(values["gpus"], hw)
     return Run(name=name, plan_name=plan_name, swept=swept, model=model, hardware=hw,
                plan=plan, gpus=values["gpus"],
-               warnings=(*warnings, partial) if partial else warnings)
+               warnings=(*model.warnings, *warnings, partial) if partial
+               else (*model.warnings, *warnings))
 
 
 def _config_plan(key: str, values: dict[str, Any], origin: dict[str, str],

@@ -26,6 +26,21 @@ def test_parameters_match_spec_enumeration_and_closed_form() -> None:
     assert sum(p.numel() for p in model.parameters()) == TINY.num_params
 
 
+@pytest.mark.parametrize("spec", [
+    replace(TINY, qkv_bias=True),  # Qwen2: q, k, v biased; o and the MLP not
+    replace(TINY, mlp="gelu", norm="layernorm", bias=True),  # GPT-NeoX: RoPE, untied
+], ids=["qwen2", "gpt-neox"])
+def test_hf_families_parameters_match_spec(spec: ModelSpec) -> None:
+    model = Transformer(spec)
+    got = [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+    assert sorted(got) == sorted(spec.parameter_tensors())
+    assert sum(p.numel() for p in model.parameters()) == spec.num_params
+    biased = {n.removeprefix("layers.0.") for n, _ in got
+              if n.startswith("layers.0.") and n.endswith(".bias")}
+    if spec.qkv_bias:
+        assert biased == {"attention.wq.bias", "attention.wk.bias", "attention.wv.bias"}
+
+
 def test_scaled_llama3_keeps_layers_and_gqa_ratio() -> None:
     big = PRESETS["llama3-8b"]
     small = scale_model(big, d_model=256, vocab_size=1024, max_seq_len=256)

@@ -38,9 +38,9 @@ from zsim.spec.hardware import HardwareProfile  # noqa: E402
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-TINY_CONFIG = {"hidden_size": 64, "intermediate_size": 172, "num_attention_heads": 4,
-               "num_hidden_layers": 2, "num_key_value_heads": 2, "vocab_size": 256,
-               "max_position_embeddings": 64}
+TINY_CONFIG = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 172,
+               "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 2,
+               "vocab_size": 256, "max_position_embeddings": 64}
 SCENARIO = """name: where
 model: 125m
 hardware: dgx-h100

@@ -43,6 +43,7 @@ from zsim.result import Result
 from zsim.schedule.lower import state_at_rest_bytes
 from zsim.simulate import simulate
 from zsim.spec.hardware import HardwareProfile
+from zsim.spec.hf_config import read_hf_config
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 
@@ -123,7 +124,7 @@ def valid_models(draw: st.DrawFn, *, max_layers: int = 96) -> ModelSpec:
         num_heads=heads, num_kv_heads=kv, ffn_hidden=draw(st.integers(1, 53_248)),
         mlp=draw(st.sampled_from(["swiglu", "gelu"])),
         norm=draw(st.sampled_from(["rmsnorm", "layernorm"])), bias=draw(st.booleans()),
-        vocab_size=draw(st.integers(1, 256_000)),
+        qkv_bias=draw(st.booleans()), vocab_size=draw(st.integers(1, 256_000)),
         tied_embeddings=draw(st.booleans()), learned_pos_emb=draw(st.booleans()),
         max_seq_len=draw(st.integers(1, 131_072)),
         attention_kernel=draw(st.sampled_from(["flash", "math"])),
@@ -395,7 +396,8 @@ def check_scenario_text(text: str) -> str:
 
 
 # ---------------------------------------------------------------------- HF config.json
-LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096,
+LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                "hidden_size": 4096,
                 "intermediate_size": 11008, "num_attention_heads": 32,
                 "num_hidden_layers": 32, "num_key_value_heads": 32, "vocab_size": 32000,
                 "max_position_embeddings": 4096, "tie_word_embeddings": False,
@@ -418,7 +420,7 @@ def check_hf_config_text(text: str) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "config.json"
         path.write_text(text)
-        return _expect_config_error(lambda: ModelSpec.from_hf_config(path))
+        return _expect_config_error(lambda: read_hf_config(path))
 
 
 # ---------------------------------------------------------------------- command lines

@@ -152,8 +152,9 @@ def test_relative_paths_resolve_against_the_scenario_folder(
     (tmp_path / "hw.yaml").write_text((PROFILES_DIR / "dgx-a100.yaml").read_text())
     (tmp_path / "tiny").mkdir()
     (tmp_path / "tiny" / "config.json").write_text(
-        '{"num_attention_heads": 4, "hidden_size": 256, "num_hidden_layers": 2, '
-        '"intermediate_size": 512, "vocab_size": 1000, "max_position_embeddings": 512}')
+        '{"model_type": "llama", "num_attention_heads": 4, "hidden_size": 256, '
+        '"num_hidden_layers": 2, "intermediate_size": 512, "vocab_size": 1000, '
+        '"max_position_embeddings": 512}')
     (tmp_path / "report.md").write_text("# {{ name }}\n")
     toy |= {"model": "tiny/config.json", "hardware": "hw.yaml",
             "report": {"template": "report.md"}}

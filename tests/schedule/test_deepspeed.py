@@ -117,6 +117,21 @@ def test_zero3_gathers_each_partitioned_parameter_per_use(
         (N - 1) / N * tiny_model.num_params * 2)
 
 
+def test_zero3_fetches_qwen2_style_qkv_biases(tiny_model: ModelSpec,
+                                              h100: HardwareProfile) -> None:
+    # ModelSpec.qkv_bias (Qwen2): wq, wk, wv each hold a 256-element bias, persistent
+    # (under the 1e5 threshold) like the norms: gathered once after the step with them,
+    # and every parameter's gradient reduce-scattered once, the biases' too.
+    model = replace(tiny_model, qkv_bias=True)
+    partitioned = 2 * 1000 * 256 + 2 * 3 * 256 * 512
+    persistent = 2 * (2 * 256 + 4 * 256 * 256 + 3 * 256) + 256
+    ops = lower(model, h100, _plan(
+        "zero3", ds=DeepSpeedZero(prefetch_bucket_size=0, max_reuse_distance=10**9))).ops
+    assert model.num_params == tiny_model.num_params + 2 * 3 * 256
+    assert _bus(ops, "all_gather") == pytest.approx((partitioned + persistent) * (N - 1) / N * 2)
+    assert _bus(ops, "reduce_scatter") == pytest.approx((N - 1) / N * model.num_params * 2)
+
+
 def test_zero3_prefetch_runs_ahead_and_changes_no_volume(tiny_model: ModelSpec,
                                                          h100: HardwareProfile) -> None:
     base = lower(tiny_model, h100, _plan("zero3", ds=DeepSpeedZero(prefetch_bucket_size=0)))

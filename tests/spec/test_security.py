@@ -46,7 +46,8 @@ def test_scenario_paths_resolve_against_the_scenario_folder(
     folder; a file of that name in the working folder is not used."""
     (tmp_path / "cwd" / "tiny").mkdir(parents=True)
     (tmp_path / "cwd" / "tiny" / "config.json").write_text(
-        '{"hidden_size": 64, "intermediate_size": 172, "num_attention_heads": 4, '
+        '{"model_type": "llama", "hidden_size": 64, "intermediate_size": 172, '
+        '"num_attention_heads": 4, '
         '"num_hidden_layers": 2, "vocab_size": 256, "max_position_embeddings": 64}')
     (tmp_path / "scenarios").mkdir()
     scenario = tmp_path / "scenarios" / "s.yaml"

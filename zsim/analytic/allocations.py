@@ -154,7 +154,7 @@ def _reference(model: ModelSpec, plan: Plan) -> bool:
     """Whether the scripts describe this model and plan (see the module docstring)."""
     return (model.norm == "rmsnorm" and model.norm_kernel == "fused"
             and model.attention_kernel == "flash" and model.mlp == "swiglu"
-            and not model.bias and not model.learned_pos_emb
+            and not model.bias and not model.qkv_bias and not model.learned_pos_emb
             and model.gqa_impl == "enable_gqa" and model.logits_upcast
             and plan.param_dtype in ("bf16", "fp16") and not plan.fp8
             and plan.recompute in ("none", "full"))

@@ -10,12 +10,13 @@ scaled_dot_product_attention(is_causal=True) -> residual -> RMSNorm -> SwiGLU ML
 w3 up; w2 down) -> residual; final RMSNorm; untied output. The GPT block (GPT-2/3):
 token plus learned position embeddings (a table of max_seq_len rows, looked up by
 position ids) and no rotation; LayerNorm (with a bias when
-spec.bias); q/k/v/o and MLP projections with biases when spec.bias; GELU MLP (w1 up, w2
+spec.bias); q/k/v/o and MLP projections with biases when spec.bias (q/k/v alone with
+spec.qkv_bias, as Qwen2); GELU MLP (w1 up, w2
 down) with the tanh approximation GPT-2 and GPT-3 train with; final LayerNorm; the output
 projection tied to the token embedding when spec.tied_embeddings (one Parameter held by
 both modules, as HF's GPT-2 ties lm_head, so every wrapper sees it in the root and
 DeepSpeed's ZeRO-3 fetches it for the output module's forward). Each field selects its
-part independently (norm, mlp, bias, learned_pos_emb, tied_embeddings). Loss =
+part independently (norm, mlp, bias, qkv_bias, learned_pos_emb, tied_embeddings). Loss =
 cross_entropy(logits.float(), labels), in the model's forward or, with
 spec.loss_in_forward False, outside it (LossOutside, as torchtitan's step). The spec's
 kernel knobs select the SDPA backend (attention_kernel="math" forces the math kernel),
@@ -65,15 +66,16 @@ def _norm(spec: ModelSpec) -> nn.Module:
 
 class Attention(nn.Module):
     """GQA attention with causal SDPA: rotary embeddings unless the model has learned
-    positions, projection biases when spec.bias."""
+    positions, projection biases when spec.bias (q, k and v only: spec.qkv_bias)."""
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.spec = spec
         d, kv = spec.d_model, spec.kv_dim
-        self.wq = nn.Linear(d, d, bias=spec.bias)
-        self.wk = nn.Linear(d, kv, bias=spec.bias)
-        self.wv = nn.Linear(d, kv, bias=spec.bias)
+        qkv_bias = spec.bias or spec.qkv_bias
+        self.wq = nn.Linear(d, d, bias=qkv_bias)
+        self.wk = nn.Linear(d, kv, bias=qkv_bias)
+        self.wv = nn.Linear(d, kv, bias=qkv_bias)
         self.wo = nn.Linear(d, d, bias=spec.bias)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None

@@ -76,6 +76,13 @@ def _row(n: int, rec: dict[str, Any]) -> dict[str, object]:
     }
 
 
+def sequence_line(seq_len: int, source: str) -> str:
+    """Where the sequence length came from, and how to change it."""
+    if source == "--seq":
+        return f"sequence {seq_len:,} tokens: from --seq"
+    return f"sequence {seq_len:,} tokens: {source}; change it with --seq N"
+
+
 def _wrapped(prefix: str, text: str) -> list[str]:
     return textwrap.wrap(text, TERMINAL_COLUMNS, initial_indent=prefix,
                          subsequent_indent=" " * len(prefix), break_on_hyphens=False)
@@ -91,9 +98,10 @@ def plan_text(result: dict[str, Any]) -> str:
     out = _wrapped("", f"{result['model']} ({result['num_params'] / 1e9:.2f}B params) on "
                        f"{nodes_text} x {result['hardware']} ({result['hbm_gib']:.1f} GiB "
                        f"HBM per GPU)")
-    out += _wrapped("", f"sequence {result['seq_len']:,} tokens ({result['seq_len_source']}); "
-                        f"global batch {result['global_batch_sequences']:,} sequences = "
-                        f"{result['global_batch_tokens']:,} tokens per step (--global-batch)")
+    out += _wrapped("", sequence_line(result["seq_len"], result["seq_len_source"]))
+    out += _wrapped("", f"global batch {result['global_batch_sequences']:,} sequences = "
+                        f"{result['global_batch_tokens']:,} tokens per step; change it with "
+                        f"--global-batch N (sequences) or Nt (tokens)")
     why: list[tuple[int, str]] = []
     n = 0
     tables = [("1-D plans: data parallelism over all GPUs", result["candidates"], COLUMNS)]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
-from zsim.report.plan_text import TERMINAL_COLUMNS
+from zsim.report.plan_text import TERMINAL_COLUMNS, sequence_line
 from zsim.report.tables import text_table
 from zsim.spec.error_bands import band_pct
 
@@ -53,6 +53,7 @@ def _plan_lines(r: dict[str, Any]) -> list[str]:
         f"{p['micro_batch']} x {p['grad_accum']} accumulated",
         f"batch           {sequences:,} sequences x {p['seq_len']:,} tokens = "
         f"{sequences * p['seq_len']:,} tokens per step",
+        sequence_line(p["seq_len"], r["seq_len_source"]),
     ]
 
 

@@ -18,11 +18,9 @@ References:
 from __future__ import annotations
 
 from dataclasses import MISSING, asdict, dataclass, fields, replace
-from pathlib import Path
 from typing import Any, Literal
 
 from zsim.errors import ConfigError
-from zsim.spec.json_file import read_json
 
 Mlp = Literal["swiglu", "gelu"]
 Norm = Literal["rmsnorm", "layernorm"]
@@ -54,6 +52,9 @@ class ModelSpec:
     """Normalisation layer; RMSNorm has a weight, LayerNorm a weight and (with bias) a bias."""
     bias: bool = False
     """Linear and norm layers carry biases (GPT-3 does, Llama does not)."""
+    qkv_bias: bool = False
+    """The query, key and value projections carry biases even where `bias` is False
+    (Qwen2: q/k/v biased, o and the MLP not); with `bias` they have them anyway."""
     vocab_size: int
     """Embedding rows."""
     tied_embeddings: bool = False
@@ -61,7 +62,19 @@ class ModelSpec:
     learned_pos_emb: bool = False
     """A learned position-embedding table of max_seq_len rows (GPT); False means RoPE."""
     max_seq_len: int
-    """Default and maximum training sequence length, tokens."""
+    """Default training sequence length, tokens (the model's training length where its
+    source gives one); with learned position embeddings also the table's rows, the most
+    a plan may use."""
+    seq_len_source: str = ""
+    """Where max_seq_len came from, for headers ("config n_positions", "default 4,096
+    (the config allows up to 131,072)"); empty for a spec built in code."""
+    sliding_window: int = 0
+    """Tokens each query attends back over (Mistral-7B-v0.1's sliding-window attention).
+    zsim simulates full causal attention, so `validate` refuses a longer sequence; 0
+    means no window."""
+    warnings: tuple[str, ...] = ()
+    """What the spec's source says that zsim reads but does not model (dropout, GPT-NeoX's
+    parallel residual), one line each, for the caller to print."""
     attention_kernel: AttentionKernel = "flash"
     """Which SDPA kernel autograd records: "flash" saves q, k, v, out and the log-sum-exp;
     "math" also saves the s x s softmax (what CPU and fake-CUDA runs use)."""
@@ -118,6 +131,19 @@ class ModelSpec:
             value = getattr(self, f)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"model.{f}", value, "must be an integer >= 0")
+        for f in ("bias", "qkv_bias", "tied_embeddings", "learned_pos_emb", "logits_upcast",
+                  "sequence_parallel"):
+            if not isinstance(getattr(self, f), bool):
+                raise ConfigError(f"model.{f}", getattr(self, f), "must be true or false")
+        if not isinstance(self.sliding_window, int) or isinstance(self.sliding_window, bool) \
+                or self.sliding_window < 0:
+            raise ConfigError("model.sliding_window", self.sliding_window,
+                              "must be an integer >= 0")
+        if not isinstance(self.seq_len_source, str):
+            raise ConfigError("model.seq_len_source", self.seq_len_source, "must be a string")
+        if not isinstance(self.warnings, tuple) or not all(
+                isinstance(w, str) for w in self.warnings):
+            raise ConfigError("model.warnings", self.warnings, "must be a tuple of strings")
         if self.d_model % self.num_heads:
             raise ConfigError("model.num_heads", self.num_heads,
                               f"must divide d_model={self.d_model}")
@@ -191,7 +217,7 @@ class ModelSpec:
             t.append(("attention_norm.bias", (d,)))
         for proj, out in (("wq", q), ("wk", kv), ("wv", kv)):
             t.append((f"attention.{proj}.weight", (out, d)))
-            if self.bias:
+            if self.bias or self.qkv_bias:
                 t.append((f"attention.{proj}.bias", (out,)))
         t.append(("attention.wo.weight", (d, q)))
         if self.bias:
@@ -246,8 +272,9 @@ class ModelSpec:
     def params_per_block(self) -> int:
         """Closed form: attention 2d^2 + 2d*kv (q, o; k, v), MLP (3 if SwiGLU else 2)*d*f,
         norms 2d; with biases add d + 2kv + d for attention, f-per-up + d for the MLP and
-        2d for LayerNorm biases (Narayanan et al. 2021, Sec. 5.1 for the GPT case). A TP
-        shard (`tp_shard`) has q = d/tp query width in place of d in q and o."""
+        2d for LayerNorm biases (Narayanan et al. 2021, Sec. 5.1 for the GPT case); with
+        q/k/v biases only, d + 2kv. A TP shard (`tp_shard`) has q = d/tp query width in
+        place of d in q and o."""
         d, q, kv, f = self.d_model, self.q_dim, self.kv_dim, self.ffn_hidden
         n_up = 2 if self.mlp == "swiglu" else 1
         n = 2 * d * q + 2 * d * kv + (n_up + 1) * d * f + 2 * d
@@ -255,6 +282,8 @@ class ModelSpec:
             n += q + d + 2 * kv + n_up * f + d
             if self.norm == "layernorm":
                 n += 2 * d
+        elif self.qkv_bias:
+            n += q + 2 * kv
         return n
 
     @property
@@ -324,63 +353,6 @@ class ModelSpec:
             raise ConfigError(f"{where}.{missing[0]}", None, "missing required key")
         return cls(**data)
 
-    @classmethod
-    def from_hf_config(cls, path: Path) -> ModelSpec:
-        """Load a HuggingFace-style Llama/Mistral `config.json` from disk (no hub access).
-
-        Raises:
-            ConfigError: the file is missing or unreadable, is not JSON, lacks a required
-                key, or describes a shape ModelSpec cannot represent (a head_dim other than
-                hidden_size / num_attention_heads, attention_bias differing from mlp_bias).
-        """
-        cfg = read_json(path, field="model")
-        if not isinstance(cfg, dict):
-            raise ConfigError("model", str(path), "config.json must hold a JSON object")
-
-        def count(key: str, default: int | None = None) -> int:
-            """A positive integer entry (required unless it has a default)."""
-            if key not in cfg and default is None:
-                raise ConfigError(f"{path}:{key}", None, "missing required key")
-            value = cfg.get(key, default)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"{path}:{key}", value, "must be a positive integer")
-            return value
-
-        def flag(key: str) -> bool:
-            value = cfg.get(key, False)
-            if not isinstance(value, bool):
-                raise ConfigError(f"{path}:{key}", value, "must be true or false")
-            return value
-
-        heads, hidden = count("num_attention_heads"), count("hidden_size")
-        if cfg.get("head_dim") is not None and count("head_dim") * heads != hidden:
-            raise ConfigError(f"{path}:head_dim", cfg["head_dim"],
-                              f"must equal hidden_size / num_attention_heads = {hidden}/{heads}"
-                              " (a separate head width is not modelled)")
-        # ModelSpec.bias puts biases on every linear; Llama's config splits them in two.
-        attention_bias = flag("attention_bias")
-        if attention_bias != flag("mlp_bias"):
-            raise ConfigError(f"{path}:attention_bias", attention_bias,
-                              f"must equal mlp_bias={flag('mlp_bias')!r} (biases on "
-                              "only some linears are not modelled)")
-        fields_from = {"num_layers": "num_hidden_layers", "d_model": "hidden_size",
-                       "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
-                       "ffn_hidden": "intermediate_size", "vocab_size": "vocab_size",
-                       "max_seq_len": "max_position_embeddings"}
-        try:
-            # LlamaMLP is gated (gate, up, down projections) whatever hidden_act is.
-            return cls(
-                name=Path(path).parent.name or Path(path).stem,
-                num_layers=count("num_hidden_layers"), d_model=hidden, num_heads=heads,
-                num_kv_heads=count("num_key_value_heads", heads),
-                ffn_hidden=count("intermediate_size"), mlp="swiglu", norm="rmsnorm",
-                bias=attention_bias, vocab_size=count("vocab_size"),
-                tied_embeddings=flag("tie_word_embeddings"),
-                max_seq_len=count("max_position_embeddings"))
-        except ConfigError as e:  # a cross-field rule: name the config's own key
-            key = fields_from.get(e.field.removeprefix("model."), e.field)
-            raise ConfigError(f"{path}:{key}", e.value, e.reason) from None
-
 
 def synthetic(num_params: int, *, seq_len: int = 4096) -> ModelSpec:
     """A Llama-style model of exactly `num_params` parameters.
@@ -410,4 +382,5 @@ def synthetic(num_params: int, *, seq_len: int = 4096) -> ModelSpec:
         raise ConfigError("params", num_params, "too few parameters for a transformer")
     name = f"synthetic-{num_params:.3g}".replace("+", "")
     return ModelSpec(**{**best.to_dict(), "name": name,
-                        "extra_params": num_params - best.num_params})
+                        "extra_params": num_params - best.num_params,
+                        "seq_len_source": f"zsim's default for a synthetic model, {seq_len:,}"})

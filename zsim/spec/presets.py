@@ -12,14 +12,20 @@ def _gpt3(name: str, layers: int, d: int, heads: int) -> ModelSpec:
     return ModelSpec(name=name, num_layers=layers, d_model=d, num_heads=heads,
                      num_kv_heads=heads, ffn_hidden=4 * d, mlp="gelu", norm="layernorm",
                      bias=True, vocab_size=50257, tied_embeddings=True,
-                     learned_pos_emb=True, max_seq_len=2048)
+                     learned_pos_emb=True, max_seq_len=2048,
+                     seq_len_source="GPT-3's context (Brown et al. 2020)")
 
 
 def _llama(name: str, layers: int, d: int, heads: int, kv: int, ffn: int, vocab: int,
-           seq: int) -> ModelSpec:
+           seq: int, source: str) -> ModelSpec:
     # Llama: SwiGLU, RMSNorm, no biases, RoPE, untied output.
     return ModelSpec(name=name, num_layers=layers, d_model=d, num_heads=heads,
-                     num_kv_heads=kv, ffn_hidden=ffn, vocab_size=vocab, max_seq_len=seq)
+                     num_kv_heads=kv, ffn_hidden=ffn, vocab_size=vocab, max_seq_len=seq,
+                     seq_len_source=source)
+
+
+_LLAMA2_CONTEXT = "Llama 2's training context (Touvron et al. 2023)"
+_LLAMA3_CONTEXT = "Llama 3's pre-training context (Llama Team 2024)"
 
 
 PRESETS: dict[str, ModelSpec] = {
@@ -29,7 +35,7 @@ PRESETS: dict[str, ModelSpec] = {
         ModelSpec(name="gpt2-124m", num_layers=12, d_model=768, num_heads=12,
                   num_kv_heads=12, ffn_hidden=3072, mlp="gelu", norm="layernorm",
                   vocab_size=50257, tied_embeddings=True, learned_pos_emb=True,
-                  max_seq_len=1024),
+                  max_seq_len=1024, seq_len_source="GPT-2's context (n_positions)"),
         _gpt3("gpt3-125m", 12, 768, 12),
         _gpt3("gpt3-350m", 24, 1024, 16),
         # Table 2.1 lists 24 heads of 128 for XL, which does not multiply to 2048;
@@ -41,13 +47,13 @@ PRESETS: dict[str, ModelSpec] = {
         _gpt3("gpt3-13b", 40, 5120, 40),
         _gpt3("gpt3-175b", 96, 12288, 96),
         # Touvron et al. 2023 (Llama 2) Table 1 and meta-llama/Llama-2-*-hf config.json.
-        _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
-        _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
-        _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
+        _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096, _LLAMA2_CONTEXT),
+        _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096, _LLAMA2_CONTEXT),
+        _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096, _LLAMA2_CONTEXT),
         # Llama Team 2024 (Llama 3 herd) Table 3 and meta-llama/Llama-3.1-*/config.json.
-        _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
-        _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
-        _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
+        _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, _LLAMA3_CONTEXT),
+        _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, _LLAMA3_CONTEXT),
+        _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192, _LLAMA3_CONTEXT),
     )
 }
 
@@ -66,3 +72,24 @@ ALIASES: dict[str, str] = {
     "70b-3": "llama3-70b",
     "405b": "llama3-405b",
 }
+
+
+def _hub_ids() -> dict[str, str]:
+    """Hugging Face hub ids (lowercase, with and without the organisation) of the released
+    checkpoints each preset describes: the base and chat/instruct models of one size
+    share their shapes."""
+    ids = {}
+    for size in ("7b", "13b", "70b"):
+        for suffix in ("", "-hf", "-chat", "-chat-hf"):
+            ids[f"meta-llama/llama-2-{size}{suffix}"] = f"llama2-{size}"
+    for size in ("8b", "70b", "405b"):
+        for base in ("meta-llama-3", "meta-llama-3.1", "llama-3.1"):
+            if not (base == "meta-llama-3" and size == "405b"):
+                for suffix in ("", "-instruct"):
+                    ids[f"meta-llama/{base}-{size}{suffix}"] = f"llama3-{size}"
+    ids["meta-llama/llama-3.3-70b-instruct"] = "llama3-70b"
+    return ids | {hub_id.split("/", 1)[1]: name for hub_id, name in ids.items()}
+
+
+HF_IDS: dict[str, str] = _hub_ids()
+"""Hub id ("meta-llama/llama-2-13b-hf", or "llama-2-13b-hf") -> preset name."""

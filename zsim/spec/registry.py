@@ -5,14 +5,16 @@ numbers live here (see zsim.spec.presets and hardware_profiles/)."""
 
 from __future__ import annotations
 
+import difflib
 import math
 from importlib.resources import files
 from pathlib import Path
 
 from zsim.errors import ConfigError
 from zsim.spec.hardware import HardwareProfile
+from zsim.spec.hf_config import read_hf_config
 from zsim.spec.model import ModelSpec, synthetic
-from zsim.spec.presets import ALIASES, PRESETS
+from zsim.spec.presets import ALIASES, HF_IDS, PRESETS
 
 PROFILES_DIR = Path(str(files("zsim.hardware_profiles")))
 """Shipped hardware profiles: the repository's hardware_profiles/ folder, installed as the
@@ -27,12 +29,13 @@ def model_names() -> list[str]:
 
 
 def resolve_model(name: str | None = None, *, params: float | None = None) -> ModelSpec:
-    """A preset or alias name, a path to a HuggingFace config.json, or a synthetic model
-    of exactly `params` parameters.
+    """A preset or alias name, the Hugging Face hub id of a preset's checkpoint
+    ("meta-llama/Llama-2-13b-hf", any case), a path to a HuggingFace config.json
+    (zsim.spec.hf_config), or a synthetic model of exactly `params` parameters.
 
     Raises:
-        ConfigError: unknown name (the message lists presets), unreadable config, or
-            neither/both of name and params given.
+        ConfigError: unknown name (the message suggests the nearest preset), an
+            unreadable or unmodelled config, or neither/both of name and params given.
     """
     if (name is None) == (params is None):
         raise ConfigError("model", name, "give exactly one of --model or --params")
@@ -42,12 +45,26 @@ def resolve_model(name: str | None = None, *, params: float | None = None) -> Mo
             raise ConfigError("params", params, "must be a positive whole number")
         return synthetic(int(params))
     assert name is not None
-    key = ALIASES.get(name.lower(), name.lower())
+    key = name.lower()
+    key = ALIASES.get(key, HF_IDS.get(key, key))
     if key in PRESETS:
         return PRESETS[key]
     if name.endswith(".json") or Path(name).is_file():
-        return ModelSpec.from_hf_config(Path(name))
-    raise ConfigError("model", name, f"unknown model; known: {', '.join(model_names())}")
+        return read_hf_config(Path(name))
+    raise ConfigError("model", name, _unknown_model(name))
+
+
+def _unknown_model(name: str) -> str:
+    """Why `name` resolves to nothing: the nearest preset by spelling (difflib, over
+    names, aliases and hub ids) where one is near, and what else works."""
+    known = [*model_names(), *HF_IDS]
+    near = difflib.get_close_matches(name.lower(), known, n=1, cutoff=0.75)
+    hint = ""
+    if near:
+        preset = ALIASES.get(near[0], HF_IDS.get(near[0], near[0]))
+        hint = f"nearest preset: {preset}; "
+    return (f"unknown model; {hint}give a preset (`zsim models` lists them) or a path to "
+            "a Hugging Face config.json")
 
 
 def hardware_names() -> list[str]:

@@ -36,8 +36,9 @@ def validate(model: ModelSpec, hw: HardwareProfile, plan: Plan, *,
     unless plan.tp_across_nodes; layers divide by pp x virtual stages; the pipeline's
     micro-batches (grad_accum) suit its schedule; the sequence divides by 2 x cp, and by
     tp with sequence parallelism; a unit holds at most all layers (of a stage); a model
-    with learned position embeddings cannot train past its table; fp32 RoPE tables need
-    a program that casts them or autocast; the compute dtype has a peak in `hw`.
+    with learned position embeddings cannot train past its table, nor one with a sliding
+    attention window past the window (not modelled); fp32 RoPE tables need a program
+    that casts them or autocast; the compute dtype has a peak in `hw`.
 
     Args:
         model: the transformer.
@@ -152,6 +153,11 @@ def _check_sequence(model: ModelSpec, plan: Plan) -> None:
     if plan.sp and plan.seq_len % plan.tp:
         raise ConfigError("plan.seq_len", plan.seq_len,
                           f"sequence parallelism shards it over tp={plan.tp}: must divide")
+    if model.sliding_window and plan.seq_len > model.sliding_window:
+        raise ConfigError("plan.seq_len", plan.seq_len,
+                          f"exceeds the model's sliding_window={model.sliding_window}: "
+                          "attention over a window shorter than the sequence is not modelled "
+                          "(zsim simulates full causal attention)")
     if model.learned_pos_emb and plan.seq_len > model.max_seq_len:
         raise ConfigError("plan.seq_len", plan.seq_len,
                           f"exceeds the learned position table, model.max_seq_len="

@@ -579,8 +579,9 @@ def _submodules(model: ModelSpec) -> tuple[list[tuple[str, list[tuple[int, ...]]
     what DeepSpeed hooks and fetches one at a time (modules with direct parameters)."""
     d, kv, f = model.d_model, model.kv_dim, model.ffn_hidden
 
-    def linear(name: str, out: int, inp: int) -> tuple[str, list[tuple[int, ...]]]:
-        return name, [(out, inp), *([(out,)] if model.bias else [])]
+    def linear(name: str, out: int, inp: int, *, bias: bool = model.bias
+               ) -> tuple[str, list[tuple[int, ...]]]:
+        return name, [(out, inp), *([(out,)] if bias else [])]
 
     def norm(name: str) -> tuple[str, list[tuple[int, ...]]]:
         with_bias = model.norm == "layernorm" and model.bias
@@ -591,8 +592,10 @@ def _submodules(model: ModelSpec) -> tuple[list[tuple[str, list[tuple[int, ...]]
         emb.append(("pos_embeddings", [(model.max_seq_len, d)]))
     mlp = [linear("w1", f, d), *([linear("w3", f, d)] if model.mlp == "swiglu" else []),
            linear("w2", d, f)]
-    block = [norm("attention_norm"), linear("wq", d, d), linear("wk", kv, d),
-             linear("wv", kv, d), linear("wo", d, d), norm("ffn_norm"), *mlp]
+    qkv_bias = model.bias or model.qkv_bias
+    block = [norm("attention_norm"), linear("wq", d, d, bias=qkv_bias),
+             linear("wk", kv, d, bias=qkv_bias), linear("wv", kv, d, bias=qkv_bias),
+             linear("wo", d, d), norm("ffn_norm"), *mlp]
     head = [norm("norm")]
     head.append(("output", [(model.vocab_size, d)]) if not model.tied_embeddings
                 else ("output", []))
