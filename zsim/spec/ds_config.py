@@ -351,8 +351,8 @@ class DsConfigReader:
             elif value == "auto" and key in AUTO_HIDDEN:
                 knobs[name] = AUTO_HIDDEN[key](self.hidden)
             else:
-                knobs[name] = self.count(zero, path, value,
-                                         low=1 if key == "reduce_bucket_size" else 0)
+                knobs[name] = self.count(zero, path, value, low=1 if key in (
+                    "reduce_bucket_size", "sub_group_size") else 0)
         if offload == "params" and stage != 3:
             raise self.error("zero_optimization.offload_param", zero["offload_param"],
                              "DeepSpeed offloads parameters only with stage 3")
