@@ -143,13 +143,26 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
         "recommended": None if rec is None else rec.pick.plan.label,
         "recommended_table": None if rec is None else (
             "1-D" if any(contenders.get(id(r)) is rec.pick for r in ranked) else "2-D"),
-        "recommendation": None if rec is None else rec.reason(),
+        "recommendation": _no_fit_hint(rows, hw, seq_len, searched is not None)
+        if rec is None else rec.reason(),
         "tie_tolerance_pct": None if rec is None else round(100 * rec.tolerance, 2),
         "yours": yours.label if yours is not None else None,
         "warnings": [*spec.warnings, *warnings, *_partial_node(gpus, hw)],
         "candidates": candidates,
         "parallel": parallel_rows,
     }
+
+
+def _no_fit_hint(rows: Sequence[Ranked], hw: Any, seq_len: int, searched: bool) -> str:
+    """With no plan fitting: the one that comes closest, and what would make room."""
+    leanest = min(rows, key=lambda r: r.peak_bytes)
+    moves = [f"a shorter sequence (--seq below {seq_len:,})", "more GPUs (--gpus)",
+             "a profile with more HBM (--hardware)"]
+    if not searched:
+        moves.insert(2, "tensor or pipeline parallelism (--tp, --pp)")
+    return (f"no plan fits in {hw.hbm_bytes / GiB:.1f} GiB of HBM: the leanest, "
+            f"{leanest.plan.label}, needs {leanest.peak_bytes / GiB:.1f} GiB; try "
+            f"{', '.join(moves[:-1])} or {moves[-1]}")
 
 
 def _parallel_search(spec: ModelSpec, hw: Any, *, gpus: int, seq_len: int, sequences: int,

@@ -44,6 +44,9 @@ class Ranked(Protocol):
     @property
     def bubble_fraction(self) -> float: ...
 
+    @property
+    def peak_bytes(self) -> float: ...
+
 
 def complications(plan: Plan) -> tuple[str, ...]:
     """What a plan asks a team to run beyond one data-parallel program, in words."""

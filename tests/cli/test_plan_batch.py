@@ -110,3 +110,15 @@ def test_a_2d_answer_fits_120_columns() -> None:
     assert result.exit_code == 0, result.output
     assert max(len(line) for line in result.stdout.splitlines()) <= 120
     assert "2-D and 3-D plans" in result.stdout
+
+
+def test_nothing_fits_says_what_comes_closest_and_what_would_make_room() -> None:
+    r = api.plan(model="405b", params=None, gpus=8, hardware="dgx-h100", seq=8192)
+    assert r["recommended"] is None
+    leanest = min(r["candidates"], key=lambda c: c["peak_gib"])
+    assert r["recommendation"].startswith(
+        f"no plan fits in 79.1 GiB of HBM: the leanest, {leanest['plan']}, needs "
+        f"{leanest['peak_gib']:.1f} GiB; try a shorter sequence (--seq below 8,192)")
+    assert "--tp, --pp" in r["recommendation"]  # one node: no 2-D search was run
+    text = CliRunner().invoke(app, ["plan", "--model", "405b", "--gpus", "8", "--seq", "8192"])
+    assert text.exit_code == 0 and "no plan fits in 79.1 GiB of HBM" in text.stdout

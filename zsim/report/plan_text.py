@@ -144,7 +144,7 @@ def plan_text(result: dict[str, Any]) -> str:
         out += _wrapped(f"{i:>{width}}  ", text)
     out.append("")
     if result["recommended"] is None:
-        out.append("no plan fits in HBM")
+        out += _wrapped("", result["recommendation"])
     else:
         out += _wrapped("", f"recommended: {result['recommended']}, {_accumulation(result)} "
                             f"({result['recommended_table']} table): "
