@@ -513,7 +513,7 @@ def calibrate(*, backend: str, nproc: int, out: Path) -> Path:
         raise ConfigError("backend", backend, "must be gloo or nccl")
     if nproc < 1:
         raise ConfigError("nproc", nproc, "must be a positive integer")
-    from zsim.calibrate import calibrate as run
+    from zsim.calibration.profile_writer import calibrate as run
 
     return run(backend, nproc, Path(out))
 
@@ -528,7 +528,7 @@ def validate(*, model: str, nproc: int, strategy: str, shard_group: int | None =
     without CUDA, models above CPU_VALIDATION_MAX_PARAMS are scaled to d_model
     CPU_VALIDATION_D_MODEL (same layers and units) and the default sequence is 256
     tokens. The real run times `steps` steps, or by default as many as fill
-    zsim.calibrate.validate.MIN_TIMED_S (3 at least).
+    zsim.validation.report.MIN_TIMED_S (3 at least).
 
     Returns:
         {"model", "profile", "plan", "rows": [{metric, predicted, measured, error_pct,
@@ -541,9 +541,9 @@ def validate(*, model: str, nproc: int, strategy: str, shard_group: int | None =
     """
     import torch
 
-    from zsim.calibrate.model import scale_model
-    from zsim.calibrate.validate import BOUNDS_PCT, csv_name
-    from zsim.calibrate.validate import validate as run
+    from zsim.backend.reference_model import scale_model
+    from zsim.validation.report import BOUNDS_PCT, csv_name
+    from zsim.validation.report import validate as run
 
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
                               or steps < 1):

@@ -1,6 +1,6 @@
 """`zsim calibrate` and `zsim validate`: the CLI passes its flags through, renders the
 rows, and turns bad input into one line with exit 2 (the real runs are exercised in
-tests/calibrate)."""
+tests/backend and tests/validation)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def test_validate_passes_flags_and_renders_rows(monkeypatch: pytest.MonkeyPatch)
 def test_validate_steps_time_exactly_that_many(monkeypatch: pytest.MonkeyPatch) -> None:
     """--steps N times N steps (no minimum duration); without it, the default timing."""
     pytest.importorskip("torch")
-    import zsim.calibrate.validate as module
+    import zsim.validation.report as module
 
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr(module, "validate",

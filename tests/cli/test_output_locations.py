@@ -52,8 +52,8 @@ plans:
 CALIBRATE = """
 import sys
 from pathlib import Path
-from zsim.calibrate.microbench import BenchConfig
-from zsim.calibrate.profile import calibrate
+from zsim.calibration.microbench import BenchConfig
+from zsim.calibration.profile_writer import calibrate
 quick = BenchConfig(sizes_bytes=(4096, 65536, 1 << 20, 4 << 20), iters_small=3,
                     iters_large=2, matmul_shapes=((256, 256, 256), (512, 256, 512)),
                     gemm_linears=((512, 256, 512),), cache_flush_bytes=8 << 20,
@@ -65,7 +65,7 @@ calibrate("gloo", 2, Path(sys.argv[1]), config=quick, timeout_s=300)
 """`zsim calibrate` with a short benchmark (the command's own takes minutes): the same
 function the command calls, in the installed package. The library programs' timing is
 left out: DeepSpeed would build its C++ ops afresh in this test's empty cache, minutes on
-2 cores (tests/calibrate/test_program_overhead.py times them on real ranks)."""
+2 cores (tests/calibration/test_program_overhead.py times them on real ranks)."""
 
 
 def _tree(root: Path) -> set[str]:
