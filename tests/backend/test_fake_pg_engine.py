@@ -17,7 +17,7 @@ from zsim.simulate import simulate
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan, precision_knobs
 from zsim.spec.registry import resolve_hardware
-from zsim.validation.report import backend_knobs
+from zsim.validation.comparison import backend_knobs
 
 pytestmark = pytest.mark.slow
 

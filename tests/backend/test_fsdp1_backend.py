@@ -17,7 +17,7 @@ from zsim.backend.measured_step import measure_plan
 from zsim.spec.fsdp1 import Fsdp1Options
 from zsim.spec.plan import Plan
 from zsim.spec.registry import resolve_hardware
-from zsim.validation.report import BOUNDS_PCT, compare
+from zsim.validation.comparison import BOUNDS_PCT, compare
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ from zsim.spec.deepspeed import DeepSpeedZero
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 from zsim.spec.registry import resolve_hardware
-from zsim.validation.report import BOUNDS_PCT, compare
+from zsim.validation.comparison import BOUNDS_PCT, compare
 
 pytestmark = pytest.mark.slow
 

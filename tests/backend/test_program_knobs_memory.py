@@ -34,7 +34,7 @@ pytestmark = pytest.mark.slow
 L, D, F, V, S = 4, 256, 512, 4096, 256
 BASE = ModelSpec(name="tiny", num_layers=L, d_model=D, num_heads=2, num_kv_heads=2,
                  ffn_hidden=F, vocab_size=V, max_seq_len=S, norm_kernel="composite")
-"""The norm knob as validate() sets it on CPU; a vocabulary wide enough for the loss's
+"""The norm knob as validate_plan() sets it on CPU; a vocabulary wide enough for the loss's
 backward to be the step's peak."""
 PLAN = Plan.for_strategy("fsdp", gpus=8, seq_len=S, micro_batch=1, recompute="full",
                          reduce_dtype="fp32")

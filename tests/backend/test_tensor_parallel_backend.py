@@ -25,7 +25,7 @@ from zsim.spec.registry import resolve_hardware
 
 TINY = ModelSpec(name="tiny", num_layers=2, d_model=128, num_heads=4, num_kv_heads=2,
                  ffn_hidden=344, vocab_size=500, max_seq_len=64, norm_kernel="composite")
-"""The kernel knob as validate() sets it on CPU (the real run does not read it), so the
+"""The kernel knob as validate_plan() sets it on CPU (the real run does not read it), so the
 TP run is test_validate's too."""
 B, S, TP = 2, 48, 2
 ROPE_BYTES = 2 * TINY.max_seq_len * TINY.head_dim * 4

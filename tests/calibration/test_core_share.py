@@ -1,4 +1,4 @@
-"""zsim.calibration.microbench.kernel_rates on a CPU host with more ranks than cores: the
+"""zsim.calibration.kernel_bench.kernel_rates on a CPU host with more ranks than cores: the
 share of a core each rank gets, the kernels timed on rank 0 alone and every rank's rates
 divided by that share, and the profile saying so."""
 
@@ -10,13 +10,8 @@ from typing import Any
 import pytest
 
 from zsim.backend.runner import RankContext, run_ranks
-from zsim.calibration.microbench import (
-    KERNEL_RATES,
-    BenchConfig,
-    RankBench,
-    core_share,
-    kernel_rates,
-)
+from zsim.calibration.bench_figures import BenchConfig, RankBench
+from zsim.calibration.kernel_bench import KERNEL_RATES, core_share, kernel_rates
 
 SMALL = BenchConfig(matmul_shapes=((64, 64, 64),), gemm_linears=((64, 32, 48),),
                     attention_shape=(1, 2, 64, 16), elementwise_numels=(4096,),
@@ -76,7 +71,7 @@ def test_the_profile_says_its_kernels_are_shared() -> None:
 
 
 def test_every_kind_of_rate_is_divided() -> None:
-    from zsim.calibration.microbench import _divided
+    from zsim.calibration.kernel_bench import _divided
 
     assert _divided({"bf16": [4.0, 6.0], "x": {"forward": 8.0}}, 2.0) == {
         "bf16": [2.0, 3.0], "x": {"forward": 4.0}}

@@ -16,13 +16,11 @@ import pytest
 pytest.importorskip("torch")
 
 from zsim.calibration import profile_writer as profile_module
+from zsim.calibration.bench_figures import BLOCK_STEPS, RankBench
 from zsim.calibration.collective_fit import AlphaBeta, CollectiveSample
-from zsim.calibration.microbench import (
-    BLOCK_STEPS,
-    RankBench,
-    median_of_rounds,
-)
-from zsim.calibration.profile_writer import _host_costs, _measured_us, calibrate, profile_dict
+from zsim.calibration.host_costs import host_costs
+from zsim.calibration.microbench import median_of_rounds
+from zsim.calibration.profile_writer import _measured_us, calibrate, profile_dict
 from zsim.errors import ConfigError
 
 
@@ -59,7 +57,7 @@ def test_host_costs_of_a_noisy_host_are_floored_at_zero() -> None:
     (efficiency.kernel_overhead_us must be >= 0); each is floored at 0 instead."""
     noisy = {k: -1e-4 for k in BLOCK_STEPS}
     link = AlphaBeta(latency_s=1e-5, bandwidth_bytes_per_s=1e9, max_rel_error=0.0)
-    costs = _host_costs([RankBench(block_step_s=noisy)], link, nproc=2, foreach="per_tensor")
+    costs = host_costs([RankBench(block_step_s=noisy)], link, nproc=2, foreach="per_tensor")
     assert costs.kernel_s == costs.fsdp_unit_s == costs.collective_s() == 0.0
     assert all(v == 0.0 for phases in costs.checkpoint_s.values() for v in phases.values())
 
@@ -166,7 +164,8 @@ def test_profile_writes_the_cold_gemms_as_a_kernel_table() -> None:
     """Each GEMM shape of the bench config at the median of its rate over ranks, in
     TFLOP/s; a model's GEMM of a measured shape then takes exactly that rate, and a
     profile whose ranks timed none has no kernels section."""
-    from zsim.calibration.microbench import BenchConfig, gemm_shapes
+    from zsim.calibration.bench_figures import BenchConfig
+    from zsim.calibration.kernel_bench import gemm_shapes
     from zsim.spec.hardware import HardwareProfile
 
     cfg = BenchConfig(gemm_linears=((512, 256, 1024),))
@@ -192,7 +191,7 @@ def test_profile_writes_gelus_rate_beside_the_gemms() -> None:
     """GELU's rate by pass, the median over ranks in GB/s, in the kernels section: the
     one memory-bound class a CPU's calibration measures (the profile loads with it and a
     GELU MLP's traffic takes it); ranks that timed no GELU leave it out."""
-    from zsim.calibration.microbench import BenchConfig
+    from zsim.calibration.bench_figures import BenchConfig
     from zsim.spec.hardware import HardwareProfile
 
     cfg = BenchConfig(gemm_linears=((512, 256, 1024),))  # 3 GEMM shapes
@@ -220,9 +219,9 @@ def test_profile_writes_attentions_passes_apart_and_the_step_takes_them() -> Non
     take 67.1 us forward and 671 us backward, where the flat 1e11 FLOP/s took 671 us and
     1,342 us."""
     from zsim.analytic.compute import block_backward_flops, block_forward_flops, compute_time_s
-    from zsim.calibration.microbench import BenchConfig
+    from zsim.calibration.bench_figures import BenchConfig
     from zsim.spec.hardware import HardwareProfile
-    from zsim.validation.report import grid
+    from zsim.validation.grid import grid
 
     cfg = BenchConfig(gemm_linears=((512, 256, 1024),), attention_shape=(2, 4, 256, 64))
     ranks = [_bench(0.0) for _ in range(3)]
@@ -255,11 +254,13 @@ def test_the_cold_gemms_cover_every_gemm_of_the_validation_grid(
     world sizes) is one the calibration measures, so each runs at its own measured rate,
     not one interpolated between neighbours."""
 
-    from zsim.calibration.microbench import BenchConfig, gemm_shapes
+    from zsim.calibration.bench_figures import BenchConfig
+    from zsim.calibration.kernel_bench import gemm_shapes
     from zsim.simulate import simulate
     from zsim.spec.kernel_rates import KernelRates
     from zsim.spec.registry import resolve_hardware
-    from zsim.validation.report import backend_knobs, grid
+    from zsim.validation.comparison import backend_knobs
+    from zsim.validation.grid import grid
 
     shapes = gemm_shapes(BenchConfig())
     asked: set[tuple[int, int, int]] = set()
@@ -286,7 +287,7 @@ def test_sessions_merge_rank_by_rank_into_one_profile(monkeypatch: pytest.Monkey
 
     import yaml
 
-    from zsim.calibration.microbench import BenchConfig
+    from zsim.calibration.bench_figures import BenchConfig
     from zsim.calibration.profile_writer import write_profile
 
     def slow(rank: RankBench, scale: float) -> RankBench:
@@ -295,7 +296,7 @@ def test_sessions_merge_rank_by_rank_into_one_profile(monkeypatch: pytest.Monkey
                        collectives=[replace(c, time_s=c.time_s * scale)
                                     for c in rank.collectives])
 
-    monkeypatch.setattr(profile_module, "_disk_rates", lambda folder: (1e9, 2e9))
+    monkeypatch.setattr(profile_module, "disk_rates", lambda folder: (1e9, 2e9))
     ranks = [_bench(4e9), replace(_bench(4e9), rank_skew=0.07)]
     sessions = [[slow(r, scale) for r in ranks] for scale in (1.0, 3.0, 2.0)]
     when = datetime(2026, 12, 2, tzinfo=timezone.utc)
@@ -311,10 +312,11 @@ def test_reductions_are_timed_in_bf16_too_and_tabled_apart() -> None:
     """The reducing kinds are timed in bf16 right after fp32 at each size (up to
     reduction_dtype_max_bytes), all-gathers in fp32 only; the profile's table keeps the
     bf16 calls under bf16."""
-    from zsim.calibration.microbench import BenchConfig, _collective_cases
+    from zsim.calibration.bench_figures import BenchConfig
+    from zsim.calibration.comm_bench import collective_cases
 
     cfg = BenchConfig(sizes_bytes=(4096, 1 << 20, 64 << 20, 256 << 20))
-    cases = _collective_cases(cfg)
+    cases = collective_cases(cfg)
     assert [c for c in cases if c[0] == "all_gather"] == [
         ("all_gather", "fp32", s) for s in cfg.sizes_bytes]
     assert [c for c in cases if c[0] == "all_reduce"] == [
@@ -337,7 +339,7 @@ def test_a_call_time_is_the_mean_with_its_stalls_less_the_slowest_tenth() -> Non
     """gloo's calls are bimodal (fast, or stalled 2-4 ms): the median jumps between the
     modes, the mean (what a step of many calls pays) does not; the slowest tenth, rare
     hiccups, is left out."""
-    from zsim.calibration.microbench import trimmed_mean
+    from zsim.calibration.timing import trimmed_mean
 
     calls = [1.0] * 11 + [4.0] * 8 + [100.0]  # 20 calls: 8 stalls and one hiccup
     assert trimmed_mean(calls) == pytest.approx((11 * 1.0 + 7 * 4.0) / 18)

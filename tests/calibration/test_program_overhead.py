@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from zsim.backend.runner import RankContext, run_ranks
-from zsim.calibration.microbench import NanoBlock, nano_model
-from zsim.calibration.program_overhead import fit, nano_plans, program_steps_s
+from zsim.calibration.nano import NanoBlock, nano_model, program_plans
+from zsim.calibration.program_overhead import fit, program_steps_s
 from zsim.simulate import simulate
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.registry import PROFILES_DIR
@@ -35,7 +35,7 @@ def _measured(data: dict[str, Any], extra_us: dict[str, float],
     per parameter tensor of a block the *_tensor ones (absent: 0); once, the step figure."""
     hw = HardwareProfile.from_dict(data, name="local-cpu")
     out = {}
-    for program, plan in nano_plans(2).items():
+    for program, plan in program_plans(2).items():
         times = {}
         timed: tuple[NanoBlock, ...] = blocks if program != "tp" else ("llama",)
         for block in timed:
@@ -57,7 +57,7 @@ def test_the_fit_recovers_planted_overheads() -> None:
     data = _profile()
     measured = _measured(data, PLANTED)
     fitted = fit([measured, measured], data, world_size=2, layers=LAYERS)
-    assert set(fitted) == set(nano_plans(2)) and "tp" in fitted
+    assert set(fitted) == set(program_plans(2)) and "tp" in fitted
     for program, parts in fitted.items():
         for part, us in parts.items():
             assert us == pytest.approx(PLANTED[part], rel=1e-6), (program, part)
@@ -70,7 +70,7 @@ def test_the_time_to_the_loss_takes_tps_blocking_all_reduces_in() -> None:
     forward's compute alone, which the fit used to take, falls short by the all-reduces.
     """
     hw = HardwareProfile.from_dict(_profile(), name="local-cpu")
-    r = simulate(nano_model(2), hw, nano_plans(2)["tp"], trace=True)
+    r = simulate(nano_model(2), hw, program_plans(2)["tp"], trace=True)
     forward = [sp for sp in r.spans if sp.rank == 0 and sp.end_s <= r.time_to_loss_s]
     all_reduces = [sp for sp in forward if sp.kind == "all_reduce"]
     assert len(all_reduces) == 1 + 2 * 2
@@ -121,19 +121,19 @@ def _steps(ctx: RankContext, layers: tuple[int, int]) -> dict[str, dict[str, flo
 
 @pytest.mark.slow
 def test_two_ranks_time_every_program_and_the_profile_charges_it() -> None:
-    from zsim.calibration.microbench import RankBench
+    from zsim.calibration.bench_figures import RankBench
     from zsim.calibration.profile_writer import with_program_overhead
 
     ranks = run_ranks(_steps, (1, 2), nproc=2, timeout_s=600)
     for r in ranks:
-        assert set(r) == set(nano_plans(2))
+        assert set(r) == set(program_plans(2))
         for program, t in r.items():
             assert 0 < t["lo_forward"] < t["lo"] and 0 < t["hi_forward"] < t["hi"], program
     data = _profile()
     with_program_overhead(data, [RankBench(program_step_s=r) for r in ranks], nproc=2,
                           layers=(1, 2))
     hw = HardwareProfile.from_dict(data, name="local-cpu")
-    assert set(hw.program_overhead_s) == set(nano_plans(2))
+    assert set(hw.program_overhead_s) == set(program_plans(2))
     assert "program_overhead" in data["host"]["source"]
     # The rest of the profile is what calibrate() wrote: only host gained a key.
     assert set(data["host"]) - set(_profile()["host"]) == {"program_overhead_us"}

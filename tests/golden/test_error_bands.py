@@ -36,7 +36,7 @@ def test_every_shipped_profile_has_evidence_and_bands() -> None:
 
 @pytest.mark.parametrize("name", list(PROFILES))
 def test_committed_section_is_what_the_evidence_gives(name: str, cases_dir: Path) -> None:
-    """Regenerate with: python -m zsim.validation.profile_bands --profile NAME --write."""
+    """Regenerate with: zsim calibrate bands --profile NAME --write."""
     assert profile_bands(name, cases_dir=cases_dir).to_dict() == _committed(name)
 
 

@@ -29,7 +29,7 @@ from zsim.validation.phase_rates import (
 from zsim.validation.published_runs import load_runs, residuals
 
 PHASES = Path(__file__).resolve().parents[2] / "reports" / "validation-h200" / "phases"
-"""python -m zsim.validation.gpu_phases's measurements of the published runs (a lent H200)."""
+"""zsim calibrate gpu-phases's measurements of the published runs (a lent H200)."""
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def _stats(rows: list[dict[str, Any]], metric: str) -> tuple[float, float]:
 
 def test_committed_attention_rates_are_the_steps_kernels(cases_dir: Path) -> None:
     """hgx-h200's attention rows at the runs' shapes (head_dim 128, seq 2048-8192) are
-    what python -m zsim.validation.phase_rates reads from the profiled steps: the whole SDPA
+    what zsim calibrate phase-rates reads from the profiled steps: the whole SDPA
     op, its backward with the small kernels around the main one."""
     rows = attention_rows(attention_rates(PHASES, cases_dir / "h200-fsdp2-runs.yaml"))
     committed = yaml.safe_load((PROFILES_DIR / "hgx-h200.yaml").read_text())["kernels"]

@@ -1,8 +1,9 @@
 """zsim.validation.error_budget: the split of step-time errors over repeated validation
 batches into case biases, calibration shifts and the rest, checked on rows made from
 known parts, on folders written here, and on the committed batches of the 2-core host
-(reports/validation-cpu2/), whose budget files must be what the module makes of them and
-whose every case must be within the step-time bound on average over its batches."""
+(reports/validation-cpu2/), whose budget files must be what the command (`zsim validate
+error-budget`) makes of them and whose every case must be within the step-time bound on
+average over its batches."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner, Result
 
+from zsim.cli import app
 from zsim.validation.error_budget import (
     BOUND_PCT,
     CASE_FIELDS,
@@ -22,7 +25,6 @@ from zsim.validation.error_budget import (
     Row,
     all_within_probability,
     fit,
-    main,
 )
 
 CPU2 = Path(__file__).resolve().parents[2] / "reports" / "validation-cpu2"
@@ -109,15 +111,22 @@ def _batch(folder: Path, errors: dict[tuple[int, str], float], host: str, stamp:
     for world in {w for w, _ in errors}:
         (folder / f"calibrated-gloo-n{world}.yaml").write_text(
             f"gpu:\n  name: {host}, one torch.distributed rank\n"
-            f"  source: zsim calibrate --backend gloo --nproc {world}, {stamp} UTC, torch\n")
+            f"  source: zsim calibrate profile --backend gloo --nproc {world}, {stamp} UTC, "
+            f"torch\n")
 
 
-def test_folders_give_the_budget_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def _command(*args: str) -> Result:
+    """`zsim validate error-budget ARGS`."""
+    return CliRunner().invoke(app, ["validate", "error-budget", *args])
+
+
+def test_folders_give_the_budget_files(tmp_path: Path) -> None:
     _batch(tmp_path / "b1", {(2, "p"): 13.0, (2, "q"): -11.0}, "CPU A", "2026-01-01 10:00")
     _batch(tmp_path / "b2", {(2, "p"): 4.0, (2, "q"): -20.0, (4, "p"): 1.0},
            "CPU B", "2026-01-01 09:00")
     out = tmp_path / "out"
-    assert main([str(tmp_path), "--out", str(out)]) == 0
+    result = _command(str(tmp_path), "--out", str(out))
+    assert result.exit_code == 0, result.output
     with (out / "error_budget_cases.csv").open() as f:
         cases = list(csv.DictReader(f))
     assert tuple(cases[0]) == CASE_FIELDS
@@ -137,9 +146,9 @@ def test_folders_give_the_budget_files(tmp_path: Path, capsys: pytest.CaptureFix
     assert float(groups[2]["shift_pct"]) == pytest.approx(4.5)
     assert float(groups[0]["shift_pct"]) == pytest.approx(-4.5)
     assert "5 step-time rows of 3 cases in 2 batches (3 calibrations): 4 within 15%" in (
-        capsys.readouterr().out)
+        result.stdout)
     first = {p.name: p.read_bytes() for p in out.iterdir()}
-    assert main([str(tmp_path), "--out", str(out)]) == 0
+    assert _command(str(tmp_path), "--out", str(out)).exit_code == 0
     assert {p.name: p.read_bytes() for p in out.iterdir()} == first
 
 
@@ -148,8 +157,8 @@ def test_folders_give_the_budget_files(tmp_path: Path, capsys: pytest.CaptureFix
     ("empty", "holds no validation.csv"),
     ("no-profile", "no calibrated-*-n2.yaml profile"),
 ])
-def test_bad_folders_are_one_line_and_exit_2(tmp_path: Path, setup: str, message: str,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_folders_are_one_line_and_exit_2(tmp_path: Path, setup: str,
+                                             message: str) -> None:
     root = tmp_path / "root"
     if setup != "missing":
         root.mkdir()
@@ -157,8 +166,9 @@ def test_bad_folders_are_one_line_and_exit_2(tmp_path: Path, setup: str, message
         _batch(root / "b", {(2, "p"): 1.0}, "CPU", "2026-01-01 10:00")
         (root / "b" / "calibrated-gloo-n2.yaml").unlink()
     out = tmp_path / "out"
-    assert main([str(root), "--out", str(out)]) == 2
-    err = capsys.readouterr().err.strip()
+    result = _command(str(root), "--out", str(out))
+    assert result.exit_code == 2
+    err = result.stderr.strip()
     assert err.startswith("error: folder=") and message in err and "\n" not in err
     assert not out.exists()
 
@@ -169,7 +179,7 @@ def test_committed_budget_is_the_modules() -> None:
     from tempfile import TemporaryDirectory
 
     with TemporaryDirectory() as tmp:
-        assert main([str(CPU2), "--out", tmp]) == 0
+        assert _command(str(CPU2), "--out", tmp).exit_code == 0
         for name in ("error_budget_cases.csv", "error_budget_groups.csv"):
             assert (Path(tmp) / name).read_bytes() == (CPU2 / name).read_bytes(), name
 
@@ -187,5 +197,5 @@ def test_every_case_is_within_the_bound_on_average() -> None:
 
 
 def test_bound_is_the_reports() -> None:
-    validate = pytest.importorskip("zsim.validation.report")
-    assert validate.BOUNDS_PCT["step_time_s"] == BOUND_PCT
+    comparison = pytest.importorskip("zsim.validation.comparison")
+    assert comparison.BOUNDS_PCT["step_time_s"] == BOUND_PCT

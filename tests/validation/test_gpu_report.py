@@ -1,6 +1,6 @@
 """The GPU validation report command (issue 11, deliverable 6) in its quick mode on CPU:
 every section runs end to end and writes its files with the documented columns; the
-wall-clock guard skips what the budget leaves no time for; host-sweep fits."""
+wall-clock guard skips what the budget leaves no time for; --only keeps the named runs."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import pytest
 pytest.importorskip("torch")
 yaml = pytest.importorskip("yaml")
 
-from zsim.calibration import gpu_bench  # noqa: E402
-from zsim.validation import gpu_report  # noqa: E402
+from zsim.calibration import gpu_host_sweep, gpu_kernel_bench  # noqa: E402
+from zsim.calibration.nano import QUICK_SWEEP_CONFIGS  # noqa: E402
+from zsim.validation import gpu_report, gpu_runs  # noqa: E402
 
 
 def _read(path: Path) -> tuple[list[str], list[dict[str, str]]]:
@@ -24,13 +25,14 @@ def _read(path: Path) -> tuple[list[str], list[dict[str, str]]]:
 
 @pytest.mark.slow
 def test_quick_report_end_to_end(tmp_path: Path) -> None:
-    assert gpu_report.main(["--out", str(tmp_path), "--quick", "--budget-s", "900"]) == 0
+    gpu_report.run_report(tmp_path, quick=True, budget_s=900.0, hardware="local-cpu",
+                          command="zsim validate gpu-report --quick")
     header, rows = _read(tmp_path / "validation.csv")
     # The CPU report's columns (reports/validation/validation.csv), then run and note.
     assert header == ["model", "plan", "nproc", "backend", "metric", "predicted",
                       "measured", "error_pct", "run", "note"]
-    runs = [r for g in gpu_report.groups(True, "cpu") for r in g.runs]
-    runs += [r for g in gpu_report.deepspeed_groups(True, "cpu") for r in g.runs]
+    runs = [r for g in gpu_runs.groups(True, "cpu") for r in g.runs]
+    runs += [r for g in gpu_runs.deepspeed_groups(True, "cpu") for r in g.runs]
     assert {r["run"] for r in rows} == {r.name for r in runs}
     for run in runs:
         got = {r["metric"]: r for r in rows if r["run"] == run.name}
@@ -47,16 +49,16 @@ def test_quick_report_end_to_end(tmp_path: Path) -> None:
     assert {int(r["nproc"]) for r in rows} >= {1, 8, 64, 512}
 
     header, host = _read(tmp_path / "host.csv")
-    assert header == list(gpu_bench.HOST_FIELDS)
+    assert header == list(gpu_host_sweep.HOST_FIELDS)
     assert {(r["config"], r["layers"]) for r in host if not r["note"]} == {
-        (c, str(n)) for c in gpu_bench.QUICK_HOST_CONFIGS for n in (4, 8)}
+        (c, str(n)) for c in QUICK_SWEEP_CONFIGS for n in (4, 8)}
     header, fit = _read(tmp_path / "host_fit.csv")
-    assert header == list(gpu_report.HOST_FIT_FIELDS)
-    assert {r["config"] for r in fit} == set(gpu_bench.QUICK_HOST_CONFIGS)
+    assert header == list(gpu_host_sweep.HOST_FIT_FIELDS)
+    assert {r["config"] for r in fit} == set(QUICK_SWEEP_CONFIGS)
     assert all(float(r["aten_ops_per_block"]) > 0 for r in fit)
 
     header, kernels = _read(tmp_path / "kernels.csv")
-    assert header == list(gpu_bench.KERNEL_FIELDS)
+    assert header == list(gpu_kernel_bench.KERNEL_FIELDS)
     assert not [r for r in kernels if r["note"].startswith(("error", "skipped"))]
     assert {r["kind"] for r in kernels} == {
         "matmul", "residual_add", "rmsnorm", "swiglu", "rope", "cast_fp32_bf16",
@@ -81,22 +83,10 @@ def test_spent_budget_skips_everything_and_still_writes(tmp_path: Path) -> None:
     assert len(provenance["skipped"]) >= len(rows) + len(kernels)
 
 
-def test_host_fit_slopes() -> None:
-    rows = [{"config": "fsdp", "layers": n, "host_issue_s": 0.001 + 0.0005 * n,
-             "step_s": 0.002 + 0.0006 * n, "aten_ops": 10 + 100 * n, "launches": 100 * n,
-             "kernels": 100 * n, "note": ""} for n in (4, 16, 32)]
-    rows.append({"config": "plain", "layers": 4, "note": "skipped: time budget spent"})
-    (fit,) = gpu_report.host_fit(rows)
-    assert fit["config"] == "fsdp" and fit["depths"] == "4 16 32"
-    assert fit["host_issue_s_per_block"] == pytest.approx(0.0005)
-    assert fit["host_issue_s_base"] == pytest.approx(0.001)
-    assert fit["host_s_per_aten_op"] == pytest.approx(0.0005 / 100)
-
-
 def test_runs_filter_keeps_the_named_runs_in_their_groups() -> None:
-    every = gpu_report.groups(False, "cuda") + gpu_report.deepspeed_groups(False, "cuda")
-    kept = gpu_report._only(every, frozenset({"1p3b_n8_sac", "1p3b_n8_offload"}))
+    every = gpu_runs.groups(False, "cuda") + gpu_runs.deepspeed_groups(False, "cuda")
+    kept = gpu_report.only_runs(every, frozenset({"1p3b_n8_sac", "1p3b_n8_offload"}))
     assert [(g.key, [r.name for r in g.runs]) for g in kept] == [
         ("n8", ["1p3b_n8_sac", "1p3b_n8_offload"])]
     with pytest.raises(gpu_report.ConfigError, match="nosuch"):
-        gpu_report._only(every, frozenset({"nosuch"}))
+        gpu_report.only_runs(every, frozenset({"nosuch"}))

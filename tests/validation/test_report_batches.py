@@ -1,4 +1,4 @@
-"""The validation report's grid and its batches (`python -m zsim.validation.report --only`):
+"""The validation report's grid and its batches (`zsim validate grid --only`):
 case names are unique, a batch's rows replace its cases' old rows, rows of cases that left
 the grid go, and the report keeps the grid's order. No processes are started."""
 
@@ -8,7 +8,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from zsim.validation.report import _merge, case_key, grid
+from zsim.validation.grid import case_key, grid
+from zsim.validation.report import _merge
 
 
 def _row(key: str, metric: str, value: float) -> dict[str, object]:

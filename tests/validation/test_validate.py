@@ -1,11 +1,10 @@
-"""validate(): one real 2-rank run against the simulator, rows and CSV; runs of a plan
+"""validate_plan(): one real 2-rank run against the simulator, rows and CSV; runs of a plan
 pool their timed steps. The real runs are those test_backend's FSDP2 test and
 test_tensor_parallel_backend's TP test check (shared through the real_runs fixture)."""
 
 from __future__ import annotations
 
 import csv
-import importlib
 import math
 from pathlib import Path
 
@@ -19,27 +18,26 @@ from zsim.backend.measured_step import PhaseMemory, PlanMeasurement, RankMeasure
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 from zsim.spec.registry import resolve_hardware
-from zsim.validation.report import BOUNDS_PCT, validate
+from zsim.validation import comparison
+from zsim.validation.comparison import BOUNDS_PCT, validate_plan
 
 pytestmark = pytest.mark.slow
 
 TINY = ModelSpec(name="tiny", num_layers=2, d_model=128, num_heads=4, num_kv_heads=2,
                  ffn_hidden=344, vocab_size=500, max_seq_len=64)
-# By module path: the package zsim.calibrate exports a function named validate.
-validate_module = importlib.import_module("zsim.validation.report")
 
 
 @pytest.fixture
 def shared_runs(monkeypatch: pytest.MonkeyPatch, real_runs: RealRuns) -> None:
-    """validate() measures through the session's real runs."""
-    monkeypatch.setattr(validate_module, "measure_plan", real_runs.measure)
+    """validate_plan() measures through the session's real runs."""
+    monkeypatch.setattr(comparison, "measure_plan", real_runs.measure)
 
 
 @pytest.mark.usefixtures("shared_runs")
 def test_validate_rows_and_csv(tmp_path: Path) -> None:
     plan = Plan.for_strategy("fsdp", gpus=2, seq_len=48, micro_batch=2)
-    rows = validate(TINY, plan, nproc=2, profile=resolve_hardware("local-cpu"), steps=2,
-                    min_timed_s=0.0, out_dir=tmp_path)
+    rows = validate_plan(TINY, plan, nproc=2, profile=resolve_hardware("local-cpu"), steps=2,
+                         min_timed_s=0.0, out_dir=tmp_path)
     metrics = {r["metric"] for r in rows}
     assert {"step_time_s", "peak_memory_bytes", "activation_bytes_blocks",
             "activation_bytes_root", "comm_busy_s"} <= metrics
@@ -82,8 +80,8 @@ def test_validate_a_tp_plan_is_predicted_within_bounds(tmp_path: Path) -> None:
     the real run's memory figures per rank within the report's bounds (in a file of its
     own beside the ddp plan's)."""
     plan = Plan(strategy="ddp", dp_shard=1, tp=2, seq_len=48, micro_batch=2)
-    rows = validate(TINY, plan, nproc=2, profile=resolve_hardware("local-cpu"), steps=1,
-                    min_timed_s=0.0, out_dir=tmp_path)
+    rows = validate_plan(TINY, plan, nproc=2, profile=resolve_hardware("local-cpu"), steps=1,
+                         min_timed_s=0.0, out_dir=tmp_path)
     by_metric = {r["metric"]: r for r in rows}
     for metric in ("peak_memory_bytes", "state_memory_bytes", "activation_bytes_blocks",
                    "activation_bytes_root"):

@@ -16,16 +16,9 @@ from zsim.backend.instruments import SavedTensor
 from zsim.backend.measured_step import PhaseMemory, PlanMeasurement, RankMeasurement
 from zsim.spec.plan import Plan
 from zsim.spec.registry import resolve_hardware
-from zsim.validation.report import (
-    KNOBS,
-    LLAMA_TINY,
-    _read_csv,
-    case_key,
-    compare,
-    grid,
-    parallel_plans,
-    write_csv,
-)
+from zsim.validation.comparison import compare, write_csv
+from zsim.validation.grid import KNOBS, LLAMA_TINY, case_key, grid, parallel_plans
+from zsim.validation.report import _read_csv
 
 
 def _measurement(plan: Plan) -> PlanMeasurement:

@@ -1,12 +1,11 @@
-"""`python -m zsim.validation.report --calibrate-here --calibration-rounds N
---min-timed-s SECONDS`: the options parse, reach regenerate_report, and from there the
+"""`zsim validate grid --calibrate-here --calibration-rounds N --min-timed-s SECONDS`: the
+options reach regenerate_report through zsim.validate_api.grid, and from there the
 calibration (every world size of the batch calibrated on this host, none taken from
 --profile, with N rounds of benchmarks), the timed runs and the provenance. No processes
 are started: calibration and measurement are stand-ins."""
 
 from __future__ import annotations
 
-import importlib
 import os
 from pathlib import Path
 from typing import Any
@@ -16,14 +15,12 @@ import yaml
 
 pytest.importorskip("torch")
 
+from zsim import validate_api
 from zsim.backend.measured_step import PhaseMemory, PlanMeasurement, RankMeasurement
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 from zsim.spec.registry import PROFILES_DIR, resolve_hardware
-
-# By module path: the package zsim.calibrate exports functions named like its modules.
-validate = importlib.import_module("zsim.validation.report")
-profile_module = importlib.import_module("zsim.calibration.profile_writer")
+from zsim.validation import report
 
 
 def _record_regenerate(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
@@ -33,15 +30,15 @@ def _record_regenerate(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         calls.update(kwargs, profile=profile)
         return kwargs["out_dir"] / "validation.csv"
 
-    monkeypatch.setattr(validate, "regenerate_report", fake)
+    monkeypatch.setattr(report, "regenerate_report", fake)
     return calls
 
 
 def test_calibrate_here_and_min_timed_s_reach_regenerate_report(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     calls = _record_regenerate(monkeypatch)
-    validate.main(["--out", str(tmp_path), "--calibrate-here", "--calibration-rounds", "1",
-                   "--min-timed-s", "3", "--runs", "1", "--only", "llama-tiny zero1* n2"])
+    validate_api.grid(out=tmp_path, calibrate_here=True, calibration_rounds=1,
+                      min_timed_s=3, runs=1, only=["llama-tiny zero1* n2"])
     assert calls["profile"] is None
     assert (calls["calibration_rounds"], calls["min_timed_s"]) == (1, 3.0)
     assert (calls["runs"], calls["only"], calls["keep_time"]) == (
@@ -51,20 +48,10 @@ def test_calibrate_here_and_min_timed_s_reach_regenerate_report(
 def test_defaults_keep_the_committed_profile_and_timed_window(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     calls = _record_regenerate(monkeypatch)
-    validate.main(["--out", str(tmp_path)])
+    validate_api.grid(out=tmp_path)
     assert calls["profile"] == resolve_hardware("local-cpu")
-    assert calls["min_timed_s"] == validate.MIN_TIMED_S
+    assert (calls["min_timed_s"], calls["runs"]) == (report.MIN_TIMED_S, report.REPORT_RUNS)
     assert calls["calibration_rounds"] is None  # BenchConfig's default
-
-
-@pytest.mark.parametrize("argv", [
-    ["--calibrate-here", "--profile", "local-cpu"],  # which profile: one or the other
-    ["--min-timed-s", "-1"],
-    ["--calibration-rounds", "0"],
-])
-def test_bad_options_are_refused(argv: list[str], tmp_path: Path) -> None:
-    with pytest.raises(SystemExit):
-        validate.main(["--out", str(tmp_path), *argv])
 
 
 def _fake_calibrate(calibrated: list[int], rounds: list[int | None] | None = None) -> Any:
@@ -85,12 +72,12 @@ def _fake_calibrate(calibrated: list[int], rounds: list[int | None] | None = Non
 def test_no_profile_calibrates_every_world_size(monkeypatch: pytest.MonkeyPatch,
                                                 tmp_path: Path) -> None:
     calibrated: list[int] = []
-    monkeypatch.setattr(profile_module, "calibrate", _fake_calibrate(calibrated))
+    monkeypatch.setattr(report, "calibrate", _fake_calibrate(calibrated))
     local = resolve_hardware("local-cpu")  # measured at world 2
-    given = validate._profiles_per_world(local, [2, 4], tmp_path, backend="gloo")
+    given = report._profiles_per_world(local, [2, 4], tmp_path, backend="gloo")
     assert calibrated == [4] and given[2] is local
     calibrated.clear()
-    here = validate._profiles_per_world(None, [2, 4], tmp_path, backend="gloo")
+    here = report._profiles_per_world(None, [2, 4], tmp_path, backend="gloo")
     assert calibrated == [2, 4]
     assert {n: p.name for n, p in here.items()} == {2: "calibrated-gloo-n2",
                                                    4: "calibrated-gloo-n4"}
@@ -134,15 +121,15 @@ def test_regenerate_report_passes_them_on(monkeypatch: pytest.MonkeyPatch,
                  "backend": "gloo", "metric": "step_time_s", "predicted": 1.0,
                  "measured": 1.0, "error_pct": 0.0}]
 
-    monkeypatch.setattr(profile_module, "calibrate", _fake_calibrate([]))
-    monkeypatch.setattr(profile_module, "bench_ranks", bench)
-    monkeypatch.setattr(profile_module, "write_profile", write)
-    monkeypatch.setattr(validate, "measure_plan", measure)
-    monkeypatch.setattr(validate, "compare", compare)
-    monkeypatch.setattr(validate, "_plot", lambda rows, out_dir: None)
-    validate.regenerate_report(None, out_dir=tmp_path, steps=1, runs=2, min_timed_s=0.5,
-                               calibration_rounds=1,
-                               only=("llama-tiny zero1* n2", "llama-tiny zero1* n4"))
+    monkeypatch.setattr(report, "calibrate", _fake_calibrate([]))
+    monkeypatch.setattr(report, "bench_ranks", bench)
+    monkeypatch.setattr(report, "write_profile", write)
+    monkeypatch.setattr(report, "measure_plan", measure)
+    monkeypatch.setattr(report, "compare", compare)
+    monkeypatch.setattr(report, "_plot", lambda rows, out_dir: None)
+    report.regenerate_report(None, out_dir=tmp_path, steps=1, runs=2, min_timed_s=0.5,
+                             calibration_rounds=1,
+                             only=("llama-tiny zero1* n2", "llama-tiny zero1* n4"))
     assert events == [("bench", 2, 1), ("bench", 4, 1), ("measure", 2, 0.5), ("measure", 4, 0.5),
                       ("bench", 2, 1), ("bench", 4, 1), ("measure", 2, 0.5), ("measure", 4, 0.5),
                       ("write", 2, [1, 5]), ("write", 4, [2, 6]),
@@ -170,11 +157,11 @@ def test_untimed_batches_calibrate_once_before_the_runs(monkeypatch: pytest.Monk
     each world size is calibrated once, up front, with --calibration-rounds rounds."""
     calibrated: list[int] = []
     rounds: list[int | None] = []
-    monkeypatch.setattr(profile_module, "calibrate", _fake_calibrate(calibrated, rounds))
-    monkeypatch.setattr(validate, "measure_plan",
+    monkeypatch.setattr(report, "calibrate", _fake_calibrate(calibrated, rounds))
+    monkeypatch.setattr(report, "measure_plan",
                         lambda spec, plan, **kwargs: _measurement(spec, plan))
-    monkeypatch.setattr(validate, "compare", lambda *a, **k: [])
-    monkeypatch.setattr(validate, "_plot", lambda rows, out_dir: None)
-    validate.regenerate_report(None, out_dir=tmp_path, steps=1, runs=2, keep_time=False,
-                               calibration_rounds=2, only=("llama-tiny zero1* n2",))
+    monkeypatch.setattr(report, "compare", lambda *a, **k: [])
+    monkeypatch.setattr(report, "_plot", lambda rows, out_dir: None)
+    report.regenerate_report(None, out_dir=tmp_path, steps=1, runs=2, keep_time=False,
+                             calibration_rounds=2, only=("llama-tiny zero1* n2",))
     assert calibrated == [2] and rounds == [2]

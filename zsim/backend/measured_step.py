@@ -2,16 +2,18 @@
 forward/backward time, memory per phase and saved-activation bytes per block.
 
 Owns the measurement protocol of one plan. Each rank (1) builds the model and applies the
-plan (zsim.backend.training); (2) runs two steps with memory instruments on (CPU: the live
+plan (zsim.backend.programs); (2) runs two steps with memory instruments on (CPU: the live
 tensor tracker of zsim.backend.instruments; CUDA: the caching allocator's counters): the
 first step allocates lazy state (optimizer moments, FSDP buffers), the second is the
 steady-state step whose phases are reported, and its first micro-batch's saved tensors
 are recorded; (3) runs `warmup_steps`, then timed steps with the instruments off: `steps`
 of them, or more if that many would not fill `min_timed_s` at the warm-up's pace (a host
 shared with other machines has slow and fast spells of seconds, so a run of short steps
-must last long enough to sample both). The step time of a step is the slowest rank's
-(ranks start aligned by a barrier); the reported figure is the median over steps.
-Imports torch.
+must last long enough to sample both), each timed by zsim.backend.step_timing reading
+its losses back. The step time of a step is the slowest rank's (ranks start aligned by a
+barrier); the reported figure is the median over steps. Steps (1) and (2) are
+steady_state, which the GPU report's runs share (zsim.validation.gpu_runs). Imports
+torch.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -28,6 +32,7 @@ from torch.profiler import ProfilerActivity, profile
 from zsim.backend import programs, training
 from zsim.backend.instruments import LiveMemory, SavedTensor, record_saved_tensors, time_units
 from zsim.backend.runner import RankContext, run_fake_rank, run_ranks, sync_device
+from zsim.backend.step_timing import timed_step
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 
@@ -210,45 +215,56 @@ def _come_to_rest(device: str) -> None:
     time.sleep(_REST_S)
 
 
-def _batches(job: _Job, ctx: RankContext, *, step: int
+def _batches(spec: ModelSpec, plan: Plan, ctx: RankContext, *, step: int
              ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The micro-batches of `step` on this rank: its data-parallel rank's."""
-    return training.batches(job.spec, job.plan, device=ctx.device,
-                            rank=training.data_rank(job.plan, ctx.rank), step=step)
+    return training.batches(spec, plan, device=ctx.device,
+                            rank=training.data_rank(plan, ctx.rank), step=step)
 
 
-def _measure_rank(ctx: RankContext, job: _Job) -> RankMeasurement:
+def steady_state(ctx: RankContext, spec: ModelSpec,
+                 plan: Plan) -> tuple[training.Prepared, PhaseMemory, list[SavedTensor], float]:
+    """Steps (1) and (2) of the protocol on this rank: build the model and apply `plan`,
+    then the first step and the steady-state step with the memory instruments on.
+
+    Returns:
+        The prepared program (ready for more steps, the instruments off), its memory
+        over the steady-state step, the storages autograd saved in that step's first
+        micro-batch, and that step's loss.
+    """
     meter = _Meter(ctx.device)
     tracking = meter.tracker if meter.tracker is not None else _NoTracking()
     with tracking:
-        prep = programs.prepare(job.spec, job.plan, device=ctx.device, world_size=ctx.world_size)
+        prep = programs.prepare(spec, plan, device=ctx.device, world_size=ctx.world_size)
         _come_to_rest(ctx.device)
         after_init = meter.live()
-        training.train_step(prep, _batches(job, ctx, step=0))
+        training.train_step(prep, _batches(spec, plan, ctx, step=0))
         _come_to_rest(ctx.device)
         after_first = meter.live()
-        memory, saved, loss = _memory_step(prep, job, ctx, meter)
-    memory = PhaseMemory(after_init_bytes=after_init, after_first_step_bytes=after_first,
-                         **memory)
+        memory, saved, loss = _memory_step(prep, spec, plan, ctx, meter)
+    return prep, PhaseMemory(after_init_bytes=after_init, after_first_step_bytes=after_first,
+                             **memory), saved, loss
+
+
+def _measure_rank(ctx: RankContext, job: _Job) -> RankMeasurement:
+    prep, memory, saved, loss = steady_state(ctx, job.spec, job.plan)
     forward_s: dict[str, float] = {}
     backward_s: dict[str, float] = {}
 
-    def timed_step(step: int) -> float:
+    def timed(step: int) -> float:
         nonlocal forward_s, backward_s, loss
-        micro = _batches(job, ctx, step=2 + step)
+        micro = _batches(job.spec, job.plan, ctx, step=2 + step)
         sync_device(ctx.device)
         training.barrier()
         with time_units(prep.units) as unit_times:
-            start = time.perf_counter()
-            loss = training.train_step(prep, micro)
-            sync_device(ctx.device)
-            elapsed_s = time.perf_counter() - start
+            timing = timed_step(prep, micro, ctx.device, phases=False, read_loss=True)
         forward_s, backward_s = unit_times.forward_s, unit_times.backward_s
-        return elapsed_s
+        loss = timing["loss"]
+        return timing["step_s"]
 
-    warm_s = [timed_step(step) for step in range(job.warmup_steps)]
+    warm_s = [timed(step) for step in range(job.warmup_steps)]
     steps = _timed_steps(job, warm_s[-1] if warm_s else 0.0, ctx.device)
-    step_times = [timed_step(job.warmup_steps + i) for i in range(steps)]
+    step_times = [timed(job.warmup_steps + i) for i in range(steps)]
     busy, calls = (_profile_collectives(prep, job, ctx, 2 + job.warmup_steps + steps)
                    if steps else ({}, {}))
     return RankMeasurement(rank=ctx.rank, step_times_s=step_times, forward_s=forward_s,
@@ -281,7 +297,7 @@ def _profile_collectives(prep: training.Prepared, job: _Job, ctx: RankContext,
     activities = [ProfilerActivity.CPU]
     if ctx.device.startswith("cuda"):
         activities.append(ProfilerActivity.CUDA)
-    micro = _batches(job, ctx, step=batch_step)
+    micro = _batches(job.spec, job.plan, ctx, step=batch_step)
     training.barrier()
     with profile(activities=activities) as prof:
         training.train_step(prep, micro)
@@ -299,18 +315,21 @@ def _profile_collectives(prep: training.Prepared, job: _Job, ctx: RankContext,
     return busy, calls
 
 
-def _memory_step(prep: training.Prepared, job: _Job, ctx: RankContext,
+def _memory_step(prep: training.Prepared, spec: ModelSpec, plan: Plan, ctx: RankContext,
                  meter: _Meter) -> tuple[dict[str, int], list[SavedTensor], float]:
-    micro = _batches(job, ctx, step=1)
+    micro = _batches(spec, plan, ctx, step=1)
     peaks = {"peak_forward_bytes": 0, "peak_backward_bytes": 0, "after_forward_bytes": 0}
     reserved = 0
     saved: list[SavedTensor] = []
     loss = 0.0
 
-    def forward_done() -> None:
-        peaks["peak_forward_bytes"] = max(peaks["peak_forward_bytes"], meter.peak())
-        peaks["after_forward_bytes"] = meter.live()
-        meter.reset()
+    @contextmanager
+    def phase(name: str) -> Iterator[None]:
+        yield
+        if name == "forward":  # the forward's peak; the backward's is measured from here
+            peaks["peak_forward_bytes"] = max(peaks["peak_forward_bytes"], meter.peak())
+            peaks["after_forward_bytes"] = meter.live()
+            meter.reset()
 
     block_names = [n for n in prep.units if n != "root"]
     for i, (tokens, labels) in enumerate(micro):
@@ -318,12 +337,12 @@ def _memory_step(prep: training.Prepared, job: _Job, ctx: RankContext,
         meter.reset()
         if i == 0:
             with record_saved_tensors(prep.inner, block_names) as records:
-                loss = training.forward_backward(prep, tokens, labels, last=last,
-                                              after_forward=forward_done)
+                loss = float(training.forward_backward(prep, tokens, labels, last=last,
+                                                       phase=phase).detach())
             saved = list(records)
         else:
-            loss = training.forward_backward(prep, tokens, labels, last=last,
-                                          after_forward=forward_done)
+            loss = float(training.forward_backward(prep, tokens, labels, last=last,
+                                                   phase=phase).detach())
         peaks["peak_backward_bytes"] = max(peaks["peak_backward_bytes"], meter.peak())
         reserved = max(reserved, meter.reserved())
     meter.reset()

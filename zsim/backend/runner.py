@@ -5,7 +5,9 @@ the kernel at run time, never hard-coded and never raced), N spawned processes t
 it with gloo (CPU) or NCCL (CUDA), a deadline for the whole job, and clean-up. The first
 rank that raises is reported with its traceback; a rank that dies without a word (a
 segfault, os._exit) is reported with its exit code; a job that outlives its deadline is
-reported with the ranks still running. In every case no process is left behind. Ranks
+reported with the ranks still running. In every case no process is left behind. A rank
+that works to a wall-clock Deadline can append its results to a JSON-lines file as they
+complete (append_jsonl), so that what it finished survives its crash (read_jsonl). Ranks
 start with glibc's malloc set to cache freed host memory (HOST_MALLOC_ENV), as PyTorch's
 CUDA caching allocator caches device memory. A single
 process can also play rank 0 of N on the fake backend
@@ -15,6 +17,7 @@ memory at world sizes this machine cannot host. Imports torch.
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import queue
@@ -25,6 +28,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -80,6 +84,34 @@ def sync_device(device: str) -> None:
     on the calling thread."""
     if device.startswith("cuda"):
         torch.cuda.synchronize()
+
+
+@dataclass(frozen=True, slots=True)
+class Deadline:
+    """A wall-clock limit (time.time() seconds, comparable across processes)."""
+
+    at: float
+
+    def left_s(self) -> float:
+        """Seconds until the limit."""
+        return self.at - time.time()
+
+    def allows(self, need_s: float) -> bool:
+        """Whether `need_s` more seconds fit before the limit."""
+        return self.left_s() >= need_s
+
+
+def append_jsonl(path: str, row: dict[str, Any]) -> None:
+    """Append one JSON line (a crash later in the process keeps the rows before it)."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The rows a process appended (none if it wrote none)."""
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
 
 
 def run_ranks(fn: RankFn, payload: Any, *, nproc: int, backend: str = "gloo",
@@ -231,7 +263,7 @@ def _stop(procs: list[Any]) -> None:
 def _rank_main(fn: RankFn, payload: Any, rank: int, world_size: int, backend: str,
                port: int, timeout_s: float, results: Any) -> None:
     # What the libraries print in a rank (DeepSpeed: "... built successfully") goes to
-    # stderr: the parent's stdout is a command's output (zsim validate --format json).
+    # stderr: the parent's stdout is a command's output (zsim validate plan --format json).
     sys.stdout = sys.stderr
     try:
         if backend == "fake":

@@ -9,6 +9,7 @@ program module.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -71,31 +72,56 @@ def batches(spec: ModelSpec, plan: Plan, *, device: str, rank: int,
     return out
 
 
+Phase = Callable[[str], AbstractContextManager[Any]]
+"""What a step runs each of its phases in: called with "forward" and then "backward" for
+every micro-batch, then "optimizer"; the context spans the phase's calls (the step's
+timers and profiler ranges hook in here: zsim.backend.step_timing)."""
+
+
+def no_phase(name: str) -> AbstractContextManager[None]:
+    """The Phase of a plain step: nothing around any phase."""
+    return nullcontext()
+
+
 def forward_backward(prep: Prepared, tokens: torch.Tensor, labels: torch.Tensor, *,
-                     last: bool, after_forward: Callable[[], None] | None = None) -> float:
-    """One micro-batch: forward, then `after_forward()` if given, then backward.
+                     last: bool, phase: Phase = no_phase) -> torch.Tensor:
+    """One micro-batch: the forward (under autocast to prep.autocast_dtype when set), then
+    the backward, each inside `phase(name)`.
 
     Returns:
-        The loss value.
+        The loss, on the device (its graph already back-propagated; reading it waits for
+        the device).
     """
-    device_type = tokens.device.type
-    cast = (torch.autocast(device_type, dtype=prep.autocast_dtype)
+    cast = (torch.autocast(tokens.device.type, dtype=prep.autocast_dtype)
             if prep.autocast_dtype is not None else nullcontext())
     with prep.sync(last):
-        with cast:
+        with phase("forward"), cast:
             loss = prep.model(tokens, labels)
-        if after_forward is not None:
-            after_forward()
-        prep.backward(loss, last)
-    return float(loss.detach())
+        with phase("backward"):
+            prep.backward(loss, last)
+    return loss
 
 
-def train_step(prep: Prepared, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
-    """One optimizer step over all micro-batches; returns the last loss."""
-    loss = 0.0
+def train_step(prep: Prepared, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], *,
+               phase: Phase = no_phase, read_loss: bool = True) -> float:
+    """One optimizer step over all micro-batches, each phase inside `phase(name)`. With
+    `read_loss` each micro-batch's loss is read back once its backward is issued, as a
+    training loop that logs its loss does (the host waits for the device there); without
+    it nothing in the step waits for the device. A micro-batch's loss is released before
+    the next one's forward.
+
+    Returns:
+        The last micro-batch's loss, or NaN without `read_loss`.
+    """
+    loss = math.nan
     for i, (tokens, labels) in enumerate(micro_batches):
-        loss = forward_backward(prep, tokens, labels, last=i == len(micro_batches) - 1)
-    prep.step()
+        out = forward_backward(prep, tokens, labels, last=i == len(micro_batches) - 1,
+                               phase=phase)
+        if read_loss:
+            loss = float(out.detach())
+        del out
+    with phase("optimizer"):
+        prep.step()
     return loss
 
 

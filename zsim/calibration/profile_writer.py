@@ -2,36 +2,33 @@
 profile YAML in the schema of zsim.spec.hardware, with provenance in every `source:`.
 
 Owns the mapping from measured figures to profile keys (each key's comment in the output
-says how it was obtained). On CPU, each rank plays one "GPU": its memory is host DRAM,
-its "PCIe" is a memcpy, both network levels are gloo over loopback TCP (one host only).
-Link line rate is the point-to-point send/recv bandwidth; efficiency is the fitted ring
-bandwidth of all-gather over it, collective_efficiency each kind's fitted bandwidth
-relative to all-gather's. Peaks are the best matmul rate per dtype measured; efficiencies
-are medians over the block-shaped linear layers (forward + backward), attention relative to
-the bf16 peak, and a mix of bf16 memory-bound kernels relative to the copy rate; the
-kernels section holds the validation grid's GEMMs, each timed from a cold cache, by
-shape and dtype (zsim.spec.kernel_rates: a model's GEMMs then run at the rates of their
-shapes, not at one efficiency). The host
-section comes from the width-16 reference model (kernels cost almost nothing there): the
-per-kernel overhead is its block's step time over the kernels zsim.analytic.compute counts,
-FSDP2's hook time and the cost of its collective calls are differences between its
-unsharded, 1-rank-mesh and all-rank runs, checkpointing's host time the difference
-between its checkpointed and plain runs; rank skew from collectives after compute; on a
-CPU host, the library programs' own host time (DeepSpeed ZeRO, FSDP1, DTensor TP) is what
-their nano-model steps take beyond the simulation of the same plans with the rest of the
-profile (zsim.calibration.program_overhead). Imports torch.
+says how it was obtained). On CPU, each rank plays one "GPU": its memory is host DRAM, its
+"PCIe" is a memcpy, both network levels are gloo over loopback TCP (one host only). Link
+line rate is the point-to-point send/recv bandwidth; efficiency is the fitted ring bandwidth
+of all-gather over it, collective_efficiency each kind's fitted bandwidth relative to
+all-gather's. Peaks are the best matmul rate per dtype measured; efficiencies are medians
+over the block-shaped linear layers (forward + backward), attention relative to the bf16
+peak, and a mix of bf16 memory-bound kernels relative to the copy rate; the kernels section
+holds the validation grid's GEMMs, each timed from a cold cache, by shape and dtype
+(zsim.spec.kernel_rates: a model's GEMMs then run at the rates of their shapes, not at one
+efficiency). The host section (zsim.calibration.host_costs) comes from the nano model
+(zsim.calibration.nano: kernels cost almost nothing there): the per-kernel overhead is its
+block's step time over the kernels zsim.analytic.compute counts, FSDP2's hook time and the
+cost of its collective calls are differences between its unsharded, 1-rank-mesh and all-rank
+runs, checkpointing's host time the difference between its checkpointed and plain runs; rank
+skew from collectives after compute; on a CPU host, the library programs' own host time
+(DeepSpeed ZeRO, FSDP1, DTensor TP) is what their nano-model steps take beyond the
+simulation of the same plans with the rest of the profile
+(zsim.calibration.program_overhead). Imports torch.
 """
 
 from __future__ import annotations
 
 import math
-import mmap
 import os
 import platform
 import statistics
-import tempfile
-import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -39,37 +36,26 @@ from typing import Any
 import torch
 import yaml
 
-from zsim.analytic.compute import (
-    BACKWARD_FACTOR,
-    block_forward_flops,
-    optimizer_flops,
-    recompute_forward_flops,
-)
 from zsim.atomic import write_files
 from zsim.backend.reference_model import GELU_APPROXIMATE
 from zsim.backend.runner import run_ranks
-from zsim.calibration.collective_fit import AlphaBeta, CollectiveSample, fit_alpha_beta
-from zsim.calibration.microbench import (
-    BLOCK_STEPS,
-    NANO_TOKENS,
-    BenchConfig,
-    RankBench,
-    bench_rank,
-    gemm_shapes,
-    host_core_share,
-    median_of_rounds,
-    nano_model,
+from zsim.calibration.bench_figures import BenchConfig, RankBench
+from zsim.calibration.collective_fit import CollectiveSample, fit_alpha_beta
+from zsim.calibration.host_costs import host_costs, synchronising_per_block
+from zsim.calibration.kernel_bench import gemm_shapes, host_core_share
+from zsim.calibration.machine import (
+    DISK_TEST_BYTES,
+    cpu_name,
+    disk_rates,
+    host_memory_bytes,
+    machine_description,
 )
+from zsim.calibration.microbench import bench_rank, median_of_rounds
+from zsim.calibration.program_overhead import fit
 from zsim.errors import ConfigError
-from zsim.schedule.build import synchronising
-from zsim.schedule.lower import lower
-from zsim.spec.hardware import CHECKPOINT_MODES, COLLECTIVES, HardwareProfile
+from zsim.spec.hardware import COLLECTIVES, HardwareProfile
 from zsim.spec.kernel_rates import PASSES
-from zsim.spec.plan import Plan
-from zsim.units import GB, GiB, MiB, dtype_bytes
-
-DISK_TEST_BYTES = 256 * MiB
-
+from zsim.units import GB, GiB, MiB
 
 ROUND_DEADLINE_S = 450.0
 """Seconds allowed per round of the benchmarks, times the ranks that share a core
@@ -133,7 +119,7 @@ def write_profile(sessions: list[list[RankBench]], *, backend: str, nproc: int, 
     """
     ranks = [median_of_rounds([s[i] for s in sessions]) for i in range(nproc)]
     cfg = replace(config, rounds=config.rounds * len(sessions))
-    disk = _disk_rates(out.parent)
+    disk = disk_rates(out.parent)
     data = profile_dict(ranks, name=Path(out).stem, backend=backend, nproc=nproc,
                         started=started, disk_bytes_per_s=disk, config=cfg)
     with_program_overhead(data, ranks, nproc=nproc, layers=cfg.host_layers)
@@ -163,7 +149,7 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
     copy = statistics.median(r.copy_bytes_per_s for r in ranks)
     elementwise = statistics.median(r.elementwise_bytes_per_s for r in ranks)
     foreach = "multi_tensor_apply" if backend == "nccl" else "per_tensor"
-    host = _host_costs(ranks, link, nproc, foreach)
+    host = host_costs(ranks, link, nproc, foreach)
     adam = statistics.median(r.adam_params_per_s for r in ranks)
     ds_adam = statistics.median(r.deepspeed_adam_params_per_s for r in ranks)
     slowdown = statistics.mean(r.comm_compute_slowdown for r in ranks)
@@ -172,18 +158,18 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
     sync_s = statistics.mean(r.sync_overhead_s for r in ranks)
     launch_how = ("CUDA streams" if backend == "nccl"
                   else "CPU ranks run their kernels on the calling thread")
-    mem_gib = _host_memory_bytes() / GiB
+    mem_gib = host_memory_bytes() / GiB
     when = started.strftime("%Y-%m-%d %H:%M UTC")
-    prov = (f"zsim calibrate --backend {backend} --nproc {nproc}, {when}, "
+    prov = (f"zsim calibrate profile --backend {backend} --nproc {nproc}, {when}, "
             f"torch {torch.__version__}, {machine_description()}, "
             f"{max(1, (os.cpu_count() or 1) // nproc)} torch threads per rank, "
             f"each figure the median of {cfg.rounds} rounds")
     share = ranks[0].core_share
     shared = (f"; the kernels timed on rank 0 alone (the others waiting) and each rate "
               f"divided by {share:g}, the ranks that share each core "
-              f"(zsim.calibration.microbench.core_share)" if share > 1 else "")
+              f"(zsim.calibration.kernel_bench.core_share)" if share > 1 else "")
     device = (torch.cuda.get_device_name(0) if backend == "nccl"
-              else f"{_cpu_name()}, one torch.distributed rank")
+              else f"{cpu_name()}, one torch.distributed rank")
     link_name = "NCCL" if backend == "nccl" else "gloo over loopback TCP"
     link_source = (f"{prov}; alpha-beta fit of all_gather_into_tensor, reduce_scatter_tensor "
                    f"and all_reduce {_sizes(samples)} (one alpha, one bandwidth per kind: "
@@ -313,25 +299,9 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
     if sync_s > 0:
         # The FSDP2 calls the nano runs made pay sync_overhead where the simulator
         # charges it: collective_overhead is what each call costs beyond that.
-        synced = _synchronising_per_block(data, nproc, cfg.host_layers)
+        synced = synchronising_per_block(data, nproc, cfg.host_layers)
         data["host"]["collective_overhead_us"] = _r(host.collective_s(synced, sync_s) * 1e6)
     return data
-
-
-def _synchronising_per_block(data: dict[str, Any], nproc: int,
-                             layers: tuple[int, int]) -> dict[str, float]:
-    """Per FSDP2 nano run of _HostCosts.calls, the calls per block that the simulator's
-    lowering of the same plan on the profile `data` (its YAML structure) finds
-    synchronising (zsim.schedule.build.synchronising): the growth from `layers`[0] to
-    `layers`[1] blocks."""
-    hw = HardwareProfile.from_dict(data, name=str(data["name"]))
-    lo, hi = layers
-    out = {}
-    for run, (strategy, _, _) in _FSDP2_RUNS.items():
-        plan = Plan.for_strategy(strategy, gpus=nproc, seq_len=NANO_TOKENS[1])
-        count = [sum(synchronising(lower(nano_model(n), hw, plan).ops)) for n in layers]
-        out[run] = (count[1] - count[0]) / (hi - lo)
-    return out
 
 
 def _kernel_table(ranks: list[RankBench], cfg: BenchConfig, prov: str) -> dict[str, Any]:
@@ -376,35 +346,6 @@ def _kernel_table(ranks: list[RankBench], cfg: BenchConfig, prov: str) -> dict[s
                             f"ranks; {source}"}
 
 
-_FSDP2_RUNS: dict[str, tuple[str, int, int]] = {"fsdp": ("fsdp", 2, 1),
-                                                 "fsdp_no_reshard": ("fsdp-no-reshard", 1, 1)}
-"""The all-rank FSDP2 runs of BLOCK_STEPS: the strategy each applies, and its all-gathers
-and reduce-scatters per block (resharding after forward gathers each block twice)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _HostCosts:
-    kernel_s: float
-    kernels_per_block: float
-    fsdp_unit_s: float
-    call_extra_s: dict[str, float]
-    """Per FSDP2 run of _FSDP2_RUNS, what its calls took per block beyond the link model."""
-    fwd_kernels: float
-    """Kernels of one block's forward, as zsim.analytic.compute counts them."""
-    checkpoint_s: dict[str, dict[str, float]]
-    """Per recompute mode and phase, seconds per forward kernel of a block."""
-
-    def collective_s(self, synchronising: dict[str, float] | None = None,
-                     sync_s: float = 0.0) -> float:
-        """The cost of a call, mean over the FSDP2 runs: each run's extra time per block,
-        less `sync_s` for each of its `synchronising` calls per block, over its calls
-        (floored at 0: a difference of step times a noisy host can make negative)."""
-        synced = synchronising or {}
-        calls = {run: ag + rs for run, (_, ag, rs) in _FSDP2_RUNS.items()}
-        return max(statistics.mean((extra - synced.get(run, 0.0) * sync_s) / calls[run]
-                                   for run, extra in self.call_extra_s.items()), 0.0)
-
-
 def with_program_overhead(data: dict[str, Any], ranks: list[RankBench], *, nproc: int,
                           layers: tuple[int, int]) -> None:
     """Add host.program_overhead_us to the profile structure `data`, fitted against the
@@ -412,8 +353,6 @@ def with_program_overhead(data: dict[str, Any], ranks: list[RankBench], *, nproc
     ranks timed the programs; its source goes into the host section's."""
     if not all(r.program_step_s for r in ranks):
         return
-    from zsim.calibration.program_overhead import fit
-
     overhead = fit([r.program_step_s for r in ranks], data, world_size=nproc, layers=layers)
     host = data["host"]
     host["program_overhead_us"] = {p: {k: _r(v) for k, v in parts.items()}
@@ -428,51 +367,6 @@ def with_program_overhead(data: dict[str, Any], ranks: list[RankBench], *, nproc
         f"plan with the rest of this profile, split through the two blocks into a figure "
         f"per block (*_block) and per parameter tensor (*_tensor; 9 and 16 a block); "
         f"step = Llama's {layers[0]}-block step beyond its blocks")
-
-
-def _host_costs(ranks: list[RankBench], link: AlphaBeta, nproc: int,
-                foreach: str) -> _HostCosts:
-    """Host costs from the nano model's per-block step times (RankBench.block_step_s,
-    medians over ranks): the unsharded block's time over the kernels
-    zsim.analytic.compute counts for it (forward, backward and its share of the AdamW
-    step); FSDP2's extra time on a 1-rank mesh; and on all ranks, what each collective
-    call costs beyond the fitted link model (hand-off, waiting for the other ranks,
-    FSDP2's Python and copies around it), the mean over resharding after forward
-    (2 all-gathers and a reduce-scatter per block) and not (1 + 1); what checkpointing
-    a block adds in forward and in backward beyond the kernels it re-runs, per forward
-    kernel of the block. `foreach`: how the device runs the AdamW step's foreach ops
-    (HardwareProfile.foreach_kernels), which sets its kernels."""
-    per = {k: statistics.median(r.block_step_s[k] for r in ranks) for k in BLOCK_STEPS}
-    spec = nano_model(1)
-    micro_batch, seq_len = NANO_TOKENS
-    fwd = block_forward_flops(spec, micro_batch=micro_batch, seq_len=seq_len, act_bytes=2)
-    opt = optimizer_flops(spec.params_per_block, optimizer="adamw",
-                          tensors=len(spec.block_tensors()), master_bytes=2,
-                          state_bytes_per_param=4, grad_bytes=2, param_copy_bytes=0,
-                          foreach=foreach)
-    kernels = fwd.kernels * (1 + BACKWARD_FACTOR) + opt.kernels
-    plan = Plan.for_strategy("fsdp", gpus=nproc, seq_len=seq_len)
-    params = spec.params_per_block
-    ag_wire = link.predict_s("all_gather", params * dtype_bytes(plan.param_dtype), nproc)
-    rs_wire = link.predict_s("reduce_scatter", params * dtype_bytes(plan.reduce_dtype), nproc)
-    extra = {run: per[run] - per["fsdp_local"] - ag * ag_wire - rs * rs_wire
-             for run, (_, ag, rs) in _FSDP2_RUNS.items()}
-    # Each figure is a difference of step times, which a noisy host can make negative:
-    # floored at 0, as a profile's host costs must be.
-    kernel_s = max(per["plain"], 0.0) / kernels
-    plain_backward = per["plain"] - per["plain_forward"]
-    checkpoint: dict[str, dict[str, float]] = {}
-    for mode in CHECKPOINT_MODES:
-        rerun = recompute_forward_flops(spec, recompute=mode, micro_batch=micro_batch,
-                                        seq_len=seq_len, act_bytes=2).kernels * kernel_s
-        forward = per[f"{mode}_forward"] - per["plain_forward"]
-        backward = per[mode] - per[f"{mode}_forward"] - plain_backward - rerun
-        checkpoint[mode] = {"forward": max(forward, 0.0) / fwd.kernels,
-                            "backward": max(backward, 0.0) / fwd.kernels}
-    return _HostCosts(kernel_s=kernel_s, kernels_per_block=kernels,
-                      fsdp_unit_s=max(per["fsdp_local"] - per["plain"], 0.0),
-                      call_extra_s=extra,
-                      fwd_kernels=fwd.kernels, checkpoint_s=checkpoint)
 
 
 def _measured_us(ranks: list[RankBench], nproc: int) -> dict[str, Any]:
@@ -501,56 +395,3 @@ def _sizes(samples: list[CollectiveSample]) -> str:
     return f"{sizes[0] // 1024} KiB-{sizes[-1] // MiB} MiB x{len(sizes)}"
 
 
-def _host_memory_bytes() -> float:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine_description() -> str:
-    """This host: name, architecture, cores and CPU model (what tells one host from
-    another in a profile's or a batch's provenance)."""
-    return f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, {_cpu_name()}"
-
-
-def _disk_rates(folder: Path) -> tuple[float, float]:
-    """(read, write) bytes/s of a 256 MiB file: written then fsynced, read with O_DIRECT
-    (bypassing the page cache) where the file system allows it."""
-    folder.mkdir(parents=True, exist_ok=True)
-    buf = mmap.mmap(-1, 4 * MiB)  # page-aligned, as O_DIRECT requires
-    buf.write(os.urandom(4 * MiB))
-    fd, path = tempfile.mkstemp(dir=folder, prefix=".zsim-disk-")
-    try:
-        start = time.perf_counter()
-        for _ in range(DISK_TEST_BYTES // (4 * MiB)):
-            os.write(fd, buf)
-        os.fsync(fd)
-        write_s = time.perf_counter() - start
-        os.close(fd)
-        flags = os.O_RDONLY | getattr(os, "O_DIRECT", 0)
-        try:
-            fd = os.open(path, flags)
-        except OSError:
-            fd = os.open(path, os.O_RDONLY)
-        start = time.perf_counter()
-        while os.readv(fd, [buf]) > 0:
-            pass
-        read_s = time.perf_counter() - start
-        os.close(fd)
-    finally:
-        os.unlink(path)
-    return DISK_TEST_BYTES / read_s, DISK_TEST_BYTES / write_s

@@ -6,69 +6,39 @@ parameter by parameter), FSDP1 (its FlatParameter hooks, views and padding, beyo
 per-unit host time fitted on FSDP2) and DTensor tensor parallelism (dispatch of every
 sharded op).
 
-Measured as the FSDP2 host costs are (zsim.calibration.microbench): the nano model (width 16,
-8 tokens: its kernels cost almost nothing) trained under the program at two depths on
-every rank at once, with Llama's block and GPT's (NANO_BLOCKS), each step's time and the
-time to its loss; then fitted against the simulator: what the simulator gives the same
-nano plans with the rest of the profile (program_overhead_s empty) is taken off, per
-block (forward, and the rest of the step), split between a figure per block and one per
-parameter tensor by the two blocks, and once per step, each floored at 0. A program
-whose library does not import (DeepSpeed is an optional dependency) or that the world size
-cannot run (TP needs an even one) is not measured, and the profile has no entry for it.
-Imports torch.
+Measured as the FSDP2 host costs are (zsim.calibration.host_bench): the nano model
+(zsim.calibration.nano: width 16, 8 tokens, its kernels cost almost nothing) trained under
+the program at two depths on every rank at once, with Llama's block and GPT's (NANO_BLOCKS),
+each step's time and the time to its loss; then fitted against the simulator: what the
+simulator gives the same nano plans (zsim.calibration.nano.program_plans) with the rest of
+the profile (program_overhead_s empty) is taken off, per block (forward, and the rest of the
+step), split between a figure per block and one per parameter tensor by the two blocks, and
+once per step, each floored at 0. A program whose library does not import (DeepSpeed is an
+optional dependency) or that the world size cannot run (TP needs an even one) is not
+measured, and the profile has no entry for it. Imports torch.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
-import time
 from typing import Any, NamedTuple
 
 from zsim.backend import programs, training
-from zsim.backend.runner import RankContext, sync_device
-from zsim.calibration.microbench import NANO_TOKENS, NanoBlock, nano_model
+from zsim.backend.runner import RankContext
+from zsim.backend.step_timing import timed_step
+from zsim.calibration.nano import NanoBlock, nano_model, program_plans
 from zsim.simulate import simulate
-from zsim.spec.deepspeed import DeepSpeedZero
-from zsim.spec.hardware import HardwareProfile, overhead_programs
+from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
-
-NANO_DS = DeepSpeedZero(reduce_bucket_size=500_000, allgather_bucket_size=500_000,
-                        prefetch_bucket_size=500_000, param_persistence_threshold=0)
-"""DeepSpeed knobs of the nano runs: every parameter partitioned and fetched under ZeRO-3
-(DeepSpeed's default threshold, 1e5 elements, would keep all of the nano model's whole),
-and buckets that hold the whole nano model (the defaults' 5e8-element buckets are 1 GB
-buffers allocated every backward)."""
 
 STEPS, WARMUP = 25, 5
 """Timed and untimed steps per depth (medians of the timed)."""
 
 
-def nano_plans(world_size: int) -> dict[str, Plan]:
-    """The plan timed for each program of zsim.spec.hardware.OVERHEAD_PROGRAMS this
-    machine can run at `world_size`: ZeRO-1/2/3 under DeepSpeed, and ZeRO-2 with
-    offload_optimizer (when DeepSpeed imports), FSDP1's FULL_SHARD and SHARD_GRAD_OP,
-    TP over 2 ranks (alone at world 2, under FSDP2 over the other ranks at an even world
-    above)."""
-    mb, seq = NANO_TOKENS
-    plans = [Plan.for_strategy(s, gpus=world_size, impl="fsdp1", seq_len=seq, micro_batch=mb)
-             for s in ("fsdp", "fsdp-no-reshard")]
-    if importlib.util.find_spec("deepspeed") is not None:
-        plans += [Plan.for_strategy(s, gpus=world_size, ds=NANO_DS, seq_len=seq,
-                                    micro_batch=mb) for s in ("zero1", "zero2", "zero3")]
-        plans.append(Plan.for_strategy("zero2", gpus=world_size, ds=NANO_DS,
-                                       offload="optimizer", seq_len=seq, micro_batch=mb))
-    if world_size % 2 == 0:
-        plans.append(Plan(strategy="ddp" if world_size == 2 else "fsdp",
-                          dp_shard=world_size // 2, tp=2, seq_len=seq, micro_batch=mb))
-    # Each plan runs one program: keyed as the lowering looks it up (its first key).
-    return {overhead_programs(p)[0][0]: p for p in plans}
-
-
 NANO_BLOCKS: dict[str, NanoBlock] = {"": "llama", "gpt_": "gpt"}
-"""The nano blocks each program is timed with (microbench.nano_model), by the prefix of
-their figures' keys: Llama's (9 parameter tensors) and GPT's (16: LayerNorm and linear
+"""The nano blocks each program is timed with (zsim.calibration.nano.nano_model), by the
+prefix of their figures' keys: Llama's (9 parameter tensors) and GPT's (16: LayerNorm and linear
 biases). Two counts of tensors per block separate a program's host time per block (module
 hooks, FSDP1's FlatParameter per unit) from its time per parameter tensor (DeepSpeed's
 gradient hook per parameter, its partition bookkeeping). On the 2-core EPYC (2026-12-01)
@@ -84,11 +54,11 @@ def _blocks(program: str) -> dict[str, NanoBlock]:
 def program_steps_s(ctx: RankContext, layers: tuple[int, int], *, steps: int = STEPS,
                     warmup: int = WARMUP) -> dict[str, dict[str, float]]:
     """This rank's median step time and time to the loss (its forward) of the nano model
-    at each depth of `layers` under each of nano_plans, with each of its NANO_BLOCKS,
+    at each depth of `layers` under each of program_plans, with each of its NANO_BLOCKS,
     over `steps` steps after `warmup` untimed ones: {program: {"lo", "hi", "lo_forward",
     "hi_forward", and the same prefixed "gpt_"}}, seconds."""
     out = {}
-    for program, plan in nano_plans(ctx.world_size).items():
+    for program, plan in program_plans(ctx.world_size).items():
         times: dict[str, float] = {}
         for prefix, block in _blocks(program).items():
             for depth, num_layers in zip(("lo", "hi"), layers, strict=True):
@@ -102,22 +72,19 @@ def program_steps_s(ctx: RankContext, layers: tuple[int, int], *, steps: int = S
 
 def _steps_s(ctx: RankContext, spec: ModelSpec, plan: Plan, *, steps: int,
              warmup: int) -> tuple[float, float]:
-    """Median step time and time to the loss of `spec` under `plan`, seconds."""
+    """Median step time and time to the loss (the forward, zsim.backend.step_timing's
+    phases: on a CPU host the device synchronisations they add are no-ops) of `spec`
+    under `plan`, seconds."""
     prep = programs.prepare(spec, plan, device=ctx.device, world_size=ctx.world_size)
-    tokens, labels = training.batches(spec, plan, device=ctx.device,
-                                      rank=training.data_rank(plan, ctx.rank), step=0)[0]
+    micro = training.batches(spec, plan, device=ctx.device,
+                             rank=training.data_rank(plan, ctx.rank), step=0)[:1]
     step_s, forward_s = [], []
     for i in range(warmup + steps):
         training.barrier()
-        start = time.perf_counter()
-        marks: list[float] = []
-        training.forward_backward(prep, tokens, labels, last=True,
-                                  after_forward=lambda m=marks: m.append(time.perf_counter()))
-        prep.step()
-        sync_device(ctx.device)
+        timing = timed_step(prep, micro, ctx.device, phases=True, read_loss=True)
         if i >= warmup:
-            step_s.append(time.perf_counter() - start)
-            forward_s.append(marks[0] - start)
+            step_s.append(timing["step_s"])
+            forward_s.append(timing["forward_s"])
     return statistics.median(step_s), statistics.median(forward_s)
 
 
@@ -137,7 +104,7 @@ def fit(measured: list[dict[str, dict[str, float]]], profile: dict[str, Any], *,
     tensors = {block: len(nano_model(1, block=block).block_tensors())
                for block in NANO_BLOCKS.values()}
     out = {}
-    for program, plan in nano_plans(world_size).items():
+    for program, plan in program_plans(world_size).items():
         if not all(program in m for m in measured):
             continue
         m = {k: statistics.median(r[program][k] for r in measured) for k in measured[0][program]}

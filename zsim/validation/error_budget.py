@@ -1,7 +1,7 @@
 """Where the validation's step-time error comes from, over repeated batches of the same
 cases: each case's own bias, each calibration's shift, and what is left.
 
-A batch (a folder of `python -m zsim.validation.report --calibrate-here`) calibrates a
+A batch (a folder of `zsim validate grid --calibrate-here`) calibrates a
 profile per world size, then times every case; its `validation.csv` holds each case's
 error (predicted / measured - 1, in percent) with the current simulator
 (zsim.validation.report.repredict_report keeps every kept folder so). Over many batches
@@ -17,7 +17,7 @@ runs). Each world size's groups see only that world size's cases, so the shifts 
 centred per world size (their mean over that world size's rows is 0) and the biases of
 each world size keep its mean error.
 
-    python -m zsim.validation.error_budget FOLDER [FOLDER ...] [--out DIR] [--bound-pct 15]
+    zsim validate error-budget FOLDER [FOLDER ...] [--out DIR] [--bound-pct 15]
 
 reads each FOLDER that has a validation.csv, and every subfolder of it that has one, and
 writes `error_budget_cases.csv` (per case: batches, mean error, bias, spread, range,
@@ -32,12 +32,10 @@ halved and with none. Imports no torch.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import math
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,7 +47,7 @@ from zsim.spec.yaml_file import read_yaml
 
 METRIC = "step_time_s"
 BOUND_PCT = 15.0
-"""The report's step-time bound (zsim.validation.report.BOUNDS_PCT, which imports
+"""The report's step-time bound (zsim.validation.comparison.BOUNDS_PCT, which imports
 torch)."""
 
 CASE_FIELDS = ("world_size", "case", "batches", "mean_error_pct", "bias_pct",
@@ -328,35 +326,21 @@ def _plot(rows: list[Row], groups: list[Group], budget: Budget, bound_pct: float
     return buf.getvalue()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m zsim.validation.error_budget`: see the module docstring."""
-    parser = argparse.ArgumentParser(prog="python -m zsim.validation.error_budget",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("folders", nargs="+", type=Path, metavar="FOLDER",
-                        help="a batch folder, or a folder of batch folders")
-    parser.add_argument("--out", type=Path, help="where to write (default: the first FOLDER)")
-    parser.add_argument("--bound-pct", type=float, default=BOUND_PCT,
-                        help="the step-time bound, percent (default %(default)g)")
-    args = parser.parse_args(argv)
-    try:
-        folders = batch_folders(args.folders)
-        rows: list[Row] = []
-        groups: list[Group] = []
-        for folder in folders:
-            r, g = read_batch(folder, folder.name)
-            rows += r
-            groups += g
-        if not rows:
-            raise ConfigError("folder", " ".join(map(str, args.folders)),
-                              "has no predicted step-time rows")
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    budget = fit(rows)
-    write(args.out or args.folders[0], rows, groups, budget, args.bound_pct)
-    print(summary(rows, groups, budget, args.bound_pct))
-    return 0
+def read_batches(folders: list[Path]) -> tuple[list[Row], list[Group]]:
+    """Every step-time row and calibration group of the batches under `folders`
+    (batch_folders), in order.
 
-
-if __name__ == "__main__":
-    sys.exit(main())
+    Raises:
+        ConfigError: a folder that is not one or holds no batch, a batch without its
+            profile, or no predicted step-time row at all.
+    """
+    rows: list[Row] = []
+    groups: list[Group] = []
+    for folder in batch_folders(folders):
+        r, g = read_batch(folder, folder.name)
+        rows += r
+        groups += g
+    if not rows:
+        raise ConfigError("folder", " ".join(map(str, folders)),
+                          "has no predicted step-time rows")
+    return rows, groups

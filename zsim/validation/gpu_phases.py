@@ -2,104 +2,73 @@
 the backward and the optimizer step keeps the GPU busy and how much waits on the host
 (Python, FSDP2's hooks, kernel launches), and which kernels the busy time is made of.
 
-    python -m zsim.validation.gpu_phases --out DIR [--budget-s 135] [--quick]
+    zsim calibrate gpu-phases --out DIR [--budget-s 135] [--quick]
 
 Runs a few of the runs of shared/cases/h200-fsdp2-runs.yaml, most wanted first (runs()):
-each is built as zsim.validation.gpu_report builds it (zsim.backend.training.prepare,
-rank 0 of N on the fake process group, so collectives are no-ops), one process per world
-size, the runs of a world size in turn. A run does warm-up steps, then steps synchronised
-after each phase (the wall, host-issue and synchronise-wait times of each phase, and the
-GPU SM clock sampled meanwhile when torch.cuda.clock_rate works), then one or two such
-steps under torch.profiler (CPU and CUDA activities, input shapes recorded), after one
-profiled warm-up step. From the profiled steps, per phase: device-busy time (the union of
-the device's kernel, memcpy and memset intervals over all streams, not their sum), idle
+each is built as the GPU report builds it (zsim.validation.gpu_runs, rank 0 of N on the fake
+process group, so collectives are no-ops), one process per world size, the runs of a world
+size in turn (zsim.validation.budgeted_runs). A run does warm-up steps, then steps
+synchronised after each phase (the wall, host-issue and synchronise-wait times of each
+phase, and the GPU SM clock sampled meanwhile when torch.cuda.clock_rate works), then one or
+two such steps under torch.profiler (CPU and CUDA activities, input shapes recorded), after
+one profiled warm-up step. From the profiled steps, per phase: device-busy time (the union
+of the device's kernel, memcpy and memset intervals over all streams, not their sum), idle
 time, kernels, launches, ATen ops, time blocked in CUDA synchronise calls, the busiest
-stream's ("compute stream's") idle gaps; device time by kernel class (KERNEL_CLASSES);
-every GEMM ATen op's device time by input shape (its kernels, attributed by the
-profiler's correlation ids). On CPU (--quick: a tiny model at world 8) the "kernels" are
-the outermost ATen op calls (those no other ATen op makes; their union is the time the
-host spends in ATen) and the "streams" the threads.
+stream's ("compute stream's") idle gaps; device time by kernel class (KERNEL_CLASSES); every
+GEMM ATen op's device time by input shape (its kernels, attributed by the profiler's
+correlation ids; zsim.validation.kernel_trace reads the profile). On CPU (--quick: a tiny
+model at world 8) the "kernels" are the outermost ATen op calls (those no other ATen op
+makes; their union is the time the host spends in ATen) and the "streams" the threads.
 
 Outputs in DIR, appended as each run finishes (a killed command keeps the finished runs):
-phases.csv (PHASE_FIELDS), kernel_classes.csv (CLASS_FIELDS), gemm_shapes.csv
-(GEMM_FIELDS), kernel_names.csv (KERNEL_FIELDS: every kernel, by stream and launching op),
-runs.jsonl (each run's status and seconds, its warm-up steps' time and
-host issue time without synchronisation, events read, SM clock range) and provenance.yaml
-(environment, command, budget, what ran, what was skipped; rewritten after each world
-size). The budget: a world size's process gets a share of the time left (by the runs'
-estimated seconds), starts a run only if its estimate (scaled by how the process's
-earlier runs compared with theirs) fits in the share, and is killed at the budget's end
-less STOP_S. Imports torch.
+phases.csv (PHASE_FIELDS), kernel_classes.csv (CLASS_FIELDS), gemm_shapes.csv (GEMM_FIELDS),
+kernel_names.csv (KERNEL_FIELDS: every kernel, by stream and launching op), runs.jsonl (each
+run's status and seconds, its warm-up steps' time and host issue time without
+synchronisation, events read, SM clock range) and provenance.yaml (environment, command,
+budget, what ran, what was skipped; written at the start and the end). The budget: a world
+size's process gets a share of the time left (by the runs' estimated seconds), starts a run
+only if its estimate (scaled by how the process's earlier runs compared with theirs) fits in
+the share, and is stopped at the budget's end less STOP_S (zsim.validation.budgeted_runs).
+Imports torch.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
-import gc
 import math
 import statistics
-import sys
 import threading
 import time
-import traceback
-from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 import yaml
-from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from zsim.backend import programs, training
-from zsim.backend.runner import RankContext, RankFailed, run_fake_rank, sync_device
-from zsim.calibration import gpu_bench
-from zsim.calibration.gpu_bench import (
-    _LAUNCHES,
-    Deadline,
-    _autocast,
-    append_jsonl,
-    read_jsonl,
-    timed_step,
-)
+from zsim.backend.runner import RankContext, read_jsonl, sync_device
+from zsim.backend.step_timing import timed_step
+from zsim.calibration.gpu_kernel_bench import matmul_precision
+from zsim.calibration.machine import environment
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
-from zsim.validation import gpu_report
-from zsim.validation.gpu_report import P7B, Run
-from zsim.validation.report import backend_knobs
-
-PHASES = ("forward", "backward", "optimizer")
-"""The phases of a step, in order; the tables also have a "step" row (the whole step)."""
-
-KERNEL_CLASSES = ("gemm", "attention", "elementwise", "copies", "optimizer", "other")
-"""Kernel classes of kernel_classes.csv: GEMMs, SDPA, memory-bound elementwise and
-reduction kernels (norms, casts, the loss, embedding), copies (memcpy, memset and FSDP2's
-copy-in/out: foreach copy, chunk_cat, split_with_sizes_copy), the optimizer's foreach
-kernels, the rest."""
-
-_CLASS_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("copies", ("memcpy", "memset", "chunk_cat", "split_with_sizes_copy", "copyfunctor",
-                "_foreach_copy")),
-    ("attention", ("flash", "fmha", "efficient_attention", "attention", "sdpa")),
-    ("gemm", ("gemm", "sm90_xmma", "cutlass", "nvjet", "aten::mm", "aten::addmm", "aten::bmm",
-              "aten::baddbmm", "aten::linear", "aten::matmul")),
-    ("optimizer", ("multi_tensor_apply", "aten::_foreach", "adam")),
-    ("elementwise", ("elementwise", "reduce", "norm", "softmax", "cat", "copy", "index",
-                     "embedding", "nll_loss", "fill", "scatter", "gather", "add", "mul", "div",
-                     "sub", "silu", "sigmoid", "rsqrt", "sqrt", "pow", "mean", "sum", "neg",
-                     "exp", "log", "where", "clamp", "cross_entropy", "aten::to")),
+from zsim.validation.budgeted_runs import Group, Run, run_groups
+from zsim.validation.comparison import backend_knobs
+from zsim.validation.gpu_runs import P7B, groups
+from zsim.validation.kernel_trace import (
+    PHASES,
+    class_rows,
+    gemm_rows,
+    kernel_rows,
+    phase_stats,
+    read_trace,
 )
-"""Lower-case name fragments of each class, tried in order (FlashAttention's names contain
-"cutlass"; FSDP2's foreach copy is a multi_tensor_apply kernel); CUDA kernel names and
-ATen op names (the CPU's "kernels") alike."""
-
-GEMM_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"})
-"""ATen ops whose kernels gemm_shapes.csv lists by input shape."""
 
 PHASE_FIELDS = (
     "run", "world_size", "device", "step", "phase", "wall_s", "host_issue_s", "sync_wait_s",
@@ -137,33 +106,14 @@ launched the kernel, kernel name): every kernel of the phase, so that a class's 
 be taken apart (which elementwise kernels RoPE, the norms or the loss run, and on which
 stream)."""
 
-KERNEL_NAME_CHARS = 200
-"""Kernel names are cut to this many characters (templates make them long)."""
-
 STOP_S = 8.0
 """Seconds kept at the budget's end for stopping a process and writing provenance."""
-STARTUP_S = 8.0
-"""A process's start-up (torch import, CUDA and process group initialisation), seconds
-(18 runs in 4 processes of gpu_report on the H200 took 33 s beyond their runs)."""
-GAP_US = 10.0
-"""Gaps on the compute stream longer than this are counted, microseconds."""
 CLOCK_PERIOD_S = 0.05
 """How often the SM clock is sampled during the phase-synchronised steps, seconds."""
 
 P13B = ModelSpec(name="13b", num_layers=40, d_model=5120, num_heads=40, num_kv_heads=40,
                  ffn_hidden=13824, vocab_size=32000, max_seq_len=8192)
 """Llama-2-13B as in shared/cases/h200-fsdp2-runs.yaml (sequence 8192)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PhaseRun:
-    """A run to profile and what it is expected to take."""
-
-    run: Run
-    world_size: int
-    estimate_s: float
-    """Expected seconds on an H200: build, every step, profile and analysis (gpu_report's
-    runs of the same models took 6-9 s for about ten steps)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,37 +132,39 @@ FULL_STEPS = Steps(warmup=3, phased=3, profiled=2, long_step_s=1.0)
 QUICK_STEPS = Steps(warmup=1, phased=2, profiled=2, long_step_s=math.inf)
 
 
-def runs(quick: bool, device_type: str) -> list[PhaseRun]:
-    """The runs, most wanted first, their specs with the device's kernel knobs: those
-    gpu_report defines taken from it, 7b_n8 and 13b_n128_mb1 added; the CPU-offloaded
-    run last (profiled after the others, 2026-12-01)."""
-    known = {r.name: r for g in gpu_report.groups(quick, device_type) for r in g.runs}
+def runs(quick: bool, device_type: str) -> list[Run]:
+    """The runs, most wanted first, their specs with the device's kernel knobs, each with
+    its expected seconds on an H200 (build, every step, profile and analysis; the GPU
+    report's runs of the same models took 6-9 s for about ten steps): those the GPU report
+    defines (zsim.validation.gpu_runs) taken from it, 7b_n8 and 13b_n128_mb1 added; the
+    CPU-offloaded run last (profiled after the others, 2026-12-01)."""
+    known = {r.name: r for g in groups(quick, device_type) for r in g.runs}
     if quick:
-        return [PhaseRun(run=known["tiny_n8"], world_size=8, estimate_s=5.0)]
+        return [replace(known["tiny_n8"], estimate_s=5.0)]
     knobs = backend_knobs(device_type)
     common = {"micro_batch": 1, "reduce_dtype": "fp32"}
-    p7b = Run(name="7b_n8", spec=replace(P7B, **knobs), published="7b_n8",
+    p7b = Run(name="7b_n8", spec=replace(P7B, **knobs), published="7b_n8", estimate_s=14.0,
               plan=Plan.for_strategy("fsdp", gpus=8, seq_len=4096, **common))
     p13b = Run(name="13b_n128_mb1", spec=replace(P13B, **knobs), published="13b_n128_mb1",
+               estimate_s=26.0,
                plan=Plan.for_strategy("fsdp", gpus=128, seq_len=8192, **common))
-    return [PhaseRun(run=known["1p3b_n8"], world_size=8, estimate_s=12.0),
-            PhaseRun(run=known["1p3b_n64"], world_size=64, estimate_s=12.0),
-            PhaseRun(run=p7b, world_size=8, estimate_s=14.0),
-            PhaseRun(run=p13b, world_size=128, estimate_s=26.0),
-            PhaseRun(run=known["1p3b_n8_ac"], world_size=8, estimate_s=12.0),
-            PhaseRun(run=known["1p3b_n8_raf0"], world_size=8, estimate_s=10.0),
-            PhaseRun(run=known["1p3b_n8_fp32"], world_size=8, estimate_s=14.0),
+    return [replace(known["1p3b_n8"], estimate_s=12.0),
+            replace(known["1p3b_n64"], estimate_s=12.0), p7b, p13b,
+            replace(known["1p3b_n8_ac"], estimate_s=12.0),
+            replace(known["1p3b_n8_raf0"], estimate_s=10.0),
+            replace(known["1p3b_n8_fp32"], estimate_s=14.0),
             # Its forward is 30% longer than zsim's: the profile should say where.
-            PhaseRun(run=known["1p3b_n8_offload"], world_size=8, estimate_s=20.0)]
+            replace(known["1p3b_n8_offload"], estimate_s=20.0)]
 
 
-def by_world_size(planned: list[PhaseRun]) -> list[tuple[int, list[PhaseRun]]]:
-    """The runs grouped by world size (one process each), the groups in the order of
-    their first run, the runs in their given order."""
-    out: dict[int, list[PhaseRun]] = {}
-    for p in planned:
-        out.setdefault(p.world_size, []).append(p)
-    return list(out.items())
+def by_world_size(planned: list[Run]) -> list[Group]:
+    """The runs grouped by world size (one process each, rank 0 of N on the fake process
+    group), the groups in the order of their first run, the runs in their given order."""
+    out: dict[int, list[Run]] = {}
+    for run in planned:
+        out.setdefault(run.plan.world_size, []).append(run)
+    return [Group(key=f"n{n}", backend="fake", world_size=n, runs=tuple(group))
+            for n, group in out.items()]
 
 
 # -------------------------------------------------------------------- timing a step
@@ -242,20 +194,14 @@ def _phase(name: str, device: str, marks: list[Mark]) -> Iterator[None]:
 
 def phased_step(prep: training.Prepared, micro: list[tuple[torch.Tensor, torch.Tensor]],
                 device: str) -> list[Mark]:
-    """One training step (gpu_bench.timed_step's, with phases) synchronised after each
-    forward, backward and the optimizer step; the whole step is a "step" Mark."""
+    """One training step (zsim.backend.training.train_step, its losses not read back)
+    synchronised after each forward, backward and the optimizer step; the whole step is a
+    "step" Mark."""
     sync_device(device)
     marks: list[Mark] = []
     with _phase("step", device, marks):
-        for i, (tokens, labels) in enumerate(micro):
-            last = i == len(micro) - 1
-            with prep.sync(last):
-                with _phase("forward", device, marks), _autocast(prep, device):
-                    loss = prep.model(tokens, labels)
-                with _phase("backward", device, marks):
-                    prep.backward(loss, last)
-        with _phase("optimizer", device, marks):
-            prep.step()
+        training.train_step(prep, micro, phase=partial(_phase, device=device, marks=marks),
+                            read_loss=False)
     return marks
 
 
@@ -311,289 +257,20 @@ class ClockSampler:
         return float(statistics.median(got)) if got else ""
 
 
-# ----------------------------------------------------------------- reading a profile
-class Span(NamedTuple):
-    """An interval of profiler time (microseconds since the trace's start)."""
-
-    start: float
-    end: float
-    name: str
-    lane: int
-    """The CUDA stream of a device activity, the thread of a CPU event."""
-    op: str = ""
-    """A device activity: the innermost ATen op that launched it ("" when none did:
-    memcpys of the process group, the profiler's own); on CPU the op itself."""
-
-
-def union_us(spans: Iterable[tuple[float, float]]) -> float:
-    """Length of the union of intervals."""
-    ordered = sorted(spans)
-    if not ordered:
-        return 0.0
-    return max(end for _, end in ordered) - ordered[0][0] - sum(gaps_us(ordered))
-
-
-def gaps_us(spans: Iterable[tuple[float, float]]) -> list[float]:
-    """The idle gaps between the first start and the last end of intervals."""
-    out = []
-    reach = None
-    for start, end in sorted(spans):
-        if reach is not None and start > reach:
-            out.append(start - reach)
-        reach = end if reach is None else max(reach, end)
-    return out
-
-
-def kernel_class(name: str) -> str:
-    """The KERNEL_CLASSES class of a CUDA kernel or ATen op name."""
-    low = name.lower()
-    for cls, markers in _CLASS_MARKERS:
-        if any(m in low for m in markers):
-            return cls
-    return "other"
-
-
-def gemm_flops(op: str, shapes: list[list[int]]) -> float:
-    """2*m*k*n (times the batch) of a GEMM op from its recorded input shapes (0 when
-    the shapes are not those of the op)."""
-    dims = [s for s in shapes if len(s) >= 2]
-    if op in ("aten::mm", "aten::addmm") and len(dims) >= 2 and len(dims[-2]) == 2:
-        (m, k), (_, n) = dims[-2], dims[-1][-2:]
-        return 2.0 * m * k * n
-    if op in ("aten::bmm", "aten::baddbmm") and len(dims) >= 2 and len(dims[-2]) == 3:
-        (b, m, k), n = dims[-2], dims[-1][-1]
-        return 2.0 * b * m * k * n
-    return 0.0
-
-
-class GemmCall(NamedTuple):
-    """One call of a GEMM ATen op."""
-
-    start: float
-    op: str
-    shapes: list[list[int]]
-    device_us: float
-    """Its kernels' summed durations (CPU: the call's own time)."""
-    kernels: int
-    kernel: str
-    """Its longest kernel's name (CPU: the op's)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Trace:
-    """What one profile holds, sorted out."""
-
-    steps: list[dict[str, list[tuple[float, float]]]]
-    """Per profiled step: phase (and "step") -> its windows."""
-    activity: list[Span]
-    """Device activity (CUDA kernels, memcpy, memset); on CPU the outermost ATen op
-    calls."""
-    aten: list[float]
-    """Start times of every ATen op call (nested ones included)."""
-    launches: list[float]
-    """Start times of kernel launch calls."""
-    blocking: list[Span]
-    """CUDA synchronise calls on the host."""
-    gemms: list[GemmCall]
-
-
-_CUDA_SYNC_RECORDS = ("Stream ", "Event ", "Context ", "Device ")
-"""Names of the device-side records of CUDA synchronisation (only with the profiler's
-enable_cuda_sync_events, off by default): no device work."""
-
-
-def read_trace(events: list[Any], cuda: bool) -> Trace:
-    """Sort a profile's raw events (the _KinetoEvents of torch.profiler's kineto_results,
-    read directly: building FunctionEvents took about 130 us per event here) into a
-    Trace. A device event's linked correlation id is that of the innermost ATen op that
-    launched it."""
-    base = min((e.start_ns() for e in events), default=0)
-    # record_function ranges (this module's, FSDP2's, the optimizer's, the profiler's
-    # steps) show on the device's timeline too, spanning their kernels and the gaps
-    # between them: they are no device work.
-    annotations = {e.name() for e in events
-                   if e.device_type() == DeviceType.CPU and e.is_user_annotation()}
-    windows: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    device: list[tuple[Span, int]] = []
-    ops: list[tuple[Span, Any]] = []
-    launches: list[float] = []
-    blocking: list[Span] = []
-    for e in events:
-        name = e.name()
-        start = (e.start_ns() - base) * 1e-3
-        span = Span(start, start + e.duration_ns() * 1e-3, name, e.start_thread_id())
-        if e.device_type() != DeviceType.CPU:
-            if (cuda and not e.is_user_annotation() and name not in annotations
-                    and not name.startswith(_CUDA_SYNC_RECORDS)):
-                # Kernel names come demangled from kineto; any that do not are here.
-                device.append((span._replace(name=torch._C._demangle(name) if
-                                             name.startswith("_Z") else name,
-                                             lane=e.device_resource_id()),
-                               e.linked_correlation_id()))
-        elif name.startswith("zsim::"):
-            windows[name.removeprefix("zsim::")].append((span.start, span.end))
-        elif name.startswith("aten::"):
-            ops.append((span, e))
-        elif name in _LAUNCHES:
-            launches.append(start)
-        elif "Synchronize" in name:
-            blocking.append(span)
-    op_names = {e.correlation_id(): s.name for s, e in ops}
-    calls = {e.correlation_id(): GemmCall(s.start, s.name, [list(x) for x in e.shapes()],
-                                          0.0 if cuda else s.end - s.start, 0 if cuda else 1,
-                                          "" if cuda else s.name)
-             for s, e in ops if s.name in GEMM_OPS}
-    if cuda:
-        activity = [s._replace(op=op_names.get(link, "")) for s, link in device]
-        launched: dict[int, list[Span]] = defaultdict(list)
-        for s, link in device:
-            if link in calls:
-                launched[link].append(s)
-        for link, spans in launched.items():
-            longest = max(spans, key=lambda s: s.end - s.start)
-            calls[link] = calls[link]._replace(device_us=sum(s.end - s.start for s in spans),
-                                               kernels=len(spans), kernel=longest.name)
-    else:
-        activity = [s._replace(op=s.name) for s in _outermost([s for s, _ in ops])]
-    steps = []
-    for s in sorted(windows.get("step", [])):
-        inside = {p: [w for w in windows.get(p, []) if s[0] <= w[0] and w[1] <= s[1]]
-                  for p in PHASES}
-        steps.append({"step": [s], **inside})
-    return Trace(steps=steps, activity=activity, aten=[s.start for s, _ in ops],
-                 launches=launches, blocking=blocking, gemms=list(calls.values()))
-
-
-def _outermost(ops: list[Span]) -> list[Span]:
-    """The ATen op calls that no other ATen op call (on their thread) encloses."""
-    out: list[Span] = []
-    ends: dict[int, float] = {}
-    for s in sorted(ops, key=lambda s: (s.lane, s.start, -s.end)):
-        if s.start >= ends.get(s.lane, float("-inf")):
-            out.append(s)
-            ends[s.lane] = s.end
-    return out
-
-
-def _within(t: float, windows: list[tuple[float, float]]) -> bool:
-    return any(a <= t <= b for a, b in windows)
-
-
-def _clipped(spans: Iterable[Span], windows: list[tuple[float, float]]) -> list[Span]:
-    """The spans whose midpoint lies in a window, clipped to it."""
-    out = []
-    for s in spans:
-        mid = (s.start + s.end) / 2
-        for a, b in windows:
-            if a <= mid <= b:
-                out.append(s._replace(start=max(s.start, a), end=min(s.end, b)))
-                break
-    return out
-
-
-def phase_stats(trace: Trace, windows: list[tuple[float, float]]) -> dict[str, Any]:
-    """phases.csv's profiled figures of one phase (windows: its profiler ranges)."""
-    wall = sum(b - a for a, b in windows)
-    act = _clipped(trace.activity, windows)
-    busy = union_us((s.start, s.end) for s in act)
-    lanes: dict[int, list[Span]] = defaultdict(list)
-    for s in act:
-        lanes[s.lane].append(s)
-    out: dict[str, Any] = {
-        "profiled_wall_s": wall * 1e-6, "device_busy_s": busy * 1e-6,
-        "device_idle_s": (wall - busy) * 1e-6, "busy_fraction": busy / wall if wall else "",
-        "kernels": len(act), "launches": sum(_within(t, windows) for t in trace.launches),
-        "aten_ops": sum(_within(t, windows) for t in trace.aten),
-        "blocked_s": 1e-6 * sum(s.end - s.start for s in _clipped(trace.blocking, windows)),
-        "streams": len(lanes), "lead_s": "", "tail_s": "", "compute_stream": "",
-        "compute_busy_s": "", "compute_idle_s": "", "compute_gaps_over_10us": "",
-        "compute_idle_over_10us_s": ""}
-    if not act:
-        return out
-    out["lead_s"] = 1e-6 * sum(min((s.start for s in act if a <= s.start <= b), default=b) - a
-                               for a, b in windows)
-    out["tail_s"] = 1e-6 * sum(b - max((s.end for s in act if a <= s.end <= b), default=a)
-                               for a, b in windows)
-    lane, spans = max(lanes.items(),
-                      key=lambda kv: union_us((s.start, s.end) for s in kv[1]))
-    gaps = gaps_us((s.start, s.end) for s in spans)
-    big = [g for g in gaps if g > GAP_US]
-    out |= {"compute_stream": lane,
-            "compute_busy_s": 1e-6 * union_us((s.start, s.end) for s in spans),
-            "compute_idle_s": 1e-6 * sum(gaps), "compute_gaps_over_10us": len(big),
-            "compute_idle_over_10us_s": 1e-6 * sum(big)}
-    return out
-
-
-def class_rows(trace: Trace, windows: list[tuple[float, float]]) -> list[dict[str, Any]]:
-    """kernel_classes.csv's figures of one phase, one dict per class."""
-    act = _clipped(trace.activity, windows)
-    by_class: dict[str, list[Span]] = defaultdict(list)
-    for s in act:
-        by_class[kernel_class(s.name)].append(s)
-    rows = []
-    for cls in KERNEL_CLASSES:
-        spans = by_class.get(cls, [])
-        per_name: Counter[str] = Counter()
-        for s in spans:
-            per_name[s.name] += s.end - s.start
-        top = "; ".join(f"{n[:100]}: {us * 1e-6:.4g}" for n, us in per_name.most_common(3))
-        rows.append({"kernel_class": cls, "kernels": len(spans),
-                     "device_s": 1e-6 * sum(s.end - s.start for s in spans),
-                     "busy_s": 1e-6 * union_us((s.start, s.end) for s in spans),
-                     "top_kernels": top})
-    return rows
-
-
-def kernel_rows(trace: Trace, windows: list[tuple[float, float]]) -> list[dict[str, Any]]:
-    """kernel_names.csv's figures of one phase: one dict per (stream, launching ATen op,
-    kernel name), costliest first."""
-    groups: dict[tuple[int, str, str], list[float]] = defaultdict(list)
-    for s in _clipped(trace.activity, windows):
-        groups[s.lane, s.op, s.name].append(s.end - s.start)
-    rows = [{"stream": lane, "aten_op": op, "kernel": name[:KERNEL_NAME_CHARS],
-             "kernel_class": kernel_class(name), "calls": len(us),
-             "device_s": 1e-6 * sum(us)}
-            for (lane, op, name), us in groups.items()]
-    return sorted(rows, key=lambda r: (-r["device_s"], r["stream"], r["aten_op"],
-                                       r["kernel"]))
-
-
-def gemm_rows(trace: Trace, windows: list[tuple[float, float]]) -> list[dict[str, Any]]:
-    """gemm_shapes.csv's figures of one phase, one dict per (op, shapes)."""
-    groups: dict[tuple[str, str], dict[str, Any]] = {}
-    for c in trace.gemms:
-        if not _within(c.start, windows):
-            continue
-        text = str(c.shapes)
-        g = groups.setdefault((c.op, text), {"op": c.op, "shapes": text, "calls": 0,
-                                             "kernels": 0, "device_s": 0.0, "flops": 0.0,
-                                             "names": Counter()})
-        g["calls"] += 1
-        g["kernels"] += c.kernels
-        g["device_s"] += c.device_us * 1e-6
-        g["flops"] += gemm_flops(c.op, c.shapes)
-        if c.kernel:
-            g["names"][c.kernel[:160]] += c.device_us
-    rows = []
-    for g in sorted(groups.values(), key=lambda g: -g["device_s"]):
-        names: Counter[str] = g.pop("names")
-        top = names.most_common(1)
-        rows.append({**g, "kernel": top[0][0] if top else "",
-                     "tflops": g["flops"] / g["device_s"] / 1e12
-                     if g["device_s"] and g["flops"] else ""})
-    return rows
-
-
 # -------------------------------------------------------------------- one run
-def measure_run(ctx: RankContext, run: Run, steps: Steps) -> dict[str, list[dict[str, Any]]]:
-    """Build the run, time and profile it (see the module docstring).
+def measure_run(ctx: RankContext, run: Run, *, steps: Steps, out_dir: str) -> dict[str, Any]:
+    """Build the run, time and profile it (see the module docstring), and append its rows
+    to the tables in `out_dir` (FILES).
 
     Returns:
-        Rows for "phases", "classes", "gemms" and "kernels", and "summary" (one dict).
+        Its summary: warm-up step and host issue times, profiled steps, events read, SM
+        clock range.
     """
-    with gpu_bench.matmul_precision("tf32") if run.tf32 else nullcontext():
-        return _measure_run(ctx, run, steps)
+    with matmul_precision("tf32") if run.tf32 else nullcontext():
+        result = _measure_run(ctx, run, steps)
+    for key, (name, fields) in FILES.items():
+        append_csv(Path(out_dir) / name, fields, result[key])
+    return result["summary"][0]
 
 
 def _measure_run(ctx: RankContext, run: Run, steps: Steps) -> dict[str, list[dict[str, Any]]]:
@@ -659,18 +336,7 @@ def _measure_run(ctx: RankContext, run: Run, steps: Steps) -> dict[str, list[dic
     return out
 
 
-# ----------------------------------------------------------------- in the process
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GroupJob:
-    """What a world size's process runs."""
-
-    runs: tuple[PhaseRun, ...]
-    steps: Steps
-    deadline: Deadline
-    """When the process's share of the budget ends: no run starts that would not fit."""
-    out_dir: str
-
-
+# ---------------------------------------------------------------------- the command
 FILES = {"phases": ("phases.csv", PHASE_FIELDS), "classes": ("kernel_classes.csv", CLASS_FIELDS),
          "gemms": ("gemm_shapes.csv", GEMM_FIELDS),
          "kernels": ("kernel_names.csv", KERNEL_FIELDS)}
@@ -690,47 +356,9 @@ def append_csv(path: Path, fields: tuple[str, ...], rows: list[dict[str, Any]]) 
                              else row.get(k, "") for k in fields})
 
 
-def group_rank(ctx: RankContext, job: GroupJob) -> int:
-    """Rank function (fake process group): the job's runs in turn, each one's rows
-    appended to the tables and its status to runs.jsonl as it ends (a failure or a skip
-    recorded in its place). Returns the number of runs measured."""
-    out = Path(job.out_dir)
-    ratio = 1.0
-    done = 0
-    for planned in job.runs:
-        start = time.time()
-        need = planned.estimate_s * ratio
-        status: dict[str, Any] = {"run": planned.run.name, "world_size": ctx.world_size}
-        if not job.deadline.allows(need):
-            status |= {"status": "skipped",
-                       "note": f"skipped: {need:.0f} s needed, "
-                               f"{max(job.deadline.left_s(), 0):.0f} s left in its share"}
-        else:
-            try:
-                result = measure_run(ctx, planned.run, job.steps)
-                for key, (name, fields) in FILES.items():
-                    append_csv(out / name, fields, result[key])
-                status |= {"status": "ok", **result["summary"][0]}
-                ratio = max(ratio, (time.time() - start) / planned.estimate_s)
-                done += 1
-            except Exception as e:  # one failed run must not end the process
-                status |= {"status": "error",
-                           "note": f"error: {type(e).__name__}: {e} | "
-                                   + traceback.format_exc(limit=-4).replace("\n", " ")}
-        status["seconds"] = round(time.time() - start, 2)
-        append_jsonl(str(out / "runs.jsonl"), status)
-        print(f"  [n={ctx.world_size}] {planned.run.name}: {status['status']} "
-              f"({status['seconds']} s)", flush=True)
-        gc.collect()
-        if ctx.device.startswith("cuda"):
-            torch.cuda.empty_cache()
-    return done
-
-
-# ---------------------------------------------------------------------- the command
 NOTES = [
     "Runs are rank 0 of N on the fake process group (collectives are no-ops), built as "
-    "zsim.validation.gpu_report builds them; times have no communication.",
+    "the GPU report builds them (zsim.validation.gpu_runs); times have no communication.",
     "wall_s, host_issue_s, sync_wait_s, sm_clock_mhz: medians over unprofiled steps "
     "synchronised after each phase; host_issue_s = wall_s - sync_wait_s (the host's time "
     "to issue the phase, any wait inside it for a full launch queue or a hidden "
@@ -740,7 +368,7 @@ NOTES = [
     "is the union over all streams of kernels, memcpy and memset clipped to the phase; "
     "device activity belongs to the phase holding its midpoint.",
     "CPU (--quick): the 'kernels' are the outermost ATen op calls, the 'streams' threads.",
-    "kernel classes: by name fragments (zsim.validation.gpu_phases._CLASS_MARKERS), first "
+    "kernel classes: by name fragments (zsim.validation.kernel_trace._CLASS_MARKERS), first "
     "match wins: copies, attention, gemm, optimizer, elementwise, else other; FSDP2's "
     "fp32->bf16 parameter cast is an elementwise copy kernel.",
     "gemm_shapes: per ATen mm/addmm/bmm/baddbmm call, the device time of the kernels the "
@@ -765,18 +393,18 @@ def run_phases(out_dir: Path, *, quick: bool, budget_s: float, command: str = ""
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     planned = runs(quick, device)
-    groups = by_world_size(planned)
+    plan_groups = by_world_size(planned)
     steps = QUICK_STEPS if quick else FULL_STEPS
     failures: list[str] = []
     provenance: dict[str, Any] = {
         "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
-        "command": command, "environment": gpu_report.environment(), "quick": quick,
+        "command": command, "environment": environment(), "quick": quick,
         "budget_s": budget_s, "steps": {"warmup": steps.warmup, "phased": steps.phased,
                                         "profiled": steps.profiled,
                                         "one_profiled_if_step_over_s": steps.long_step_s},
-        "runs": [{"name": p.run.name, "world_size": p.world_size,
-                  "published": p.run.published, "model": p.run.spec.name,
-                  "plan": p.run.plan.label, "estimate_s": p.estimate_s} for p in planned],
+        "runs": [{"name": r.name, "world_size": r.plan.world_size, "published": r.published,
+                  "model": r.spec.name, "plan": r.plan.label, "estimate_s": r.estimate_s}
+                 for r in planned],
         "notes": NOTES}
 
     def write_provenance(state: str) -> None:
@@ -786,63 +414,12 @@ def run_phases(out_dir: Path, *, quick: bool, budget_s: float, command: str = ""
         (out_dir / "provenance.yaml").write_text(yaml.safe_dump(provenance, sort_keys=False))
 
     write_provenance("running")
-    log(f"{len(planned)} runs in {len(groups)} processes, {budget_s:g} s budget")
-    for i, (world_size, group) in enumerate(groups):
-        cost = [STARTUP_S + sum(p.estimate_s for p in g) for _, g in groups[i:]]
-        left = end - STOP_S - time.time()
-        share = Deadline(time.time() + left * cost[0] / sum(cost))
-        if not share.allows(STARTUP_S + min(p.estimate_s for p in group)):
-            failures.append(f"n={world_size}: skipped, time budget spent")
-            for p in group:
-                append_jsonl(str(out_dir / "runs.jsonl"),
-                             {"run": p.run.name, "world_size": world_size,
-                              "status": "skipped", "note": "skipped: time budget spent"})
-            continue
-        log(f"n={world_size}: {', '.join(p.run.name for p in group)} "
-            f"({share.left_s():.0f} s share)")
-        job = GroupJob(runs=tuple(group), steps=steps, deadline=share, out_dir=str(out_dir))
-        try:
-            run_fake_rank(group_rank, job, world_size=world_size,
-                          timeout_s=max(end - STOP_S - time.time(), 1.0))
-        except RankFailed as e:
-            failures.append(f"n={world_size}: process failed: {str(e)[-1500:]}")
-            log(f"n={world_size} failed: {str(e)[-300:]}")
-            # Runs the process never reported on (it died or was stopped in them).
-            reported = {r["run"] for r in read_jsonl(out_dir / "runs.jsonl")}
-            for p in group:
-                if p.run.name not in reported:
-                    append_jsonl(str(out_dir / "runs.jsonl"),
-                                 {"run": p.run.name, "world_size": world_size,
-                                  "status": "missing", "note": "its process failed"})
-        write_provenance("running")
+    log(f"{len(planned)} runs in {len(plan_groups)} processes, {budget_s:g} s budget")
+    records = run_groups(plan_groups, partial(measure_run, steps=steps, out_dir=str(out_dir)),
+                         until=end - STOP_S, stop_at=end - STOP_S,
+                         log_path=out_dir / "runs.jsonl", log=log)
+    failures += [f"{run.name} (n={group.world_size}): {record['note']}"
+                 for run, group, record in records if record["status"] != "ok"]
     write_provenance("done")
     log(f"wrote {out_dir}")
     return out_dir / "phases.csv"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Command line: see the module docstring."""
-    parser = argparse.ArgumentParser(
-        prog="python -m zsim.validation.gpu_phases",
-        description="Per-phase GPU-busy vs host-bound time and kernel classes of published "
-                    "FSDP2 runs (rank 0 of N on the fake process group), under "
-                    "torch.profiler.")
-    parser.add_argument("--out", type=Path, required=True, help="output folder")
-    parser.add_argument("--quick", action="store_true",
-                        help="a tiny model at world 8 (a smoke test; runs on CPU)")
-    parser.add_argument("--budget-s", type=float, default=135.0,
-                        help="wall-clock budget, seconds, from the end of the imports "
-                             "(default 135)")
-    argv = sys.argv[1:] if argv is None else argv
-    args = parser.parse_args(argv)
-    print(run_phases(args.out, quick=args.quick, budget_s=args.budget_s,
-                     command=" ".join([parser.prog, *argv])))
-    return 0
-
-
-if __name__ == "__main__":
-    # Through the importable module, so the rank function and job pickled into the
-    # spawned processes name zsim.validation.gpu_phases, not __main__.
-    from zsim.validation.gpu_phases import main as module_main
-
-    sys.exit(module_main())

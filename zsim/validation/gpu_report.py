@@ -1,27 +1,22 @@
 """The GPU validation report (issue 11, deliverable 6): one command that, on a machine with
 one CUDA GPU, runs the validation rows that one GPU can host, predicts each with the
-simulator, and measures what the GPU fit needs (zsim.calibration.gpu_bench), all within a
-wall-clock budget.
+simulator, and measures what the GPU fit needs (zsim.calibration.gpu_host_sweep,
+zsim.calibration.gpu_kernel_bench), all within a wall-clock budget.
 
-    python -m zsim.validation.gpu_report --out DIR [--quick] [--budget-s 360]
+    zsim validate gpu-report --out DIR [--quick] [--budget-s 360]
 
-Validation rows: world 1 on a real process group (NCCL; gloo on CPU) and rank 0 of N on
-the fake process group at N = 8, 64 and 512 (FSDP2: fsdp, fsdp-no-reshard, recomputation,
-fp32 with TF32 matmuls, CPU offload, hsdp; DDP at world 1), and last, after the
-measurements, DeepSpeed ZeRO-2 at world 1 when deepspeed is installed. The rows of one
-world size run in one process, in turn (the caching allocator emptied between them),
-each group with its share of the section's time; each row is appended to
-DIR/raw/<group>.jsonl as it completes, so a crash keeps the rows before it. Each row
-measures, with the protocol of zsim.backend.measured_step, memory over the steady-state step
-(allocated after init and after a step, per-phase peaks, peak reserved, saved
-activations); then it runs warm-up steps, steps synchronised after each phase (forward,
-backward, optimizer), and unsynchronised steps (the step time, and the host's time to
-queue the step). Metric names are those of the CPU report
-(reports/validation/validation.csv), plus forward/backward/optimizer times, peak
-reserved, after-forward memory and host issue time; predictions come from zsim.simulate
-with the given hardware profile (hgx-h200 on CUDA). The fake process group moves no
-data, so measured step times have no communication: they are compared with the
-simulator's step time minus its exposed collective waits (offload copies stay in).
+Validation rows (zsim.validation.gpu_runs): world 1 on a real process group (NCCL; gloo
+on CPU) and rank 0 of N on the fake process group at N = 8, 64 and 512, and last, after
+the measurements, DeepSpeed ZeRO-2 at world 1 when deepspeed is installed. The rows of
+one world size run in one process, in turn (the caching allocator emptied between them),
+each group with its share of the section's time (zsim.validation.budgeted_runs); each
+row is appended to DIR/raw/<section>.jsonl as it completes, so a crash keeps the rows
+before it. Metric names are those of the CPU report (reports/validation/validation.csv),
+plus forward/backward/optimizer times, peak reserved, after-forward memory and host
+issue time; predictions come from zsim.simulate with the given hardware profile
+(hgx-h200 on CUDA). The fake process group moves no data, so measured step times have no
+communication: they are compared with the simulator's step time minus its exposed
+collective waits (offload copies stay in).
 
 Outputs in DIR: validation.csv (model, plan, nproc, backend, metric, predicted, measured,
 error_pct, run, note), runs.yaml (every run's raw figures), host.csv and host_fit.csv
@@ -33,38 +28,38 @@ budget (SHARES) are skipped and listed. Imports torch.
 
 from __future__ import annotations
 
-import argparse
-import gc
-import importlib.util
-import os
-import platform
-import statistics
-import sys
 import time
 import traceback
 from collections.abc import Callable
-from contextlib import nullcontext
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from datetime import datetime, timezone
-from importlib import metadata
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
 
-from zsim.backend import programs, training
-from zsim.backend.measured_step import _Job, _memory_step, _Meter, _NoTracking
-from zsim.backend.runner import RankContext, RankFailed, run_fake_rank, run_ranks
-from zsim.calibration import gpu_bench
-from zsim.calibration.gpu_bench import P1B3, Deadline, append_jsonl, read_jsonl, timed_step
+from zsim.backend.runner import Deadline, RankFailed, read_jsonl, run_fake_rank
+from zsim.calibration import gpu_host_sweep, gpu_kernel_bench
+from zsim.calibration.machine import environment
+from zsim.calibration.nano import QUICK_SWEEP_CONFIGS, SWEEP_CONFIGS
 from zsim.errors import ConfigError
 from zsim.simulate import simulate
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
-from zsim.validation.report import FIELDS as CPU_FIELDS
-from zsim.validation.report import backend_knobs, predicted_activation_bytes, write_csv
+from zsim.validation.budgeted_runs import Group, Run, run_groups
+from zsim.validation.comparison import FIELDS as CPU_FIELDS
+from zsim.validation.comparison import predicted_activation_bytes, write_csv
+from zsim.validation.gpu_runs import (
+    FULL_STEPS,
+    QUICK_STEPS,
+    Steps,
+    deepspeed_groups,
+    groups,
+    measure_run,
+)
 
 FIELDS = (*(f for f in CPU_FIELDS if f != "note"), "run", "note")
 """Columns of validation.csv: the CPU report's, with the run's name before the note
@@ -79,219 +74,6 @@ TIME_NOTE = ("measured step and phase times have no communication (the fake proc
              "moves no data; world 1 has none to speak of); predicted step time is the "
              "simulator's step_time_s minus its exposed collective waits (offload copies "
              "are real and stay in)")
-
-SMALL = ModelSpec(name="0p4b-v128k", num_layers=16, d_model=1024, num_heads=16,
-                  num_kv_heads=4, ffn_hidden=2816, vocab_size=128256, max_seq_len=2048)
-"""A 0.44B GQA Llama with Llama 3's 128k vocabulary (the output layer is 60% of it)."""
-
-P7B = ModelSpec(name="7b", num_layers=32, d_model=4096, num_heads=32, num_kv_heads=32,
-                ffn_hidden=11008, vocab_size=32000, max_seq_len=4096)
-"""Llama-2-7B as in shared/cases/h200-fsdp2-runs.yaml."""
-
-TINY = ModelSpec(name="tiny", num_layers=2, d_model=64, num_heads=4, num_kv_heads=2,
-                 ffn_hidden=176, vocab_size=512, max_seq_len=64)
-"""The quick mode's model (CPU smoke test)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Run:
-    """One validation row: a model and plan, and how it runs."""
-
-    name: str
-    spec: ModelSpec
-    plan: Plan
-    tf32: bool = False
-    """fp32 storage with TF32 matmuls (the simulator has no such precision yet)."""
-    published: str = ""
-    """The run of shared/cases/h200-fsdp2-runs.yaml with the same model and plan."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Group:
-    """Runs that share one process: one world size and backend."""
-
-    key: str
-    backend: str
-    """"real" (world 1 on NCCL, gloo without CUDA) or "fake" (rank 0 of world_size)."""
-    world_size: int
-    runs: tuple[Run, ...]
-    needs: str = ""
-    """A module that must be importable (else the runs are skipped)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Steps:
-    """Steps per run after the two memory steps."""
-
-    warmup: int
-    phased: int
-    unsynced: int
-
-
-FULL_STEPS = Steps(warmup=2, phased=3, unsynced=3)
-QUICK_STEPS = Steps(warmup=1, phased=2, unsynced=2)
-
-
-def _run(name: str, spec: ModelSpec, strategy: str, gpus: int, knobs: dict[str, Any], *,
-         shard_group: int | None = None, tf32: bool = False, published: str = "",
-         **changes: Any) -> Run:
-    plan = Plan.for_strategy(strategy, gpus=gpus, shard_group=shard_group,
-                             **{**knobs, **changes})
-    return Run(name=name, spec=spec, plan=plan, tf32=tf32, published=published)
-
-
-def groups(quick: bool, device_type: str) -> list[Group]:
-    """The FSDP2 and DDP validation rows, by process, in the order they run (most wanted
-    first within a process). Specs carry the kernel knobs of `device_type`
-    (zsim.validation.report.backend_knobs)."""
-    knobs = backend_knobs(device_type)
-    fp32 = {"param_dtype": "fp32", "grad_dtype": "fp32"}
-    if quick:
-        t = replace(TINY, **knobs)
-        k = {"seq_len": 64, "micro_batch": 2, "reduce_dtype": "fp32"}
-        return [
-            Group(key="n1", backend="real", world_size=1, runs=(
-                _run("tiny_n1", t, "fsdp", 1, k), _run("tiny_n1_ddp", t, "ddp", 1, k))),
-            Group(key="n8", backend="fake", world_size=8, runs=(
-                _run("tiny_n8", t, "fsdp", 8, k),
-                _run("tiny_n8_fp32", t, "fsdp", 8, k, tf32=True, **fp32))),
-            Group(key="n64", backend="fake", world_size=64, runs=(
-                _run("tiny_n64_hsdp8x8", t, "hsdp", 64, k, shard_group=8),)),
-            Group(key="n512", backend="fake", world_size=512, runs=(
-                _run("tiny_n512", t, "fsdp", 512, k),)),
-        ]
-    b, s, m = (replace(x, **knobs) for x in (P1B3, SMALL, P7B))
-    kb = {"seq_len": 2048, "micro_batch": 4, "reduce_dtype": "fp32"}
-    ks = {"seq_len": 2048, "micro_batch": 2, "reduce_dtype": "fp32"}
-    km = {"seq_len": 4096, "micro_batch": 1, "reduce_dtype": "fp32"}
-    return [
-        Group(key="n1", backend="real", world_size=1, runs=(
-            _run("1p3b_n1", b, "fsdp", 1, kb, published="1p3b_n1"),
-            _run("0p4b_n1", s, "fsdp", 1, ks), _run("0p4b_n1_ddp", s, "ddp", 1, ks))),
-        Group(key="n8", backend="fake", world_size=8, runs=(
-            _run("1p3b_n8", b, "fsdp", 8, kb, published="1p3b_n8"),
-            _run("1p3b_n8_raf0", b, "fsdp-no-reshard", 8, kb, published="1p3b_n8_raf0"),
-            _run("1p3b_n8_ac", b, "fsdp", 8, kb, recompute="full", published="1p3b_n8_ac"),
-            _run("1p3b_n8_sac", b, "fsdp", 8, kb, recompute="selective"),
-            _run("1p3b_n8_fp32", b, "fsdp", 8, kb, tf32=True, published="1p3b_n8_fp32",
-                 **fp32),
-            _run("1p3b_n8_offload", b, "fsdp", 8, kb, offload="params",
-                 published="1p3b_n8_offload"),
-            _run("0p4b_n8", s, "fsdp", 8, ks), _run("0p4b_n8_raf0", s, "fsdp-no-reshard", 8, ks))),
-        Group(key="n64", backend="fake", world_size=64, runs=(
-            _run("1p3b_n64", b, "fsdp", 64, kb, published="1p3b_n64"),
-            _run("1p3b_n64_raf0", b, "fsdp-no-reshard", 64, kb, published="1p3b_n64_raf0"),
-            _run("1p3b_n64_hsdp8x8", b, "hsdp", 64, kb, shard_group=8),
-            _run("0p4b_n64", s, "fsdp", 64, ks),
-            _run("0p4b_n64_hsdp8x8", s, "hsdp", 64, ks, shard_group=8),
-            _run("7b_n64", m, "fsdp", 64, km, published="7b_n64"))),
-        Group(key="n512", backend="fake", world_size=512, runs=(
-            _run("1p3b_n512", b, "fsdp", 512, kb),
-            _run("1p3b_n512_hsdp64x8", b, "hsdp", 512, kb, shard_group=64),
-            _run("0p4b_n512", s, "fsdp", 512, ks))),
-    ]
-
-
-def deepspeed_groups(quick: bool, device_type: str) -> list[Group]:
-    """DeepSpeed ZeRO-2 at world 1 (skipped when deepspeed is not installed)."""
-    knobs = backend_knobs(device_type)
-    if quick:
-        run = _run("tiny_n1_zero2", replace(TINY, **knobs), "zero2", 1,
-                   {"seq_len": 64, "micro_batch": 2, "reduce_dtype": "fp32"})
-    else:
-        run = _run("0p4b_n1_zero2", replace(SMALL, **knobs), "zero2", 1,
-                   {"seq_len": 2048, "micro_batch": 2, "reduce_dtype": "fp32"})
-    return [Group(key="deepspeed", backend="real", world_size=1, needs="deepspeed",
-                  runs=(run,))]
-
-
-# ------------------------------------------------------------------- in the rank process
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _GroupJob:
-    runs: tuple[Run, ...]
-    steps: Steps
-    deadline: Deadline
-    log_path: str
-
-
-_FIRST_RUN_S = 15.0
-"""Time assumed for a group's first run before one has been measured, seconds."""
-_START_RUNS = 2
-"""A process's start-up (torch import, CUDA and process group initialisation), counted in
-runs when the section's time is shared between groups."""
-
-
-def _group_rank(ctx: RankContext, job: _GroupJob) -> int:
-    """Rank function: each run of the group in turn, its result appended to job.log_path
-    (an error or a skip recorded in its place). Returns the number of runs written."""
-    need_s = _FIRST_RUN_S
-    for run in job.runs:
-        start = time.time()
-        if not job.deadline.allows(need_s):
-            result: dict[str, Any] = {"run": run.name, "status": "skipped",
-                                      "note": "skipped: time budget spent"}
-        else:
-            try:
-                result = _measure_run(ctx, run, job.steps)
-                need_s = 1.2 * (time.time() - start)
-            except Exception as e:  # one failed run must not end the group
-                result = {"run": run.name, "status": "error",
-                          "note": f"error: {type(e).__name__}: {e} | "
-                                  + traceback.format_exc(limit=-4).replace("\n", " ")}
-        result["seconds"] = round(time.time() - start, 2)
-        append_jsonl(job.log_path, result)
-        print(f"  [{ctx.backend} n={ctx.world_size}] {run.name}: {result['status']} "
-              f"({result['seconds']} s)", flush=True)
-        gc.collect()
-        if ctx.device.startswith("cuda"):
-            torch.cuda.empty_cache()
-    return len(job.runs)
-
-
-def _measure_run(ctx: RankContext, run: Run, steps: Steps) -> dict[str, Any]:
-    """Memory over the steady-state step (zsim.backend.measured_step's protocol), then timed
-    steps (zsim.calibration.gpu_bench.timed_step)."""
-    spec, plan = run.spec, run.plan
-    meter = _Meter(ctx.device)
-    if meter.cuda:
-        torch.cuda.reset_peak_memory_stats()
-    leftover = meter.live() if meter.cuda else 0
-    tracking = meter.tracker if meter.tracker is not None else _NoTracking()
-    with gpu_bench.matmul_precision("tf32") if run.tf32 else nullcontext():
-        with tracking:
-            prep = programs.prepare(spec, plan, device=ctx.device, world_size=ctx.world_size)
-            after_init = meter.live()
-            training.train_step(prep, training.batches(spec, plan, device=ctx.device,
-                                                       rank=ctx.rank, step=0))
-            after_first = meter.live()
-            memory, saved, _ = _memory_step(prep, _Job(spec=spec, plan=plan, steps=0,
-                                                       warmup_steps=0), ctx, meter)
-        micro = training.batches(spec, plan, device=ctx.device, rank=ctx.rank, step=2)
-        for _ in range(steps.warmup):
-            timed_step(prep, micro, ctx.device, phases=False)
-        phased = [timed_step(prep, micro, ctx.device, phases=True)
-                  for _ in range(steps.phased)]
-        unsynced = [timed_step(prep, micro, ctx.device, phases=False)
-                    for _ in range(steps.unsynced)]
-    del prep
-    allocated = {k: v - leftover for k, v in memory.items() if k != "reserved_bytes"}
-    return {
-        "run": run.name, "status": "ok", "leftover_bytes": leftover,
-        "after_init_bytes": after_init - leftover,
-        "after_first_step_bytes": after_first - leftover, **allocated,
-        "reserved_bytes": memory["reserved_bytes"],
-        "saved_blocks_bytes": sum(t.bytes for t in saved if t.scope != "root"),
-        "saved_root_bytes": sum(t.bytes for t in saved if t.scope == "root"),
-        "step_s": statistics.median(s["step_s"] for s in unsynced),
-        "host_issue_s": statistics.median(s["host_issue_s"] for s in unsynced),
-        **{k: statistics.median(s[k] for s in phased)
-           for k in ("forward_s", "backward_s", "optimizer_s")},
-        "step_phased_s": statistics.median(s["step_s"] for s in phased),
-        "step_times_s": [round(s["step_s"], 6) for s in unsynced],
-        "note": (f"{leftover} B left allocated by the previous run were subtracted"
-                 if leftover else ""),
-    }
-
 
 # ------------------------------------------------------------------------- predictions
 def predict(spec: ModelSpec, plan: Plan, hw: HardwareProfile) -> dict[str, float | None]:
@@ -360,158 +142,38 @@ def compare(run: Run, group: Group, result: dict[str, Any],
 # ---------------------------------------------------------------------------- sections
 Log = Callable[[str], None]
 
+GRACE_S = 30.0
+"""How long a group's process may run past its section's end: the run in flight
+finishes; a hung process is stopped then."""
 
-def run_validation(plan_groups: list[Group], steps: Steps, section: Deadline, raw: Path,
+
+def run_validation(plan_groups: list[Group], steps: Steps, section: Deadline, log_path: Path,
                    log: Log) -> list[tuple[Run, Group, dict[str, Any]]]:
     """Every group's runs, each group in its own process with its share of the time left
-    before `section`; a run without a result (the process died, or the group was skipped)
-    gets a status saying why."""
-    out: list[tuple[Run, Group, dict[str, Any]]] = []
-    for i, group in enumerate(plan_groups):
-        # Each group's share of the time left, by its runs (and start-up), so that a slow
-        # group cannot starve the world sizes after it.
-        weight = len(group.runs) + _START_RUNS
-        rest = sum(len(g.runs) + _START_RUNS for g in plan_groups[i:])
-        deadline = Deadline(min(section.at, time.time() + section.left_s() * weight / rest))
-        path = raw / f"validation-{group.key}.jsonl"
-        path.unlink(missing_ok=True)
-        failure = ""
-        if group.needs and importlib.util.find_spec(group.needs) is None:
-            failure = f"skipped: {group.needs} is not installed"
-        elif not deadline.allows(_FIRST_RUN_S):
-            failure = "skipped: time budget spent"
-        else:
-            log(f"validation: group {group.key} ({len(group.runs)} runs, "
-                f"{deadline.left_s():.0f} s for them)")
-            job = _GroupJob(runs=group.runs, steps=steps, deadline=deadline,
-                            log_path=str(path))
-            # The child stops starting runs at the deadline; the grace lets the run in
-            # flight finish and is the most a hung process can take beyond it.
-            timeout_s = max(deadline.left_s(), 0.0) + 30.0
-            try:
-                if group.backend == "fake":
-                    run_fake_rank(_group_rank, job, world_size=group.world_size,
-                                  timeout_s=timeout_s)
-                else:
-                    run_ranks(_group_rank, job, nproc=1, timeout_s=timeout_s,
-                              backend="nccl" if torch.cuda.is_available() else "gloo")
-            except RankFailed as e:
-                failure = f"error: the group's process failed: {str(e)[-1500:]}"
-                log(f"validation: group {group.key} failed: {str(e)[-300:]}")
-        done = {r["run"]: r for r in read_jsonl(path)}
-        for run in group.runs:
-            result = done.get(run.name) or {"run": run.name, "status": "missing",
-                                            "note": failure or "no result"}
-            out.append((run, group, result))
-    return out
+    before `section` (zsim.validation.budgeted_runs); a run without a result (the process
+    died, or the group was skipped) gets a status saying why."""
+    return run_groups(plan_groups, partial(measure_run, steps=steps), until=section.at,
+                      stop_at=section.at + GRACE_S, log_path=log_path, log=log)
 
 
 def run_host(quick: bool, deadline: Deadline, raw: Path, log: Log) -> list[dict[str, Any]]:
     """The host sweep on the fake process group as rank 0 of 8."""
     path = raw / "host.jsonl"
     path.unlink(missing_ok=True)
-    job = gpu_bench.HostJob(depths=(4, 8) if quick else (4, 16, 32),
-                            configs=gpu_bench.QUICK_HOST_CONFIGS if quick
-                            else gpu_bench.HOST_CONFIGS, timed=2 if quick else 6,
-                            warmup=1 if quick else 3, deadline=deadline, log_path=str(path))
+    job = gpu_host_sweep.HostJob(depths=(4, 8) if quick else (4, 16, 32),
+                                 configs=QUICK_SWEEP_CONFIGS if quick else SWEEP_CONFIGS,
+                                 timed=2 if quick else 6, warmup=1 if quick else 3,
+                                 deadline=deadline, log_path=str(path))
     if not deadline.allows(10.0):
         return [{"config": c, "note": "skipped: time budget spent"} for c in job.configs]
     log(f"host sweep: {len(job.configs)} configs x depths {job.depths}")
     try:
-        run_fake_rank(gpu_bench.host_rank, job, world_size=8,
+        run_fake_rank(gpu_host_sweep.host_rank, job, world_size=8,
                       timeout_s=max(deadline.left_s(), 0.0) + 30.0)
     except RankFailed as e:
         log(f"host sweep: process failed: {str(e)[-300:]}")
         return [*read_jsonl(path), {"config": "", "note": f"error: {str(e)[-1500:]}"}]
     return read_jsonl(path)
-
-
-HOST_FIT_FIELDS = ("config", "depths", "host_issue_s_per_block", "host_issue_s_base",
-                   "step_s_per_block", "aten_ops_per_block", "launches_per_block",
-                   "kernels_per_block", "host_s_per_aten_op")
-"""Columns of host_fit.csv: least-squares lines over depth of the host sweep."""
-
-
-def host_fit(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per config with at least two timed depths: the slope per block (and the intercept
-    of the host issue time) of each host figure measured at every depth, and the host
-    seconds per ATen op added by a block."""
-    timed = [r for r in rows if isinstance(r.get("host_issue_s"), float)]
-    out = []
-    for config in dict.fromkeys(r["config"] for r in timed):
-        ok = [r for r in timed if r["config"] == config]
-        if len({r["layers"] for r in ok}) < 2:
-            continue
-        xs = [float(r["layers"]) for r in ok]
-
-        def line(key: str, ok: list[dict[str, Any]] = ok,
-                 xs: list[float] = xs) -> tuple[float | str, float | str]:
-            ys = [r.get(key) for r in ok]
-            if not all(isinstance(y, int | float) for y in ys):
-                return "", ""
-            fit = statistics.linear_regression(xs, [float(y) for y in ys])
-            return fit.slope, fit.intercept
-
-        host, base = line("host_issue_s")
-        aten = line("aten_ops")[0]
-        out.append({"config": config, "depths": " ".join(str(r["layers"]) for r in ok),
-                    "host_issue_s_per_block": host, "host_issue_s_base": base,
-                    "step_s_per_block": line("step_s")[0], "aten_ops_per_block": aten,
-                    "launches_per_block": line("launches")[0],
-                    "kernels_per_block": line("kernels")[0],
-                    "host_s_per_aten_op": (host / aten if isinstance(host, float)
-                                           and isinstance(aten, float) and aten else "")})
-    return out
-
-
-# ------------------------------------------------------------------------------ output
-def environment() -> dict[str, Any]:
-    """What the measurements ran on."""
-    env: dict[str, Any] = {
-        "python": platform.python_version(), "torch": str(torch.__version__),
-        "cuda_runtime": torch.version.cuda, "host": platform.node(),
-        "machine": platform.machine(), "cpus": os.cpu_count(),
-        "packages": {p: _version(p) for p in ("numpy", "simpy", "PyYAML", "pandas",
-                                              "deepspeed", "zsim")},
-        "git_commit": _git_commit(),
-    }
-    if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        env |= {"gpu": props.name, "gpu_memory_bytes": props.total_memory,
-                "gpu_capability": f"{props.major}.{props.minor}",
-                "gpu_count": torch.cuda.device_count(),
-                "cudnn": torch.backends.cudnn.version(),
-                "nccl": ".".join(map(str, torch.cuda.nccl.version()))}
-    else:
-        env["gpu"] = "none (CPU run)"
-    return env
-
-
-def _version(package: str) -> str:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def _git_commit() -> str:
-    """The checkout's commit, read from .git without running git (zsim starts no
-    programs); "unknown" where the tree is a copy without .git."""
-    git = Path(__file__).resolve().parents[2] / ".git"
-    try:
-        head = (git / "HEAD").read_text().strip()
-        if not head.startswith("ref: "):
-            return head
-        ref = head.removeprefix("ref: ")
-        loose = git / ref
-        if loose.is_file():
-            return loose.read_text().strip()
-        for line in (git / "packed-refs").read_text().splitlines():
-            if line.endswith(" " + ref):
-                return line.split()[0]
-    except OSError:
-        pass
-    return "unknown (not a git checkout)"
 
 
 def load_hardware(name: str) -> HardwareProfile:
@@ -543,9 +205,10 @@ def write_report(out_dir: Path, *, rows: list[dict[str, Any]],
                  provenance: dict[str, Any]) -> None:
     """Every output file (see the module docstring)."""
     _csv(rows, out_dir / "validation.csv", FIELDS)
-    _csv(host, out_dir / "host.csv", gpu_bench.HOST_FIELDS)
-    _csv(host_fit(host), out_dir / "host_fit.csv", HOST_FIT_FIELDS)
-    _csv(kernels, out_dir / "kernels.csv", gpu_bench.KERNEL_FIELDS)
+    _csv(host, out_dir / "host.csv", gpu_host_sweep.HOST_FIELDS)
+    _csv(gpu_host_sweep.host_fit(host), out_dir / "host_fit.csv",
+         gpu_host_sweep.HOST_FIT_FIELDS)
+    _csv(kernels, out_dir / "kernels.csv", gpu_kernel_bench.KERNEL_FIELDS)
     (out_dir / "runs.yaml").write_text(yaml.safe_dump({"runs": [
         {"name": run.name, "group": group.key, "backend": group.backend,
          "world_size": group.world_size, "published": run.published, "tf32": run.tf32,
@@ -567,7 +230,7 @@ def write_report(out_dir: Path, *, rows: list[dict[str, Any]],
     (out_dir / "report.md").write_text("\n".join(lines) + "\n")
 
 
-def _only(plan_groups: list[Group], names: frozenset[str]) -> list[Group]:
+def only_runs(plan_groups: list[Group], names: frozenset[str]) -> list[Group]:
     """The groups' runs named in `names`, in their groups.
 
     Raises:
@@ -581,16 +244,24 @@ def _only(plan_groups: list[Group], names: frozenset[str]) -> list[Group]:
     return [g for g in kept if g.runs]
 
 
-def run_report(out_dir: Path, *, quick: bool, budget_s: float, hardware: str,
+def run_report(out_dir: Path, *, quick: bool, budget_s: float, hardware: str | None = None,
                command: str = "", only: frozenset[str] = frozenset()) -> Path:
     """Run every section within `budget_s` seconds of wall time and write the report
-    (`command`: the command line, for the provenance). With `only`, the validation runs
-    of those names and no other section.
+    (`command`: the command line, for the provenance), predicting with the profile
+    `hardware` (None: hgx-h200 with CUDA, local-cpu without). With `only`, the validation
+    runs of those names and no other section.
 
     Returns:
         The validation CSV path.
+
+    Raises:
+        ConfigError: a name in `only` that no run has (before anything runs).
     """
     start = time.time()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    hardware = hardware or ("hgx-h200" if device == "cuda" else "local-cpu")
+    chosen = only_runs(groups(quick, device) + deepspeed_groups(quick, device),
+                       only) if only else []
     out_dir.mkdir(parents=True, exist_ok=True)
     raw = out_dir / "raw"
     raw.mkdir(exist_ok=True)
@@ -603,7 +274,6 @@ def run_report(out_dir: Path, *, quick: bool, budget_s: float, hardware: str,
 
     env = environment()
     log(f"environment: {env}")
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     hw: HardwareProfile | None = None
     try:
         hw = load_hardware(hardware)
@@ -617,20 +287,20 @@ def run_report(out_dir: Path, *, quick: bool, budget_s: float, hardware: str,
     sections: list[tuple[str, Callable[[], None]]] = [
         ("validation", lambda: runs.extend(run_validation(
             groups(quick, device), QUICK_STEPS if quick else FULL_STEPS,
-            section_deadline("validation"), raw, log))),
+            section_deadline("validation"), raw / "validation.jsonl", log))),
         ("host", lambda: host.extend(run_host(quick, section_deadline("host"), raw, log))),
-        ("kernels", lambda: kernels.extend(gpu_bench.run_items(
-            gpu_bench.kernel_items(gpu_bench.QUICK if quick else gpu_bench.FULL, device),
+        ("kernels", lambda: kernels.extend(gpu_kernel_bench.run_items(
+            gpu_kernel_bench.kernel_items(gpu_kernel_bench.QUICK if quick
+                                          else gpu_kernel_bench.FULL, device),
             section_deadline("kernels"), need_s=2.0, log=log))),
         ("deepspeed", lambda: runs.extend(run_validation(
             deepspeed_groups(quick, device), QUICK_STEPS if quick else FULL_STEPS,
-            section_deadline("deepspeed"), raw, log))),
+            section_deadline("deepspeed"), raw / "deepspeed.jsonl", log))),
     ]
     if only:
         sections = [("validation", lambda: runs.extend(run_validation(
-            _only(groups(quick, device) + deepspeed_groups(quick, device), only),
-            QUICK_STEPS if quick else FULL_STEPS, section_deadline("deepspeed"), raw,
-            log)))]
+            chosen, QUICK_STEPS if quick else FULL_STEPS, section_deadline("deepspeed"),
+            raw / "validation.jsonl", log)))]
     for name, section in sections:
         begin = time.time()
         try:
@@ -672,38 +342,3 @@ def run_report(out_dir: Path, *, quick: bool, budget_s: float, hardware: str,
     log(f"wrote {out_dir} ({len(rows)} validation rows, {len(host)} host rows, "
         f"{len(kernels)} kernel rows, {len(skipped)} skipped or failed)")
     return out_dir / "validation.csv"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Command line: see the module docstring."""
-    parser = argparse.ArgumentParser(
-        prog="python -m zsim.validation.gpu_report",
-        description="GPU validation report: validation rows on one GPU (world 1 and rank 0 "
-                    "of N on the fake process group) against the simulator, plus host, "
-                    "matmul, attention and memory-bound measurements.")
-    parser.add_argument("--out", type=Path, required=True, help="output folder")
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny models and shapes (a smoke test; runs on CPU)")
-    parser.add_argument("--budget-s", type=float, default=360.0,
-                        help="wall-clock budget, seconds (default 360)")
-    parser.add_argument("--runs", default="",
-                        help="comma-separated validation run names: run only these (and "
-                             "no other section), e.g. to redo runs that failed")
-    parser.add_argument("--hardware", default=None,
-                        help="hardware profile for predictions (default hgx-h200 with "
-                             "CUDA, local-cpu without)")
-    argv = sys.argv[1:] if argv is None else argv
-    args = parser.parse_args(argv)
-    hardware = args.hardware or ("hgx-h200" if torch.cuda.is_available() else "local-cpu")
-    only = frozenset(n for n in args.runs.split(",") if n)
-    print(run_report(args.out, quick=args.quick, budget_s=args.budget_s, hardware=hardware,
-                     command=" ".join([parser.prog, *argv]), only=only))
-    return 0
-
-
-if __name__ == "__main__":
-    # Through the importable module, so the rank functions and jobs pickled into spawned
-    # processes name zsim.validation.gpu_report, not __main__.
-    from zsim.validation.gpu_report import main as module_main
-
-    sys.exit(module_main())

@@ -1,9 +1,9 @@
-"""Kernel rates read from the kernels of real steps: what `python -m
-zsim.validation.gpu_phases` recorded (kernel_classes.csv: device time by kernel class,
+"""Kernel rates read from the kernels of real steps: what `zsim calibrate gpu-phases`
+(zsim.validation.gpu_phases) recorded (kernel_classes.csv: device time by kernel class,
 with each class's costliest kernels) for runs of shared/cases/h200-fsdp2-runs.yaml, and
 what those kernels moved.
 
-    python -m zsim.validation.phase_rates --phases DIR --cases PATH
+    zsim calibrate phase-rates --phases DIR --cases PATH
 
 prints three of the profile's figures with the measurements they come from
 (tests/golden/test_h200_runs.py checks the committed figures are these):
@@ -28,13 +28,13 @@ Imports no torch.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import statistics
 from pathlib import Path
 from typing import NamedTuple
 
 from zsim.analytic.compute import block_forward_flops
+from zsim.errors import ConfigError
 from zsim.units import GB
 from zsim.validation.published_runs import PublishedRun, load_runs
 
@@ -158,32 +158,32 @@ def reduce_copy_in_rates(phases_dir: Path, cases: Path) -> list[CopyInRate]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m zsim.validation.phase_rates",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--phases", type=Path, required=True,
-                        help="gpu_phases output (reports/validation-h200/phases)")
-    parser.add_argument("--cases", type=Path, required=True,
-                        help="shared/cases/h200-fsdp2-runs.yaml")
-    args = parser.parse_args(argv)
-    attention = attention_rates(args.phases, args.cases)
-    print(f"{'run':16s} {'step':>4s} {'dtype':>5s} {'seq':>5s} {'hd':>4s} "
-          f"{'fwd TFLOP/s':>11s} {'bwd TFLOP/s':>11s}")
-    for a in attention:
-        print(f"{a.run:16s} {a.step:4d} {a.dtype:>5s} {a.seq:5d} {a.head_dim:4d} "
-              f"{a.forward_flop_per_s / 1e12:11.1f} {a.backward_flop_per_s / 1e12:11.1f}")
-    for dtype, rows in attention_rows(attention).items():
-        print(f"kernels.attention.{dtype} rows: {rows}")
-    print(f"\nkernel_overhead_us {kernel_gap_s(args.phases) * 1e6:.1f} (compute-stream gaps "
-          f"under 10 us per launch, device-bound forward and backward phases)")
-    rates = reduce_copy_in_rates(args.phases, args.cases)
-    print(f"\n{'run':16s} {'step':>4s} {'seconds':>10s} {'GB/s':>8s}")
-    for r in rates:
-        print(f"{r.run:16s} {r.step:4d} {r.seconds:10.6f} {r.bytes_per_s / GB:8.0f}")
+def rates_text(phases_dir: Path, cases: Path) -> str:
+    """The three figures with the measurements they come from (see the module docstring),
+    as lines of text.
+
+    Raises:
+        ConfigError: `phases_dir` lacks kernel_classes.csv or phases.csv, or `cases` is not
+            a readable runs file.
+    """
+    for name in ("kernel_classes.csv", "phases.csv"):
+        if not (phases_dir / name).is_file():
+            raise ConfigError("phases", str(phases_dir),
+                              f"has no {name} (the output of zsim calibrate gpu-phases)")
+    attention = attention_rates(phases_dir, cases)
+    lines = [f"{'run':16s} {'step':>4s} {'dtype':>5s} {'seq':>5s} {'hd':>4s} "
+             f"{'fwd TFLOP/s':>11s} {'bwd TFLOP/s':>11s}"]
+    lines += [f"{a.run:16s} {a.step:4d} {a.dtype:>5s} {a.seq:5d} {a.head_dim:4d} "
+              f"{a.forward_flop_per_s / 1e12:11.1f} {a.backward_flop_per_s / 1e12:11.1f}"
+              for a in attention]
+    lines += [f"kernels.attention.{dtype} rows: {rows}"
+              for dtype, rows in attention_rows(attention).items()]
+    lines += ["", f"kernel_overhead_us {kernel_gap_s(phases_dir) * 1e6:.1f} (compute-stream "
+                  f"gaps under 10 us per launch, device-bound forward and backward phases)"]
+    rates = reduce_copy_in_rates(phases_dir, cases)
+    lines += ["", f"{'run':16s} {'step':>4s} {'seconds':>10s} {'GB/s':>8s}"]
+    lines += [f"{r.run:16s} {r.step:4d} {r.seconds:10.6f} {r.bytes_per_s / GB:8.0f}"
+              for r in rates]
     median = statistics.median(r.bytes_per_s for r in rates) / GB
-    print(f"median reduce_copy_in {median:.0f} GB/s over {len(rates)} backwards")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    lines.append(f"median reduce_copy_in {median:.0f} GB/s over {len(rates)} backwards")
+    return "\n".join(lines)

@@ -20,7 +20,7 @@ residuals, and the `error_bands:` section they give:
   (reports/validation-cpu2, zsim.validation.error_budget), where every program ran on one
   host: what a program the profile's runs did not run may add.
 
-    python -m zsim.validation.profile_bands [--profile NAME ...] [--write] [--cases DIR] [--cpu DIR]
+    zsim calibrate bands [--profile NAME ...] [--write] [--cases DIR] [--cpu DIR]
 
 prints each profile's section, or with --write puts it into hardware_profiles/NAME.yaml
 (tests/golden/test_error_bands.py checks that the committed sections are what the current
@@ -29,7 +29,6 @@ model gives). Imports no torch.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import re
@@ -198,7 +197,7 @@ def _local_cpu(src: Sources, hw: HardwareProfile) -> Evidence:
                     collectives=coll, parts=[
         f"{len(rows)} steps of {batches} batches of {src.cpu_dir.name} (gloo on the "
         "repository's 2-core hosts, world 2 and 4, each batch with its own calibrated "
-        "profile: python -m zsim.validation.error_budget)",
+        "profile: zsim validate error-budget)",
         f"collectives: no nccl-tests case on this hardware; every case's range "
         f"({_count(coll)})"])
 
@@ -297,7 +296,7 @@ def profile_bands(name: str, *, cases_dir: Path = CASES_DIR,
     return ErrorBands(metrics=metrics,
                       collectives=pct_range([r["residual"] for r in ev.collectives]),
                       runs=len({r["run"] for r in ev.steps}), evidence=tuple(parts),
-                      source=f"python -m zsim.validation.profile_bands --profile {name}")
+                      source=f"zsim calibrate bands --profile {name}")
 
 
 def section_yaml(bands: ErrorBands) -> str:
@@ -337,29 +336,13 @@ def with_section(text: str, section: str) -> str:
     return "".join(lines[:start]) + section + "".join(lines[end:])
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m zsim.validation.profile_bands`: see the module docstring."""
-    parser = argparse.ArgumentParser(prog="python -m zsim.validation.profile_bands",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profile", action="append", choices=list(PROFILES),
-                        help="a shipped profile (default: every one)")
-    parser.add_argument("--write", action="store_true",
-                        help="put each section into hardware_profiles/NAME.yaml")
-    parser.add_argument("--cases", type=Path, default=CASES_DIR,
-                        help="folder of published.yaml and h200-fsdp2-runs.yaml")
-    parser.add_argument("--cpu", type=Path, default=CPU_DIR,
-                        help="the CPU validation's folder of batches")
-    args = parser.parse_args(argv)
-    for name in args.profile or list(PROFILES):
-        section = section_yaml(profile_bands(name, cases_dir=args.cases, cpu_dir=args.cpu))
-        if args.write:
-            path = PROFILES_DIR / f"{name}.yaml"
-            path.write_text(with_section(path.read_text(), section))
-            print(f"wrote {path}")
-        else:
-            print(f"# {name}\n{section}")
-    return 0
+def write_section(name: str, section: str) -> Path:
+    """Put `section` into the shipped profile NAME's YAML (zsim.spec.registry.PROFILES_DIR),
+    the rest of the file kept byte for byte.
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    Returns:
+        The profile's path.
+    """
+    path = PROFILES_DIR / f"{name}.yaml"
+    path.write_text(with_section(path.read_text(), section))
+    return path

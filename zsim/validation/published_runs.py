@@ -3,7 +3,7 @@ in the simulator: each run's model and plan, the simulator's figures for what wa
 measured, and the residuals (predicted / measured - 1) that issue 11's targets and the
 profiles' error bands (zsim.validation.profile_bands) are made of.
 
-    python -m zsim.validation.published_runs --cases PATH [--hardware hgx-h200]
+    zsim validate published-runs --cases PATH [--hardware hgx-h200]
 
 prints the per-run table of errors (percent).
 
@@ -16,7 +16,6 @@ no torch.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,7 +25,6 @@ from zsim.simulate import simulate
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
-from zsim.spec.registry import resolve_hardware
 from zsim.spec.yaml_file import read_yaml
 from zsim.units import GiB
 from zsim.validation.published_cases import step_row
@@ -141,7 +139,9 @@ def residuals(runs: list[PublishedRun], hw: HardwareProfile) -> list[dict[str, A
     return out
 
 
-def _table(rows: list[dict[str, Any]]) -> str:
+def residual_table(rows: list[dict[str, Any]]) -> str:
+    """The residuals of `rows` (residuals()) in percent, a line per run, then the mean and
+    the largest |error| per metric."""
     head = f"{'run':22s} {'kind':10s}" + "".join(f" {k[:-2]:>14s}" for k in METRICS)
     lines = [head]
     for r in rows:
@@ -151,18 +151,3 @@ def _table(rows: list[dict[str, Any]]) -> str:
         lines.append(f"{name:33s}" + "".join(
             f" {100 * fn(abs(r[k]) for r in rows):14.1f}" for k in METRICS))
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m zsim.validation.published_runs",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", type=Path, required=True,
-                        help="shared/cases/h200-fsdp2-runs.yaml")
-    parser.add_argument("--hardware", default="hgx-h200")
-    args = parser.parse_args(argv)
-    print(_table(residuals(load_runs(args.cases), resolve_hardware(args.hardware))))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

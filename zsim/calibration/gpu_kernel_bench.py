@@ -1,113 +1,39 @@
-"""Measurements for the GPU fit of issue 11 that shared/cases/h200-microbench.yaml lacks:
-the host side of eager training steps, matmul rates over small and skinny shapes in
-bf16, TF32 and strict fp32, causal attention over sequence and head dimension, the
-block's memory-bound kernels, the optimizer's foreach kernels and host AdamW by thread
-count, and small pinned/pageable PCIe copies. zsim.validation.gpu_report runs them.
+"""The kernel measurements of the GPU fit (issue 11) that shared/cases/h200-microbench.yaml
+lacks: matmul rates over small and skinny shapes in bf16, TF32 and strict fp32, causal
+attention over sequence and head dimension, the block's memory-bound kernels, the
+optimizer's foreach kernels and host AdamW by thread count, and small pinned/pageable
+PCIe copies. The GPU validation report runs them (zsim.validation.gpu_report) into
+kernels.csv.
 
-Owns how each figure is timed. A kernel's device time comes from CUDA events around
-`reps` back-to-back calls queued behind a torch.cuda._sleep, so the host has queued them
-all before the GPU starts and the figure excludes launch gaps; the host time per call is
-the wall time the queueing took. On CPU both are the wall time per call. Bytes and FLOPs
-follow zsim.analytic.compute's conventions (what each kernel reads and writes; backward =
-2x forward), so a rate divided by the profile's peak is directly its efficiency.
-
-The host sweep (`host_rank`) runs on the fake process group as rank 0 of N: nano models
-(width 64, 16 tokens: their kernels cost microseconds) at several depths under each
-program, timing the Python issue of a step without synchronising, the synchronised step,
-its phases, and one profiled step for the ATen ops, kernel launches and device-busy time.
-The slope over depth is the host cost per block; units of 1 and 4 blocks separate the
-per-unit from the per-parameter cost of FSDP2's hooks. Imports torch.
+Owns what each item measures and at which shapes (FULL on an H200, QUICK on CPU), each
+call timed by zsim.calibration.timing.time_call (device time from CUDA events, host time
+to queue). Bytes and FLOPs follow zsim.analytic.compute's conventions (what each kernel
+reads and writes; backward = 2x forward), so a rate divided by the profile's peak is
+directly its efficiency. An item that fails or finds the time budget spent gives a row
+saying so and the rest run. Imports torch.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import statistics
 import time
-import traceback
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass, replace
+from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.profiler import ProfilerActivity, profile
 
-from zsim.backend import programs, training
-from zsim.backend.reference_model import Transformer
-from zsim.backend.runner import RankContext, sync_device
+from zsim.backend.runner import Deadline
+from zsim.calibration.timing import Timing, time_call
 from zsim.spec.model import ModelSpec
-from zsim.spec.plan import Plan
-
-SLEEP_CYCLES = 20_000_000
-"""GPU clock cycles of the torch.cuda._sleep queued before each timed batch of calls
-(about 10 ms on an H200 at 1.98 GHz): longer than the host needs to queue the calls."""
 
 KERNEL_FIELDS = ("kind", "dtype", "shape", "flops", "bytes", "device_s", "host_s",
                  "tflops", "gbps", "note")
 """Columns of kernels.csv: the rate is flops (or bytes) over device_s."""
-
-HOST_FIELDS = ("config", "layers", "unit_size", "param_tensors", "steps", "host_issue_s",
-               "step_s", "forward_s", "backward_s", "optimizer_s", "aten_ops", "launches",
-               "kernels", "device_busy_s", "note")
-"""Columns of host.csv, one row per (config, depth); times are medians per step."""
-
-
-@dataclass(frozen=True, slots=True)
-class Deadline:
-    """A wall-clock limit (time.time() seconds, comparable across processes)."""
-
-    at: float
-
-    def left_s(self) -> float:
-        """Seconds until the limit."""
-        return self.at - time.time()
-
-    def allows(self, need_s: float) -> bool:
-        """Whether `need_s` more seconds fit before the limit."""
-        return self.left_s() >= need_s
-
-
-@dataclass(frozen=True, slots=True)
-class Timing:
-    """Per-call seconds of a timed function."""
-
-    device_s: float
-    host_s: float
-
-
-def time_call(fn: Callable[[], Any], device: str, *, reps: int, warmup: int = 2,
-              queue: bool = True) -> Timing:
-    """Time `fn` (see the module docstring): device seconds per call from CUDA events
-    around `reps` calls queued behind a sleep kernel (without `queue`, for calls that
-    block the host, no sleep), host seconds per call to queue them; on CPU both are wall
-    seconds per call."""
-    for _ in range(warmup):
-        fn()
-    if not device.startswith("cuda"):
-        start = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        per_call = (time.perf_counter() - start) / reps
-        return Timing(device_s=per_call, host_s=per_call)
-    torch.cuda.synchronize()
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    if queue:
-        torch.cuda._sleep(SLEEP_CYCLES)
-    host0 = time.perf_counter()
-    begin.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    host_s = (time.perf_counter() - host0) / reps
-    torch.cuda.synchronize()
-    return Timing(device_s=begin.elapsed_time(end) * 1e-3 / reps, host_s=host_s)
-
 
 def kernel_row(kind: str, dtype: str, shape: str, timing: Timing, *, flops: float = 0.0,
                nbytes: float = 0.0, note: str = "") -> dict[str, Any]:
@@ -130,7 +56,6 @@ def matmul_precision(dtype: str) -> Iterator[None]:
 
 
 _DTYPES = {"bf16": torch.bfloat16, "tf32": torch.float32, "fp32": torch.float32}
-_BYTES = {"bf16": 2, "tf32": 4, "fp32": 4}
 
 
 def _reps(seconds_guess: float, device: str) -> int:
@@ -140,7 +65,6 @@ def _reps(seconds_guess: float, device: str) -> int:
     return max(3, min(50, math.ceil(5e-3 / max(seconds_guess, 1e-7))))
 
 
-# ---------------------------------------------------------------------- kernel items
 @dataclass(frozen=True, slots=True)
 class Sizes:
     """The shapes the kernel items run at (full on an H200, quick on CPU)."""
@@ -436,196 +360,3 @@ def run_items(items: list[Item], deadline: Deadline, *, need_s: float,
 
 def _status_row(name: str, note: str) -> dict[str, Any]:
     return {**dict.fromkeys(KERNEL_FIELDS, ""), "kind": name, "note": note}
-
-
-# ------------------------------------------------------------------------ host sweep
-NANO_SEQ = 16
-"""Tokens per step of the host sweep's nano models (micro-batch 1)."""
-
-HOST_CONFIGS: tuple[str, ...] = ("plain", "fsdp", "fsdp_unit4", "fsdp_no_reshard",
-                                 "fsdp_ac_full", "fsdp_ac_selective", "fsdp_offload")
-"""Programs of the host sweep: "plain" is the unsharded bf16 model with AdamW(foreach);
-the rest FSDP2 as the backend applies it (zsim.backend.fsdp2): per block, per 4
-blocks, without resharding, with full or selective recomputation, with CPUOffloadPolicy.
-(DDP cannot run on the fake process group: its communication hook gets no tensor back.)"""
-
-QUICK_HOST_CONFIGS: tuple[str, ...] = ("plain", "fsdp", "fsdp_unit4")
-
-
-def nano(num_layers: int) -> ModelSpec:
-    """A reference Llama whose kernels cost almost nothing: width 64, 4 heads."""
-    return ModelSpec(name=f"nano{num_layers}", num_layers=num_layers, d_model=64,
-                     num_heads=4, num_kv_heads=4, ffn_hidden=128, vocab_size=256,
-                     max_seq_len=NANO_SEQ)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HostJob:
-    """What host_rank runs."""
-
-    depths: tuple[int, ...]
-    configs: tuple[str, ...]
-    timed: int
-    warmup: int
-    deadline: Deadline
-    log_path: str
-    """JSON lines, one per measured row, written as they complete."""
-
-
-def host_plan(config: str, world_size: int) -> Plan:
-    """The Plan a host-sweep config runs (plain: its dtypes only)."""
-    base = Plan.for_strategy("ddp" if config == "ddp" else "fsdp", gpus=world_size,
-                             seq_len=NANO_SEQ, micro_batch=1)
-    changes: dict[str, Any] = {
-        "fsdp_unit4": {"unit_size": 4}, "fsdp_no_reshard": {"strategy": "fsdp-no-reshard"},
-        "fsdp_ac_full": {"recompute": "full"}, "fsdp_ac_selective": {"recompute": "selective"},
-        "fsdp_offload": {"offload": "params"}}.get(config, {})
-    return replace(base, **changes)
-
-
-def host_rank(ctx: RankContext, job: HostJob) -> int:
-    """Rank function (fake process group): every (config, depth) of the job, shallowest
-    depth first for every config (so a budget that runs out leaves fewer depths, not
-    fewer configs), each row appended to job.log_path as it completes. Returns the number
-    of rows written."""
-    written = 0
-    for depth in job.depths:
-        for config in job.configs:
-            if not job.deadline.allows(5.0):
-                row: dict[str, Any] = {"config": config, "layers": depth,
-                                       "note": "skipped: time budget spent"}
-            else:
-                try:
-                    row = _host_row(ctx, config, depth, job)
-                except Exception as e:  # a failed config must not end the sweep
-                    row = {"config": config, "layers": depth,
-                           "note": f"error: {type(e).__name__}: {e} | "
-                                   + traceback.format_exc(limit=-3).replace("\n", " ")}
-            append_jsonl(job.log_path, row)
-            written += 1
-            print(f"host: {config} layers={depth}: {row.get('note') or 'ok'}", flush=True)
-    return written
-
-
-def append_jsonl(path: str, row: dict[str, Any]) -> None:
-    """Append one JSON line (a crash later in the process keeps the rows before it)."""
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(row) + "\n")
-
-
-def _host_row(ctx: RankContext, config: str, depth: int, job: HostJob) -> dict[str, Any]:
-    spec = nano(depth)
-    plan = host_plan(config, ctx.world_size)
-    prep = _plain(spec, ctx.device) if config == "plain" else programs.prepare(
-        spec, plan, device=ctx.device, world_size=ctx.world_size)
-    micro = training.batches(spec, plan, device=ctx.device, rank=ctx.rank, step=0)
-    for _ in range(job.warmup):
-        timed_step(prep, micro, ctx.device, phases=False)
-    issue = [timed_step(prep, micro, ctx.device, phases=False) for _ in range(job.timed)]
-    phased = [timed_step(prep, micro, ctx.device, phases=True) for _ in range(job.timed)]
-    try:
-        counts: dict[str, Any] = {**profile_counts(prep, micro, ctx.device), "note": ""}
-    except Exception as e:  # the timings stand without the op counts
-        counts = {"note": f"profile failed: {type(e).__name__}: {e}"}
-    row = {"config": config, "layers": depth, "unit_size": plan.unit_size,
-           "param_tensors": len(spec.parameter_tensors()), "steps": job.timed,
-           **{k: statistics.median(s[k] for s in issue) for k in ("host_issue_s", "step_s")},
-           **{k: statistics.median(s[k] for s in phased)
-              for k in ("forward_s", "backward_s", "optimizer_s")},
-           **counts}
-    del prep
-    return row
-
-
-def _plain(spec: ModelSpec, device: str) -> training.Prepared:
-    """The unsharded bf16 model with AdamW(foreach): the host cost without any wrapper."""
-    torch.manual_seed(0)
-    with torch.device(device):
-        inner = Transformer(spec)
-    inner.init_weights()
-    inner = inner.to(torch.bfloat16)
-    opt = torch.optim.AdamW(inner.parameters(), lr=1e-4, foreach=True)
-
-    def step() -> None:
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    units: dict[str, torch.nn.Module] = {f"layers.{i}": b for i, b in enumerate(inner.layers)}
-    units["root"] = inner
-    return training.Prepared(model=inner, inner=inner, units=units,
-                             backward=lambda loss, last: loss.backward(), step=step)
-
-
-def _autocast(prep: training.Prepared, device: str) -> AbstractContextManager[Any]:
-    if prep.autocast_dtype is None:
-        return nullcontext()
-    return torch.autocast(device.split(":")[0], dtype=prep.autocast_dtype)
-
-
-def timed_step(prep: training.Prepared, micro: list[tuple[torch.Tensor, torch.Tensor]],
-               device: str, *, phases: bool) -> dict[str, float]:
-    """One training step, timed. Unlike zsim.backend.training.train_step it never reads
-    the loss back, so without `phases` nothing waits for the device until the end:
-    host_issue_s is how long Python took to queue the step, step_s when the device
-    finished it. With `phases`, the device is synchronised after the forward, after the
-    backward and after the optimizer step, giving forward_s, backward_s and optimizer_s
-    (summed over micro-batches) and step_s."""
-    sync_device(device)
-    start = time.perf_counter()
-    fwd = bwd = 0.0
-    mark = start
-    for i, (tokens, labels) in enumerate(micro):
-        last = i == len(micro) - 1
-        with prep.sync(last):
-            with _autocast(prep, device):
-                loss = prep.model(tokens, labels)
-            if phases:
-                sync_device(device)
-                now = time.perf_counter()
-                fwd, mark = fwd + now - mark, now
-            prep.backward(loss, last)
-            if phases:
-                sync_device(device)
-                now = time.perf_counter()
-                bwd, mark = bwd + now - mark, now
-    prep.step()
-    issued = time.perf_counter()
-    sync_device(device)
-    end = time.perf_counter()
-    if phases:
-        return {"forward_s": fwd, "backward_s": bwd, "optimizer_s": end - mark,
-                "step_s": end - start}
-    return {"host_issue_s": issued - start, "step_s": end - start}
-
-
-_LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
-
-
-def profile_counts(prep: training.Prepared, micro: list[tuple[torch.Tensor, torch.Tensor]],
-                   device: str) -> dict[str, float]:
-    """One step under torch.profiler: ATen ops called (nested ones included), kernel
-    launches, device kernels and their summed duration (device-busy seconds)."""
-    activities = [ProfilerActivity.CPU]
-    if device.startswith("cuda"):
-        activities.append(ProfilerActivity.CUDA)
-    with profile(activities=activities) as prof:
-        timed_step(prep, micro, device, phases=False)
-    aten = launches = kernels = 0
-    busy_us = 0.0
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            kernels += 1
-            busy_us += event.time_range.elapsed_us()
-        elif event.name.startswith("aten::"):
-            aten += 1
-        elif event.name in _LAUNCHES:
-            launches += 1
-    return {"aten_ops": aten, "launches": launches, "kernels": kernels,
-            "device_busy_s": busy_us * 1e-6}
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The rows a child process appended (none if it wrote none)."""
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
