@@ -200,7 +200,7 @@ def _tp_calls(ctx: RankContext, plan: Plan) -> list[tuple[str, int]]:
     training.train_step(prep, micro)
     ((tokens, labels),) = micro
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        training.forward_backward(prep, tokens, labels, last=True, after_forward=lambda: None)
+        training.forward_backward(prep, tokens, labels, last=True)
     prep.step()
     out = []
     for event in prof.events():
