@@ -1,5 +1,6 @@
 """The public entry points the CLI calls: resolve names, run the planner or simulator,
-and return plain data (dicts/records) for rendering. No printing here."""
+and return plain data (dicts/records) for rendering. No printing here. The real-run
+commands' entry points are zsim.calibrate_api and zsim.validate_api."""
 
 from __future__ import annotations
 
