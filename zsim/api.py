@@ -59,11 +59,7 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
     """
     from zsim import parallel_planner as pp
 
-    for name, value in (("gpus", gpus), ("micro_batch", micro_batch),
-                        ("grad_accum", grad_accum), ("seq", seq)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value <= 0):
-            raise ConfigError(name, value, "must be a positive integer")
+    _check_positive(gpus=gpus, micro_batch=micro_batch, grad_accum=grad_accum, seq=seq)
     spec = resolve_model(model, params=params)
     hw = resolve_hardware(hardware)
     seq_len = seq if seq is not None else spec.max_seq_len
@@ -151,6 +147,18 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
         "candidates": candidates,
         "parallel": parallel_rows,
     }
+
+
+def _check_positive(**sizes: int | None) -> None:
+    """Each size given is a positive integer.
+
+    Raises:
+        ConfigError: naming the first that is not.
+    """
+    for name, value in sizes.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value <= 0):
+            raise ConfigError(name, value, "must be a positive integer")
 
 
 def _no_fit_hint(rows: Sequence[Ranked], hw: Any, seq_len: int, searched: bool) -> str:
@@ -310,6 +318,7 @@ def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | 
     from zsim.simulate import chrome_trace
     from zsim.simulate import simulate as run
 
+    _check_positive(gpus=gpus, micro_batch=micro_batch, grad_accum=grad_accum, seq=seq)
     spec = resolve_model(model)
     hw = resolve_hardware(hardware)
     warnings: tuple[str, ...] = ()
