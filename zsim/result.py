@@ -33,7 +33,7 @@ exceeds HBM, so no time figures and memory from the closed form."""
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StageFigures:
-    """One pipeline rank's figures (zsim.engine.pipeline)."""
+    """One pipeline rank's figures (zsim.engine.pipeline_replay)."""
 
     rank: int
     """Pipeline rank (0 holds the embeddings, pp - 1 the loss)."""

@@ -1,8 +1,8 @@
 """The work of each pipeline stage and what each pipeline rank holds: one micro-batch's
 forward and backward time per stage, the point-to-point send between stages, the
 data-parallel work before and after a rank's pipeline, and each rank's memory by
-category. zsim.engine.pipeline replays the stages in a schedule's order
-(zsim.schedule.pipeline); zsim.simulate assembles the Result. Never simulates.
+category. zsim.engine.pipeline_replay replays the stages in a schedule's order
+(zsim.schedule.pipeline_order); zsim.simulate assembles the Result. Never simulates.
 
 As torchtitan runs pipeline parallelism with FSDP2 (torchtitan/distributed/
 pipeline_parallel.py, parallelize.py):
@@ -22,7 +22,7 @@ pipeline_parallel.py, parallelize.py):
   critical path here; the other units' collectives are taken as hidden behind the
   pipeline's compute (not replayed on shared links).
 - Activations: each forward keeps its micro-batch's saved tensors until the backward
-  (zsim.schedule.pipeline.peak_in_flight weighs each stage's micro-batch by them); a
+  (zsim.schedule.pipeline_order.peak_in_flight weighs each stage's micro-batch by them); a
   backward's working set on top.
 - A send carries one micro-batch's activations (b x s x d in the residual stream's dtype,
   fp32 under autocast; its sequence shard with SP) over the pipeline hop's link
@@ -64,7 +64,7 @@ from zsim.schedule.build import (
     tp_dtype,
 )
 from zsim.schedule.lower import runs_autocast
-from zsim.schedule.pipeline import (
+from zsim.schedule.pipeline_order import (
     num_stages,
     peak_in_flight,
     rank_actions,

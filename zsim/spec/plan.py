@@ -1,7 +1,7 @@
 """Plan: how one training step is parallelised, sharded, recomputed and batched.
 
 Owns the plan fields and their single-field checks; cross-object rules (divisibility by the
-model's heads, fitting the cluster) live in zsim.spec.validate. Imports only zsim.errors,
+model's heads, fitting the cluster) live in zsim.spec.consistency. Imports only zsim.errors,
 zsim.units, zsim.spec.deepspeed and zsim.spec.fsdp1.
 
 Degrees follow torchtitan: `dp_shard` ranks share one copy of the sharded state,

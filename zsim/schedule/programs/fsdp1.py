@@ -32,7 +32,7 @@ Read from torch/distributed/fsdp/ (_flat_param.py, _runtime_utils.py, _limiter_u
   Without no_sync every micro-batch reduces (torch's default; the unsharded gradient is
   not kept across micro-batches). Sharded gradients live until the optimizer step
   (zero_grad(set_to_none=True)).
-- Offload is not modelled for FSDP1 (CPUOffload: see zsim.spec.validate).
+- Offload is not modelled for FSDP1 (CPUOffload: see zsim.spec.consistency).
 """
 
 from __future__ import annotations
