@@ -136,7 +136,7 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
     tp_b = _tp_time_s(b, "backward", both, 2) + (tp_f if p.recompute == "full" else 0.0)
     if p.async_tp:  # overlapped with the block's kernels: only the excess shows
         tp_f, tp_b = max(0.0, tp_f - block_f), max(0.0, tp_b - block_b)
-    kw = dict(micro_batch=p.micro_batch, seq_len=p.seq_len, act_bytes=b.a)
+    kw = dict(micro_batch=p.micro_batch, seq_len=p.seq_len, act_bytes=b.param_elem_bytes)
     head_f = b.compute(head_forward_flops(model, **kw))
     head_b = sum(b.compute(part) for part in head_backward_flops(model, **kw))
     # The output projection's logits all-gathered for the loss (build.gather_logits).
@@ -166,7 +166,7 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
     block_shapes = [s for _, s in model.block_tensors()]
     unit_shard = p.unit_size * shard_elems(block_shapes, p.dp_shard_cp)
     unit_gathered = unit_shard * p.dp_shard_cp
-    a, r = b.a, dtype_bytes(p.reduce_dtype)
+    a, r = b.param_elem_bytes, dtype_bytes(p.reduce_dtype)
     at_rest = dtype_bytes(p.master_dtype if p.has_master_copy else p.param_dtype)
     first_ag = collective_time_s("all_gather", unit_gathered * a, shard, hw) if fsdp else 0.0
     last_rs = (collective_time_s("reduce_scatter", unit_gathered * r, shard, hw, p.reduce_dtype)
