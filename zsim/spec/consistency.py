@@ -5,7 +5,8 @@ live in each dataclass's `__post_init__`); raises zsim.errors.ConfigError naming
 and its value. Imports only zsim.errors and zsim.spec. Positivity of sizes (micro-batch,
 sequence, degrees) is already enforced by `Plan.__post_init__`, so micro_batch * seq_len is
 positive for any Plan that exists. Checking a plan is not validating it: "validate" is
-kept for comparing predictions with real runs (see "validate" in zsim/__init__.py).
+kept for comparing predictions with real runs (see "check vs validate" in
+zsim/__init__.py).
 
 References: Megatron-LM (Shoeybi et al. 2019, Sec. 3) splits attention heads across tensor-
 parallel ranks, so heads and kv heads must divide by tp; pipeline stages hold whole blocks

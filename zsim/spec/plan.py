@@ -13,7 +13,9 @@ placed as torchtitan's ParallelDims builds its mesh (pp, dp_replicate, dp_shard,
 outermost first): tensor parallelism innermost, inside a node, then context, pipeline and
 data parallelism (zsim.analytic.placement gives each group its links).
 
-ZeRO stage -> FSDP2 mapping (cf. torchtitan docs/fsdp.md):
+Strategy (what is sharded) and program (Plan.impl: the library that runs it) as zsim's
+vocabulary (zsim/__init__.py) states them. ZeRO stage -> FSDP2 mapping (cf. torchtitan
+docs/fsdp.md):
 
 | strategy        | sharded over dp_shard (x cp)  | FSDP2 equivalent                          |
 |-----------------|-------------------------------|-------------------------------------------|
