@@ -347,7 +347,8 @@ def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | 
                           parallel=parallel, grad_sync=grad_sync)
     if trace is not None and plan.pp > 1:
         raise ConfigError("trace", str(trace), "a pipeline step is replayed per pipeline "
-                          "rank (zsim.engine.pipeline): it has no per-op timeline to write")
+                          "rank (zsim.engine.pipeline_replay): it has no per-op timeline to "
+                          "write")
     result = run(spec, hw, plan, trace=trace is not None, fit_only=fit_only)
     if trace is not None and not result.spans:
         raise ConfigError("trace", str(trace), "the plan was not simulated (its memory floor "
@@ -382,7 +383,7 @@ def sweep(scenario: Path, out: Path | None = None, *, executor: str = "local",
     With `out`, each finished run is first appended to `out/journal.jsonl`, and a run
     already there is not simulated again, so an interrupted sweep resumes (zsim.sweep);
     at the end `results.csv` (and `results.parquet` where pyarrow is installed) and, for
-    a scenario of at most zsim.report.build.REPORT_MAX_RUNS runs, the report
+    a scenario of at most zsim.report.files.REPORT_MAX_RUNS runs, the report
     (`<name>.csv`, `<name>.md` and `<name>-*.png` and `.svg`) are written, all or nothing. Their
     bytes do not depend on the executor, the number of workers or the interruptions.
 
@@ -397,7 +398,7 @@ def sweep(scenario: Path, out: Path | None = None, *, executor: str = "local",
         overrides: `KEY=VALUE` settings over the file (zsim.scenario.apply_overrides).
 
     Returns:
-        {"scenario": name, "rows": one record per run (zsim.report.frame.sweep_frame
+        {"scenario": name, "rows": one record per run (zsim.report.dataframes.sweep_frame
         columns), "csv": the CSV text, "written": the paths written, "warnings": the
         runs' config keys read but not modelled, each once, "simulated": runs simulated
         by this call (the others were read back from the journal)}.
@@ -407,8 +408,8 @@ def sweep(scenario: Path, out: Path | None = None, *, executor: str = "local",
             does not model, a bad report template, an unknown executor, ray not
             installed, or an `out` folder that cannot be written.
     """
-    from zsim.report.build import REPORT_MAX_RUNS, report_files, results_files
-    from zsim.report.frame import csv_text, rows_frame
+    from zsim.report.dataframes import csv_text, rows_frame
+    from zsim.report.files import REPORT_MAX_RUNS, report_files, results_files
     from zsim.scenario import load_scenario, simulate_timeline
     from zsim.sweep import run_sweep
 
@@ -456,7 +457,7 @@ def report(scenarios: Sequence[Path], out: Path, *, shipped: bool = False,
            overrides: Sequence[str] = (),
            progress: Callable[[str, int, int, str], None] | None = None) -> dict[str, Any]:
     """Simulate each scenario and write its report into `out`: `<name>.csv`, `<name>.md`
-    and `<name>-<figure>.png`/`.svg` (zsim.report.build), all scenarios' files all or
+    and `<name>-<figure>.png`/`.svg` (zsim.report.files), all scenarios' files all or
     nothing.
 
     Args:
@@ -473,8 +474,8 @@ def report(scenarios: Sequence[Path], out: Path, *, shipped: bool = False,
     Raises:
         ConfigError: no scenario, two scenarios of one name, or any error of api.sweep.
     """
-    from zsim.report.build import report_files
-    from zsim.report.frame import rows_frame
+    from zsim.report.dataframes import rows_frame
+    from zsim.report.files import report_files
     from zsim.scenario import load_scenario, simulate_timeline
     from zsim.sweep import run_sweep
 

@@ -12,10 +12,10 @@ from typer.testing import CliRunner
 
 from zsim.cli import app
 from zsim.errors import ConfigError
+from zsim.spec.consistency import check_plan
 from zsim.spec.plan import Plan
 from zsim.spec.presets import PRESETS
 from zsim.spec.registry import PROFILES_DIR, hardware_names, model_names, resolve_hardware
-from zsim.spec.validate import validate
 
 
 def error_line(args: list[str]) -> str:
@@ -117,5 +117,5 @@ def test_hsdp_shard_group_must_divide_gpus(shard_group: int) -> None:
 def test_hsdp_plan_not_matching_the_world_is_refused() -> None:
     plan = Plan(strategy="hsdp", dp_shard=6, dp_replicate=2, seq_len=4096)
     with pytest.raises(ConfigError) as info:
-        validate(PRESETS["llama2-13b"], resolve_hardware("dgx-h100"), plan, gpus=64)
+        check_plan(PRESETS["llama2-13b"], resolve_hardware("dgx-h100"), plan, gpus=64)
     assert info.value.field == "plan.dp_shard" and info.value.value == 6

@@ -39,7 +39,7 @@ from zsim.atomic import write_files
 from zsim.calibrate.step import PlanMeasurement, measure_plan
 from zsim.errors import ConfigError
 from zsim.schedule.lower import host_state_bytes, rank_model, runs_autocast
-from zsim.schedule.pipeline import rank_layers
+from zsim.schedule.pipeline_order import rank_layers
 from zsim.simulate import simulate
 from zsim.spec.deepspeed import DeepSpeedZero
 from zsim.spec.hardware import HardwareProfile
