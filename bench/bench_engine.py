@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from zsim.engine.simulate import run
-from zsim.fanout import workers_for
+from zsim.engine.replay import run
+from zsim.multicore import workers_for
 from zsim.planner import candidate_plans
 from zsim.result import summarize
 from zsim.schedule.lower import lower, memory_floor_bytes

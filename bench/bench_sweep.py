@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from zsim.fanout import workers_for
+from zsim.multicore import workers_for
 
 SCENARIO = """name: grid-{model}
 model: {model}

@@ -60,11 +60,7 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
     """
     from zsim import parallel_planner as pp
 
-    for name, value in (("gpus", gpus), ("micro_batch", micro_batch),
-                        ("grad_accum", grad_accum), ("seq", seq)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value <= 0):
-            raise ConfigError(name, value, "must be a positive integer")
+    _check_positive(gpus=gpus, micro_batch=micro_batch, grad_accum=grad_accum, seq=seq)
     spec = resolve_model(model, params=params)
     hw = resolve_hardware(hardware)
     seq_len = seq if seq is not None else spec.max_seq_len
@@ -152,6 +148,18 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
         "candidates": candidates,
         "parallel": parallel_rows,
     }
+
+
+def _check_positive(**sizes: int | None) -> None:
+    """Each size given is a positive integer.
+
+    Raises:
+        ConfigError: naming the first that is not.
+    """
+    for name, value in sizes.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value <= 0):
+            raise ConfigError(name, value, "must be a positive integer")
 
 
 def _no_fit_hint(rows: Sequence[Ranked], hw: Any, seq_len: int, searched: bool) -> str:
@@ -311,6 +319,7 @@ def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | 
     from zsim.simulate import chrome_trace
     from zsim.simulate import simulate as run
 
+    _check_positive(gpus=gpus, micro_batch=micro_batch, grad_accum=grad_accum, seq=seq)
     spec = resolve_model(model)
     hw = resolve_hardware(hardware)
     warnings: tuple[str, ...] = ()
@@ -339,7 +348,8 @@ def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | 
                           parallel=parallel, grad_sync=grad_sync)
     if trace is not None and plan.pp > 1:
         raise ConfigError("trace", str(trace), "a pipeline step is replayed per pipeline "
-                          "rank (zsim.engine.pipeline): it has no per-op timeline to write")
+                          "rank (zsim.engine.pipeline_replay): it has no per-op timeline to "
+                          "write")
     result = run(spec, hw, plan, trace=trace is not None, fit_only=fit_only)
     if trace is not None and not result.spans:
         raise ConfigError("trace", str(trace), "the plan was not simulated (its memory floor "
@@ -374,7 +384,7 @@ def sweep(scenario: Path, out: Path | None = None, *, executor: str = "local",
     With `out`, each finished run is first appended to `out/journal.jsonl`, and a run
     already there is not simulated again, so an interrupted sweep resumes (zsim.sweep);
     at the end `results.csv` (and `results.parquet` where pyarrow is installed) and, for
-    a scenario of at most zsim.report.build.REPORT_MAX_RUNS runs, the report
+    a scenario of at most zsim.report.files.REPORT_MAX_RUNS runs, the report
     (`<name>.csv`, `<name>.md` and `<name>-*.png` and `.svg`) are written, all or nothing. Their
     bytes do not depend on the executor, the number of workers or the interruptions.
 
@@ -389,7 +399,7 @@ def sweep(scenario: Path, out: Path | None = None, *, executor: str = "local",
         overrides: `KEY=VALUE` settings over the file (zsim.scenario.apply_overrides).
 
     Returns:
-        {"scenario": name, "rows": one record per run (zsim.report.frame.sweep_frame
+        {"scenario": name, "rows": one record per run (zsim.report.dataframes.sweep_frame
         columns), "csv": the CSV text, "written": the paths written, "warnings": the
         runs' config keys read but not modelled, each once, "simulated": runs simulated
         by this call (the others were read back from the journal)}.
@@ -399,8 +409,8 @@ def sweep(scenario: Path, out: Path | None = None, *, executor: str = "local",
             does not model, a bad report template, an unknown executor, ray not
             installed, or an `out` folder that cannot be written.
     """
-    from zsim.report.build import REPORT_MAX_RUNS, report_files, results_files
-    from zsim.report.frame import csv_text, rows_frame
+    from zsim.report.dataframes import csv_text, rows_frame
+    from zsim.report.files import REPORT_MAX_RUNS, report_files, results_files
     from zsim.scenario import load_scenario, simulate_timeline
     from zsim.sweep import run_sweep
 
@@ -448,7 +458,7 @@ def report(scenarios: Sequence[Path], out: Path, *, shipped: bool = False,
            overrides: Sequence[str] = (),
            progress: Callable[[str, int, int, str], None] | None = None) -> dict[str, Any]:
     """Simulate each scenario and write its report into `out`: `<name>.csv`, `<name>.md`
-    and `<name>-<figure>.png`/`.svg` (zsim.report.build), all scenarios' files all or
+    and `<name>-<figure>.png`/`.svg` (zsim.report.files), all scenarios' files all or
     nothing.
 
     Args:
@@ -465,8 +475,8 @@ def report(scenarios: Sequence[Path], out: Path, *, shipped: bool = False,
     Raises:
         ConfigError: no scenario, two scenarios of one name, or any error of api.sweep.
     """
-    from zsim.report.build import report_files
-    from zsim.report.frame import rows_frame
+    from zsim.report.dataframes import rows_frame
+    from zsim.report.files import report_files
     from zsim.scenario import load_scenario, simulate_timeline
     from zsim.sweep import run_sweep
 

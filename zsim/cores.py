@@ -1,5 +1,5 @@
 """The CPU cores this process may run on: what the planner fans plans out over
-(zsim.fanout) and what CPU ranks of a calibration share (zsim.calibration.microbench)."""
+(zsim.multicore) and what CPU ranks of a calibration share (zsim.calibration.kernel_bench)."""
 
 from __future__ import annotations
 

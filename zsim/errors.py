@@ -30,5 +30,5 @@ class ConfigError(ZsimError):
         super().__init__(f"{field}={_VALUE.repr(value)}: {reason}")
 
     def __reduce__(self) -> tuple[type[ConfigError], tuple[str, object, str]]:
-        # Rebuilt from its fields, so it crosses process boundaries (zsim.fanout).
+        # Rebuilt from its fields, so it crosses process boundaries (zsim.multicore).
         return (ConfigError, (self.field, self.value, self.reason))

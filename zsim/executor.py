@@ -1,7 +1,7 @@
 """Where a sweep's runs are simulated: here, on forked local workers, or on a Ray cluster.
 
 Owns `evaluate` (a batch of runs -> their rows, as `zsim.simulate.simulate` and
-zsim.report.frame.sweep_row give them, the same in any process) and the two executors,
+zsim.report.dataframes.sweep_row give them, the same in any process) and the two executors,
 which take the runs still to do and yield each batch's outcomes as soon as it finishes, in
 whatever order batches finish (zsim.sweep puts rows back in scenario order). `local` uses
 every core this process may use (`ZSIM_WORKERS=N` caps them, as for `zsim plan`): forked
@@ -29,7 +29,7 @@ from typing import Any
 from zsim import simulate as simulate_module
 from zsim.engine.allocator import use_compiled_replay
 from zsim.errors import ConfigError
-from zsim.fanout import workers_for
+from zsim.multicore import workers_for
 from zsim.scenario import Run
 
 EXECUTORS: tuple[str, ...] = ("local", "ray")
@@ -65,7 +65,7 @@ class RunOutcome:
     index: int
     """The run's position in the scenario."""
     row: dict[str, Any] | None
-    """Its zsim.report.frame.sweep_row, or None when it failed."""
+    """Its zsim.report.dataframes.sweep_row, or None when it failed."""
     curve: list[tuple[float, int]] | None
     """Its memory curve (time_s, allocated_bytes) when asked for, else None."""
     error: ConfigError | None = None
@@ -80,7 +80,7 @@ def evaluate(runs: Sequence[Run], indices: Sequence[int], curves: frozenset[str]
     (zsim.simulate.SimulationCache); keep the memory curve of the runs named in
     `curves`. A run the simulator rejects gives an outcome with its error; the
     batch goes on."""
-    from zsim.report.frame import sweep_row
+    from zsim.report.dataframes import sweep_row
 
     use_compiled_replay()  # loaded once per process (inherited by forked workers)
     out = []

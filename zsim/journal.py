@@ -2,7 +2,7 @@
 resumes where it stopped.
 
 Owns the file format (JSON lines, one per finished run: `{"id": plan id, "row": the run's
-row of zsim.report.frame.sweep_row, "curve": [[time_s, allocated_bytes], ...] or null}`),
+row of zsim.report.dataframes.sweep_row, "curve": [[time_s, allocated_bytes], ...] or null}`),
 appending a batch durably (unbuffered writes, then fsync) and reading it back. A process killed
 mid-write, or a disk that filled up, leaves at most a torn last line: reading drops it and
 cuts it off the file, so the next append starts on a line of its own and no run is lost

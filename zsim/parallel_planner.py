@@ -4,7 +4,7 @@ a global batch gives each, ranked, with one line on why each loses.
 
 Owns the enumeration (`parallel_plans`), the estimate of each factorization, the
 simulation of the best few and the ranking (`choose_parallel`). An estimate replays the
-plan's pipeline (zsim.engine.pipeline; a plan without PP is a one-stage pipeline) with
+plan's pipeline (zsim.engine.pipeline_replay; a plan without PP is a one-stage pipeline) with
 each stage's work (zsim.schedule.pipeline_work) and takes its memory from the program's
 floor (zsim.schedule.lower.memory_floor_bytes) or, with PP, from each pipeline rank's
 peak; a pipeline's estimate is its simulation (zsim.simulate.simulate replays the same
@@ -23,9 +23,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from zsim.engine.pipeline import run_pipeline
+from zsim.engine.pipeline_replay import run_pipeline
 from zsim.errors import ConfigError
-from zsim.fanout import simulate_all
+from zsim.multicore import simulate_all
 from zsim.recommend import Ranked
 from zsim.result import Result
 from zsim.schedule.lower import (
@@ -36,14 +36,14 @@ from zsim.schedule.lower import (
     rank_plan,
     saved_activation_bytes,
 )
-from zsim.schedule.pipeline import rank_actions
+from zsim.schedule.pipeline_order import rank_actions
 from zsim.schedule.pipeline_work import pipeline_work
 from zsim.simulate import simulate
+from zsim.spec.consistency import check_plan
 from zsim.spec.error_bands import band_pct
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
-from zsim.spec.validate import validate
 from zsim.units import GiB, dtype_bytes
 
 RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
@@ -183,7 +183,7 @@ def _variants(model: ModelSpec, hw: HardwareProfile, *, tp: int, cp: int, pp: in
                                 grad_sync="every" if pp == 1 and m > 1
                                 and strategy != "ddp" else "last",
                                 **knobs)  # type: ignore[arg-type]
-                    validate(model, hw, plan)
+                    check_plan(model, hw, plan)
                     check_modelled(plan)  # DDP with context parallelism is not
                 except ConfigError:
                     continue

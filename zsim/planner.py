@@ -17,15 +17,15 @@ from zsim.analytic.comm import step_comm
 from zsim.analytic.compute import step_flops
 from zsim.analytic.memory import CATEGORIES, MemoryEstimate, estimate_memory
 from zsim.errors import ConfigError
-from zsim.fanout import simulate_all
+from zsim.multicore import simulate_all
 from zsim.recommend import Ranked
 from zsim.result import Result
 from zsim.schedule.lower import memory_floor_bytes, saved_activation_bytes, state_at_rest_bytes
+from zsim.spec.consistency import check_plan
 from zsim.spec.error_bands import band_pct
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
-from zsim.spec.validate import validate
 from zsim.units import GB, GiB, dtype_bytes
 
 RECOMPUTE_ORDER: tuple[str, ...] = ("none", "selective", "full")
@@ -130,7 +130,7 @@ def _step_flops(model: ModelSpec, micro_batch: int, seq_len: int, grad_accum: in
 
 def evaluate(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Candidate:
     """Closed-form memory, communication and step-time estimate of one plan."""
-    validate(model, hw, plan)
+    check_plan(model, hw, plan)
     mem = estimate_memory(model, plan)
     comm = step_comm(model, plan, hw)
     model_flops, hw_flops = _step_flops(model, plan.micro_batch, plan.seq_len,
@@ -269,7 +269,7 @@ def choose(model: ModelSpec, hw: HardwareProfile, *, gpus: int, sequences_per_ra
 
 def choose_among(model: ModelSpec, hw: HardwareProfile, plans: list[Plan]) -> list[Choice]:
     """Closed forms for every plan, then zsim.simulate.simulate on every local core
-    (zsim.fanout), which simulates those whose memory floor fits in HBM; ranked by
+    (zsim.multicore), which simulates those whose memory floor fits in HBM; ranked by
     rank_choices."""
     estimates = [evaluate(model, hw, p) for p in plans]
     results = simulate_all(model, hw, plans)

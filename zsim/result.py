@@ -6,10 +6,9 @@ step time, compute time, busy time per collective kind, exposed communication wi
 reason for each wait, peak and reserved memory with what is live at the peak, the memory
 curve, out-of-memory location, tokens/s, TFLOP/s per GPU and MFU. No pandas here.
 
-Conventions (Calculon's vocabulary): *busy* = a stream was occupied (union of its
-intervals), *exposed* = the compute stream sat idle waiting for a collective. MFU counts
-model FLOPs only (6N + attention), HFU counts the FLOPs executed (recomputation included),
-as in shared/cases/published.yaml.
+Conventions: *busy* and *exposed* as zsim's vocabulary (zsim/__init__.py) states them.
+MFU counts model FLOPs only (6N + attention), HFU counts the FLOPs executed
+(recomputation included), as in shared/cases/published.yaml.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ exceeds HBM, so no time figures and memory from the closed form."""
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StageFigures:
-    """One pipeline rank's figures (zsim.engine.pipeline)."""
+    """One pipeline rank's figures (zsim.engine.pipeline_replay)."""
 
     rank: int
     """Pipeline rank (0 holds the embeddings, pp - 1 the loss)."""

@@ -65,13 +65,13 @@ import yaml
 from zsim.analytic.placement import partial_node_warning
 from zsim.errors import ConfigError
 from zsim.result import Result
+from zsim.spec.consistency import check_plan
 from zsim.spec.expression import Expression, compile_expression
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan, precision_knobs
 from zsim.spec.presets import ALIASES, PRESETS
 from zsim.spec.registry import resolve_hardware, resolve_model
-from zsim.spec.validate import validate
 from zsim.spec.yaml_file import read_yaml
 from zsim.units import GB, MiB
 
@@ -97,7 +97,7 @@ REQUIRED_TOP_KEYS: tuple[str, ...] = ("name", "model", "hardware", "plans")
 REPORT_KEYS: tuple[str, ...] = ("template", "memory_curves", "figures", "heatmap", "gantt")
 REPORT_FIGURES: tuple[str, ...] = ("step_time", "memory", "memory_curve", "pareto",
                                    "scaling", "exposed_comm", "heatmap", "gantt")
-"""Figures a report can hold (zsim.report.build.FIGURES): step time and peak memory bars
+"""Figures a report can hold (zsim.report.files.FIGURES): step time and peak memory bars
 per run, memory curves, the Pareto front of memory against throughput, scaling curves
 against GPU count, exposed communication against unit size and prefetch, a heatmap of one
 column over two swept keys, and the stream Gantt chart of one run."""
@@ -141,7 +141,7 @@ class Heatmap:
     """A heatmap figure: `value` coloured over the swept columns `x` and `y`."""
 
     x: str
-    """Column of zsim.report.frame.sweep_frame on the horizontal axis, e.g. gpus."""
+    """Column of zsim.report.dataframes.sweep_frame on the horizontal axis, e.g. gpus."""
     y: str
     """Column on the vertical axis."""
     value: str
@@ -183,7 +183,7 @@ def load_scenario(path: Path, overrides: Sequence[str] = ()) -> Scenario:
         overrides: `KEY=VALUE` settings applied over the file (apply_overrides).
 
     Returns:
-        The Scenario, every run already checked with zsim.spec.validate.validate.
+        The Scenario, every run already checked with zsim.spec.consistency.check_plan.
 
     Raises:
         ConfigError: unreadable file, malformed YAML, a bad override, or any bad key,
@@ -567,7 +567,8 @@ def _figures(report: dict[str, Any], names: list[str], curves: tuple[str, ...],
 def _run(name: str, plan_name: str, swept: tuple[tuple[str, Any], ...],
          settings: dict[str, tuple[Any, str]], model: ModelSpec, hw: HardwareProfile,
          where: str, base_dir: Path) -> Run:
-    """Build and validate one run; `settings` maps key -> (YAML value, YAML path)."""
+    """Build one run and check its plan (check_plan); `settings` maps key -> (YAML value,
+    YAML path)."""
     values = {k: v for k, (v, _) in settings.items()}
     origin = {k: p for k, (_, p) in settings.items()}
     configs = [k for k in ("ds_config", "fsdp_config") if k in values]
@@ -596,7 +597,7 @@ def _run(name: str, plan_name: str, swept: tuple[tuple[str, Any], ...],
                 values["strategy"], gpus=values["gpus"], shard_group=values.get("shard_group"),
                 seq_len=seq_len, **{**precision_knobs(values.get("precision", "bf16")),
                                     **knobs})
-        validate(model, hw, plan, gpus=values["gpus"])
+        check_plan(model, hw, plan, gpus=values["gpus"])
     except ConfigError as e:
         key = e.field.removeprefix("plan.")
         key = "bucket_mib" if key == "bucket_bytes" else key

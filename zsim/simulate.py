@@ -12,8 +12,8 @@ from dataclasses import replace
 from typing import Any
 
 from zsim.analytic.compute import step_flops
-from zsim.engine.pipeline import run_pipeline
-from zsim.engine.simulate import Jitter, run
+from zsim.engine.pipeline_replay import run_pipeline
+from zsim.engine.replay import Jitter, run
 from zsim.engine.trace import chrome_trace_events
 from zsim.errors import ConfigError
 from zsim.result import Result, StageFigures, closed_form_result, summarize
@@ -26,12 +26,12 @@ from zsim.schedule.lower import (
     rank_model,
 )
 from zsim.schedule.ops import COPY_KINDS, Schedule
-from zsim.schedule.pipeline import rank_actions, rank_stages
+from zsim.schedule.pipeline_order import rank_actions, rank_stages
 from zsim.schedule.pipeline_work import pipeline_work
+from zsim.spec.consistency import check_plan
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
-from zsim.spec.validate import validate
 
 RANK_LEVEL_STEPS = 16
 """Steps sampled in rank-level mode for the p50/p99 step time."""
@@ -115,12 +115,12 @@ def simulate(model: ModelSpec, hw: HardwareProfile, plan: Plan, *, trace: bool =
         comes from the closed form (`evaluated == "closed form"`, no time figures).
 
     Raises:
-        ConfigError: a plan that breaks a cross-object rule (zsim.spec.validate: world
+        ConfigError: a plan that breaks a cross-object rule (zsim.spec.consistency: world
             size, head/layer divisibility, unit size, sequence length), or one the
             simulator does not model (zsim.schedule.lower.check_modelled, parameter
             offload without sharded parameters).
     """
-    validate(model, hw, plan)
+    check_plan(model, hw, plan)
     check_modelled(plan)
     if plan.pp > 1:
         if rank_level:
@@ -162,7 +162,7 @@ def simulate(model: ModelSpec, hw: HardwareProfile, plan: Plan, *, trace: bool =
 
 def simulate_pipeline(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Result:
     """One step of a pipeline-parallel plan: every pipeline rank's forwards and backwards
-    replayed in its schedule's order (zsim.engine.pipeline) with the work of each stage
+    replayed in its schedule's order (zsim.engine.pipeline_replay) with the work of each stage
     (zsim.schedule.pipeline_work), the rank's data-parallel work before and after. The
     Result's figures are the worst rank's (the last to finish, the highest peak); each
     rank's are in `pipeline_stages`."""
@@ -213,9 +213,9 @@ def simulate_pipeline(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Resu
         mfu=tflops * 1e12 / peak, hfu=hw_flops / plan.pp / step / peak,
         world_size=plan.world_size, events=sum(len(a) for a in actions), num_ops=0,
         pipeline_stages=stages,
-        notes=("pipeline replayed per rank (zsim.engine.pipeline); data-parallel collectives "
-               "other than FSDP2's first all-gather and last reduce-scatter (DDP's all-reduce "
-               "after the last backward) taken as hidden",))
+        notes=("pipeline replayed per rank (zsim.engine.pipeline_replay); data-parallel "
+               "collectives other than FSDP2's first all-gather and last reduce-scatter "
+               "(DDP's all-reduce after the last backward) taken as hidden",))
 
 
 def with_bands(result: Result, hw: HardwareProfile, plan: Plan) -> Result:

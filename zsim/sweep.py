@@ -6,7 +6,7 @@ the resume rule (a run whose id is in the --out folder's journal, zsim.journal, 
 simulated again), and putting rows back in scenario order. Runs are simulated by
 zsim.executor; each finished batch goes to the journal before the next is awaited, so an
 interrupted sweep (Ctrl-C, a killed process, a full disk) loses at most the batches in
-flight. No pandas here (see zsim.report.frame for the table built from the rows).
+flight. No pandas here (see zsim.report.dataframes for the table built from the rows).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class SweepRows:
     """A finished sweep, in scenario order."""
 
     rows: tuple[dict[str, Any], ...]
-    """One zsim.report.frame.sweep_row per run."""
+    """One zsim.report.dataframes.sweep_row per run."""
     curves: dict[str, tuple[tuple[float, int], ...]]
     """Memory curve (time_s, allocated_bytes) of each run named in run_sweep's `curves`."""
     simulated: int

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from zsim.cli import app
-from zsim.engine.simulate import EVENTS_PER_OP
+from zsim.engine.replay import EVENTS_PER_OP
 from zsim.units import GiB
 
 BASE = ["simulate", "--model", "13b", "--strategy", "fsdp", "--format", "json"]
@@ -59,7 +59,7 @@ def test_ten_million_gpus_are_ruled_out_by_the_gathered_root() -> None:
 
 
 def test_the_engine_work_per_op_is_bounded_at_a_million_gpus() -> None:
-    from zsim.engine.simulate import run
+    from zsim.engine.replay import run
     from zsim.schedule.lower import lower
     from zsim.spec.plan import Plan
     from zsim.spec.registry import resolve_hardware, resolve_model

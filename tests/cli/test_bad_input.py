@@ -12,10 +12,10 @@ from typer.testing import CliRunner
 
 from zsim.cli import app
 from zsim.errors import ConfigError
+from zsim.spec.consistency import check_plan
 from zsim.spec.plan import Plan
 from zsim.spec.presets import PRESETS
 from zsim.spec.registry import PROFILES_DIR, hardware_names, model_names, resolve_hardware
-from zsim.spec.validate import validate
 
 
 def error_line(args: list[str]) -> str:
@@ -33,6 +33,9 @@ def plan_args(*extra: str) -> list[str]:
     return ["plan", "--gpus", "8", *extra]
 
 
+DS_ZERO3 = Path(__file__).resolve().parents[2] / "scenarios" / "configs" / "ds_zero3.json"
+
+
 @pytest.mark.parametrize(("args", "field", "value"), [
     (["plan", "--model", "13b", "--gpus", "0"], "gpus", "0"),
     (["plan", "--model", "13b", "--gpus", "-4"], "gpus", "-4"),
@@ -41,8 +44,13 @@ def plan_args(*extra: str) -> list[str]:
     (plan_args("--model", "13b", "--micro-batch", "0"), "micro_batch", "0"),
     (plan_args("--model", "13b", "--micro-batch", "-1"), "micro_batch", "-1"),
     (plan_args("--params", "0"), "params", "0"),
+    # A config's train_batch_size is divided by micro-batch x gpus: gpus 0 is refused first.
+    (["simulate", "--model", "7b", "--gpus", "0", "--ds-config",
+      str(DS_ZERO3)], "gpus", "0"),
+    (["plan", "--model", "7b", "--gpus", "0", "--ds-config",
+      str(DS_ZERO3)], "gpus", "0"),
 ], ids=["gpus-0", "gpus-negative", "seq-0", "seq-negative", "micro-batch-0",
-        "micro-batch-negative", "params-0"])
+        "micro-batch-negative", "params-0", "simulate-config-gpus-0", "plan-config-gpus-0"])
 def test_non_positive_sizes(args: list[str], field: str, value: str) -> None:
     line = error_line(args)
     assert field in line and value in line, line
@@ -109,5 +117,5 @@ def test_hsdp_shard_group_must_divide_gpus(shard_group: int) -> None:
 def test_hsdp_plan_not_matching_the_world_is_refused() -> None:
     plan = Plan(strategy="hsdp", dp_shard=6, dp_replicate=2, seq_len=4096)
     with pytest.raises(ConfigError) as info:
-        validate(PRESETS["llama2-13b"], resolve_hardware("dgx-h100"), plan, gpus=64)
+        check_plan(PRESETS["llama2-13b"], resolve_hardware("dgx-h100"), plan, gpus=64)
     assert info.value.field == "plan.dp_shard" and info.value.value == 6

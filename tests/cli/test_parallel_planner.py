@@ -16,9 +16,9 @@ from zsim.errors import ConfigError
 from zsim.parallel_planner import choose_parallel, parallel_plans, parse_global_batch
 from zsim.schedule.lower import memory_floor_bytes
 from zsim.simulate import simulate
+from zsim.spec.consistency import check_plan
 from zsim.spec.presets import PRESETS
 from zsim.spec.registry import resolve_hardware
-from zsim.spec.validate import validate
 
 H100 = resolve_hardware("dgx-h100")
 LLAMA2_7B = PRESETS["llama2-7b"]   # 32 layers, 32 heads
@@ -44,7 +44,7 @@ def test_factorizations_cover_every_axis_and_keep_the_batch() -> None:
     assert {p.cp for p in plans} >= {1, 2, 4}
     assert {p.pp_schedule for p in plans if p.pp > 1} == {"1f1b", "interleaved"}
     for p in plans:
-        validate(LLAMA2_7B, H100, p, gpus=32)
+        check_plan(LLAMA2_7B, H100, p, gpus=32)
         assert p.sp == (p.tp > 1)
         # Every plan trains the same tokens per step: 64 sequences.
         assert p.tokens_per_step == 64 * 4096

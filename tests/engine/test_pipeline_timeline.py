@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from zsim.engine.pipeline import run_pipeline
+from zsim.engine.pipeline_replay import run_pipeline
 from zsim.errors import ConfigError
-from zsim.schedule.pipeline import Action, num_stages, peak_in_flight, rank_actions
+from zsim.schedule.pipeline_order import Action, num_stages, peak_in_flight, rank_actions
 from zsim.spec.plan import Plan
 
 

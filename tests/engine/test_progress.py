@@ -12,8 +12,8 @@ import simpy
 from hypothesis import given
 from hypothesis import strategies as st
 
+from zsim.engine.replay import EVENTS_PER_OP, EngineStalled, run
 from zsim.engine.resources import Fabric
-from zsim.engine.simulate import EVENTS_PER_OP, EngineStalled, run
 from zsim.schedule.ops import Op, Schedule
 
 LINK_BYTES_PER_S = 450e9

@@ -8,7 +8,7 @@ import json
 import pytest
 from toy_cluster import make_toy_hw
 
-from zsim.engine.simulate import Jitter, run
+from zsim.engine.replay import Jitter, run
 from zsim.errors import ConfigError
 from zsim.schedule.lower import lower, memory_floor_bytes
 from zsim.simulate import chrome_trace, simulate

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from zsim.engine.simulate import run
+from zsim.engine.replay import run
 from zsim.schedule.ops import Buffer, Op, Schedule
 
 NVLINK = (("intra_node", 1.0),)

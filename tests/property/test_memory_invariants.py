@@ -111,7 +111,7 @@ def test_fits_with_micro_batch_2_implies_fits_with_1(model: ModelSpec, strategy:
     two = dataclasses.replace(one, micro_batch=2)
     try:
         fits_two, fits_one = evaluate(model, hw, two).fits, evaluate(model, hw, one).fits
-    except ConfigError:  # validate() refused the combination: not a plan a user can run
+    except ConfigError:  # check_plan() refused the combination: not a plan a user can run
         return
     assert estimate_memory(model, one).peak_bytes <= estimate_memory(model, two).peak_bytes
     assert fits_one or not fits_two

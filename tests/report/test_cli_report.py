@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from zsim import api
 from zsim.cli import app
 from zsim.errors import ConfigError
-from zsim.report.build import FIGURES
+from zsim.report.files import FIGURES
 from zsim.scenario import REPORT_FIGURES, scenario_from_dict
 
 

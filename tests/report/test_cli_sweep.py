@@ -148,9 +148,9 @@ def test_the_command_passes_its_options_to_api_sweep(monkeypatch: pytest.MonkeyP
 
 def test_a_sweep_above_the_report_limit_writes_the_results_only(
         toy_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import zsim.report.build
+    import zsim.report.files
 
-    monkeypatch.setattr(zsim.report.build, "REPORT_MAX_RUNS", 2)  # the toy has 3 runs
+    monkeypatch.setattr(zsim.report.files, "REPORT_MAX_RUNS", 2)  # the toy has 3 runs
     out = tmp_path / "out"
     code, stdout, stderr = sweep("--scenario", str(toy_path), "--out", str(out),
                                  "--format", "csv")

@@ -7,7 +7,7 @@ from typing import get_args
 
 from zsim.analytic.memory import CATEGORIES
 from zsim.report import labels
-from zsim.report.frame import sweep_frame
+from zsim.report.dataframes import sweep_frame
 from zsim.result import Result
 from zsim.scenario import Run
 from zsim.schedule.ops import STREAMS, OpKind

@@ -7,7 +7,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from zsim.analytic.memory import CATEGORIES
-from zsim.report.frame import memory_curve_frame, sweep_frame
+from zsim.report.dataframes import memory_curve_frame, sweep_frame
 from zsim.report.labels import CATEGORIES as CATEGORY_WORDS
 from zsim.report.plots import (
     NO_STEP_TIME,

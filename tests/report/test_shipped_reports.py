@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from zsim.report.build import report_files
-from zsim.report.frame import sweep_frame
+from zsim.report.dataframes import sweep_frame
+from zsim.report.files import report_files
 from zsim.scenario import load_scenario, simulate_runs, simulate_timeline
 
 REPO = Path(__file__).resolve().parents[2]

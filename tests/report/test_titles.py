@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from zsim.report.build import report_figures
-from zsim.report.frame import sweep_frame
+from zsim.report.dataframes import sweep_frame
+from zsim.report.files import report_figures
 from zsim.report.titles import context_text
 from zsim.scenario import REPORT_FIGURES, load_scenario, simulate_runs, simulate_timeline
 

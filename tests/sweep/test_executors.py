@@ -20,8 +20,8 @@ import yaml
 import zsim.simulate
 from zsim.errors import ConfigError
 from zsim.executor import CONNECT_TIMEOUT_S, RAY_INSTALL, check_ray_address, evaluate
-from zsim.report.build import RESULTS_CSV, RESULTS_PARQUET, results_files
-from zsim.report.frame import rows_frame, sweep_frame, sweep_row
+from zsim.report.dataframes import rows_frame, sweep_frame, sweep_row
+from zsim.report.files import RESULTS_CSV, RESULTS_PARQUET, results_files
 from zsim.scenario import load_scenario, simulate_runs
 from zsim.schedule.lower import lower
 from zsim.simulate import simulate

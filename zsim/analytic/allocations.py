@@ -147,7 +147,8 @@ class _Sizes:
         """Flash attention's saved fp32 log-sum-exp."""
         self.logits = bs * model.loss_vocab
         """Logit elements the loss reads (ModelSpec.loss_vocab)."""
-        self.a = a
+        self.elem_bytes = a
+        """Bytes per activation element (the plan's param_dtype)."""
 
 
 def _reference(model: ModelSpec, plan: Plan) -> bool:
@@ -251,7 +252,7 @@ def _backward(s: _Script, z: _Sizes, saved: dict[str, int | None],
     grad("wo")
     g_out = s.alloc(z.d)
     dq, dk, dv = s.alloc(z.d), s.alloc(z.kv), s.alloc(z.kv)
-    s.free(s.alloc(z.d * FP32_BYTES // z.a + z.lse))  # fp32 dq accumulator, softmax_d
+    s.free(s.alloc(z.d * FP32_BYTES // z.elem_bytes + z.lse))  # fp32 dq accumulator, softmax_d
     s.free(sv("out"), sv("lse"), sv("qr"), sv("kr"), sv("v"), g_out)
     g_q, g_k = _rope_backward(s, dq, z.d), _rope_backward(s, dk, z.kv)
     grad("wv")
@@ -420,7 +421,7 @@ def loss_forward_pieces(model: ModelSpec, plan: Plan, *,
     if not _scripted(model, plan, saved_per_block):
         return ()
     z = _Sizes(model, plan)
-    return (z.logits * z.a, z.logits * FP32_BYTES, ~0)
+    return (z.logits * z.elem_bytes, z.logits * FP32_BYTES, ~0)
 
 
 def loss_backward_pieces(model: ModelSpec, plan: Plan, *,
@@ -443,7 +444,7 @@ def output_backward_pieces(model: ModelSpec, plan: Plan, *,
     if not _scripted(model, plan, saved_per_block):
         return ()
     z, s = _Sizes(model, plan), _Script()
-    g_logits = s.alloc(z.logits * z.a)
+    g_logits = s.alloc(z.logits * z.elem_bytes)
     g_norm = s.alloc(z.d)
     s.free(g_logits)
     g_x = s.alloc(z.d)

@@ -14,7 +14,8 @@ partly filled (8 + 4): the outermost axis's groups, which reach it, hold fewer m
 there (CommGroup.last_node_ranks), and partial_node_warning says so. A flattened group
 (FLATTENED: FSDP's dp_shard_cp) spans every rank of its axes, placed as one axis of their
 degrees' product at the innermost one's stride. Pure arithmetic; imports only
-zsim.analytic.collectives and zsim.spec.
+zsim.analytic.collectives and zsim.spec. Mesh axes, not tensor dims: see "axis vs dim"
+in zsim/__init__.py.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 
 class Quantity(NamedTuple):
-    """How a figure writes one column of zsim.report.frame.sweep_frame."""
+    """How a figure writes one column of zsim.report.dataframes.sweep_frame."""
 
     name: str
     """The quantity in words, capitalised, e.g. "Step time"."""

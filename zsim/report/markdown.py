@@ -6,7 +6,7 @@ quotes numbers the generator fills in from the sweep's frame, never hand-copied 
 - `{{ table }}`, `{{ figures }}`, `{{ figure.<key> }}` (key as in FIGURES), `{{ name }}`,
   `{{ description }}`, `{{ source }}`: sections of the report;
 - `{{ RUN.COLUMN }}`: one cell of the frame (RUN a run name, COLUMN a column of
-  zsim.report.frame.sweep_frame), e.g. `{{ fsdp.peak_memory_gib }}`; a run name with
+  zsim.report.dataframes.sweep_frame), e.g. `{{ fsdp.peak_memory_gib }}`; a run name with
   spaces (a swept run) in brackets: `{{ [fsdp gpus=64].mfu }}`;
 - `{{ A OP B ... | SPEC }}`: arithmetic on cells and numbers, OP one of + - * / with
   spaces around it, evaluated left to right; SPEC an optional Python format spec, e.g.

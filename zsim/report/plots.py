@@ -6,7 +6,7 @@ allocated-memory curve over the step with the HBM line labelled clear of the leg
 is titled with the context of its runs (zsim.report.titles) and labelled in words with
 units (zsim.report.labels). Uses matplotlib's object API only (Figure, never pyplot, so no
 global state and no display: the Agg canvas renders PNGs); never simulates. Reads the
-columns zsim.report.frame produces. Only the sweep path imports this module.
+columns zsim.report.dataframes produces. Only the sweep path imports this module.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def step_time_figure(frame: pd.DataFrame, *, context: str) -> Figure:
     A run that does not fit in HBM has no bar, and NO_STEP_TIME in its row.
 
     Args:
-        frame: zsim.report.frame.sweep_frame output (run, fits, evaluated, step_time_s,
+        frame: zsim.report.dataframes.sweep_frame output (run, fits, evaluated, step_time_s,
             compute_time_s, exposed_comm_s).
         context: the runs' context lines (zsim.report.titles.context_text).
     """
@@ -151,7 +151,7 @@ def memory_curve_figure(curves: pd.DataFrame, *, hbm_gib: float, context: str) -
     the axes, where it cannot cover the line.
 
     Args:
-        curves: zsim.report.frame.memory_curve_frame output (run, time_s, allocated_gib).
+        curves: zsim.report.dataframes.memory_curve_frame output (run, time_s, allocated_gib).
         hbm_gib: HBM capacity to draw, GiB.
         context: the runs' context lines (zsim.report.titles.context_text).
     """

@@ -6,7 +6,7 @@ plan), exposed communication against unit size and prefetch, and a heatmap of on
 over two swept axes; each names in its legend the plans that fit in HBM in no run, rather
 than leaving them out silently, is titled with the context of its runs
 (zsim.report.titles) and labelled in words with units (zsim.report.labels). Reads the
-columns zsim.report.frame.sweep_frame produces; uses matplotlib's object API only (Figure,
+columns zsim.report.dataframes.sweep_frame produces; uses matplotlib's object API only (Figure,
 never pyplot) and never simulates. Only the report path imports it.
 """
 

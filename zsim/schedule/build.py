@@ -176,7 +176,9 @@ class Builder:
         self.model, self.hw, self.plan = model, hw, plan
         self.ops: list[Op] = []
         self.dtype = plan.compute_dtype
-        self.a = dtype_bytes(plan.param_dtype)
+        self.param_elem_bytes = dtype_bytes(plan.param_dtype)
+        """Bytes per element in the plan's param_dtype: the gathered parameters, their
+        autograd gradients and the activations."""
         self.stream_dtype = plan.master_dtype if autocast else plan.param_dtype
         """The residual stream's dtype: fp32 (the master dtype) when the program computes
         under autocast, which leaves the embedding, norms and residual adds alone."""
@@ -190,7 +192,8 @@ class Builder:
         self.acts = acts
         self._algorithms: dict[tuple[str, float, CommGroup, str], Algorithm] = {}
         """The library's choice per (kind, size, group): a model's units repeat."""
-        kw = dict(micro_batch=plan.micro_batch, seq_len=plan.seq_len, act_bytes=self.a)
+        kw = dict(micro_batch=plan.micro_batch, seq_len=plan.seq_len,
+                  act_bytes=self.param_elem_bytes)
         fwd = block_forward_flops(model, **kw)
         rerun = recompute_forward_flops(model, recompute=plan.recompute, **kw)
         bwd = block_backward_flops(model, **kw)
@@ -385,7 +388,7 @@ def logits_bytes(b: Builder) -> int:
     """One micro-batch's whole logits in the compute dtype (over ModelSpec.loss_vocab, the
     whole vocabulary under TP): what the output projection's all-gather produces."""
     p = b.plan
-    return p.micro_batch * p.seq_len * b.model.loss_vocab * b.a
+    return p.micro_batch * p.seq_len * b.model.loss_vocab * b.param_elem_bytes
 
 
 def gather_logits(b: Builder, *, after: int, mb: int) -> None:
@@ -415,7 +418,7 @@ def context_parallel(b: Builder, *, after: int, phase: str, blocks: int, name: s
     p, m = b.plan, b.model
     if m.context_parallel == 1:
         return
-    size = p.micro_batch * p.seq_len * m.context_parallel * 2 * m.kv_dim * b.a
+    size = p.micro_batch * p.seq_len * m.context_parallel * 2 * m.kv_dim * b.param_elem_bytes
     kinds = ("all_gather",) if phase == "forward" else ("all_gather", "reduce_scatter")
     last = None
     for _ in range(blocks):
@@ -517,7 +520,8 @@ def head_backward(b: Builder, mb: int, *, after: tuple[int, ...] = (),
     (torchtitan, whose step computes the loss) gets their gradient from the loss's
     backward: the hook runs after it, before the output projection's backward."""
     loss_flops, output_flops = head_backward_flops(
-        b.model, micro_batch=b.plan.micro_batch, seq_len=b.plan.seq_len, act_bytes=b.a)
+        b.model, micro_batch=b.plan.micro_batch, seq_len=b.plan.seq_len,
+        act_bytes=b.param_elem_bytes)
     acts, kw = b.acts, dict(saved_per_block=b.acts.saved_per_block)
     loss_bytes, output_bytes = acts.head_backward_working
     if root_pre_backward is not None and b.model.loss_in_forward:
@@ -545,7 +549,7 @@ def head_backward(b: Builder, mb: int, *, after: tuple[int, ...] = (),
 
 def _head_flops(b: Builder) -> Flops:
     return head_forward_flops(b.model, micro_batch=b.plan.micro_batch, seq_len=b.plan.seq_len,
-                              act_bytes=b.a)
+                              act_bytes=b.param_elem_bytes)
 
 
 def device_optimizer(b: Builder, *, after: tuple[int, ...], frees: tuple[str, ...],
@@ -570,8 +574,8 @@ def device_optimizer(b: Builder, *, after: tuple[int, ...], frees: tuple[str, ..
     seconds = b.compute(optimizer_flops(
         local_params, optimizer=p.optimizer, tensors=tensors, master_bytes=master_bytes,
         state_bytes_per_param=optimizer_bytes_per_param(p), grad_bytes=grad_bytes,
-        param_copy_bytes=b.a if p.has_master_copy else 0, foreach=b.hw.foreach_kernels,
-        fused=fused)
+        param_copy_bytes=b.param_elem_bytes if p.has_master_copy else 0,
+        foreach=b.hw.foreach_kernels, fused=fused)
         + (loss_scaling_flops(p, local_params, tensors=tensors, grad_bytes=grad_bytes,
                               foreach=b.hw.foreach_kernels) if unscales
            else Flops(matmul=0.0, attention=0.0)))
@@ -635,8 +639,8 @@ def host_optimizer(b: Builder, *, after: tuple[int, ...], frees: tuple[str, ...]
                  microbatch=p.grad_accum - 1, after=after, compute_s=seconds, frees=frees)
     if p.offload != "optimizer":
         return step
-    return b.copy(kind="h2d", nbytes=math.ceil(local_params) * b.a, name="params to GPU",
-                  microbatch=p.grad_accum - 1, after=(step,))
+    return b.copy(kind="h2d", nbytes=math.ceil(local_params) * b.param_elem_bytes,
+                  name="params to GPU", microbatch=p.grad_accum - 1, after=(step,))
 
 
 def root_split(model: ModelSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -195,7 +195,8 @@ def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
     check_modelled(plan)
     if plan.pp > 1:
         raise ConfigError("plan.pp", plan.pp, "a pipeline step is replayed by "
-                          "zsim.engine.pipeline (zsim.simulate), not lowered as one rank's ops")
+                          "zsim.engine.pipeline_replay (zsim.simulate), not lowered as one "
+                          "rank's ops")
     model, whole = rank_model(model, plan), plan
     plan = rank_plan(plan)
     if plan.offload == "params" and not plan.shards_params:

@@ -1,8 +1,8 @@
 """The work of each pipeline stage and what each pipeline rank holds: one micro-batch's
 forward and backward time per stage, the point-to-point send between stages, the
 data-parallel work before and after a rank's pipeline, and each rank's memory by
-category. zsim.engine.pipeline replays the stages in a schedule's order
-(zsim.schedule.pipeline); zsim.simulate assembles the Result. Never simulates.
+category. zsim.engine.pipeline_replay replays the stages in a schedule's order
+(zsim.schedule.pipeline_order); zsim.simulate assembles the Result. Never simulates.
 
 As torchtitan runs pipeline parallelism with FSDP2 (torchtitan/distributed/
 pipeline_parallel.py, parallelize.py):
@@ -22,7 +22,7 @@ pipeline_parallel.py, parallelize.py):
   critical path here; the other units' collectives are taken as hidden behind the
   pipeline's compute (not replayed on shared links).
 - Activations: each forward keeps its micro-batch's saved tensors until the backward
-  (zsim.schedule.pipeline.peak_in_flight weighs each stage's micro-batch by them); a
+  (zsim.schedule.pipeline_order.peak_in_flight weighs each stage's micro-batch by them); a
   backward's working set on top.
 - A send carries one micro-batch's activations (b x s x d in the residual stream's dtype,
   fp32 under autocast; its sequence shard with SP) over the pipeline hop's link
@@ -64,7 +64,7 @@ from zsim.schedule.build import (
     tp_dtype,
 )
 from zsim.schedule.lower import runs_autocast
-from zsim.schedule.pipeline import (
+from zsim.schedule.pipeline_order import (
     num_stages,
     peak_in_flight,
     rank_actions,
@@ -136,7 +136,7 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
     tp_b = _tp_time_s(b, "backward", both, 2) + (tp_f if p.recompute == "full" else 0.0)
     if p.async_tp:  # overlapped with the block's kernels: only the excess shows
         tp_f, tp_b = max(0.0, tp_f - block_f), max(0.0, tp_b - block_b)
-    kw = dict(micro_batch=p.micro_batch, seq_len=p.seq_len, act_bytes=b.a)
+    kw = dict(micro_batch=p.micro_batch, seq_len=p.seq_len, act_bytes=b.param_elem_bytes)
     head_f = b.compute(head_forward_flops(model, **kw))
     head_b = sum(b.compute(part) for part in head_backward_flops(model, **kw))
     # The output projection's logits all-gathered for the loss (build.gather_logits).
@@ -166,7 +166,7 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
     block_shapes = [s for _, s in model.block_tensors()]
     unit_shard = p.unit_size * shard_elems(block_shapes, p.dp_shard_cp)
     unit_gathered = unit_shard * p.dp_shard_cp
-    a, r = b.a, dtype_bytes(p.reduce_dtype)
+    a, r = b.param_elem_bytes, dtype_bytes(p.reduce_dtype)
     at_rest = dtype_bytes(p.master_dtype if p.has_master_copy else p.param_dtype)
     first_ag = collective_time_s("all_gather", unit_gathered * a, shard, hw) if fsdp else 0.0
     last_rs = (collective_time_s("reduce_scatter", unit_gathered * r, shard, hw, p.reduce_dtype)

@@ -70,8 +70,8 @@ class ModelSpec:
     (the config allows up to 131,072)"); empty for a spec built in code."""
     sliding_window: int = 0
     """Tokens each query attends back over (Mistral-7B-v0.1's sliding-window attention).
-    zsim simulates full causal attention, so `validate` refuses a longer sequence; 0
-    means no window."""
+    zsim simulates full causal attention, so `check_plan` (zsim.spec.consistency) refuses
+    a longer sequence; 0 means no window."""
     warnings: tuple[str, ...] = ()
     """What the spec's source says that zsim reads but does not model (dropout, GPT-NeoX's
     parallel residual), one line each, for the caller to print."""

@@ -1,7 +1,7 @@
 """Plan: how one training step is parallelised, sharded, recomputed and batched.
 
 Owns the plan fields and their single-field checks; cross-object rules (divisibility by the
-model's heads, fitting the cluster) live in zsim.spec.validate. Imports only zsim.errors,
+model's heads, fitting the cluster) live in zsim.spec.consistency. Imports only zsim.errors,
 zsim.units, zsim.spec.deepspeed and zsim.spec.fsdp1.
 
 Degrees follow torchtitan: `dp_shard` ranks share one copy of the sharded state,
@@ -13,7 +13,9 @@ placed as torchtitan's ParallelDims builds its mesh (pp, dp_replicate, dp_shard,
 outermost first): tensor parallelism innermost, inside a node, then context, pipeline and
 data parallelism (zsim.analytic.placement gives each group its links).
 
-ZeRO stage -> FSDP2 mapping (cf. torchtitan docs/fsdp.md):
+Strategy (what is sharded) and program (Plan.impl: the library that runs it) as zsim's
+vocabulary (zsim/__init__.py) states them. ZeRO stage -> FSDP2 mapping (cf. torchtitan
+docs/fsdp.md):
 
 | strategy        | sharded over dp_shard (x cp)  | FSDP2 equivalent                          |
 |-----------------|-------------------------------|-------------------------------------------|

@@ -1,7 +1,7 @@
 """Strict reading of a spec dataclass from a mapping (a scenario's plan, its DeepSpeed and
 FSDP1 sections): every key must be a field, every field without a default must be given.
 Owns that check, and the hint that names the known key nearest to a misspelt one (for
-the readers of users' DeepSpeed and accelerate configs too); each dataclass validates its
+the readers of users' DeepSpeed and accelerate configs too); each dataclass checks its
 values itself."""
 
 from __future__ import annotations

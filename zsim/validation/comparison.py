@@ -38,7 +38,7 @@ from zsim.backend.measured_step import PlanMeasurement, measure_plan
 from zsim.backend.reference_model import scale_model
 from zsim.errors import ConfigError
 from zsim.schedule.lower import host_state_bytes, rank_model, runs_autocast
-from zsim.schedule.pipeline import rank_layers
+from zsim.schedule.pipeline_order import rank_layers
 from zsim.simulate import simulate
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec

@@ -1,7 +1,8 @@
-"""The programs zsim lowers, one module each, behind one interface (`Program`): what a
-rank holds at rest, what it must hold at once at the least, and the ops of one step in
-the host's issue order. zsim.schedule.lower picks the program a plan names
-(`Plan.impl`, zsim.schedule.lower.PROGRAMS) and adds what every schedule shares.
+"""The programs zsim lowers (program: zsim's vocabulary, zsim/__init__.py), one module
+each, behind one interface (`Program`): what a rank holds at rest, what it must hold at
+once at the least, and the ops of one step in the host's issue order.
+zsim.schedule.lower picks the program a plan names (`Plan.impl`,
+zsim.schedule.lower.PROGRAMS) and adds what every schedule shares.
 
 | impl      | module      | runs                                                         |
 |-----------|-------------|--------------------------------------------------------------|

@@ -260,11 +260,11 @@ def gathered_floor_bytes(model: ModelSpec, plan: Plan) -> float:
 
 
 # ---------------------------------------------------------------------- stages 1 and 2
-class _Step12:
-    """One step of ZeRO stage 1 or 2."""
+class _Stage1And2Step:
+    """One step of ZeRO stage 1 or 2 (DeepSpeedZeroOptimizer, stage_1_and_2.py)."""
 
     def __init__(self, b: Builder) -> None:
-        self.b = b
+        self.builder = b
         p = b.plan
         self.stage = _stage(p)
         self.overlap = p.ds.overlaps(self.stage)
@@ -282,7 +282,7 @@ class _Step12:
         """The backward being lowered is the last micro-batch's."""
 
     def lower(self, root: Unit, blocks: list[Unit]) -> None:
-        b, p = self.b, self.b.plan
+        b, p = self.builder, self.builder.plan
         head_numels, emb_numels = root_split(b.model)
         epilogues: list[int] = []
         for mb in range(p.grad_accum):
@@ -320,7 +320,7 @@ class _Step12:
         exist by then (the shares stage 3's calls take), so that the reduction follows
         the compute that produced its gradients; the first piece allocates what the
         whole op does, the last frees it. Stage 1 holds the gradients (ready)."""
-        b = self.b
+        b = self.builder
         grads = self.grads(u.tensors, mb, u.name)
         op = block_backward(b, u, mb, after=self.waits(), grads=grads)
         if self.stage == 1:
@@ -354,7 +354,7 @@ class _Step12:
         if not sum(numels) or (self.stage == 1 and mb > 0):
             return ()
         return (Buffer(name=f"mb{mb}/{part}/grad", category="gathered_grads",
-                       bytes=sum(numels) * self.b.a),)
+                       bytes=sum(numels) * self.builder.param_elem_bytes),)
 
     def ready(self, numels: tuple[int, ...], grads: tuple[Buffer, ...], op: int) -> None:
         """`op` produced gradients of these sizes (module order)."""
@@ -365,13 +365,14 @@ class _Step12:
             return
         self.bucket_add(numels, None, op)
         if name is not None:  # copied into the bucket by the hook: the gradient goes
-            self.b.ops[op] = _with_frees(self.b.ops[op], name)
+            self.builder.ops[op] = _with_frees(self.builder.ops[op], name)
 
     def bucket_add(self, numels: tuple[int, ...], grad: str | None, op: int) -> None:
         """Gradients join the bucket in reverse module order; a bucket that would
         overflow is reduced first."""
         for numel in reversed(numels):
-            if self.bucket_elems and self.bucket_elems + numel > self.b.plan.ds.reduce_bucket_size:
+            if (self.bucket_elems
+                    and self.bucket_elems + numel > self.builder.plan.ds.reduce_bucket_size):
                 self.flush(op)
             self.bucket_elems += numel
         if grad is not None:
@@ -380,11 +381,11 @@ class _Step12:
     def bucket_buffers(self, mb: int) -> tuple[Buffer, ...]:
         """The ipg bucket buffer(s): allocated by the first gradient hook of a backward
         that reduces (setup_buckets), released at its end."""
-        p = self.b.plan
+        p = self.builder.plan
         if not p.ds.contiguous_gradients:
             return ()
         return tuple(Buffer(name=f"mb{mb}/ipg_bucket/{i}", category="comm_buffers",
-                            bytes=p.ds.reduce_bucket_size * self.b.a)
+                            bytes=p.ds.reduce_bucket_size * self.builder.param_elem_bytes)
                      for i in range(2 if self.overlap else 1))
 
     def flush(self, after: int) -> None:
@@ -400,19 +401,19 @@ class _Step12:
         elements = self.bucket_elems
         if not elements:
             return
-        b, p = self.b, self.b.plan
+        b, p = self.builder, self.builder.plan
         r = dtype_bytes(p.reduce_dtype)
         stream = "all_reduce" if self.overlap else "compute"
         allocs = []
         offload = p.offload == "optimizer"
         if not self.have_partition and p.ds.contiguous_gradients and not offload:
             allocs.append(Buffer(name=self.partition_grads, category="grads",
-                                 bytes=self.part * b.a))
+                                 bytes=self.part * b.param_elem_bytes))
             self.have_partition = True
         i = self.buckets
         self.buckets += 1
         flat = f"bucket {i}/flat"
-        copy = _divide_and_flatten(elements, b.a, r)
+        copy = _divide_and_flatten(elements, b.param_elem_bytes, r)
         first = b.add(name=f"bucket {i} flatten", kind="backward", stream=stream, unit=i,
                       microbatch=p.grad_accum - 1, after=(after,), compute_s=b.compute(copy),
                       frees_at_start=tuple(self.bucket_grads),
@@ -424,15 +425,17 @@ class _Step12:
                             gname="shard", name=f"bucket {i} all-reduce", unit=i,
                             microbatch=p.grad_accum - 1, after=(first,))
         if offload and not self.boundary:
-            self.last_reduce = b.copy(kind="d2h", nbytes=math.ceil(elements / p.dp_shard) * b.a,
+            self.last_reduce = b.copy(kind="d2h",
+                                      nbytes=math.ceil(elements / p.dp_shard) * b.param_elem_bytes,
                                       name=f"bucket {i} partition to host", unit=i,
                                       microbatch=p.grad_accum - 1, after=(coll,), frees=(flat,))
         elif offload:
             elems, m = math.ceil(elements / p.dp_shard), _master_bytes(p)
             tensors = _partition_tensors(b.model, p.dp_shard) * elements / b.model.num_params
-            work = _norm_scan(elems, tensors, b.a) + _pass(elems * (b.a + m), tensors)
+            work = (_norm_scan(elems, tensors, b.param_elem_bytes)
+                    + _pass(elems * (b.param_elem_bytes + m), tensors))
             if p.ds.scans_for_overflow(self.stage, p.param_dtype):
-                work = work + _overflow_scan(elems, tensors, b.a)
+                work = work + _overflow_scan(elems, tensors, b.param_elem_bytes)
             prep = b.add(name=f"bucket {i} norms and fp32 cast", kind="backward",
                          stream=stream, unit=i, microbatch=p.grad_accum - 1, after=(coll,),
                          compute_s=b.compute(work))
@@ -441,7 +444,8 @@ class _Step12:
                                       microbatch=p.grad_accum - 1, after=(prep,), frees=(flat,))
         else:
             scatter = Flops(matmul=0.0, attention=0.0,
-                            memory_bytes=elements / p.dp_shard * (r + b.a), kernels=1)
+                            memory_bytes=elements / p.dp_shard * (r + b.param_elem_bytes),
+                            kernels=1)
             self.last_reduce = b.add(name=f"bucket {i} copy to partition", kind="backward",
                                      stream=stream, unit=i, microbatch=p.grad_accum - 1,
                                      after=(coll,), compute_s=b.compute(scatter),
@@ -460,15 +464,15 @@ class _Step12:
         all_gather_into_tensor per parameter group (one here) wherever torch has it
         (every torch DeepSpeed 0.19 supports), so allgather_bucket_size is not used
         (deepspeed/runtime/utils.py)."""
-        b, p = self.b, self.b.plan
+        b, p = self.builder, self.builder.plan
         frees = (self.partition_grads,) if self.have_partition else ()
         # With the optimizer offloaded the norms were taken as the gradients went to the
         # host (complete_grad_norm_calculation_for_cpu_offload) and the overflow flag
         # kept then (local_overflow): only the all-reduces remain.
         elems, tensors = ((self.part, _partition_tensors(b.model, p.dp_shard))
                           if p.offload == "none" else (0, 0))
-        after = _checks(b, after, norm=_norm_scan(elems, tensors, b.a), norm_bytes=4,
-                        overflow=(_overflow_scan(elems, tensors, b.a)
+        after = _checks(b, after, norm=_norm_scan(elems, tensors, b.param_elem_bytes), norm_bytes=4,
+                        overflow=(_overflow_scan(elems, tensors, b.param_elem_bytes)
                                   if p.ds.scans_for_overflow(self.stage, p.param_dtype)
                                   else None))
         if p.offload != "none":
@@ -482,20 +486,22 @@ class _Step12:
             m = _master_bytes(p)
             fp32_grad = Buffer(name="fp32 grad partition", category="grads",
                                bytes=self.part * m)
-            flat = Buffer(name="flat grad partition", category="grads", bytes=self.part * b.a)
+            flat = Buffer(name="flat grad partition", category="grads",
+                          bytes=self.part * b.param_elem_bytes)
             flatten = b.add(name="flatten gradients", kind="optimizer", stream="compute",
                             microbatch=p.grad_accum - 1, after=after, allocs=(flat,),
-                            compute_s=b.compute(_pass(self.part * 2 * b.a, 1)))
+                            compute_s=b.compute(_pass(self.part * 2 * b.param_elem_bytes, 1)))
             first = b.add(name="fp32 gradients", kind="optimizer", stream="compute",
                           microbatch=p.grad_accum - 1, after=(flatten,),
-                          compute_s=b.compute(_pass(self.part * (b.a + m), 1)),
+                          compute_s=b.compute(_pass(self.part * (b.param_elem_bytes + m), 1)),
                           allocs=(fp32_grad,), frees=(*frees, flat.name))
             if p.ds.gradient_clipping > 0 or p.param_dtype == "fp16":
                 first = _scale(b, first, self.part * m)
             prev = device_optimizer(b, after=(first,), frees=(fp32_grad.name,),
                                     local_params=self.part, tensors=1, master_bytes=m,
                                     grad_bytes=m, fused=True, unscales=False)
-        b.collective(kind="all_gather", size_bytes=_flat_elems(b.model, p.dp_shard) * b.a,
+        b.collective(kind="all_gather",
+                     size_bytes=_flat_elems(b.model, p.dp_shard) * b.param_elem_bytes,
                      group=b.shard, gname="shard", name="param all-gather", unit=0,
                      microbatch=p.grad_accum - 1, after=(prev,))
 
@@ -602,12 +608,14 @@ def _submodules(model: ModelSpec) -> tuple[list[tuple[str, list[tuple[int, ...]]
     return emb, block, head
 
 
-class _Step3:
-    """One step of ZeRO stage 3: per-submodule fetches as the coordinator replays them."""
+class _Stage3Step:
+    """One step of ZeRO stage 3 (DeepSpeedZeroOptimizer_Stage3, stage3.py): per-submodule
+    fetches as the coordinator replays them."""
 
     def __init__(self, b: Builder) -> None:
-        self.b = b
-        self.n = b.plan.dp_shard
+        self.builder = b
+        self.dp_shard = b.plan.dp_shard
+        """Ranks each parameter is partitioned over."""
         self.params: dict[str, Param] = {}
         self.owner: dict[str, str] = {}
         """Parameter -> the live gathered buffer holding it."""
@@ -624,7 +632,7 @@ class _Step3:
     def trace(self, blocks: list[Unit]) -> list[_Call]:
         """The step's submodule calls in order: forward, then backward (a block's forward
         re-run before its backward under recomputation)."""
-        m, p = self.b.model, self.b.plan
+        m, p = self.builder.model, self.builder.plan
         emb, block, head = _submodules(m)
         share = _block_shares(m, block)
 
@@ -682,11 +690,11 @@ class _Step3:
                **deps: tuple[int, ...]) -> int:
         """One coalesced all-gather of these parameters' partitions into a flat buffer
         (each parameter a view into it)."""
-        b = self.b
+        b = self.builder
         i = self.fetches
         self.fetches += 1
         buf = f"mb{mb}/fetch {i}"
-        numel = sum(-(-self.params[n].numel // self.n) * self.n for n in names)
+        numel = sum(-(-self.params[n].numel // self.dp_shard) * self.dp_shard for n in names)
         self.holders[buf] = set(names)
         for n in names:
             self.owner[n] = buf
@@ -694,10 +702,10 @@ class _Step3:
         # all_gather_into_tensor with async_op=True (_allgather_params_coalesced): the
         # coordinator waits on the handle when a submodule needs the parameters, at once
         # for an on-demand fetch (the next op's dependency), later for a prefetch.
-        op = b.collective(kind="all_gather", size_bytes=numel * b.a, group=b.shard,
+        op = b.collective(kind="all_gather", size_bytes=numel * b.param_elem_bytes, group=b.shard,
                           gname="shard", microbatch=mb, name=f"{kind} {i} ({len(names)} params)",
                           allocs=(Buffer(name=buf, category="gathered_params",
-                                         bytes=numel * b.a),), async_op=True, **deps)
+                                         bytes=numel * b.param_elem_bytes),), async_op=True, **deps)
         for n in names:
             self.gathers[n] = op
         return op
@@ -718,7 +726,7 @@ class _Step3:
 
     # ------------------------------------------------------------------ step
     def lower(self, root: Unit, blocks: list[Unit]) -> None:
-        b, p = self.b, self.b.plan
+        b, p = self.builder, self.builder.plan
         calls = self.trace(blocks)
         steps = replay([c.params for c in calls], self.params,
                        prefetch_bucket=p.ds.prefetch_bucket_size,
@@ -726,7 +734,7 @@ class _Step3:
         ends: list[int] = []
         for mb in range(p.grad_accum):
             self.owner, self.holders, self.grads_made = {}, {}, set()
-            reducer = _Reducer3(b, mb)
+            bucket = _Stage3Bucket(b, mb)
             prev: int | None = None
             for call, step in zip(calls, steps, strict=True):
                 self.fetch(step, prev=prev, mb=mb)
@@ -734,11 +742,11 @@ class _Step3:
                                             if not self.params[n].persistent))
                 prev = self.compute(call, mb, waits, self.released(step.release))
                 if call.phase == "backward":
-                    reducer.add([n for n in call.params if n != "tok_embeddings.weight"
+                    bucket.add([n for n in call.params if n != "tok_embeddings.weight"
                                  or call.name == "tok_embeddings"], self.params, prev)
             # release_and_reset_all at the end of backward; then the reduce stream.
             left = tuple(self.holders)
-            ends.append(reducer.finish(b.add(
+            ends.append(bucket.finish(b.add(
                 name=f"release all (mb {mb})", kind="backward", stream="compute",
                 microbatch=mb, after=(prev,) if prev is not None else (), frees=left)))
         self.optimizer(tuple(ends))
@@ -747,7 +755,7 @@ class _Step3:
                 frees: tuple[str, ...]) -> int:
         """The kernels of one submodule call: its share of its block's forward,
         recomputation or backward, or the root's embedding, norm, output and loss."""
-        b = self.b
+        b = self.builder
         u, phase = call.unit, call.phase
         kind = "forward" if phase == "forward" else "backward"
         grads = self.grad(call, mb) if phase == "backward" else ()
@@ -786,7 +794,7 @@ class _Step3:
         key = (phase, share)
         found = self.shares.get(key)
         if found is None:
-            b = self.b
+            b = self.builder
             work = {"forward": b.block_fwd, "recompute": b.block_recompute,
                     "backward": b.block_bwd_only}[phase].scaled(share)
             found = self.shares[key] = (work.total, b.compute(work))
@@ -801,7 +809,7 @@ class _Step3:
         if not numel:
             return ()
         return (Buffer(name=f"mb{mb}/grad/{call.name}", category="gathered_grads",
-                       bytes=numel * self.b.a),)
+                       bytes=numel * self.builder.param_elem_bytes),)
 
     def optimizer(self, after: tuple[int, ...]) -> None:
         """The gradient norm all-reduced (and fp16's overflow flag); per sub-group
@@ -809,7 +817,7 @@ class _Step3:
         buffer, scaled by the clip factor, FusedAdam on the flat fp32 partition, copied
         back to 16 bits, the fp32 gradients released (offloaded: DeepSpeedCPUAdam on the
         host); then each persistent parameter gathered again."""
-        b, p = self.b, self.b.plan
+        b, p = self.builder, self.builder.plan
         # stage3.py step(): under fp16 _overflow_check_and_loss_scale_update scans the flat
         # gradient partition (isinf(...).any() and isnan(...).any(): each reads it and
         # writes and reads a byte mask) and all-reduces the flag; _get_norm_groups takes
@@ -817,8 +825,8 @@ class _Step3:
         # Offloaded, the norms come from the host's copies: only the all-reduces remain.
         elems, tensors = ((_partition_elems(b.model, p), len(b.model.parameter_tensors()))
                           if p.offload == "none" else (0, 0))
-        prev = _checks(b, after, norm=_norm_scan(elems, tensors, b.a), norm_bytes=8,
-                       overflow=(_pass(elems * 2 * (b.a + 2), 8)
+        prev = _checks(b, after, norm=_norm_scan(elems, tensors, b.param_elem_bytes), norm_bytes=8,
+                       overflow=(_pass(elems * 2 * (b.param_elem_bytes + 2), 8)
                                  if p.ds.scans_for_overflow(3, p.param_dtype) else None))
         if p.offload != "none":
             prev = (host_optimizer(b, after=prev, frees=(),
@@ -829,8 +837,8 @@ class _Step3:
             for i, elems in enumerate(_sub_groups(b.model, p)):
                 grad = Buffer(name=f"fp32 grad sub-group {i}", category="grads",
                               bytes=elems * m)
-                cast = Flops(matmul=0.0, attention=0.0, memory_bytes=elems * (b.a + m),
-                             kernels=1)
+                cast = Flops(matmul=0.0, attention=0.0,
+                             memory_bytes=elems * (b.param_elem_bytes + m), kernels=1)
                 first = b.add(name="fp32 gradients" if i == 0 else f"fp32 gradients {i}",
                               kind="optimizer", stream="compute", microbatch=p.grad_accum - 1,
                               after=prev, compute_s=b.compute(cast), allocs=(grad,))
@@ -845,8 +853,8 @@ class _Step3:
         # waits), so a model with many small norms and biases pays one call per tensor.
         for name, param in self.params.items():
             if param.persistent:
-                b.collective(kind="all_gather", size_bytes=param.numel * b.a, group=b.shard,
-                             gname="shard", name=f"persistent {name} all-gather",
+                b.collective(kind="all_gather", size_bytes=param.numel * b.param_elem_bytes,
+                             group=b.shard, gname="shard", name=f"persistent {name} all-gather",
                              microbatch=p.grad_accum - 1, after=prev, async_op=True)
 
 
@@ -874,13 +882,13 @@ class _Call(NamedTuple):
                      phase=phase, first=first, last=last)
 
 
-class _Reducer3:
+class _Stage3Bucket:
     """Stage 3's ipg bucket (the persistent buffer): each gradient is copied in by its
     hook; a bucket that would overflow is reduce-scattered first, on the reduce-scatter
     stream, and the rank's partition accumulated into the gradient partition buffer."""
 
     def __init__(self, b: Builder, mb: int) -> None:
-        self.b, self.mb = b, mb
+        self.builder, self.mb = b, mb
         self.elements = 0
         self.count = 0
         self.last: int | None = None
@@ -889,18 +897,18 @@ class _Reducer3:
         numel = sum(params[n].numel for n in names)
         if not numel:
             return
-        if self.elements and self.elements + numel > self.b.plan.ds.reduce_bucket_size:
+        if self.elements and self.elements + numel > self.builder.plan.ds.reduce_bucket_size:
             self.flush(op)
         self.elements += numel
 
     def flush(self, after: int) -> None:
-        b, p = self.b, self.b.plan
+        b, p = self.builder, self.builder.plan
         r = dtype_bytes(p.reduce_dtype)
         i = self.count
         self.count += 1
         # reduce_scatter_coalesced: the partitions cat'ed into one flat buffer, divided
         # by the world size in place.
-        copy = _divide_and_flatten(self.elements, b.a, r)
+        copy = _divide_and_flatten(self.elements, b.param_elem_bytes, r)
         first = b.add(name=f"bucket {i} copy-in (mb {self.mb})", kind="backward",
                       stream="reduce_scatter", microbatch=self.mb, after=(after,),
                       compute_s=b.compute(copy))
@@ -910,7 +918,8 @@ class _Reducer3:
                             group=b.shard, gname="shard", microbatch=self.mb,
                             name=f"bucket {i} reduce-scatter (mb {self.mb})", after=(first,))
         acc = Flops(matmul=0.0, attention=0.0,
-                    memory_bytes=self.elements / p.dp_shard * (r + 2 * b.a), kernels=1)
+                    memory_bytes=self.elements / p.dp_shard * (r + 2 * b.param_elem_bytes),
+                    kernels=1)
         self.last = b.add(name=f"bucket {i} accumulate (mb {self.mb})", kind="backward",
                           stream="reduce_scatter", microbatch=self.mb, after=(coll,),
                           compute_s=b.compute(acc))
@@ -953,9 +962,9 @@ def _backward_order(model: ModelSpec, blocks: int) -> tuple[tuple[int, float], .
 
 def _lower(b: Builder, root: Unit, blocks: list[Unit]) -> None:
     if _stage(b.plan) == 3:
-        _Step3(b).lower(root, blocks)
+        _Stage3Step(b).lower(root, blocks)
     else:
-        _Step12(b).lower(root, blocks)
+        _Stage1And2Step(b).lower(root, blocks)
 
 
 PROGRAM = Program(name="deepspeed", shard_elems=shard_elems, autocast=lambda plan: False,

@@ -32,7 +32,7 @@ Read from torch/distributed/fsdp/ (_flat_param.py, _runtime_utils.py, _limiter_u
   Without no_sync every micro-batch reduces (torch's default; the unsharded gradient is
   not kept across micro-batches). Sharded gradients live until the optimizer step
   (zero_grad(set_to_none=True)).
-- Offload is not modelled for FSDP1 (CPUOffload: see zsim.spec.validate).
+- Offload is not modelled for FSDP1 (CPUOffload: see zsim.spec.consistency).
 """
 
 from __future__ import annotations
@@ -120,10 +120,10 @@ class _Step:
     different streams, contend for the same per-device NCCL stream")."""
 
     def __init__(self, b: Builder) -> None:
-        self.b = b
-        self.p = b.plan
-        self.opt = b.plan.fsdp1
-        self.limiter = _Limiter(self.opt.limit_all_gathers)
+        self.builder = b
+        self.plan = b.plan
+        self.fsdp1 = b.plan.fsdp1
+        self.limiter = _Limiter(self.fsdp1.limit_all_gathers)
         self.nccl: tuple[int, ...] = ()
         """The last collective issued on the shard group (its NCCL stream's order)."""
         self.gathered: dict[str, str] = {}
@@ -137,18 +137,18 @@ class _Step:
         self.last_reduce: list[int] = []
 
     def lower(self, root: Unit, blocks: list[Unit]) -> None:
-        b, p, opt = self.b, self.p, self.opt
+        b, p, fsdp1 = self.builder, self.plan, self.fsdp1
         emb_params = 0 if b.model.tied_embeddings else b.model.embedding_params
         for mb in range(p.grad_accum):
             # ---- forward: the root's pre-forward, then each unit's
             self.unshard(root, mb, "forward")
-            if opt.forward_prefetch:
+            if fsdp1.forward_prefetch:
                 self.unshard(blocks[0], mb, "forward")
             prev = b.add(name=f"embedding forward (mb {mb})", kind="forward",
                          stream="compute", microbatch=mb, after=(self.ag[root.name],))
             for k, u in enumerate(blocks):
                 self.unshard(u, mb, "forward")
-                if opt.forward_prefetch and k + 1 < len(blocks):
+                if fsdp1.forward_prefetch and k + 1 < len(blocks):
                     self.unshard(blocks[k + 1], mb, "forward")
                 reshard = p.reshard_after_forward
                 prev = block_forward(b, u, mb, after=(prev, self.ag[u.name]),
@@ -163,16 +163,16 @@ class _Step:
                 b, mb, after=(head_f,), grads=self.grads(root, mb, root.params - emb_params),
                 forward=head_f,
                 root_pre_backward=partial(self.unshard, blocks[-1], mb, "backward")
-                if opt.backward_prefetch == "pre" else None)
+                if fsdp1.backward_prefetch == "pre" else None)
             for k in reversed(range(len(blocks))):
                 u = blocks[k]
                 self.unshard(u, mb, "backward")
-                if opt.backward_prefetch == "pre" and k > 0:
+                if fsdp1.backward_prefetch == "pre" and k > 0:
                     self.unshard(blocks[k - 1], mb, "backward")
                 bwd = block_backward(b, u, mb, after=(prev, self.ag[u.name]),
                                      grads=self.grads(u, mb, u.params))
                 prev = self.flat_grad(u, mb, bwd)
-                if opt.backward_prefetch == "post" and k > 0:
+                if fsdp1.backward_prefetch == "post" and k > 0:
                     self.unshard(blocks[k - 1], mb, "backward")
                 self.reduce(u, mb, prev)
             emb_b = b.add(name=f"embedding backward (mb {mb})", kind="backward",
@@ -190,22 +190,22 @@ class _Step:
         `after` has finished (the hook that unshards runs there) when given."""
         if u.name in self.gathered:
             return
-        b, p = self.b, self.p
+        b, p = self.builder, self.plan
         name = f"mb{mb}/{u.name}/gathered/{phase}"
         self.gathered[u.name] = name
-        size = u.gathered_elems(p) * b.a
+        size = u.gathered_elems(p) * b.param_elem_bytes
         wait = self.limiter.wait() + (() if after is None else (after,))
         after: tuple[int, ...] = self.nccl
         frees: tuple[str, ...] = ()
         if p.has_master_copy:
             mp_shard = f"{name}/mp_shard"
             cast = Flops(matmul=0.0, attention=0.0,
-                         memory_bytes=u.shard * (_master_bytes(p) + b.a), kernels=1)
+                         memory_bytes=u.shard * (_master_bytes(p) + b.param_elem_bytes), kernels=1)
             after += (b.add(name=f"{u.name} cast to {p.param_dtype} {phase} (mb {mb})",
                             kind=phase, stream="all_gather", unit=u.index, microbatch=mb,
                             compute_s=b.compute(cast), issue_after=wait,
                             allocs=(Buffer(name=mp_shard, category="comm_buffers",
-                                           bytes=u.shard * b.a),)),)
+                                           bytes=u.shard * b.param_elem_bytes),)),)
             frees = (mp_shard,)
         op = b.collective(
             kind="all_gather", size_bytes=size, group=b.shard, gname="shard",
@@ -223,15 +223,16 @@ class _Step:
             return ()
         name = f"mb{mb}/{u.name}/param_grads{part}"
         self.param_grads.setdefault(u.name, []).append(name)
-        return (Buffer(name=name, category="gathered_grads", bytes=params * self.b.a),)
+        return (Buffer(name=name, category="gathered_grads",
+                       bytes=params * self.builder.param_elem_bytes),)
 
     def flat_grad(self, u: Unit, mb: int, after: int) -> int:
         """The split backward's concatenation of u's gradients into its unsharded flat
         gradient, then the post-backward hook's reshard: frees the gradients it read and
         the unsharded parameters, records the limiter's event. Carries FSDP's host time
         for the unit in this micro-batch."""
-        b = self.b
-        size = u.gathered_elems(self.p) * b.a
+        b = self.builder
+        size = u.gathered_elems(self.plan) * b.param_elem_bytes
         copy = Flops(matmul=0.0, attention=0.0, memory_bytes=2.0 * size, kernels=1)
         op = b.add(name=f"{u.name} flat gradient (mb {mb})", kind="backward",
                    stream="compute", unit=u.index, microbatch=mb, after=(after,),
@@ -247,7 +248,7 @@ class _Step:
         on the shard group's NCCL stream, which frees it; HSDP's all-reduce of the shard
         across replicas; the cast of the reduced shard to fp32, added to the sharded
         gradient (allocated by the first micro-batch)."""
-        b, p = self.b, self.p
+        b, p = self.builder, self.plan
         r_bytes, g_bytes = dtype_bytes(p.reduce_dtype), _master_bytes(p)
         reduced = f"mb{mb}/{u.name}/reduced_shard"
         last = b.collective(
@@ -275,7 +276,7 @@ class _Step:
 
     def optimizer(self) -> None:
         """AdamW (foreach) over the FlatParameters' fp32 shards; gradients set to None."""
-        b, p = self.b, self.p
+        b, p = self.builder, self.plan
         root, blocks = units(b.model, p, shard_elems)
         device_optimizer(b, after=tuple(self.last_reduce),
                          frees=tuple(self.grad_shards.values()),

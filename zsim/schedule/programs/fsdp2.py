@@ -194,8 +194,9 @@ class _Step:
     """One FSDP2 step being lowered: the builder and what FSDP2 keeps between hooks."""
 
     def __init__(self, b: Builder) -> None:
-        self.b = b
-        self.p = _reshard_view(b.plan)
+        self.builder = b
+        self.plan = _reshard_view(b.plan)
+        """The plan as FSDP2 runs it (zero2 as fsdp-no-reshard)."""
         self.unsharded_grads: dict[str, list[str]] = {}
         """Per unit, the unsharded gradient buffers its reduce-scatter consumes."""
         self.held_rs_input: str | None = None
@@ -210,7 +211,7 @@ class _Step:
 
     # ------------------------------------------------------------------ step
     def lower(self, root: Unit, blocks: list[Unit]) -> None:
-        b, p = self.b, self.p
+        b, p = self.builder, self.plan
         reshard = p.reshard_after_forward
         acc_bytes = _unsharded_grad_bytes(p)
         prev_last_bwd: int | None = None
@@ -306,7 +307,7 @@ class _Step:
         """Block forwards of micro-batch mb with each unit's pre-forward as FSDP2 runs it:
         all-gather (unless prefetched), copy-out, explicit prefetch of the next units.
         Returns the forward op index of each unit."""
-        b, p = self.b, self.p
+        b, p = self.builder, self.plan
         fwd: list[int] = []
         issued: dict[int, int] = {}
         for k, u in enumerate(blocks):
@@ -338,7 +339,7 @@ class _Step:
         fsdp2_block_host, per block: a checkpointed block adds its extra in forward, and
         its backward issues the forward again); 0 on a synchronous host or without the
         figures."""
-        hw, p = self.b.hw, self.p
+        hw, p = self.builder.hw, self.plan
         host = hw.fsdp2_block_host
         if hw.launch != "async" or host is None:
             return 0.0
@@ -358,7 +359,7 @@ class _Step:
         casts each shard to the compute dtype (when the shard is the master copy) and
         copies it into its slice, then the collective. Returns the all-gather op; `deps`
         place the copy-in's issue."""
-        b, p = self.b, self.p
+        b, p = self.builder, self.plan
         key = -1 if u.index is None else u.index
         size = gathered_bytes(b.model, p, u)
         name = f"mb{mb}/{u.name}/gathered/{phase}"
@@ -378,15 +379,16 @@ class _Step:
                          **deps)
             deps = {"after": (h2d,)}
             frees += (shard,)
-        cast = _at_rest_bytes(p) + b.a if p.has_master_copy else 0
-        copy_in = Flops(matmul=0.0, attention=0.0, memory_bytes=u.shard * (cast + 2 * b.a),
+        cast = _at_rest_bytes(p) + b.param_elem_bytes if p.has_master_copy else 0
+        copy_in = Flops(matmul=0.0, attention=0.0,
+                        memory_bytes=u.shard * (cast + 2 * b.param_elem_bytes),
                         kernels=2 if cast else 1)
         first = b.add(name=f"{u.name} copy-in {phase} (mb {mb})", kind=phase,
                       stream="all_gather", unit=u.index, microbatch=mb,
                       compute_s=b.compute(copy_in),
                       allocs=(Buffer(name=f"{name}/flat", category="comm_buffers",
                                      bytes=size, pieces=all_gather_pieces(
-                                         u.shard * b.a if p.has_master_copy
+                                         u.shard * b.param_elem_bytes if p.has_master_copy
                                          and p.offload == "none" else 0, size)),),
                       **deps)
         return b.collective(
@@ -402,17 +404,19 @@ class _Step:
         buffer. With `hooks`, it also carries FSDP2's host time for the unit in this
         micro-batch (the profile's fsdp_unit_overhead_s, on the timeline only on a
         synchronous host)."""
-        b = self.b
+        b = self.builder
         name = gathered[-1 if u.index is None else u.index]
-        size = gathered_bytes(b.model, self.p, u)
+        size = gathered_bytes(b.model, self.plan, u)
         copy = Flops(matmul=0.0, attention=0.0, memory_bytes=2.0 * size, kernels=1)
         host_s = b.host(b.hw.fsdp_unit_overhead_s) if hooks else 0.0
         return b.add(name=f"{u.name} copy-out {phase} (mb {mb})", kind=phase,
                      stream="compute", unit=u.index, microbatch=mb, after=(gather,),
                      compute_s=b.compute(copy) + host_s,
                      allocs=(Buffer(name=name, category="gathered_params", bytes=size,
-                                    pieces=fitted(gathered_pieces(
-                                        u.shapes, self.p.dp_shard_cp, b.a), size)),),
+                                    pieces=fitted(gathered_pieces(u.shapes,
+                                                                  self.plan.dp_shard_cp,
+                                                                  b.param_elem_bytes),
+                                                  size)),),
                      frees=(self.release_all_gather(hold=f"{name}/flat")
                             if phase == "forward" else (f"{name}/flat",)))
 
@@ -432,7 +436,7 @@ class _Step:
         count; else unit `below`'s, after its copy-out `after`): the all-gathers of the
         next `plan.prefetch` units in backward order not issued yet, recorded in
         `issued`."""
-        for j in range(below - 1, max(below - 1 - self.p.prefetch, -1), -1):
+        for j in range(below - 1, max(below - 1 - self.plan.prefetch, -1), -1):
             if j not in issued:
                 issued[j] = self.all_gather(blocks[j], mb, gathered, phase="backward",
                                             issue_after=(after,))
@@ -449,7 +453,7 @@ class _Step:
         backward. `final`: this is the last reduce-scatter of micro-batch `mb`'s backward
         (the root). A later micro-batch's reduced shard (plan.grad_sync "every") is added
         into the sharded gradient the first one made, then freed."""
-        b, p = self.b, self.p
+        b, p = self.builder, self.plan
         g_bytes, r_bytes = _grad_bytes(p), dtype_bytes(p.reduce_dtype)
         shard_grad = f"{u.name}/grad_shard"
         accumulate = shard_grad in self.grad_shards
@@ -507,17 +511,17 @@ class _Step:
         """Offload: copy a reduced gradient shard to the host for the CPU optimizer
         step. With parameter offload it leaves the GPU right away; with optimizer offload
         the GPU keeps it until the step, as zsim.analytic.memory counts it."""
-        b = self.b
-        keep = self.p.offload == "optimizer"
+        b = self.builder
+        keep = self.plan.offload == "optimizer"
         if not keep:
             self.grad_shards.remove(grad)
-        return b.copy(kind="d2h", nbytes=nbytes, name=name, microbatch=self.p.grad_accum - 1,
+        return b.copy(kind="d2h", nbytes=nbytes, name=name, microbatch=self.plan.grad_accum - 1,
                       after=(after,), frees=() if keep else (grad,))
 
     def optimizer(self) -> None:
         """AdamW on the local (padded) shards, each parameter a DTensor; on the host when
         offloaded."""
-        b, p = self.b, self.p
+        b, p = self.builder, self.plan
         after, frees = tuple(self.last_reduce), tuple(self.grad_shards)
         tensors = len(b.model.parameter_tensors())
         if p.offload != "none":

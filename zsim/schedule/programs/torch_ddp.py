@@ -133,7 +133,7 @@ class _Buckets:
 
     def __init__(self, b: Builder) -> None:
         p = b.plan
-        self.b = b
+        self.builder = b
         self.dtype = ddp_bucket_dtype(p)
         self.per_bucket = max(1, p.bucket_bytes // dtype_bytes(self.dtype))
         self.pending = 0
@@ -155,7 +155,7 @@ class _Buckets:
         return self.issued
 
     def _flush(self, elems: int, after: int) -> None:
-        b, p = self.b, self.b.plan
+        b, p = self.builder, self.builder.plan
         bucket = len(self.issued)
         ddp = p.strategy == "ddp"
         # DDP's process group: every data-parallel rank (dp_replicate for ddp, dp_shard

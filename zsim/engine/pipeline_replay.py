@@ -1,4 +1,4 @@
-"""Replay of a pipeline step: each pipeline rank runs its actions (zsim.schedule.pipeline)
+"""Replay of a pipeline step: each pipeline rank runs its actions (zsim.schedule.pipeline_order)
 in order, one at a time; a stage's forward of a micro-batch starts once the previous
 stage's forward of it has arrived (point-to-point send), a backward once the next
 stage's backward of it has arrived and its own forward is done. Start times follow from
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zsim.errors import ConfigError
-from zsim.schedule.pipeline import Action
+from zsim.schedule.pipeline_order import Action
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -4,7 +4,7 @@ backwards of its stages' micro-batches, as torch.distributed.pipelining orders t
 Owns `rank_actions` (one rank's actions, in order) and what follows from the order alone:
 the stages a rank holds, the stage that holds the embeddings (the first) and the loss
 (the last), and the micro-batches whose activations a rank holds at once. Timing lives in
-zsim.engine.pipeline. Pure Python; imports only zsim.spec.
+zsim.engine.pipeline_replay. Pure Python; imports only zsim.spec.
 
 Read from torch/distributed/pipelining/schedules.py (torch 2.13):
 - ScheduleGPipe: every forward, then every backward, micro-batches in order.

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from zsim.report.frame import csv_text, memory_curve_frame, sweep_frame
+from zsim.report.dataframes import csv_text, memory_curve_frame, sweep_frame
 from zsim.result import Result
 from zsim.scenario import Run, load_scenario, simulate_runs
 

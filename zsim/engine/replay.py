@@ -91,7 +91,7 @@ class _Run:
 
     def __init__(self, schedule: Schedule, *, num_ranks: int, rng: random.Random | None,
                  jitter: Jitter) -> None:
-        self.s = schedule
+        self.schedule = schedule
         self.env = simpy.Environment()
         self.num_ranks = num_ranks
         links: dict[Hashable, float] = {}
@@ -134,7 +134,7 @@ class _Run:
                      ) -> list[list[float]] | None:
         if rng is None:
             return None
-        n = len(self.s.ops)
+        n = len(self.schedule.ops)
         sigma = math.sqrt(math.log1p(jitter.cv ** 2))
         out = []
         for _ in range(self.num_ranks):
@@ -146,11 +146,11 @@ class _Run:
 
     # ------------------------------------------------------------------ groups
     def _group_key(self, op: Op, rank: int) -> tuple[int, str, int]:
-        d = self.s.dp_shard
+        d = self.schedule.dp_shard
         return (op.index, op.group, rank // d if op.group == "shard" else rank % d)
 
     def _group_members(self, op: Op, rank: int) -> list[int]:
-        d = self.s.dp_shard
+        d = self.schedule.dp_shard
         if op.group == "shard":
             base = rank // d * d
             return [base + i for i in range(d) if base + i < self.num_ranks]
@@ -164,10 +164,10 @@ class _Run:
         ends, starts = self.end_ev[rank], self.start_ev[rank]
         start_s, end_s = self.start_s[rank], self.end_s[rank]
         span_of, ends_after, is_transfer = self.span_of[rank], self.ends_after, self.is_transfer
-        ops_all = self.s.ops
+        ops_all = self.schedule.ops
         scale = None if self.scale is None else self.scale[rank]
         ledger = rank == 0  # ranks are alike in memory: the ledger follows rank 0
-        pooled = self.s.collective_threads > 1
+        pooled = self.schedule.collective_threads > 1
         prev: Op | None = None
         for op in ops:
             i = op.index
@@ -206,7 +206,7 @@ class _Run:
                 threads = self.threads.get((rank, op.group))
                 if threads is None:
                     threads = self.threads[rank, op.group] = simpy.PriorityResource(
-                        env, capacity=self.s.collective_threads)
+                        env, capacity=self.schedule.collective_threads)
                 thread = threads.request(priority=i)
                 ready_s = env.now
                 yield thread
@@ -311,7 +311,7 @@ class _Run:
         """Attribute an idle interval of the compute stream: the part during which the
         host ran the offloaded optimizer step to the host, the rest to the transfer the
         op waited for last."""
-        blocking = self.s.ops[dep]
+        blocking = self.schedule.ops[dep]
         now = self.env.now
         host_s = sum(max(0.0, min(e, now) - max(s, t_free))
                      for s, e in self.host_busy.get(rank, ()))
@@ -323,9 +323,9 @@ class _Run:
                                   "host_optimizer")
             ends = self.end_s[rank]
             dep = max(blocking.after, key=lambda d: ends[d], default=None)
-            if dep is None or not self.s.ops[dep].is_transfer:
+            if dep is None or not self.schedule.ops[dep].is_transfer:
                 return
-            blocking = self.s.ops[dep]
+            blocking = self.schedule.ops[dep]
             now -= host_s
             host_s = 0.0
         while not blocking.is_transfer and blocking.stream not in ("compute", "host"):
@@ -335,7 +335,7 @@ class _Run:
             dep = max(blocking.after, key=lambda d: ends[d], default=None)
             if dep is None:
                 return
-            blocking = self.s.ops[dep]
+            blocking = self.schedule.ops[dep]
         if not blocking.is_transfer:
             return
         if host_s > 0:
@@ -344,7 +344,8 @@ class _Run:
         span = self.span_of[rank][blocking.index]
         reason = {"issue": "prefetch_too_shallow", "stream": "queued",
                   "straggler": "straggler"}.get(span.gate, "critical_path")
-        if self.s.launch == "synchronous" and blocking.is_collective and not blocking.async_op:
+        if (self.schedule.launch == "synchronous" and blocking.is_collective
+                and not blocking.async_op):
             reason = "blocking_call"
         self._append_wait(rank, op, t_free + host_s, now, blocking.name, blocking.kind,
                           reason, shared=span.link_shared)

@@ -1,10 +1,12 @@
-"""Cross-object rules for a (model, hardware, plan) triple, in one place.
+"""Consistency of a (model, hardware, plan) triple: the cross-object rules, in one place.
 
-Owns every check that needs more than one spec object (single-field ranges live in each
-dataclass's `__post_init__`); raises zsim.errors.ConfigError naming the field and its value.
-Imports only zsim.errors and zsim.spec. Positivity of sizes (micro-batch, sequence, degrees)
-is already enforced by `Plan.__post_init__`, so micro_batch * seq_len is positive for any
-Plan that exists.
+Owns `check_plan`: every check that needs more than one spec object (single-field ranges
+live in each dataclass's `__post_init__`); raises zsim.errors.ConfigError naming the field
+and its value. Imports only zsim.errors and zsim.spec. Positivity of sizes (micro-batch,
+sequence, degrees) is already enforced by `Plan.__post_init__`, so micro_batch * seq_len is
+positive for any Plan that exists. Checking a plan is not validating it: "validate" is
+kept for comparing predictions with real runs (see "check vs validate" in
+zsim/__init__.py).
 
 References: Megatron-LM (Shoeybi et al. 2019, Sec. 3) splits attention heads across tensor-
 parallel ranks, so heads and kv heads must divide by tp; pipeline stages hold whole blocks
@@ -25,8 +27,8 @@ from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 
 
-def validate(model: ModelSpec, hw: HardwareProfile, plan: Plan, *,
-             gpus: int | None = None) -> None:
+def check_plan(model: ModelSpec, hw: HardwareProfile, plan: Plan, *,
+               gpus: int | None = None) -> None:
     """Check that `plan` can run `model` on `gpus` GPUs of `hw`.
 
     Rules: world size (dp_shard * dp_replicate * cp * tp * pp) equals `gpus` when given,

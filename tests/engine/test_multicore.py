@@ -1,4 +1,4 @@
-"""zsim.fanout: plans simulated on forked workers give the Results one process gives, in
+"""zsim.multicore: plans simulated on forked workers give the Results one process gives, in
 the order asked, and a plan the simulator rejects raises the same ConfigError."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from zsim import fanout
+from zsim import multicore
 from zsim.errors import ConfigError
 from zsim.simulate import simulate
 from zsim.spec.plan import Plan
@@ -28,24 +28,24 @@ def _dump(results: list[object]) -> str:
 
 def test_workers_give_the_serial_results_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ZSIM_WORKERS", "2")
-    assert 1 <= fanout.workers_for(len(PLANS)) <= 2  # the cap holds
-    parallel = fanout.simulate_all(MODEL, HW, PLANS)
+    assert 1 <= multicore.workers_for(len(PLANS)) <= 2  # the cap holds
+    parallel = multicore.simulate_all(MODEL, HW, PLANS)
     serial = [simulate(MODEL, HW, p, reserved=False) for p in PLANS]  # as simulate_all does
     assert _dump(parallel) == _dump(serial)
 
 
 def test_small_batches_and_a_cap_of_one_stay_in_process(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    assert fanout.workers_for(fanout.MIN_PLANS_PER_WORKER - 1) == 1
+    assert multicore.workers_for(multicore.MIN_PLANS_PER_WORKER - 1) == 1
     monkeypatch.setenv("ZSIM_WORKERS", "1")
-    assert fanout.workers_for(1000) == 1
+    assert multicore.workers_for(1000) == 1
 
 
 def test_a_rejected_plan_raises_its_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ZSIM_WORKERS", "2")
     bad = [*PLANS[:8], PLANS[0].with_(seq_len=MODEL.max_seq_len * 4), *PLANS[8:]]
     with pytest.raises(ConfigError) as info:
-        fanout.simulate_all(MODEL, HW, bad)
+        multicore.simulate_all(MODEL, HW, bad)
     assert info.value.field.endswith("seq_len")
 
 
@@ -53,7 +53,7 @@ def test_a_worker_that_dies_is_an_error_not_a_hang(monkeypatch: pytest.MonkeyPat
     """A worker killed mid-batch (out of memory, a signal) fails the batch at once, with
     its exit code."""
     monkeypatch.setenv("ZSIM_WORKERS", "2")
-    if fanout.workers_for(len(PLANS)) < 2:
+    if multicore.workers_for(len(PLANS)) < 2:
         pytest.skip("one core: nothing is forked")
     parent = os.getpid()
 
@@ -62,6 +62,6 @@ def test_a_worker_that_dies_is_an_error_not_a_hang(monkeypatch: pytest.MonkeyPat
             os._exit(3)
         return simulate(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(fanout, "simulate", dies_in_a_worker)
+    monkeypatch.setattr(multicore, "simulate", dies_in_a_worker)
     with pytest.raises(RuntimeError, match="exit code 3"):
-        fanout.simulate_all(MODEL, HW, PLANS)
+        multicore.simulate_all(MODEL, HW, PLANS)

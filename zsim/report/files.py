@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import pandas as pd
 from matplotlib.figure import Figure
 
-from zsim.report.frame import csv_text, memory_curve_frame
+from zsim.report.dataframes import csv_text, memory_curve_frame
 from zsim.report.gantt import gantt_figure
 from zsim.report.markdown import DEFAULT_TEMPLATE, markdown_table, render_report
 from zsim.report.plots import (
@@ -66,7 +66,7 @@ RESULTS_PARQUET = "results.parquet"
 
 
 def results_files(frame: pd.DataFrame) -> dict[str, bytes]:
-    """A sweep's results table as files: RESULTS_CSV (zsim.report.frame.csv_text), and
+    """A sweep's results table as files: RESULTS_CSV (zsim.report.dataframes.csv_text), and
     RESULTS_PARQUET where pyarrow is installed (without an index; the same bytes for the
     same rows)."""
     files = {RESULTS_CSV: csv_text(frame).encode()}
@@ -87,7 +87,7 @@ def report_files(scenario: Scenario, frame: pd.DataFrame,
 
     Args:
         scenario: the loaded scenario (its report settings choose the figures).
-        frame: its rows (zsim.report.frame.sweep_frame columns), in scenario order.
+        frame: its rows (zsim.report.dataframes.sweep_frame columns), in scenario order.
         curves: run name -> memory curve, for every run in scenario.memory_curves.
         timeline: the gantt run simulated with its spans (zsim.scenario.simulate_timeline);
             required when the scenario's figures include gantt.
