@@ -1,17 +1,24 @@
-"""Suite-wide test settings: hypothesis profiles and the published cases of tests/data/cases
-(cases_dir, published_cases). Other fixtures live in each folder's conftest.py.
+"""Suite-wide test settings: hypothesis profiles, the published cases of tests/data/cases
+(cases_dir, published_cases) and the session's real runs that tests/backend and
+tests/validation share (real_runs, _runs.py). Other fixtures live in each folder's
+conftest.py.
 
 `ci` is deterministic (derandomized, no deadline) and is loaded when the CI environment
 variable is set; `dev` draws fresh random examples, fewer of them, for quick local runs.
 """
 
+from __future__ import annotations
+
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
 from hypothesis import settings
+
+if TYPE_CHECKING:
+    from _runs import RealRuns
 
 settings.register_profile("ci", derandomize=True, deadline=None, max_examples=50)
 settings.register_profile("dev", deadline=None, max_examples=20)
@@ -37,3 +44,13 @@ def published_cases(cases_dir: Path) -> dict[str, dict[str, Any]]:
     """published.yaml cases by id."""
     data = yaml.safe_load((cases_dir / "published.yaml").read_text())
     return {c["id"]: c for c in data["cases"]}
+
+
+@pytest.fixture(scope="session")
+def real_runs() -> RealRuns:
+    """The session's real runs (_runs.py), each measured once for all the tests that check
+    something on it, in tests/backend and tests/validation alike."""
+    pytest.importorskip("torch")
+    from _runs import RealRuns  # imports torch
+
+    return RealRuns()

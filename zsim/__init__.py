@@ -1,7 +1,8 @@
 """zsim: a discrete-event cluster simulator and memory/communication planner for sharded
-data-parallel training. The entry points are zsim.api (what the `zsim` command calls) and
-zsim.simulate.simulate; this file imports nothing, so that importing one subpackage (the
-engine needs only simpy) never pulls in the rest.
+data-parallel training. The entry points are zsim.api, zsim.calibrate_api and
+zsim.validate_api (what the `zsim` command calls) and zsim.simulate.simulate; this file
+imports nothing, so that importing one subpackage (the engine needs only simpy) never
+pulls in the rest.
 
 Vocabulary. These words mean one thing each in zsim; they are stated here once, and other
 docstrings point here rather than define them again.
@@ -18,7 +19,7 @@ docstrings point here rather than define them again.
   program other than the default in brackets: `fsdp[fsdp1]`.
 - check vs validate: checking a plan (zsim.spec.consistency.check_plan) refuses a model,
   hardware and plan that cannot go together, before anything is simulated (a
-  ConfigError). Validating (`zsim validate`, zsim.calibrate) runs a plan for real and
+  ConfigError). Validating (`zsim validate`, zsim.validation) runs a plan for real and
   compares the measurements with zsim's predictions; "validation" means only that.
 - pipeline: always pipeline parallelism (Plan.pp: consecutive blocks as stages on
   different ranks). Three modules deal with it: the order in which each pipeline rank

@@ -1,5 +1,6 @@
 """The public entry points the CLI calls: resolve names, run the planner or simulator,
-and return plain data (dicts/records) for rendering. No printing here."""
+and return plain data (dicts/records) for rendering. No printing here. The real-run
+commands' entry points are zsim.calibrate_api and zsim.validate_api."""
 
 from __future__ import annotations
 
@@ -503,78 +504,3 @@ def report(scenarios: Sequence[Path], out: Path, *, shipped: bool = False,
         except ConfigError as e:  # a run, a figure or a template placeholder: name the file
             raise ConfigError(e.field, e.value, f"{e.reason} (in {path})") from None
     return {"scenarios": list(names), "written": [str(p) for p in write_files(out, files)]}
-
-
-CPU_VALIDATION_D_MODEL = 256
-"""Hidden size presets are scaled to for validation on CPU (layers, and so the plan's
-units, are kept)."""
-CPU_VALIDATION_MAX_PARAMS = 50_000_000
-"""Models larger than this are scaled down before running on CPU."""
-
-
-def calibrate(*, backend: str, nproc: int, out: Path) -> Path:
-    """Benchmark this machine's collectives and kernels on `nproc` ranks and write a
-    hardware profile YAML (with provenance) to `out`.
-
-    Raises:
-        ConfigError: unknown backend or non-positive nproc.
-    """
-    if backend not in ("gloo", "nccl"):
-        raise ConfigError("backend", backend, "must be gloo or nccl")
-    if nproc < 1:
-        raise ConfigError("nproc", nproc, "must be a positive integer")
-    from zsim.calibrate import calibrate as run
-
-    return run(backend, nproc, Path(out))
-
-
-def validate(*, model: str, nproc: int, strategy: str, shard_group: int | None = None,
-             profile: str = "local-cpu", seq: int | None = None, micro_batch: int = 1,
-             grad_accum: int = 1, ac: str = "none", precision: str = "bf16",
-             offload: str = "none", impl: str | None = None, steps: int | None = None,
-             out: Path | None = None) -> dict[str, Any]:
-    """Run one plan for real on `nproc` processes and in the simulator with a calibrated
-    profile; compare; with `out`, also write the rows there as a CSV. On a machine
-    without CUDA, models above CPU_VALIDATION_MAX_PARAMS are scaled to d_model
-    CPU_VALIDATION_D_MODEL (same layers and units) and the default sequence is 256
-    tokens. The real run times `steps` steps, or by default as many as fill
-    zsim.calibrate.validate.MIN_TIMED_S (3 at least).
-
-    Returns:
-        {"model", "profile", "plan", "rows": [{metric, predicted, measured, error_pct,
-        bound_pct, note}], "written": the CSV path or None}; predicted and error_pct
-        are None, and the note says why, for a plan the simulator does not model yet.
-
-    Raises:
-        ConfigError: invalid names, sizes or combinations.
-        RankFailed: the real run crashed or hung (the message carries the rank's error).
-    """
-    import torch
-
-    from zsim.calibrate.model import scale_model
-    from zsim.calibrate.validate import BOUNDS_PCT, csv_name
-    from zsim.calibrate.validate import validate as run
-
-    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
-                              or steps < 1):
-        raise ConfigError("steps", steps, "must be a positive integer")
-    spec = resolve_model(model)
-    hw = resolve_hardware(profile)
-    if not torch.cuda.is_available() and spec.num_params > CPU_VALIDATION_MAX_PARAMS:
-        ratio = spec.num_heads // spec.num_kv_heads
-        spec = scale_model(spec, d_model=max(CPU_VALIDATION_D_MODEL, 64 * ratio),
-                           vocab_size=2048, max_seq_len=max(256, seq or 0))
-        seq = seq or 256
-    if strategy == "hsdp" and shard_group is None:
-        shard_group = max(1, nproc // 2)
-    plan = build_plan(spec, gpus=nproc, strategy=strategy, shard_group=shard_group, seq=seq,
-                      micro_batch=micro_batch, grad_accum=grad_accum, ac=ac,
-                      precision=precision, offload=offload, impl=impl)
-    timing = {} if steps is None else {"steps": steps, "min_timed_s": 0.0}
-    rows = run(spec, plan, nproc=nproc, profile=hw, out_dir=out, **timing)
-    written = None if out is None else str(Path(out) / csv_name(spec, plan))
-    return {"model": spec.name, "profile": hw.name, "plan": plan.label, "written": written,
-            "rows": [{"metric": r["metric"], "predicted": r["predicted"],
-                      "measured": r["measured"], "error_pct": r["error_pct"],
-                      "bound_pct": BOUNDS_PCT.get(r["metric"]), "note": r["note"]}
-                     for r in rows]}

@@ -1,5 +1,8 @@
-"""zsim command line: a thin Typer layer over zsim.api. Each command parses, calls one
-api function, and renders; a ZsimError becomes one line on stderr and exit code 2."""
+"""zsim command line: a thin Typer layer over zsim.api (plan, models, hardware, simulate,
+sweep, report), zsim.calibrate_api (`zsim calibrate profile|bands|gpu-phases|phase-rates`)
+and zsim.validate_api (`zsim validate plan|grid|gpu-report|published-runs|error-budget`).
+Each command parses, calls one api function, and renders; a ZsimError becomes one line
+on stderr and exit code 2."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from typing import Annotated, Any, TypeVar, get_args
 
 import typer
 
-from zsim import api
+from zsim import api, calibrate_api, validate_api
 from zsim.errors import ZsimError
 from zsim.progress import ProgressBar
 from zsim.report.plan_text import plan_text
@@ -260,6 +263,8 @@ def main() -> None:
     except _UsageError as e:
         # One line: click lays out some messages (choices of a missing option) on several.
         message = " ".join(e.format_message().split())  # type: ignore[attr-defined]
+        if not message:  # a command group given no command: its help is shown already
+            sys.exit(0)
         typer.echo(f"error: {message}", err=True)
         sys.exit(2)
     except (typer.Exit, typer.Abort) as e:
@@ -338,19 +343,87 @@ def report(
         typer.echo(f"wrote {path}")
 
 
-@app.command()
-def calibrate(
+# ------------------------------------------------------------------------ zsim calibrate
+calibrate_app = typer.Typer(
+    no_args_is_help=True,
+    help="Measure this machine into a hardware profile, and read measurements and "
+         "validation evidence into a profile's figures.")
+app.add_typer(calibrate_app, name="calibrate")
+
+
+@calibrate_app.command("profile")
+def calibrate_profile(
     out: Annotated[Path, typer.Option(help="Where to write the fitted hardware profile YAML.")],
     backend: Annotated[str, typer.Option(help="gloo (CPU) or nccl (CUDA GPUs).")] = "gloo",
     nproc: Annotated[int, typer.Option(help="Processes (ranks) to benchmark.")] = 2,
 ) -> None:
     """Fit a hardware profile from collective and kernel micro-benchmarks on this machine."""
-    path = _run(lambda: api.calibrate(backend=backend, nproc=nproc, out=out))
+    path = _run(lambda: calibrate_api.profile(backend=backend, nproc=nproc, out=out))
     typer.echo(f"wrote {path}")
 
 
-@app.command()
-def validate(
+@calibrate_app.command("bands")
+def calibrate_bands(
+    profile: Annotated[list[str] | None, typer.Option(
+        help="A shipped profile (repeatable; default: every one).")] = None,
+    write: Annotated[bool, typer.Option(
+        help="Put each section into its hardware_profiles/NAME.yaml.")] = False,
+    cases: Annotated[Path | None, typer.Option(
+        help="Folder of published.yaml and h200-fsdp2-runs.yaml "
+             "(default: tests/data/cases).")] = None,
+    cpu: Annotated[Path | None, typer.Option(
+        help="The CPU validation's folder of batches "
+             "(default: reports/validation-cpu2).")] = None,
+) -> None:
+    """Every shipped profile's error bands from the evidence that covers it: print each
+    `error_bands:` section, or with --write put it into the profile."""
+    r = _run(lambda: calibrate_api.bands(profiles=profile or [], write=write, cases=cases,
+                                         cpu=cpu))
+    if write:
+        for path in r["written"]:
+            typer.echo(f"wrote {path}")
+        return
+    for name, section in r["sections"].items():
+        typer.echo(f"# {name}\n{section}")
+
+
+@calibrate_app.command("gpu-phases")
+def calibrate_gpu_phases(
+    out: Annotated[Path, typer.Option(help="Output folder.")],
+    quick: Annotated[bool, typer.Option(
+        help="A tiny model at world 8 (a smoke test; runs on CPU).")] = False,
+    budget_s: Annotated[float, typer.Option(
+        help="Wall-clock budget, seconds.")] = 135.0,
+) -> None:
+    """Where the time of published FSDP2 steps goes on this GPU: per-phase GPU-busy vs
+    host-bound time and kernel classes (rank 0 of N on the fake process group)."""
+    r = _run(lambda: calibrate_api.gpu_phases(out=out, quick=quick, budget_s=budget_s))
+    typer.echo(f"wrote {r['written']}")
+
+
+@calibrate_app.command("phase-rates")
+def calibrate_phase_rates(
+    phases: Annotated[Path, typer.Option(
+        help="A gpu-phases output folder (reports/validation-h200/phases).")],
+    cases: Annotated[Path, typer.Option(
+        help="The runs it profiled (tests/data/cases/h200-fsdp2-runs.yaml).")],
+) -> None:
+    """The profile's attention rates, kernel gap and copy-in rate read from profiled
+    steps, with the measurements they come from."""
+    r = _run(lambda: calibrate_api.phase_rates(phases=phases, cases=cases))
+    typer.echo(r["text"])
+
+
+# ------------------------------------------------------------------------- zsim validate
+validate_app = typer.Typer(
+    no_args_is_help=True,
+    help="How far the simulator is from real runs: run plans for real and compare, "
+         "replay published runs, and take the error apart.")
+app.add_typer(validate_app, name="validate")
+
+
+@validate_app.command("plan")
+def validate_plan(
     model: PlanModelOpt,
     nproc: Annotated[int, typer.Option(help="Processes to run the plan on.")],
     strategy: StrategyOpt,
@@ -370,7 +443,7 @@ def validate(
     format: Annotated[SimFormat, typer.Option(help="Output format.")] = SimFormat.table,
 ) -> None:
     """Run a plan for real (torch.distributed) and in the simulator; print the error."""
-    r = _run(lambda: api.validate(
+    r = _run(lambda: validate_api.plan(
         model=model, nproc=nproc, strategy=strategy.value, shard_group=shard_group,
         profile=profile, seq=seq, micro_batch=micro_batch, grad_accum=grad_accum,
         ac=ac.value, precision=precision.value, offload=offload.value,
@@ -383,3 +456,87 @@ def validate(
     typer.echo(f"{r['model']} {r['plan']} on {nproc} processes, profile {r['profile']}")
     typer.echo(text_table(r["rows"], ("metric", "predicted", "measured", "error_pct",
                                       "bound_pct")))
+
+
+@validate_app.command("grid")
+def validate_grid(
+    out: Annotated[Path, typer.Option(
+        help="Report folder (the repository's is reports/validation).")],
+    profile: Annotated[str | None, typer.Option(
+        help="Calibrated hardware profile (name or YAML path) of its world size; the "
+             "batch's other world sizes are calibrated here (default local-cpu).")] = None,
+    calibrate_here: Annotated[bool, typer.Option(
+        help="Calibrate every world size of the batch on this host (into --out) instead "
+             "of using --profile: for a host other than the committed profiles'.")] = False,
+    only: Annotated[list[str] | None, typer.Option(
+        help="Measure only the cases whose '<model> <plan label> n<N>' matches this "
+             "fnmatch pattern (repeatable); their rows replace theirs in the report.")] = None,
+    no_time: Annotated[bool, typer.Option(
+        help="Keep only host-independent metrics (memory, state, activations).")] = False,
+    runs: Annotated[int | None, typer.Option(help="Runs of each case (default 3).")] = None,
+    steps: Annotated[int, typer.Option(help="Timed steps per run, at least.")] = 8,
+    calibration_rounds: Annotated[int | None, typer.Option(
+        help="Rounds of the benchmarks of each profile calibrated here (default: 1 before "
+             "each pass over the cases when timed, else the benchmarks' own, once).")] = None,
+    min_timed_s: Annotated[float | None, typer.Option(
+        help="Time more steps until each run's timed steps fill this many seconds "
+             "(default 6).")] = None,
+    repredict: Annotated[bool, typer.Option(
+        help="Measure nothing: predict the report's rows again with the simulator as it "
+             "is now, keeping their measured figures.")] = False,
+) -> None:
+    """Regenerate the CPU validation report over the grid of cases (every case, or the
+    batch --only names), or predict it again (--repredict)."""
+    r = _run(lambda: validate_api.grid(
+        out=out, profile=profile, calibrate_here=calibrate_here, only=only or [],
+        no_time=no_time, runs=runs, steps=steps, calibration_rounds=calibration_rounds,
+        min_timed_s=min_timed_s, repredict=repredict))
+    typer.echo(f"wrote {r['written']}")
+
+
+@validate_app.command("gpu-report")
+def validate_gpu_report(
+    out: Annotated[Path, typer.Option(help="Output folder.")],
+    quick: Annotated[bool, typer.Option(
+        help="Tiny models and shapes (a smoke test; runs on CPU).")] = False,
+    budget_s: Annotated[float, typer.Option(help="Wall-clock budget, seconds.")] = 360.0,
+    only: Annotated[list[str] | None, typer.Option(
+        help="A validation run's name: run only these (repeatable), and no other "
+             "section (to redo runs that failed).")] = None,
+    hardware: Annotated[str | None, typer.Option(
+        help="Hardware profile of the predictions (default hgx-h200 with CUDA, local-cpu "
+             "without).")] = None,
+) -> None:
+    """The GPU validation report: the rows one GPU can host against the simulator, plus
+    the host, matmul, attention and memory-bound measurements of the GPU fit."""
+    r = _run(lambda: validate_api.gpu_report(out=out, quick=quick, budget_s=budget_s,
+                                             only=only or [], hardware=hardware))
+    typer.echo(f"wrote {r['written']}")
+
+
+@validate_app.command("published-runs")
+def validate_published_runs(
+    cases: Annotated[Path, typer.Option(
+        help="The runs file (tests/data/cases/h200-fsdp2-runs.yaml).")],
+    hardware: HardwareOpt = "hgx-h200",
+) -> None:
+    """The published H200 runs replayed in the simulator: each run's error per metric."""
+    r = _run(lambda: validate_api.published_runs(cases=cases, hardware=hardware))
+    typer.echo(r["text"])
+
+
+@validate_app.command("error-budget")
+def validate_error_budget(
+    folders: Annotated[list[Path], typer.Argument(
+        help="A batch folder, or a folder of batch folders.")],
+    out: Annotated[Path | None, typer.Option(
+        help="Where to write (default: the first folder).")] = None,
+    bound_pct: Annotated[float | None, typer.Option(
+        help="The step-time bound, percent (default 15).")] = None,
+) -> None:
+    """Where the CPU batches' step-time error comes from: each case's bias, each
+    calibration's shift, and the rest."""
+    r = _run(lambda: validate_api.error_budget(folders=folders, out=out, bound_pct=bound_pct))
+    for path in r["written"]:
+        typer.echo(f"wrote {path}", err=True)
+    typer.echo(r["summary"])

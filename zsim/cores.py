@@ -1,5 +1,5 @@
 """The CPU cores this process may run on: what the planner fans plans out over
-(zsim.multicore) and what CPU ranks of a calibration share (zsim.calibrate.microbench)."""
+(zsim.multicore) and what CPU ranks of a calibration share (zsim.calibration.kernel_bench)."""
 
 from __future__ import annotations
 

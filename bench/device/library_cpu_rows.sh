@@ -3,7 +3,7 @@
 # optimizer offloaded to the CPU, FSDP1 FULL_SHARD and SHARD_GRAD_OP) on a lent machine's
 # CPU, which unlike the repository's host until 2026-11-30 has native bf16: gloo ranks on
 # its cores, predicted with hardware profiles calibrated on that same host
-# (python -m zsim.calibrate.validate --calibrate-here). It runs on any host with native
+# (zsim validate grid --calibrate-here). It runs on any host with native
 # bf16: on the repository's 2-core host of 2026-12-01 the 12 n2 cases took 4-5 minutes
 # (DeepSpeed's ops built in ~90 s, the n2 calibration with 1 round ~40 s).
 #
@@ -275,7 +275,7 @@ run_batch() {  # $1: "N|PATTERN" or "PATTERN"
   log "batch '$pattern': $cases case(s), ~${need}s expected, $(left)s left"
   start=$SECONDS
   epoch=$(date +%s)
-  if timeout -k 10 $(( $(left) - MARGIN_S )) "$PY" -m zsim.calibrate.validate --out "$REPORT" \
+  if timeout -k 10 $(( $(left) - MARGIN_S )) "$PY" -m zsim validate grid --out "$REPORT" \
       "${prof[@]}" --runs 1 --steps "$STEPS" --min-timed-s "$MIN_TIMED_S" \
       --only "$pattern" 2>&1 | stamp; then
     status="done"

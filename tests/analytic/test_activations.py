@@ -141,7 +141,7 @@ def test_autocast_block_by_hand() -> None:
     by_hand = norms + weight_casts + input_casts + sdpa + mlp
     assert by_hand == 4_084_224
     assert block_activation_bytes(CPU_GQA, autocast=True, **kw) == by_hand
-    # Measured on CPU (zsim.calibrate.measure.record_saved_tensors, torch 2.13, bf16
+    # Measured on CPU (zsim.backend.instruments.record_saved_tensors, torch 2.13, bf16
     # autocast, the block after the first, whose input is not the embedding's output):
     # 4,084,224 bytes. FSDP2's bf16 program saves one shared q/k/v input and one w1/w3
     # input and no weight casts: 2,339,328 bytes, unchanged by the autocast knob.

@@ -1,7 +1,7 @@
 """zsim.analytic.compute: time of FLOPs, memory traffic and kernels on the two-tier toy
 cluster (1 TFLOP/s bf16 peak, 0.5 fp32; matmul efficiency 0.5, attention 0.25; 1000 GB/s
 memory at efficiency 1), and the traffic counts of the reference block worked out by hand
-from the ops of zsim.calibrate.model."""
+from the ops of zsim.backend.reference_model."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def test_block_forward_traffic_by_hand(small: ModelSpec) -> None:
     b, s, a = 2, 16, 2
     t, d, kv, f = b * s, 64, 32, 96
     # Per token, in elements of the activation dtype (read + written), from the ops of
-    # zsim.calibrate.model.TransformerBlock:
+    # zsim.backend.reference_model.TransformerBlock:
     norm = 2 * d                      # fused RMSNorm: read x, write y (twice per block)
     rope = 10                         # neg 1/2+1/2, cat 1+1, *cos 1+1, *sin 1+1, add 2+1
     elems = (2 * norm + rope * d + rope * kv   # q at width d, k at width kv

@@ -1,7 +1,7 @@
 """Files only where the user says (issue 9): zsim installed non-editable into a fresh
 virtual environment, every command that writes run from an empty folder, and nothing
 appears anywhere but in the folder each command was given: not in the working folder,
-not in HOME or TMPDIR, not in the installed package (where `zsim validate` used to drop
+not in HOME or TMPDIR, not in the installed package (where `zsim validate plan` used to drop
 its CSV), not in the source it was installed from. `zsim report --all` among them finds
 the shipped studies (and their configs and report templates) in the installed package,
 outside the repository (issue 36).
@@ -12,8 +12,8 @@ compiled allocator replay, which zsim sends under XDG_CACHE_HOME) go to XDG_CACH
 MPLCONFIGDIR and TORCHINDUCTOR_CACHE_DIR, which the test points at a folder it does not
 check; bytecode is off (PYTHONDONTWRITEBYTECODE), as Python, not zsim, writes it.
 
-The profile the installed `zsim calibrate` function writes there is also the suite's end to
-end check of calibrate() (the benchmark takes half a minute; it runs once, here).
+The profile the installed `zsim calibrate profile` function writes there is also the suite's
+end to end check of calibrate() (the benchmark takes half a minute; it runs once, here).
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ plans:
 CALIBRATE = """
 import sys
 from pathlib import Path
-from zsim.calibrate.microbench import BenchConfig
-from zsim.calibrate.profile import calibrate
+from zsim.calibration.bench_figures import BenchConfig
+from zsim.calibration.profile_writer import calibrate
 quick = BenchConfig(sizes_bytes=(4096, 65536, 1 << 20, 4 << 20), iters_small=3,
                     iters_large=2, matmul_shapes=((256, 256, 256), (512, 256, 512)),
                     gemm_linears=((512, 256, 512),), cache_flush_bytes=8 << 20,
@@ -62,10 +62,10 @@ quick = BenchConfig(sizes_bytes=(4096, 65536, 1 << 20, 4 << 20), iters_small=3,
                     host_layers=(1, 3), programs=False, rounds=1)
 calibrate("gloo", 2, Path(sys.argv[1]), config=quick, timeout_s=300)
 """
-"""`zsim calibrate` with a short benchmark (the command's own takes minutes): the same
+"""`zsim calibrate profile` with a short benchmark (the command's own takes minutes): the same
 function the command calls, in the installed package. The library programs' timing is
 left out: DeepSpeed would build its C++ ops afresh in this test's empty cache, minutes on
-2 cores (tests/calibrate/test_program_overhead.py times them on real ranks)."""
+2 cores (tests/calibration/test_program_overhead.py times them on real ranks)."""
 
 
 def _tree(root: Path) -> set[str]:
@@ -171,10 +171,11 @@ def written(installed: tuple[Path, Path], tmp_path_factory: pytest.TempPathFacto
          "--trace", str(out / "trace" / "step.json")],
         ["zsim", "sweep", "--scenario", str(inputs / "where.yaml"), "--out",
          str(out / "sweep")],
-        ["zsim", "validate", "--model", str(inputs / "tiny" / "config.json"), "--nproc", "2",
-         "--strategy", "fsdp", "--seq", "32", "--steps", "1", "--out", str(out / "validate")],
-        ["zsim", "validate", "--model", str(inputs / "tiny" / "config.json"), "--nproc", "2",
-         "--strategy", "ddp", "--seq", "32", "--steps", "1"],
+        ["zsim", "validate", "plan", "--model", str(inputs / "tiny" / "config.json"),
+         "--nproc", "2", "--strategy", "fsdp", "--seq", "32", "--steps", "1", "--out",
+         str(out / "validate")],
+        ["zsim", "validate", "plan", "--model", str(inputs / "tiny" / "config.json"),
+         "--nproc", "2", "--strategy", "ddp", "--seq", "32", "--steps", "1"],
         [str(bin_dir / "python"), "-c", CALIBRATE, str(out / "calibrate" / "cpu.yaml")],
         ["zsim", "report", "--all", "--out", str(out / "report")],
     ]

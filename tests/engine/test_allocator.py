@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from zsim.calibrate.published_runs import PublishedRun, as_measured, load_runs
 from zsim.engine.allocator import (
     CachingAllocator,
     Request,
@@ -27,6 +26,7 @@ from zsim.engine.allocator import (
 from zsim.engine.resources import MemoryPool
 from zsim.simulate import simulate
 from zsim.spec.registry import resolve_hardware
+from zsim.validation.published_runs import PublishedRun, as_measured, load_runs
 
 KiB, MiB = 1 << 10, 1 << 20
 

@@ -1,5 +1,5 @@
 """Every shipped profile's `error_bands:` section is what its evidence gives with the current
-model (zsim.calibrate.bands regenerates it), and the figures it rests on agree with the
+model (zsim.validation.profile_bands regenerates it), and the figures it rests on agree with the
 published cases they come from."""
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 import yaml
 
-from zsim.calibrate.bands import PROFILES, label_program, profile_bands, with_section
 from zsim.simulate import simulate
 from zsim.spec.error_bands import plan_kind, program_of
 from zsim.spec.plan import Plan
 from zsim.spec.presets import PRESETS
 from zsim.spec.registry import PROFILES_DIR, hardware_names, resolve_hardware
 from zsim.units import GiB
+from zsim.validation.profile_bands import PROFILES, label_program, profile_bands, with_section
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,7 +36,7 @@ def test_every_shipped_profile_has_evidence_and_bands() -> None:
 
 @pytest.mark.parametrize("name", list(PROFILES))
 def test_committed_section_is_what_the_evidence_gives(name: str, cases_dir: Path) -> None:
-    """Regenerate with: python -m zsim.calibrate.bands --profile NAME --write."""
+    """Regenerate with: zsim calibrate bands --profile NAME --write."""
     assert profile_bands(name, cases_dir=cases_dir).to_dict() == _committed(name)
 
 

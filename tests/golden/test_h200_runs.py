@@ -1,6 +1,6 @@
 """The simulator against 16 real FSDP2 steps on one H200 (shared/cases/h200-fsdp2-runs.yaml,
 rank 0 of N on a fake process group: no communication) and issue 11's targets
-(zsim.calibrate.published_runs; the error bands the residuals give hgx-h200 are checked in
+(zsim.validation.published_runs; the error bands the residuals give hgx-h200 are checked in
 tests/golden/test_error_bands.py).
 
 Targets of issue 11 not reached yet are strict xfails (they fail the suite once they pass,
@@ -17,19 +17,19 @@ import pytest
 import yaml
 
 from zsim.analytic.compute import optimizer_flops
-from zsim.calibrate.phase_rates import (
+from zsim.spec.registry import PROFILES_DIR, resolve_hardware
+from zsim.units import GB
+from zsim.validation.phase_rates import (
     attention_rates,
     attention_rows,
     kernel_gap_s,
     kernel_seconds,
     reduce_copy_in_rates,
 )
-from zsim.calibrate.published_runs import load_runs, residuals
-from zsim.spec.registry import PROFILES_DIR, resolve_hardware
-from zsim.units import GB
+from zsim.validation.published_runs import load_runs, residuals
 
 PHASES = Path(__file__).resolve().parents[2] / "reports" / "validation-h200" / "phases"
-"""python -m zsim.calibrate.gpu_phases's measurements of the published runs (a lent H200)."""
+"""zsim calibrate gpu-phases's measurements of the published runs (a lent H200)."""
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def _stats(rows: list[dict[str, Any]], metric: str) -> tuple[float, float]:
 
 def test_committed_attention_rates_are_the_steps_kernels(cases_dir: Path) -> None:
     """hgx-h200's attention rows at the runs' shapes (head_dim 128, seq 2048-8192) are
-    what python -m zsim.calibrate.phase_rates reads from the profiled steps: the whole SDPA
+    what zsim calibrate phase-rates reads from the profiled steps: the whole SDPA
     op, its backward with the small kernels around the main one."""
     rows = attention_rows(attention_rates(PHASES, cases_dir / "h200-fsdp2-runs.yaml"))
     committed = yaml.safe_load((PROFILES_DIR / "hgx-h200.yaml").read_text())["kernels"]
@@ -117,7 +117,7 @@ def test_guard_peak_allocated(rows: list[dict[str, Any]]) -> None:
     """Today's level (mean 0.10%, max 0.56%: 1.3B with full recomputation, whose state
     after the step reads 1.6% short) is not lost. It was mean 0.77%, max 2.34% before
     the runs' program was modelled as their memory shows it was written
-    (zsim.calibrate.published_runs.HARNESS) and the gradient of a block's output was
+    (zsim.validation.published_runs.HARNESS) and the gradient of a block's output was
     held through its backward."""
     mean, worst = _stats(rows, "peak_memory_bytes")
     assert mean < 0.0015 and worst < 0.006

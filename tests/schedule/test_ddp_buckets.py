@@ -3,7 +3,7 @@ its own bucketing function (torch.distributed._compute_bucket_assignment_by_size
 the reducer's rebuild_buckets runs after the first step on the gradients in the order
 they became ready): the lowering's bucket all-reduces, in order and size, for a model's
 fp32 gradients (torch.autocast keeps the parameters fp32). The order the real reducer
-sees is checked on gloo in tests/calibrate/test_collective_calls.py."""
+sees is checked on gloo in tests/backend/test_collective_calls.py."""
 
 from __future__ import annotations
 

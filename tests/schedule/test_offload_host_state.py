@@ -2,7 +2,7 @@
 per node: against DeepSpeed 0.19's own estimators for a 13B model on two 8-GPU nodes and
 against DeepSpeed's partitioning code for the accumulation buffers; worked by hand for
 FSDP2's CPUOffloadPolicy and torch's DDP. (The real DeepSpeed runs that measure the same
-figure to the byte are tests/calibrate/test_deepspeed_offload_host.py.)"""
+figure to the byte are tests/backend/test_deepspeed_offload_host.py.)"""
 
 from __future__ import annotations
 

@@ -383,7 +383,7 @@ def test_the_backend_passes_the_step_knobs_to_deepspeed() -> None:
     pytest.importorskip("deepspeed")
     from deepspeed.runtime.precision_config import DeepSpeedBF16Config
 
-    from zsim.calibrate.deepspeed_zero import ds_config
+    from zsim.backend.deepspeed_zero import ds_config
     from zsim.spec.plan import Plan
 
     knobs = DeepSpeedZero(gradient_clipping=0.5, check_grad_overflow=False)

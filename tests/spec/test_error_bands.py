@@ -196,7 +196,8 @@ def test_bands_reach_json_and_tables() -> None:
     assert r["step_time_band_extrapolated"] == [
         "world 8 > 1 validated with communication (collectives -29%..+3%)"]
     assert "h200-fsdp2-runs.yaml" in r["step_time_band_source"]
-    assert "python -m zsim.calibrate.bands --profile hgx-h200" in r["step_time_band_source"]
+    assert ("zsim calibrate bands --profile hgx-h200"
+            in r["step_time_band_source"])
     assert "%..+" in _zsim("simulate", *args)
     # dgx-a100's evidence ran FSDP1 at micro-batches 6-18 up to 128 GPUs.
     a100 = json.loads(_zsim("simulate", "--model", "1.3b", "--gpus", "8", "--hardware",

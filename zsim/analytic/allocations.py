@@ -13,7 +13,7 @@ recomputation under full checkpointing, the activation gradients, flash attentio
 fp32 dq accumulator, what autograd frees as each node ends),
 the output projection and loss, and FSDP2's all-gather copy-in (the shard cast to the
 compute dtype, then the flat output). The scripts were read from the aten ops of
-zsim.calibrate.model's blocks and checked against the allocation traces of real FSDP2
+zsim.backend.reference_model's blocks and checked against the allocation traces of real FSDP2
 steps on an H200 (torch 2.11: torch.cuda.memory._record_memory_history, one block's
 forward and backward event by event). A script's entries follow Buffer.pieces: n >= 0
 allocates n bytes, ~i frees entry i.

@@ -16,7 +16,7 @@ References:
   (flash attention skips masked tiles); backward counted as 2x forward like every op,
   the model-FLOPs convention of MFU (PaLM App. B). Flash attention's backward really
   runs 2.5x (it recomputes the scores); the profile's attention efficiency absorbs that.
-- Memory-bound kernels of the reference block (zsim.calibrate.model, DESIGN.md "Reference
+- Memory-bound kernels of the reference block (zsim.backend.reference_model, DESIGN.md "Reference
   training step"): what each kernel reads and writes is listed in `_block_forward_kernels`
   and `_root_forward_kernels` (a roofline in the sense of Williams et al. 2009: a kernel
   with few FLOPs per byte runs at the memory bandwidth). Backward kernels move about twice
@@ -149,7 +149,7 @@ def _norm_kernels(model: ModelSpec, name: str, tokens: int, a: int) -> list[Kern
 
 
 def _rope_kernels(name: str, elems: int, a: int) -> list[Kernel]:
-    """Rotate-half RoPE of one (tokens, width) tensor (zsim.calibrate.model._rope):
+    """Rotate-half RoPE of one (tokens, width) tensor (zsim.backend.reference_model._rope):
     -x[..., half:] reads and writes half; cat reads and writes all; x * cos and
     rotated * sin each read and write all (the (s, head_dim) tables are negligible); the
     sum reads two and writes one."""

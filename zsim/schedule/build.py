@@ -514,7 +514,7 @@ def head_backward(b: Builder, mb: int, *, after: tuple[int, ...] = (),
     the forward's work); returns the second. A hook on the root module's output (FSDP's
     root pre-backward) runs when that output's gradient exists: `root_pre_backward(
     after=op)` adds its ops, issued after op. A model that computes its loss in its
-    forward (ModelSpec.loss_in_forward: zsim.calibrate.model, as Hugging Face models
+    forward (ModelSpec.loss_in_forward: zsim.backend.reference_model, as Hugging Face models
     given labels do) outputs the loss, whose gradient exists first: the hook runs as the
     backward starts, after the head's `forward` op. One that outputs the logits
     (torchtitan, whose step computes the loss) gets their gradient from the loss's

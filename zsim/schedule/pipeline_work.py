@@ -38,7 +38,7 @@ parameters whole in the master dtype and computes under autocast (its activation
 include autocast's casts); its gradients, whole and in that dtype, live from its first
 backward to the step (set to None after it) and, with more than one data-parallel rank,
 sit in DDP's reducer buckets for good and are all-reduced, in that dtype, over the
-data-parallel group after the last backward (zsim.calibrate.pipeline runs the stage bare
+data-parallel group after the last backward (zsim.backend.pipelining runs the stage bare
 with one).
 """
 

@@ -23,7 +23,7 @@ Interval's `extrapolated` (docs/error-bands.md):
   can lengthen the step by at most their extra time, faster ones shorten it by at most
   the time the step waited on them.
 
-The section is generated (python -m zsim.calibrate.bands) and checked against the
+The section is generated (zsim calibrate bands) and checked against the
 evidence by a test, so it moves with the model. Imports nothing above zsim.spec.
 """
 

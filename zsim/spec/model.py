@@ -88,7 +88,7 @@ class ModelSpec:
     """Loss computed as cross_entropy(logits.float()): the log-softmax saved in fp32."""
     loss_in_forward: bool = True
     """The model's forward returns the loss (Hugging Face models given labels,
-    zsim.calibrate.model): FSDP's root pre-backward hook, on the root's output, runs as
+    zsim.backend.reference_model): FSDP's root pre-backward hook, on the root's output, runs as
     the backward starts. False: it returns the logits and the step computes the loss
     outside (torchtitan's loss_fn(model(inputs), labels)), so that hook, and the
     all-gather it prefetches, runs once the loss's backward has made the logits'
@@ -306,7 +306,7 @@ class ModelSpec:
     @property
     def buffer_bytes(self) -> int:
         """Non-parameter module state of the reference model (DESIGN.md): the fp32 RoPE
-        cos and sin tables, max_seq_len x head_dim each (zsim.calibrate.model); none
+        cos and sin tables, max_seq_len x head_dim each (zsim.backend.reference_model); none
         with learned position embeddings."""
         return 0 if self.learned_pos_emb else 2 * self.max_seq_len * self.head_dim * 4
 

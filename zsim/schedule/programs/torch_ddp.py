@@ -33,7 +33,7 @@
   output projection's input), and DDP over the data-parallel group of each TP rank
   (zsim.analytic.placement: the "dp_replicate" axis) all-reduces its local gradients.
   With one data-parallel rank there is no DDP (has_reducer): torchtitan, like the TP
-  and pipeline backends (zsim.calibrate.tensor_parallel, pipeline), runs the
+  and pipeline backends (zsim.backend.tensor_parallel, pipeline), runs the
   parallelised module bare, so autograd allocates each gradient in its backward and the
   step sets them to None (no buckets, no all-reduce). Pipelines are replayed per rank by
   zsim.schedule.pipeline_work with this module's state.
