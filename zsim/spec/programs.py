@@ -12,7 +12,7 @@ overhead keys (zsim.spec.hardware), the closed forms (zsim.analytic.comm), the l
 nano plans and the validation grid (zsim.calibration.nano, zsim.validation.grid), the
 recommendation's complications (zsim.recommend) and the command line's --impl choices
 (zsim.cli). Adding a program is adding its entry here plus its own modules
-(docs/extending.md); tests/spec/test_programs.py checks that the readers' key sets agree
+(docs/extending.md); tests/test_programs.py checks that the readers' key sets agree
 and builds a program from one entry.
 
 Modules are named by dotted path and imported where used: the lowering imports
