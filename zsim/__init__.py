@@ -13,10 +13,12 @@ docstrings point here rather than define them again.
   strategy's FSDP2 counterpart is tabled in zsim.spec.plan.
 - program (Plan.impl; `--impl` on the command line): the library that runs a strategy.
   torch: DistributedDataParallel (+ ZeroRedundancyOptimizer for zero1); fsdp2:
-  fully_shard; fsdp1: FullyShardedDataParallel; deepspeed: DeepSpeed's ZeRO. A strategy
-  may run under several programs (zsim.spec.plan.IMPLS, the first its default); each
-  program's op order is one module of zsim.schedule.programs. A plan's label names a
-  program other than the default in brackets: `fsdp[fsdp1]`.
+  fully_shard; fsdp1: FullyShardedDataParallel; deepspeed: DeepSpeed's ZeRO. The program
+  registry (zsim.spec.programs) names every program once, with its facts: the strategies
+  it runs (a strategy may run under several, one its default), its options (Plan.options),
+  its modules; each program's op order is one module of zsim.schedule.programs, its real
+  run one of zsim.backend. A plan's label names a program other than the default in
+  brackets: `fsdp[fsdp1]`.
 - check vs validate: checking a plan (zsim.spec.consistency.check_plan) refuses a model,
   hardware and plan that cannot go together, before anything is simulated (a
   ConfigError). Validating (`zsim validate`, zsim.validation) runs a plan for real and

@@ -22,9 +22,10 @@ from zsim.progress import ProgressBar
 from zsim.report.plan_text import plan_text
 from zsim.report.simulate_text import simulate_text
 from zsim.report.tables import csv_text, json_text, text_table
-from zsim.spec.plan import GRAD_SYNCS, IMPLS, PIPELINE_SCHEDULES, PRECISIONS, STRATEGIES
+from zsim.spec.plan import GRAD_SYNCS, PIPELINE_SCHEDULES, PRECISIONS, STRATEGIES
 from zsim.spec.plan import Offload as OffloadLiteral
 from zsim.spec.plan import Recompute as RecomputeLiteral
+from zsim.spec.programs import program_names
 from zsim.spec.registry import DEFAULT_HARDWARE
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -136,7 +137,7 @@ Strategy = _choices("Strategy", STRATEGIES)
 Recompute = _choices("Recompute", get_args(RecomputeLiteral))
 Precision = _choices("Precision", PRECISIONS)
 Offload = _choices("Offload", get_args(OffloadLiteral))
-Impl = _choices("Impl", sorted({i for impls in IMPLS.values() for i in impls}))
+Impl = _choices("Impl", sorted(program_names()))
 PipelineSchedule = _choices("PipelineSchedule", PIPELINE_SCHEDULES)
 GradSync = _choices("GradSync", GRAD_SYNCS)
 

@@ -9,7 +9,7 @@ losing plan. No I/O; the CLI renders what this returns.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 
 from zsim.analytic.collectives import bus_bytes
@@ -25,22 +25,23 @@ from zsim.spec.consistency import check_plan
 from zsim.spec.error_bands import band_pct
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
-from zsim.spec.plan import Plan
+from zsim.spec.plan import STRATEGIES, Plan
+from zsim.spec.programs import programs_for
 from zsim.units import GB, GiB, dtype_bytes
 
 RECOMPUTE_ORDER: tuple[str, ...] = ("none", "selective", "full")
 
 
-PROGRAM_SHAPES: tuple[tuple[str, str], ...] = (
-    ("ddp", "torch"), ("zero1", "deepspeed"), ("zero2", "deepspeed"), ("zero3", "deepspeed"),
-    ("fsdp", "fsdp2"), ("fsdp", "fsdp1"), ("fsdp-no-reshard", "fsdp2"),
-    ("fsdp-no-reshard", "fsdp1"), ("hsdp", "fsdp2"), ("hsdp", "fsdp1"))
-"""(strategy, program) pairs the planner ranks side by side: torch DDP, DeepSpeed's ZeRO
-stages, and FSDP2 and FSDP1 with and without resharding and hybrid."""
+def program_shapes() -> tuple[tuple[str, str], ...]:
+    """(strategy, program) pairs the planner ranks side by side, by strategy, the default
+    program first: each program under the strategies its registry entry ranks it
+    (zsim.spec.programs.ProgramEntry.ranked): torch DDP, DeepSpeed's ZeRO stages, and
+    FSDP2 and FSDP1 with and without resharding and hybrid."""
+    return tuple((s, e.name) for s in STRATEGIES for e in programs_for(s) if s in e.ranked)
 
 
 def candidate_plans(hw: HardwareProfile, *, gpus: int, **knobs: object) -> list[Plan]:
-    """Every (strategy, program) of PROGRAM_SHAPES x recomputation policy on `gpus` GPUs;
+    """Every (strategy, program) of program_shapes x recomputation policy on `gpus` GPUs;
     HSDP shards within a node (and is left out where the world is one node).
 
     Args:
@@ -52,38 +53,37 @@ def candidate_plans(hw: HardwareProfile, *, gpus: int, **knobs: object) -> list[
     hybrid = 1 < node < gpus and gpus % node == 0
     return [Plan.for_strategy(strategy, gpus=gpus, impl=impl, recompute=rc,  # type: ignore[arg-type]
                               shard_group=node if strategy == "hsdp" else None, **knobs)
-            for strategy, impl in PROGRAM_SHAPES if strategy != "hsdp" or hybrid
+            for strategy, impl in program_shapes() if strategy != "hsdp" or hybrid
             for rc in RECOMPUTE_ORDER]
 
 
 def config_variations(base: Plan, hw: HardwareProfile) -> list[Plan]:
-    """The user's own plan first, then the same program with every strategy it runs
-    (DeepSpeed: ZeRO stages 1-3; FSDP1/FSDP2: resharding, no resharding, HSDP within a
-    node) x recomputation policy x offload (DeepSpeed: none, optimizer, parameters;
-    FSDP2: the config's and none), every other setting of the config kept. Variations the
-    program cannot run (parameter offload below stage 3, FSDP1 with offload) are left out.
+    """The user's own plan first, then the same program with every strategy it is ranked
+    under (DeepSpeed: ZeRO stages 1-3; FSDP1/FSDP2: resharding, no resharding, HSDP within
+    a node) x recomputation policy x offload (the program's ProgramEntry.
+    offload_variations, DeepSpeed's none, optimizer, parameters; else the config's and
+    none), every other setting of the config kept, the program's options set for each
+    offload (ProgramOptions.for_offload). Variations the program cannot run (parameter
+    offload below stage 3, FSDP1 with offload) are left out.
     """
     world = base.world_size
     node = min(hw.gpus_per_node, world)
     group = base.dp_shard if base.strategy == "hsdp" else node
     hybrid = 1 < group < world and world % group == 0
-    offloads = ("none", "optimizer", "params") if base.impl == "deepspeed" else \
-        tuple(dict.fromkeys((base.offload, "none")))
+    offloads = (base.program.offload_variations
+                or tuple(dict.fromkeys((base.offload, "none"))))
     plans = [base]
-    for strategy in (s for s, impl in PROGRAM_SHAPES if impl == base.impl):
+    for strategy in (s for s in STRATEGIES if s in base.program.ranked):
         if strategy == "hsdp" and not hybrid:
             continue
         shard = group if strategy == "hsdp" else (1 if strategy == "ddp" else world)
         for offload in offloads:
-            ds = base.ds
-            if base.impl == "deepspeed":
-                device = base.ds.offload_device if base.ds.offload_device != "none" else "cpu"
-                ds = replace(ds, offload_device=device if offload != "none" else "none")
+            options = base.options.for_offload(offload) if base.options is not None else None
             for rc in RECOMPUTE_ORDER:
                 try:
                     plan = base.with_(strategy=strategy, dp_shard=shard,
                                       dp_replicate=world // shard, recompute=rc,
-                                      offload=offload, ds=ds)
+                                      offload=offload, options=options)
                 except ConfigError:
                     continue
                 if plan not in plans and (plan.shards_params or plan.offload != "params"):
@@ -239,7 +239,7 @@ def choose(model: ModelSpec, hw: HardwareProfile, *, gpus: int, sequences_per_ra
     # gradients accumulate) or every micro-batch (fully_shard's own default, torchtitan's
     # loop): both are candidates.
     ladders += [[p.with_(grad_sync="every") for p in ladder if p.grad_accum > 1]
-                for ladder in ladders if ladder[0].impl == "fsdp2"
+                for ladder in ladders if ladder[0].program.grad_sync_every
                 and ladder[0].offload == "none"]
     ladders = [ladder for ladder in ladders if ladder]
     fits_floor = [[sum(memory_floor_bytes(model, p, hw).values()) <= hw.hbm_bytes

@@ -57,8 +57,8 @@ def complications(plan: Plan) -> tuple[str, ...]:
         out.append("tensor parallelism")
     if plan.cp > 1:
         out.append("context parallelism")
-    if plan.impl == "fsdp1":
-        out.append("FSDP1")
+    if plan.program.superseded_by:  # an older library (ProgramEntry.superseded_by)
+        out.append(plan.program.title)
     if plan.offload != "none":
         out.append("offload")
     return tuple(out)

@@ -44,15 +44,15 @@ def _gloo_kinds(calls: dict[str, int]) -> dict[str, int]:
     ("fsdp", {}),
     ("fsdp", {"impl": "fsdp1"}),
     ("fsdp-no-reshard", {"impl": "fsdp1"}),
-    ("zero1", {"ds": DeepSpeedZero()}),
-    ("zero2", {"ds": DeepSpeedZero(reduce_bucket_size=20_000)}),
-    ("zero2", {"ds": DeepSpeedZero(reduce_bucket_size=20_000), "offload": "optimizer"}),
-    ("zero3", {"ds": ZERO3}),
+    ("zero1", {"options": DeepSpeedZero()}),
+    ("zero2", {"options": DeepSpeedZero(reduce_bucket_size=20_000)}),
+    ("zero2", {"options": DeepSpeedZero(reduce_bucket_size=20_000), "offload": "optimizer"}),
+    ("zero3", {"options": ZERO3}),
 ], ids=["ddp", "fsdp2", "fsdp1", "fsdp1-no-reshard", "zero1", "zero2", "zero2-offload",
         "zero3"])
 def test_a_real_step_issues_the_simulated_calls(real_runs: RealRuns, strategy: str,
                                                 knobs: dict) -> None:
-    if "ds" in knobs:
+    if "options" in knobs:
         pytest.importorskip("deepspeed")
     plan = Plan.for_strategy(strategy, gpus=2, seq_len=64, micro_batch=2, **knobs)
     # ZeRO-3's run is test_deepspeed_backend's timed one (the same arguments).

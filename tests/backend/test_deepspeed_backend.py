@@ -38,7 +38,7 @@ BOUNDS = {**BOUNDS_PCT, "state_memory_bytes": 1.0}
 ])
 def test_memory_of_the_real_program(real_runs: RealRuns, strategy: str, ds: DeepSpeedZero,
                                     timed: bool, offload: str) -> None:
-    plan = Plan.for_strategy(strategy, gpus=2, seq_len=64, micro_batch=2, ds=ds,
+    plan = Plan.for_strategy(strategy, gpus=2, seq_len=64, micro_batch=2, options=ds,
                              offload=offload)
     steps = 1 if timed else 0
     measured = real_runs.measure(TINY, plan, nproc=2, steps=steps, warmup_steps=steps)

@@ -34,7 +34,7 @@ def test_host_bytes_of_the_real_offload(strategy: str, offload: str, grad_accum:
                                         ds: DeepSpeedZero) -> None:
     plan = Plan.for_strategy(strategy, gpus=2, seq_len=64, micro_batch=2,
                              grad_accum=grad_accum, offload=offload,
-                             ds=DeepSpeedZero(**{**ds.to_dict(), "offload_device": "cpu"}))
+                             options=DeepSpeedZero(**{**ds.to_dict(), "offload_device": "cpu"}))
     ranks = run_ranks(offload_host_bytes, (TINY, plan), nproc=2, timeout_s=600)
     measured = max(sum(r.values()) for r in ranks)
     predicted = host_state_bytes(TINY, plan)

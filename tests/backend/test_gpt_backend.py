@@ -33,10 +33,10 @@ SMALL_DS = DeepSpeedZero(reduce_bucket_size=200_000, allgather_bucket_size=200_0
 
 @pytest.mark.parametrize(("strategy", "knobs"), [
     ("fsdp", {}),
-    ("zero3", {"ds": SMALL_DS}),
+    ("zero3", {"options": SMALL_DS}),
 ])
 def test_memory_of_the_real_program(strategy: str, knobs: dict[str, Any]) -> None:
-    if "ds" in knobs:
+    if "options" in knobs:
         pytest.importorskip("deepspeed")
     plan = Plan.for_strategy(strategy, gpus=2, seq_len=256, micro_batch=2, **knobs)
     # Memory only: the two memory steps, no timed ones (their path is the Llama runs').

@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from zsim.cli import app
-from zsim.spec.plan import IMPLS
+from zsim.spec.programs import default_program
 
 SEED = {"ddp": ("112", 4), "zero1": ("29.3", 3), "zero2": ("15.5", 3),
         "fsdp": ("1.75", 3 - 523_732_480 / 7e9)}
@@ -42,7 +42,7 @@ def test_seed_numbers(strategy: str, plan_7b_64: dict[str, Any],
                       matches_printed: Callable[[float, str], bool]) -> None:
     printed_gb, volume_s = SEED[strategy]
     rows = [c for c in plan_7b_64["candidates"]
-            if c["strategy"] == strategy and c["impl"] == IMPLS[strategy][0]]
+            if c["strategy"] == strategy and c["impl"] == default_program(strategy).name]
     assert {r["recompute"] for r in rows} == {"none", "selective", "full"}
     for row in rows:
         assert matches_printed(row["estimate_model_state_gb"], printed_gb), row

@@ -46,8 +46,8 @@ def _others() -> list[Plan]:
             plan("ddp", master_dtype="bf16"),
             plan("ddp", param_dtype="fp32", grad_dtype="fp32", reduce_dtype="fp32"),
             plan("fsdp", reduce_dtype="fp32"),
-            plan("zero3", ds=DeepSpeedZero(max_reuse_distance=0)),
-            plan("zero3", ds=DeepSpeedZero(max_live_parameters=30_000_000))]
+            plan("zero3", options=DeepSpeedZero(max_reuse_distance=0)),
+            plan("zero3", options=DeepSpeedZero(max_live_parameters=30_000_000))]
 
 
 def _plans() -> list[Plan]:

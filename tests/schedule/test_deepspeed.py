@@ -78,7 +78,7 @@ def test_zero12_gather_the_flat_buffer_in_one_call(tiny_model: ModelSpec,
     # all_gather_dp_groups (deepspeed/runtime/utils.py, 0.19) makes one
     # all_gather_into_tensor per parameter group wherever torch has it; the bucket size
     # only matters on torch without it. A bucket of one element is still one call.
-    plan = _plan("zero2").with_(ds=DeepSpeedZero(allgather_bucket_size=allgather_bucket_size))
+    plan = _plan("zero2").with_(options=DeepSpeedZero(allgather_bucket_size=allgather_bucket_size))
     gathers = [op for op in lower(tiny_model, h100, plan).ops if op.kind == "all_gather"]
     assert len(gathers) == 1
     assert gathers[0].bus_bytes == pytest.approx((N - 1) / N * tiny_model.num_params * 2)
@@ -88,7 +88,7 @@ def test_zero12_without_overlap_the_backward_waits_for_each_bucket(
         tiny_model: ModelSpec, h100: HardwareProfile) -> None:
     # Buckets of 300,000 elements: the tiny model's 1.07M gradients make several, each
     # all-reduced on the compute stream's critical path (overlap_comm is off by default).
-    plan = _plan("zero2", ds=DeepSpeedZero(reduce_bucket_size=300_000))
+    plan = _plan("zero2", options=DeepSpeedZero(reduce_bucket_size=300_000))
     ops = lower(tiny_model, h100, plan).ops
     reduces = [op for op in ops if op.kind == "all_reduce"]
     assert len(reduces) >= 3 and not any(op.async_op for op in reduces)
@@ -110,7 +110,7 @@ def test_zero3_gathers_each_partitioned_parameter_per_use(
     partitioned = 2 * 1000 * 256 + 2 * 3 * 256 * 512
     persistent = 2 * (2 * 256 + 4 * 256 * 256) + 256
     ops = lower(tiny_model, h100, _plan(
-        "zero3", ds=DeepSpeedZero(prefetch_bucket_size=0, max_reuse_distance=max_reuse))).ops
+        "zero3", options=DeepSpeedZero(prefetch_bucket_size=0, max_reuse_distance=max_reuse))).ops
     assert _bus(ops, "all_gather") == pytest.approx(
         (gathers_per_use * partitioned + persistent) * (N - 1) / N * 2)
     assert _bus(ops, "reduce_scatter") == pytest.approx(
@@ -126,7 +126,7 @@ def test_zero3_fetches_qwen2_style_qkv_biases(tiny_model: ModelSpec,
     partitioned = 2 * 1000 * 256 + 2 * 3 * 256 * 512
     persistent = 2 * (2 * 256 + 4 * 256 * 256 + 3 * 256) + 256
     ops = lower(model, h100, _plan(
-        "zero3", ds=DeepSpeedZero(prefetch_bucket_size=0, max_reuse_distance=10**9))).ops
+        "zero3", options=DeepSpeedZero(prefetch_bucket_size=0, max_reuse_distance=10**9))).ops
     assert model.num_params == tiny_model.num_params + 2 * 3 * 256
     assert _bus(ops, "all_gather") == pytest.approx((partitioned + persistent) * (N - 1) / N * 2)
     assert _bus(ops, "reduce_scatter") == pytest.approx((N - 1) / N * model.num_params * 2)
@@ -134,7 +134,7 @@ def test_zero3_fetches_qwen2_style_qkv_biases(tiny_model: ModelSpec,
 
 def test_zero3_prefetch_runs_ahead_and_changes_no_volume(tiny_model: ModelSpec,
                                                          h100: HardwareProfile) -> None:
-    base = lower(tiny_model, h100, _plan("zero3", ds=DeepSpeedZero(prefetch_bucket_size=0)))
+    base = lower(tiny_model, h100, _plan("zero3", options=DeepSpeedZero(prefetch_bucket_size=0)))
     ahead = lower(tiny_model, h100, _plan("zero3"))
     assert _bus(ahead.ops, "all_gather") == _bus(base.ops, "all_gather")
     assert any(op.name.startswith("prefetch") for op in ahead.ops)
@@ -149,7 +149,7 @@ def test_zero3_prefetch_hides_gathers_in_the_simulation(h100: HardwareProfile) -
     model = resolve_model("13b")
     plan = Plan.for_strategy("zero3", gpus=128, seq_len=4096, recompute="selective")
     eager = simulate(model, h100, plan)
-    lazy = simulate(model, h100, plan.with_(ds=DeepSpeedZero(prefetch_bucket_size=0)))
+    lazy = simulate(model, h100, plan.with_(options=DeepSpeedZero(prefetch_bucket_size=0)))
     assert eager.exposed_comm_s < 0.5 * lazy.exposed_comm_s
     assert eager.step_time_s < lazy.step_time_s
 
@@ -336,7 +336,7 @@ def test_a_reduction_after_model_compute_pays_the_synchronisation(
     all-gather after the step come after calls and copies. Everything on a synchronous
     host runs in turn: the step grows by exactly that many times the cost."""
     sync_s = 7e-4
-    plan = _plan(strategy, ds=DeepSpeedZero(reduce_bucket_size=1))
+    plan = _plan(strategy, options=DeepSpeedZero(reduce_bucket_size=1))
     base = replace(h100, launch="synchronous")
     step_s = {s: simulate(tiny_model, replace(base, sync_overhead_s=s), plan).step_time_s
               for s in (0.0, sync_s)}
@@ -352,9 +352,9 @@ def test_zero2_cuts_a_block_backward_without_changing_its_work(
     the whole op ZeRO-1 issues (FLOPs and kernel time); the first piece allocates what
     the op allocates, the last frees the block's saved tensors and working set."""
     ds = DeepSpeedZero(reduce_bucket_size=100_000)  # w1, w3, w2 (131,072) each overflow
-    whole = {op.name: op for op in lower(tiny_model, h100, _plan("zero1", ds=ds)).ops
+    whole = {op.name: op for op in lower(tiny_model, h100, _plan("zero1", options=ds)).ops
              if op.kind == "backward" and op.name.startswith("unit ")}
-    ops = lower(tiny_model, h100, _plan("zero2", ds=ds)).ops
+    ops = lower(tiny_model, h100, _plan("zero2", options=ds)).ops
     for name, op in whole.items():
         pieces = [o for o in ops if o.name == name or o.name.startswith(f"{name} after bucket")]
         assert len(pieces) > 1, name
@@ -412,7 +412,7 @@ def test_bucket_reductions_divide_by_the_world_before_reducing_by_hand(
     stage 3's reduce_scatter_coalesced the flat buffer it cat'ed. With 100,000-element
     buckets the tiny model's 1,824,000 parameters go through 17 of them (a tensor larger
     than a bucket, the embedding and the output, 256,000 elements each, fills its own)."""
-    plan = _plan(strategy, ds=DeepSpeedZero(reduce_bucket_size=100_000))
+    plan = _plan(strategy, options=DeepSpeedZero(reduce_bucket_size=100_000))
     ops = lower(tiny_model, h100, plan).ops
     copies = [op for op in ops if op.name.startswith("bucket ")
               and (op.name.endswith(" flatten") or " copy-in " in op.name)]
@@ -439,11 +439,11 @@ def test_zero12_step_follows_clipping_and_the_overflow_switch(
         return {"param_dtype": dtype, "grad_dtype": dtype, "reduce_dtype": dtype}
 
     assert "clip gradients" in names()
-    assert "clip gradients" not in names(ds=DeepSpeedZero(gradient_clipping=0.0))
-    assert "clip gradients" in names(ds=DeepSpeedZero(gradient_clipping=0.0), **fp("fp16"))
+    assert "clip gradients" not in names(options=DeepSpeedZero(gradient_clipping=0.0))
+    assert "clip gradients" in names(options=DeepSpeedZero(gradient_clipping=0.0), **fp("fp16"))
     flag = {"overflow check", "overflow check all-reduce"}
     assert flag <= names() and flag <= names(**fp("fp16"))
-    assert not flag & names(ds=DeepSpeedZero(check_grad_overflow=False))
+    assert not flag & names(options=DeepSpeedZero(check_grad_overflow=False))
     assert not flag & names(**fp("fp32"))
     offloaded = names(offload="optimizer")
     assert {"overflow check all-reduce", "gradient norm all-reduce"} <= offloaded
@@ -457,7 +457,7 @@ def test_zero3_step_scales_every_sub_group_and_scans_only_under_fp16(
     tensors); the overflow scan (isinf and isnan of the flat partition, each reading it
     and writing and reading a byte mask, 8 kernels) only under fp16."""
     ds = DeepSpeedZero(gradient_clipping=0.0, sub_group_size=1)
-    ops = lower(tiny_model, h100, _plan("zero3", ds=ds)).ops
+    ops = lower(tiny_model, h100, _plan("zero3", options=ds)).ops
     groups = [op for op in ops if op.name.startswith("clip gradients")]
     assert len(groups) == len(tiny_model.parameter_tensors())
     part = sum(-(-math.prod(s) // N) for _, s in tiny_model.parameter_tensors())

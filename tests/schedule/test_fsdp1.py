@@ -81,7 +81,7 @@ def test_the_rate_limiter_bounds_gathered_units(h100: HardwareProfile) -> None:
     unit_bytes = model.params_per_block * 2  # bf16
     runs = {on: simulate(model, h100, Plan.for_strategy(
         "fsdp", gpus=64, seq_len=4096, recompute="full", impl="fsdp1",
-        fsdp1=Fsdp1Options(limit_all_gathers=on))) for on in (True, False)}
+        options=Fsdp1Options(limit_all_gathers=on))) for on in (True, False)}
     assert runs[True].memory_at_peak["gathered_params"] <= 4 * unit_bytes + model.root_params * 2
     assert runs[False].memory_at_peak["gathered_params"] > model.num_layers / 2 * unit_bytes
     assert runs[False].peak_memory_bytes > runs[True].peak_memory_bytes + 5 * GIB
@@ -96,7 +96,7 @@ def test_backward_prefetch_hides_the_next_all_gather(h100: HardwareProfile) -> N
     def run(prefetch: str) -> Result:
         return simulate(model, h100, Plan.for_strategy(
             "fsdp", gpus=64, seq_len=4096, recompute="full", impl="fsdp1",
-            fsdp1=Fsdp1Options(backward_prefetch=prefetch)))
+            options=Fsdp1Options(backward_prefetch=prefetch)))
 
     pre, post, none = run("pre"), run("post"), run("none")
     assert none.exposed_by_kind_s["all_gather"] > 10 * pre.exposed_by_kind_s.get(
@@ -149,7 +149,7 @@ def test_lowering_frees_what_it_allocates(tiny_model: ModelSpec, h100: HardwareP
     for strategy, kw in (("fsdp", {"grad_accum": 3}), ("fsdp-no-reshard", {}),
                          ("hsdp", {"shard_group": 4})):
         for prefetch in ("pre", "post", "none"):
-            plan = _plan(strategy, **kw).with_(fsdp1=Fsdp1Options(backward_prefetch=prefetch))
+            plan = _plan(strategy, **kw).with_(options=Fsdp1Options(backward_prefetch=prefetch))
             schedule = lower(tiny_model, h100, plan)
             allocated = {b.name for op in schedule.ops for b in op.allocs}
             freed = {n for op in schedule.ops for n in (*op.frees, *op.frees_at_start)}

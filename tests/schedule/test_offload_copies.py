@@ -18,7 +18,7 @@ from zsim.spec.registry import resolve_hardware, resolve_model
 
 def _zero2_offload(pin: bool) -> Plan:
     return Plan.for_strategy("zero2", gpus=8, seq_len=2048, offload="optimizer",
-                             ds=DeepSpeedZero(offload_device="cpu", pin_memory=pin))
+                             options=DeepSpeedZero(offload_device="cpu", pin_memory=pin))
 
 
 def test_pageable_copies_load_the_link_as_pinned_outruns_pageable() -> None:

@@ -53,7 +53,7 @@ def test_zero3_node_is_deepspeeds_estimate_plus_the_gradient_partitions(
     # (persistent), and the ipg bucket the estimator leaves out.
     state = deepspeed.state_at_rest_bytes(model, plan)
     assert state["params"] == pytest.approx(gpu - largest_mem, rel=1e-3, abs=1e6)
-    assert state["comm_buffers"] == plan.ds.reduce_bucket_size * 2
+    assert state["comm_buffers"] == plan.options.reduce_bucket_size * 2
     assert set(state) == {"params", "comm_buffers"}  # no gradients or optimizer state
 
 

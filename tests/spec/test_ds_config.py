@@ -183,7 +183,8 @@ def test_explicit_values_and_aliases(tmp_path: Path) -> None:
     assert (plan.strategy, plan.impl, plan.micro_batch, plan.grad_accum) == (
         "zero2", "deepspeed", 2, 4)
     assert (plan.param_dtype, plan.reduce_dtype, plan.offload) == ("fp16", "fp32", "optimizer")
-    assert (plan.ds.reduce_bucket_size, plan.ds.overlap_comm, plan.ds.offload_device) == (
+    ds = plan.options
+    assert (ds.reduce_bucket_size, ds.overlap_comm, ds.offload_device) == (
         200_000_000, False, "cpu")
     assert run.warnings == ()
 
@@ -333,7 +334,7 @@ def test_tiny_sub_groups_are_whole_parameters(tmp_path: Path) -> None:
     model = resolve_model("125m")
     groups = _sub_groups(model, plan)
     assert len(groups) == len(list(model.parameter_tensors()))
-    assert _sub_groups(model, plan.with_(ds=DeepSpeedZero())) == [sum(groups)]
+    assert _sub_groups(model, plan.with_(options=DeepSpeedZero())) == [sum(groups)]
     result = simulate_plan(model, resolve_hardware("dgx-h100"), plan)
     assert result.step_time_s is not None
 
@@ -387,6 +388,6 @@ def test_the_backend_passes_the_step_knobs_to_deepspeed() -> None:
     from zsim.spec.plan import Plan
 
     knobs = DeepSpeedZero(gradient_clipping=0.5, check_grad_overflow=False)
-    config = ds_config(Plan.for_strategy("zero2", gpus=2, seq_len=64, ds=knobs))
+    config = ds_config(Plan.for_strategy("zero2", gpus=2, seq_len=64, options=knobs))
     assert config["gradient_clipping"] == 0.5
     assert DeepSpeedBF16Config(**config["bf16"]).check_grad_overflow is False

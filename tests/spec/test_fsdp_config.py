@@ -41,7 +41,7 @@ def test_accelerates_defaults(tmp_path: Path) -> None:
     run = read_fsdp_config(write(tmp_path, {}))
     assert (run.impl, run.strategy, run.precision, run.recompute, run.offload) == (
         "fsdp1", "fsdp", "bf16", "none", "none")
-    assert run.fsdp1 == Fsdp1Options(backward_prefetch="none")
+    assert run.options == Fsdp1Options(backward_prefetch="none")
     assert run.warnings == ()
 
 
@@ -66,7 +66,7 @@ def test_knobs_reach_the_plan(tmp_path: Path) -> None:
         mixed_precision="fp16"))
     plan, warnings = fsdp_plan(run, where="c", gpus=32, gpus_per_node=8, seq_len=512,
                                num_layers=4, micro_batch=2, grad_accum=3)
-    assert plan.fsdp1 == Fsdp1Options(backward_prefetch="post", forward_prefetch=True)
+    assert plan.options == Fsdp1Options(backward_prefetch="post", forward_prefetch=True)
     assert (plan.impl, plan.strategy, plan.dp_shard, plan.dp_replicate) == ("fsdp1", "hsdp",
                                                                           8, 4)
     assert (plan.recompute, plan.param_dtype, plan.micro_batch, plan.grad_accum) == (

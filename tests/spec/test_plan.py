@@ -111,7 +111,7 @@ def test_each_strategy_runs_as_its_programs() -> None:
     assert Plan.for_strategy("zero1", gpus=8, seq_len=8, impl="torch").impl == "torch"
     # The plan round-trips with its DeepSpeed knobs.
     plan = Plan.for_strategy("zero3", gpus=8, seq_len=8,
-                             ds=DeepSpeedZero(prefetch_bucket_size=123, overlap_comm=False))
+                             options=DeepSpeedZero(prefetch_bucket_size=123, overlap_comm=False))
     assert Plan.from_dict(plan.to_dict()) == plan
 
 

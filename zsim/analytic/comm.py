@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from zsim.analytic.collectives import CommGroup, bus_bytes, collective_time_s
 from zsim.analytic.placement import place
-from zsim.spec.deepspeed import ZERO_STAGES
+from zsim.spec.deepspeed import ZERO_STAGES, DeepSpeedZero
 from zsim.spec.hardware import COLLECTIVES, HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
@@ -76,33 +76,35 @@ class StepComm:
 
 def step_comm(model: ModelSpec, plan: Plan, hw: HardwareProfile) -> StepComm:
     """Data-parallel communication per rank per optimizer step, as the plan's program
-    (plan.impl) issues it; zsim.schedule.programs lowers the same collectives call by
-    call, and the two agree kind by kind (tests/schedule/test_comm_closed_form.py) but
-    for padding and ZeRO-3's gathers (_zero3_gathered_elems). P = parameters; a =
+    issues it, by the closed form its registry entry names (ProgramEntry.comm,
+    zsim.spec.programs.CommPattern); zsim.schedule.programs lowers the same collectives
+    call by call, and the two agree kind by kind (tests/schedule/test_comm_closed_form.py)
+    but for padding and ZeRO-3's gathers (_zero3_gathered_elems). P = parameters; a =
     param-dtype bytes, r = reduce-dtype bytes, g = ddp_bucket_dtype bytes.
 
-    - torch (ddp, zero1 = DDP + ZeroRedundancyOptimizer): all_reduce of P x g over the
-      data-parallel group once per step (no_sync before the last micro-batch): fp32
+    - ddp (torch: ddp, zero1 = DDP + ZeroRedundancyOptimizer): all_reduce of P x g over
+      the data-parallel group once per step (no_sync before the last micro-batch): fp32
       under autocast, so 2 (n-1)/n 4P bytes where the ZeRO paper (Sec. 7) counts 2
       (n-1)/n 2P for 16-bit gradients. zero1 also sends each rank's updated partition to
       the others: an all_gather of P x g (zsim's stand-in for torch's broadcasts).
-    - deepspeed stages 1/2: all_reduce of P x r in buckets (DeepSpeed 0.19's
+    - zero (deepspeed), stages 1/2: all_reduce of P x r in buckets (DeepSpeed 0.19's
       use_multi_rank_bucket_allreduce, the default: each bucket all-reduced whole and
       each rank keeping its partition's slice, not reduce-scattered) once per step for
       stage 1 and every micro-batch for stage 2, then all_gather of the flat 16-bit
       parameters (P x a). r is communication_data_type, which defaults to the 16-bit
       dtype in bf16 and fp16 mode. Every stage's step also all-reduces its gradient
       norm and, where it checks, its inf/NaN flag (a few bytes each).
-    - deepspeed stage 3: all_gather per micro-batch of the fetched parameters in forward
-      and of those not kept gathered again by their recomputation or backward, and of
-      the persistent ones once after the step (_zero3_gathered_elems); reduce_scatter of
+    - zero, stage 3: all_gather per micro-batch of the fetched parameters in forward and
+      of those not kept gathered again by their recomputation or backward, and of the
+      persistent ones once after the step (_zero3_gathered_elems); reduce_scatter of
       P x r every micro-batch.
-    - fsdp2 / fsdp1: all_gather per micro-batch of each block unit in forward and, when
-      resharding after forward, again in backward, and of the root (embeddings, final
-      norm, output) once (never resharded after forward); reduce_scatter of P x r over
-      the shard group once per step (FSDP2 with grad_sync "last") or per micro-batch
-      (grad_sync "every"; FSDP1 without no_sync); hsdp also all-reduces the P/dp_shard
-      shard across replicas as often. With context parallelism the shard group is the
+    - fsdp (fsdp2, fsdp1): all_gather per micro-batch of each block unit in forward and,
+      when resharding after forward, again in backward, and of the root (embeddings,
+      final norm, output) once (never resharded after forward); reduce_scatter of P x r
+      over the shard group once per step (FSDP2 with grad_sync "last") or per
+      micro-batch (grad_sync "every"; FSDP1 without no_sync:
+      ProgramEntry.reduces_each_micro_batch); hsdp also all-reduces the P/dp_shard shard
+      across replicas as often. With context parallelism the shard group is the
       dp_shard x cp ranks (shard_group), as torchtitan's FSDP over dp_shard_cp, and the
       replicas all-reduce the P/(dp_shard x cp) shard.
     """
@@ -121,17 +123,17 @@ def step_comm(model: ModelSpec, plan: Plan, hw: HardwareProfile) -> StepComm:
         time[kind] += times * collective_time_s(kind, size, group, hw, dtype)
 
     shard, repl = shard_group(plan, hw), replicate_group(plan, hw)
-    if plan.impl == "torch":
+    if plan.program.comm == "ddp":
         bucket = ddp_bucket_dtype(plan)
         g = n_params * dtype_bytes(bucket)
         add("all_reduce", g, repl if plan.strategy == "ddp" else shard, bucket)
         if plan.strategy == "zero1":
             add("all_gather", g, shard, bucket)
-    elif plan.impl == "deepspeed":
+    elif plan.program.comm == "zero":
         stage = ZERO_STAGES[plan.strategy]
         # The step's scalars: the inf/NaN flag (1 B) where it checks, the gradient norm
         # (an fp32 sum; stage 3's a float64 one).
-        if plan.ds.scans_for_overflow(stage, plan.param_dtype):
+        if plan.options_as(DeepSpeedZero).scans_for_overflow(stage, plan.param_dtype):
             add("all_reduce", 1, shard, "fp32")
         add("all_reduce", 8 if stage == 3 else 4, shard, "fp32")
         if stage < 3:
@@ -148,7 +150,8 @@ def step_comm(model: ModelSpec, plan: Plan, hw: HardwareProfile) -> StepComm:
         gathers = 2 if plan.reshard_after_forward else 1
         add("all_gather", blocks * a, shard, plan.param_dtype, times=gathers * mbs)
         add("all_gather", model.root_params * a, shard, plan.param_dtype, times=mbs)
-        reductions = mbs if plan.impl == "fsdp1" or plan.grad_sync == "every" else 1
+        reductions = (mbs if plan.program.reduces_each_micro_batch or plan.grad_sync == "every"
+                      else 1)
         add("reduce_scatter", n_params * r, shard, plan.reduce_dtype, times=reductions)
         add("all_reduce", n_params * r / plan.dp_shard_cp, repl, plan.reduce_dtype,
             times=reductions)
@@ -179,7 +182,7 @@ def _zero3_gathered_elems(model: ModelSpec, plan: Plan) -> tuple[float, float]:
     adjacent), a recomputed block's backward likewise. Granularity (a block kept in part)
     leaves the replay a little apart from this.
     """
-    n, ds = plan.dp_shard, plan.ds
+    n, ds = plan.dp_shard, plan.options_as(DeepSpeedZero)
 
     def sizes(shapes: list[tuple[int, ...]]) -> tuple[int, int, int]:
         """(all elements, padded elements fetched, elements persistent)."""

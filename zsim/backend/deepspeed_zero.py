@@ -25,7 +25,7 @@ from zsim.backend.fsdp2 import LEARNING_RATE, apply_recompute
 from zsim.backend.reference_model import Transformer
 from zsim.backend.training import Prepared
 from zsim.errors import ConfigError
-from zsim.spec.deepspeed import ZERO_STAGES
+from zsim.spec.deepspeed import ZERO_STAGES, DeepSpeedZero
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 
@@ -54,7 +54,7 @@ def check_plan(plan: Plan, world_size: int, spec: ModelSpec) -> None:
 def ds_config(plan: Plan) -> dict[str, Any]:
     """The DeepSpeed config that runs `plan`."""
     stage = ZERO_STAGES[plan.strategy]
-    ds = plan.ds
+    ds = plan.options_as(DeepSpeedZero)
     zero: dict[str, Any] = {
         "stage": stage,
         "reduce_bucket_size": ds.reduce_bucket_size,

@@ -31,6 +31,7 @@ from zsim.backend.fsdp2 import LEARNING_RATE, TORCH_DTYPES, apply_recompute
 from zsim.backend.reference_model import Transformer
 from zsim.backend.training import Prepared
 from zsim.errors import ConfigError
+from zsim.spec.fsdp1 import Fsdp1Options
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 
@@ -79,7 +80,7 @@ def prepare(spec: ModelSpec, plan: Plan, *, device: str, world_size: int) -> Pre
     mesh = (init_device_mesh(device_type, (plan.dp_replicate, plan.dp_shard),
                              mesh_dim_names=("dp_replicate", "dp_shard"))
             if plan.strategy == "hsdp" else None)
-    opt = plan.fsdp1
+    opt = plan.options_as(Fsdp1Options)
     model = FullyShardedDataParallel(
         inner,
         auto_wrap_policy=functools.partial(lambda_auto_wrap_policy,

@@ -1,23 +1,32 @@
-"""Which real program runs a plan: the backend's dispatch by Plan.impl and the plan's
-parallel degrees, the twin of the simulator's program registry (zsim.schedule.programs).
+"""Which real program runs a plan: the backend's dispatch by the plan's parallel degrees
+and its program, whose registry entry names its backend module
+(zsim.spec.programs.ProgramEntry.backend), as it names its lowering for the simulator.
 
 Owns `check_plan` and `prepare`: plans with pp > 1 go to zsim.backend.pipelining, other
-plans with tp > 1 to zsim.backend.tensor_parallel, then by impl to
+plans with tp > 1 to zsim.backend.tensor_parallel, then to the program's module:
 zsim.backend.deepspeed_zero (DeepSpeed), zsim.backend.fsdp1 (FSDP1) or zsim.backend.fsdp2
-(FSDP2, DDP and ZeroRedundancyOptimizer). Each program module builds a
-zsim.backend.training.Prepared and imports nothing from here, so the imports stay
-acyclic. Imports torch (DeepSpeed only when a DeepSpeed plan is prepared).
+(FSDP2, DDP and ZeroRedundancyOptimizer). Each program module has a check_plan and a
+prepare, builds a zsim.backend.training.Prepared and imports nothing from here, so the
+imports stay acyclic. Imports torch (DeepSpeed only when a DeepSpeed plan is prepared).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from importlib import import_module
+from types import ModuleType
 
-from zsim.backend import deepspeed_zero, fsdp1, fsdp2, pipelining, tensor_parallel
+from zsim.backend import pipelining, tensor_parallel
 from zsim.backend.reference_model import LossOutside
 from zsim.backend.training import Prepared
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
+
+
+def program_module(plan: Plan) -> ModuleType:
+    """The backend module of the plan's program (ProgramEntry.backend): its check_plan
+    and prepare run the plan without tensor or pipeline parallelism."""
+    return import_module(plan.program.backend)
 
 
 def check_plan(plan: Plan, world_size: int, spec: ModelSpec) -> None:
@@ -30,12 +39,8 @@ def check_plan(plan: Plan, world_size: int, spec: ModelSpec) -> None:
         pipelining.check_plan(plan, world_size, spec)
     elif plan.tp > 1:
         tensor_parallel.check_plan(plan, world_size, spec)
-    elif plan.impl == "deepspeed":
-        deepspeed_zero.check_plan(plan, world_size, spec)
-    elif plan.impl == "fsdp1":
-        fsdp1.check_plan(plan, world_size, spec)
     else:
-        fsdp2.check_plan(plan, world_size, spec)
+        program_module(plan).check_plan(plan, world_size, spec)
 
 
 def prepare(spec: ModelSpec, plan: Plan, *, device: str, world_size: int) -> Prepared:
@@ -53,8 +58,6 @@ def prepare(spec: ModelSpec, plan: Plan, *, device: str, world_size: int) -> Pre
 def _prepare(spec: ModelSpec, plan: Plan, *, device: str, world_size: int) -> Prepared:
     if plan.tp > 1:
         return tensor_parallel.prepare(spec, plan, device=device, world_size=world_size)
-    if plan.impl == "deepspeed":
-        return deepspeed_zero.prepare(spec, plan, device=device, world_size=world_size)
-    if plan.impl == "fsdp1":
-        return fsdp1.prepare(spec, plan, device=device, world_size=world_size)
-    return fsdp2.prepare(spec, plan, device=device, world_size=world_size)
+    prep: Prepared = program_module(plan).prepare(spec, plan, device=device,
+                                                  world_size=world_size)
+    return prep

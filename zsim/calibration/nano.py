@@ -7,8 +7,9 @@ nano calls synchronise (zsim.calibration.host_costs) and the GPU host sweep
 (zsim.calibration.gpu_host_sweep).
 
 Owns its shape (width 16, 2 heads, micro-batch 1 of 8 tokens; Llama's block or GPT's)
-and its plans: FSDP2's by strategy (nano_plan), each library program's
-(program_plans) and the GPU host sweep's configs (sweep_plan). Imports no torch.
+and its plans: FSDP2's by strategy (nano_plan), the plan of each key of the profile's
+program overhead (program_plans, from the program registry) and the GPU host sweep's
+configs (sweep_plan). Imports no torch.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from dataclasses import replace
 from typing import Any, Literal
 
 from zsim.spec.deepspeed import DeepSpeedZero
-from zsim.spec.hardware import overhead_programs
+from zsim.spec.hardware import TP_OVERHEAD_KEY
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
+from zsim.spec.programs import ProgramOptions, programs
 
 NANO_TOKENS: tuple[int, int] = (1, 8)
 """(micro-batch, sequence) of the nano model's steps."""
@@ -57,22 +59,32 @@ and buckets that hold the whole nano model (the defaults' 5e8-element buckets ar
 buffers allocated every backward)."""
 
 
+NANO_OPTIONS: dict[type, ProgramOptions] = {DeepSpeedZero: NANO_DS}
+"""The options of the nano runs, by options type (zsim.spec.programs.ProgramEntry.options);
+a type not here runs with its defaults."""
+
+
 def program_plans(world_size: int) -> dict[str, Plan]:
-    """The plan timed for each program of zsim.spec.hardware.OVERHEAD_PROGRAMS this
-    machine can run at `world_size`: ZeRO-1/2/3 under DeepSpeed, and ZeRO-2 with
-    offload_optimizer (when DeepSpeed imports), FSDP1's FULL_SHARD and SHARD_GRAD_OP,
-    TP over 2 ranks (alone at world 2, under FSDP2 over the other ranks at an even world
-    above)."""
+    """The plan timed for each key of host.program_overhead_us
+    (zsim.spec.hardware.overhead_keys) this machine can run at `world_size`, by key: each
+    program's overhead keys (zsim.spec.programs.OverheadKey: ZeRO-1/2/3 under DeepSpeed
+    and ZeRO-2 with offload_optimizer, when DeepSpeed imports; FSDP1's FULL_SHARD and
+    SHARD_GRAD_OP), with NANO_OPTIONS, and TP over 2 ranks (alone at world 2, under FSDP2
+    over the other ranks at an even world above)."""
     mb, seq = NANO_TOKENS
-    plans = [nano_plan(s, world_size, impl="fsdp1") for s in ("fsdp", "fsdp-no-reshard")]
-    if importlib.util.find_spec("deepspeed") is not None:
-        plans += [nano_plan(s, world_size, ds=NANO_DS) for s in ("zero1", "zero2", "zero3")]
-        plans.append(nano_plan("zero2", world_size, ds=NANO_DS, offload="optimizer"))
+    plans: dict[str, Plan] = {}
+    for entry in programs():
+        if entry.requires is not None and importlib.util.find_spec(entry.requires) is None:
+            continue
+        options = NANO_OPTIONS.get(entry.options) if entry.options is not None else None
+        for key in entry.overhead_keys:
+            plans[key.name] = nano_plan(key.strategy, world_size, impl=entry.name,
+                                        offload=key.offload, options=options)
     if world_size % 2 == 0:
-        plans.append(Plan(strategy="ddp" if world_size == 2 else "fsdp",
-                          dp_shard=world_size // 2, tp=2, seq_len=seq, micro_batch=mb))
-    # Each plan runs one program: keyed as the lowering looks it up (its first key).
-    return {overhead_programs(p)[0][0]: p for p in plans}
+        plans[TP_OVERHEAD_KEY] = Plan(strategy="ddp" if world_size == 2 else "fsdp",
+                                      dp_shard=world_size // 2, tp=2, seq_len=seq,
+                                      micro_batch=mb)
+    return plans
 
 
 SWEEP_CONFIGS: tuple[str, ...] = ("plain", "fsdp", "fsdp_unit4", "fsdp_no_reshard",

@@ -28,7 +28,7 @@ from zsim.backend.runner import RankContext
 from zsim.backend.step_timing import timed_step
 from zsim.calibration.nano import NanoBlock, nano_model, program_plans
 from zsim.simulate import simulate
-from zsim.spec.hardware import HardwareProfile
+from zsim.spec.hardware import TP_OVERHEAD_KEY, HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 
@@ -48,7 +48,7 @@ backend applies torchtitan's Llama plan)."""
 
 
 def _blocks(program: str) -> dict[str, NanoBlock]:
-    return {"": "llama"} if program == "tp" else NANO_BLOCKS
+    return {"": "llama"} if program == TP_OVERHEAD_KEY else NANO_BLOCKS
 
 
 def program_steps_s(ctx: RankContext, layers: tuple[int, int], *, steps: int = STEPS,

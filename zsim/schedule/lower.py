@@ -1,7 +1,8 @@
 """Lowering: (ModelSpec, HardwareProfile, Plan) -> the ops of one optimizer step.
 
-Owns the choice of program (`PROGRAMS`, by Plan.impl; each program's order of kernels
-and collectives, dependencies and memory effects live in its module under
+Owns the choice of program (`program`: the module the plan's registry entry names,
+zsim.spec.programs.ProgramEntry.lowering; each program's order of kernels and
+collectives, dependencies and memory effects live in its module under
 zsim.schedule.programs) and what every schedule shares: the model state at rest as the
 program holds it (state_at_rest_bytes; zsim.analytic.memory keeps the published closed
 form), module buffers, the memory floor, the end-of-step sync, the synchronous host's
@@ -29,6 +30,7 @@ Conventions every program follows:
 from __future__ import annotations
 
 import math
+from importlib import import_module
 
 from zsim.analytic.allocations import fitted
 from zsim.analytic.collectives import link_bandwidths, nic_share
@@ -36,26 +38,24 @@ from zsim.analytic.compute import step_flops
 from zsim.errors import ConfigError
 from zsim.schedule.build import Builder, activation_sizes, on_synchronous_host, units
 from zsim.schedule.ops import Buffer, Schedule
-from zsim.schedule.programs import Program, deepspeed, fsdp1, fsdp2, torch_ddp
+from zsim.schedule.programs import Program
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
-
-PROGRAMS: dict[str, Program] = {p.name: p for p in (torch_ddp.PROGRAM, fsdp2.PROGRAM,
-                                                     fsdp1.PROGRAM, deepspeed.PROGRAM)}
-"""Plan.impl -> the program that runs it."""
+from zsim.spec.programs import programs
 
 
-def runs_autocast(plan: Plan) -> bool:
-    """Whether the plan's program computes under torch.autocast with master-dtype
-    parameters."""
-    return PROGRAMS[plan.impl].autocast(plan)
+def program(plan: Plan) -> Program:
+    """The lowering of the plan's program: the PROGRAM of the module its registry entry
+    names (zsim.spec.programs.ProgramEntry.lowering)."""
+    prog: Program = import_module(plan.program.lowering).PROGRAM
+    return prog
 
 
 def state_at_rest_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
     """Bytes per memory category a rank holds between steps in the plan's program (module
     buffers excluded)."""
-    return PROGRAMS[plan.impl].state_at_rest_bytes(rank_model(model, plan), plan)
+    return program(plan).state_at_rest_bytes(rank_model(model, plan), plan)
 
 
 BLAS_HANDLES = 2
@@ -84,7 +84,7 @@ def host_state_bytes(model: ModelSpec, plan: Plan) -> float:
     """Bytes a rank of the plan's program keeps in host memory between steps (what
     offload moves there); on a CPU backend they share the memory the device's figures
     count."""
-    return PROGRAMS[plan.impl].host_state_bytes(rank_model(model, plan), plan)
+    return program(plan).host_state_bytes(rank_model(model, plan), plan)
 
 
 def memory_floor_bytes(model: ModelSpec, plan: Plan,
@@ -97,7 +97,7 @@ def memory_floor_bytes(model: ModelSpec, plan: Plan,
     resharding). The simulated peak is never below their sum (tested), so a plan whose
     floor exceeds HBM cannot fit, whatever the schedule around it. Under TP and CP, of the
     rank's shard and share."""
-    prog = PROGRAMS[plan.impl]
+    prog = program(plan)
     model, plan = rank_model(model, plan), rank_plan(plan)
     floor = dict(prog.state_at_rest_bytes(model, plan))
     for category, nbytes in fixed_bytes(model, hw).items():
@@ -105,7 +105,7 @@ def memory_floor_bytes(model: ModelSpec, plan: Plan,
     gathered = prog.gathered_floor_bytes(model, plan)
     if gathered:
         floor["gathered_params"] = gathered
-    acts = activation_sizes(model, plan, autocast=prog.autocast(plan))
+    acts = activation_sizes(model, plan, autocast=plan.runs_autocast)
     floor["activations"] = float(acts.floor_bytes(model))
     return floor
 
@@ -118,9 +118,8 @@ def saved_activation_bytes(model: ModelSpec, plan: Plan) -> int:
     blocks and the root's tensors (the last stage's, which holds the loss). What a
     micro-batch adds, not what is live at the peak (that is the Result's
     memory_at_peak)."""
-    prog = PROGRAMS[plan.impl]
     local, lp = rank_model(model, plan), rank_plan(plan)
-    acts = activation_sizes(local, lp, autocast=prog.autocast(lp))
+    acts = activation_sizes(local, lp, autocast=lp.runs_autocast)
     return local.num_layers // plan.pp * acts.saved_per_block + acts.root_saved
 
 
@@ -149,16 +148,19 @@ def check_modelled(plan: Plan) -> None:
                           "sharded over dp_shard x cp (its DDP takes a 1-D mesh only): DDP "
                           "with CP is HSDP over (dp_replicate, cp), --strategy hsdp "
                           "--shard-group 1")
-    if plan.cp > 1 and plan.impl != "fsdp2":
-        raise ConfigError("plan.cp", plan.cp, "context parallelism is modelled with FSDP2 "
-                          "(fsdp, fsdp-no-reshard, hsdp), which shards the state over "
-                          f"dp_shard x cp as torchtitan does, not with {plan.impl}")
+    if plan.cp > 1 and not plan.program.context_parallel:
+        able = " and ".join(f"{e.title} ({', '.join(e.strategies)})" for e in programs()
+                            if e.context_parallel)
+        raise ConfigError("plan.cp", plan.cp, f"context parallelism is modelled with {able}, "
+                          "which shards the state over dp_shard x cp as torchtitan does, "
+                          f"not with {plan.impl}")
     for f in ("tp", "pp"):
-        if getattr(plan, f) > 1 and plan.impl != "fsdp2" and plan.strategy != "ddp":
+        if getattr(plan, f) > 1 and plan.strategy not in plan.program.model_parallel:
+            able = " and ".join(f"{e.title} ({', '.join(e.model_parallel)})"
+                                for e in programs() if e.model_parallel)
             raise ConfigError(f"plan.{f}", getattr(plan, f),
-                              "tensor and pipeline parallelism are modelled with FSDP2 (fsdp, "
-                              f"fsdp-no-reshard, hsdp) and torch DDP (ddp), not with "
-                              f"{plan.strategy} run by {plan.impl}")
+                              f"tensor and pipeline parallelism are modelled with {able}, "
+                              f"not with {plan.strategy} run by {plan.impl}")
 
 
 def rank_model(model: ModelSpec, plan: Plan) -> ModelSpec:
@@ -176,11 +178,11 @@ def rank_plan(plan: Plan) -> Plan:
 
 def program_plan(plan: Plan) -> Plan:
     """The plan as its program reads it. A program that wraps no units (DDP, DeepSpeed's
-    ZeRO: Program.wraps_units) runs block by block whatever unit size the plan names, and
+    ZeRO: ProgramEntry.wraps_units) runs block by block whatever unit size the plan names, and
     has no units to prefetch ahead (DeepSpeed prefetches by its own bucket size), so its
     unit size and prefetch depth are the defaults, 1: plans that differ only there lower
     to one schedule."""
-    if PROGRAMS[plan.impl].wraps_units:
+    if plan.program.wraps_units:
         return plan
     return plan.with_(unit_size=1, prefetch=1)
 
@@ -203,10 +205,10 @@ def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
         raise ConfigError("plan.offload", plan.offload,
                           "parameter offload needs sharded parameters "
                           "(fsdp, fsdp-no-reshard, hsdp)")
-    prog = PROGRAMS[plan.impl]
+    prog = program(plan)
     if plan.unit_size <= model.num_layers:  # (units() refuses more)
         plan = program_plan(plan)
-    autocast = prog.autocast(plan)
+    autocast = plan.runs_autocast
     b = Builder(model, hw, plan, acts=activation_sizes(model, plan, autocast=autocast),
                 autocast=autocast)
     root, blocks = units(model, plan, prog.shard_elems)

@@ -63,7 +63,7 @@ from zsim.schedule.build import (
     tp_bytes,
     tp_dtype,
 )
-from zsim.schedule.lower import runs_autocast
+from zsim.schedule.lower import program
 from zsim.schedule.pipeline_order import (
     num_stages,
     peak_in_flight,
@@ -71,7 +71,7 @@ from zsim.schedule.pipeline_order import (
     rank_layers,
     rank_stages,
 )
-from zsim.schedule.programs import fsdp2, torch_ddp
+from zsim.schedule.programs import torch_ddp
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
@@ -123,10 +123,10 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
     """The work of every stage and rank of `plan` (pp > 1) on the rank's TP shard
     `model` (zsim.schedule.lower.rank_model)."""
     p = plan
-    autocast = runs_autocast(p)
+    autocast = p.runs_autocast
     acts = activation_sizes(model, p, autocast=autocast)
-    fsdp = p.impl == "fsdp2"
-    shard_elems = fsdp2.shard_elems if fsdp else torch_ddp.shard_elems
+    fsdp = p.program.comm == "fsdp"
+    shard_elems = program(p).shard_elems
     b = Builder(model, hw, p, acts=acts, autocast=autocast)
     n_stages = num_stages(p)
     layers = model.num_layers // n_stages

@@ -135,12 +135,12 @@ def _check_rope_tables(model: ModelSpec, plan: Plan) -> None:
     """fp32 RoPE tables (ModelSpec.rope_table_dtype) reach a 16-bit block as the program
     hands them over: FSDP2's MixedPrecisionPolicy casts them at each block
     (Plan.casts_block_inputs), and under autocast (torch DDP and ZeroRedundancyOptimizer
-    with master-dtype parameters) the residual stream they multiply is fp32 anyway; any
-    other program would rotate q and k in fp32 by type promotion, which is not
-    modelled."""
-    autocast = plan.impl == "torch" and plan.has_master_copy
+    with master-dtype parameters: Plan.runs_autocast) the residual stream they multiply
+    is fp32 anyway; any other program would rotate q and k in fp32 by type promotion,
+    which is not modelled."""
     if (model.rope_table_dtype == "fp32" and not model.learned_pos_emb
-            and plan.param_dtype != "fp32" and not plan.casts_block_inputs and not autocast):
+            and plan.param_dtype != "fp32" and not plan.casts_block_inputs
+            and not plan.runs_autocast):
         raise ConfigError("model.rope_table_dtype", model.rope_table_dtype,
                           f"modelled with FSDP2 (it casts each block's inputs) or autocast; "
                           f"{plan.impl} with {plan.param_dtype} compute would rotate q and k "

@@ -2,14 +2,15 @@
 defaults: zero_optimization's (deepspeed/runtime/zero/config.py, DeepSpeedZeroConfig) and
 the two that change the ZeRO optimizer's step (gradient_clipping, bf16.check_grad_overflow).
 
-Owns the knobs and their single-field checks; the lowering (zsim.schedule.programs.
-deepspeed) reads them, the config reader (zsim.spec.ds_config) fills them from a user's
-ds_config.json. Imports only zsim.errors.
+Owns the knobs and their single-field checks: the options type of the deepspeed program
+(Plan.options; under `ds` in a plan's YAML; zsim.spec.programs.ProgramOptions). The
+lowering (zsim.schedule.programs.deepspeed) reads them, the config reader
+(zsim.spec.ds_config) fills them from a user's ds_config.json. Imports only zsim.errors.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from zsim.errors import ConfigError
@@ -104,6 +105,17 @@ class DeepSpeedZero:
     def overlaps(self, stage: int) -> bool:
         """overlap_comm as DeepSpeed resolves it for `stage`."""
         return stage == 3 if self.overlap_comm is None else self.overlap_comm
+
+    @property
+    def pinned_host_buffers(self) -> bool:
+        """Whether the offload buffers on the host are page-locked (pin_memory)."""
+        return self.pin_memory
+
+    def for_offload(self, offload: str) -> DeepSpeedZero:
+        """The settings of a plan offloading `offload`: the offload device this one names
+        (cpu where it names none), or none without offload."""
+        device = self.offload_device if self.offload_device != "none" else "cpu"
+        return replace(self, offload_device=device if offload != "none" else "none")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -423,4 +423,4 @@ def ds_plan(run: DeepSpeedRun, *, where: str, gpus: int, seq_len: int,
                else None, "--offload", offload if offload != "none" else None, "none")
     return Plan.for_strategy(stage, gpus=gpus, seq_len=seq_len, micro_batch=micro,
                              grad_accum=accum, recompute=recompute, offload=off,
-                             impl="deepspeed", ds=run.ds, **knobs)
+                             impl="deepspeed", options=run.ds, **knobs)

@@ -1,8 +1,10 @@
 """Fsdp1Options: the FullyShardedDataParallel (FSDP1) constructor arguments zsim models,
 with torch's defaults (torch/distributed/fsdp/fully_sharded_data_parallel.py).
 
-Owns the knobs and their single-field checks; the lowering (zsim.schedule.programs.fsdp1)
-reads them, the accelerate config reader (zsim.spec.fsdp_config) fills them. The sharding
+Owns the knobs and their single-field checks: the options type of the fsdp1 program
+(Plan.options; under `fsdp1` in a plan's YAML; zsim.spec.programs.ProgramOptions). The
+lowering (zsim.schedule.programs.fsdp1) reads them, the accelerate config reader
+(zsim.spec.fsdp_config) fills them. The sharding
 strategy is the plan's (fsdp: FULL_SHARD, fsdp-no-reshard: SHARD_GRAD_OP, hsdp:
 HYBRID_SHARD). Imports only zsim.errors.
 """
@@ -41,6 +43,15 @@ class Fsdp1Options:
         for f in ("forward_prefetch", "limit_all_gathers"):
             if not isinstance(getattr(self, f), bool):
                 raise ConfigError(f"plan.fsdp1.{f}", getattr(self, f), "must be true or false")
+
+    @property
+    def pinned_host_buffers(self) -> bool:
+        """FSDP1's CPUOffload pins its host buffers (offload is not modelled for FSDP1)."""
+        return True
+
+    def for_offload(self, offload: str) -> Fsdp1Options:
+        """The knobs do not depend on offload."""
+        return self
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

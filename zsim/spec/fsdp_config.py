@@ -78,7 +78,8 @@ class FsdpRun:
     whole_model_unit: bool
     """NO_WRAP: all layers in one unit."""
     num_processes: int | None
-    fsdp1: Fsdp1Options
+    options: Fsdp1Options | None
+    """FSDP1's knobs (Plan.options of an fsdp1 plan); None for FSDP2, which has none."""
     warnings: tuple[str, ...] = field(default=())
 
 
@@ -161,8 +162,8 @@ class _Reader:
             recompute="full" if self.flag(get, "fsdp_activation_checkpointing") else "none",
             offload="params" if offload else "none",
             whole_model_unit=wrap == "none", num_processes=processes,
-            fsdp1=Fsdp1Options(backward_prefetch=prefetch if version == 1 else "pre",
-                               forward_prefetch=forward_prefetch),
+            options=Fsdp1Options(backward_prefetch=prefetch, forward_prefetch=forward_prefetch)
+            if version == 1 else None,
             warnings=warnings)
 
     def strategy(self, get: dict[str, Any], version: int) -> str:
@@ -264,6 +265,6 @@ def fsdp_plan(run: FsdpRun, *, where: str, gpus: int, gpus_per_node: int, seq_le
         run.strategy, gpus=gpus, seq_len=seq_len, micro_batch=micro_batch,
         grad_accum=grad_accum, shard_group=shard_group if run.strategy == "hsdp" else None,
         recompute=run.recompute if recompute == "none" else recompute, offload=run.offload,
-        impl=run.impl, fsdp1=run.fsdp1, unit_size=num_layers if run.whole_model_unit else 1,
+        impl=run.impl, options=run.options, unit_size=num_layers if run.whole_model_unit else 1,
         **precision_knobs(run.precision))
     return plan, tuple(warnings)

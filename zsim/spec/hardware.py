@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from zsim.errors import ConfigError
 from zsim.spec.error_bands import ErrorBands
 from zsim.spec.kernel_rates import KernelRates
+from zsim.spec.programs import overhead_chain, programs
 from zsim.spec.yaml_file import read_yaml
 from zsim.units import GB, US, GiB, MiB
 
@@ -89,33 +90,29 @@ CHECKPOINT_MODES: tuple[str, ...] = ("full", "selective")
 PHASES: tuple[str, ...] = ("forward", "backward")
 """Keys of each host.checkpoint_overhead_us entry."""
 
-OVERHEAD_PROGRAMS: tuple[str, ...] = ("deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3",
-                                      "deepspeed-zero2-offload", "fsdp1", "fsdp1-no-reshard",
-                                      "tp")
-"""Keys of host.program_overhead_us: DeepSpeed's ZeRO stages (impl "deepspeed"; ZeRO-2 with
-offload_optimizer has its own, and a plan offloading the optimizer under a stage without
-one takes the stage's), FSDP1 (impl "fsdp1": FULL_SHARD, and SHARD_GRAD_OP with its own;
-HYBRID_SHARD takes FULL_SHARD's) and DTensor tensor parallelism (plan.tp > 1, on top of
-its data-parallel program)."""
+TP_OVERHEAD_KEY = "tp"
+"""The key of host.program_overhead_us for DTensor tensor parallelism (plan.tp > 1), on top
+of the plan's data-parallel program."""
+
+
+def overhead_keys() -> tuple[str, ...]:
+    """Keys of host.program_overhead_us: each program's (zsim.spec.programs.ProgramEntry.
+    overhead_keys: DeepSpeed's ZeRO stages, ZeRO-2 with offload_optimizer its own; FSDP1's
+    FULL_SHARD and SHARD_GRAD_OP), then TP_OVERHEAD_KEY."""
+    return (*(k.name for e in programs() for k in e.overhead_keys), TP_OVERHEAD_KEY)
 
 
 def overhead_programs(plan: Plan) -> tuple[tuple[str, ...], ...]:
     """The plan's programs that host.program_overhead_us may hold, each as its keys in
-    order of preference (OVERHEAD_PROGRAMS): DeepSpeed's ZeRO stage (with the optimizer
-    offloaded: the stage's offload key where there is one, then the stage's), FSDP1 (its
-    sharding strategy's key, then FULL_SHARD's), and TP on top of the data-parallel
-    program."""
+    order of preference: the data-parallel program's (zsim.spec.programs.overhead_chain:
+    DeepSpeed's ZeRO stage, with the optimizer offloaded the stage's offload key where
+    there is one, then the stage's; FSDP1's sharding strategy's key, then FULL_SHARD's),
+    and TP's on top of it."""
     out: list[tuple[str, ...]] = []
-    if plan.impl == "deepspeed":
-        stage = f"deepspeed-{plan.strategy}"
-        offload = f"{stage}-offload"
-        out.append((offload, stage) if plan.offload == "optimizer"
-                   and offload in OVERHEAD_PROGRAMS else (stage,))
-    elif plan.impl == "fsdp1":
-        out.append(("fsdp1-no-reshard", "fsdp1") if plan.strategy == "fsdp-no-reshard"
-                   else ("fsdp1",))
+    if chain := overhead_chain(plan.program, plan.strategy, plan.offload):
+        out.append(chain)
     if plan.tp > 1:
-        out.append(("tp",))
+        out.append((TP_OVERHEAD_KEY,))
     return tuple(out)
 
 
@@ -353,7 +350,7 @@ class HardwareProfile:
     cannot run faster than the host issues them."""
     program_overhead_s: dict[str, dict[str, float]] = field(default_factory=dict)
     """Host time a program spends beyond what the other fields model, by program
-    (OVERHEAD_PROGRAMS) and part (OVERHEAD_PARTS), seconds (YAML host.program_overhead_us,
+    (overhead_keys) and part (OVERHEAD_PARTS), seconds (YAML host.program_overhead_us,
     optional; a program absent: none): DeepSpeed's hooks, bucket and partition
     bookkeeping and engine step, DTensor's dispatch. Measured by zsim calibrate as the
     nano model's step time under the program less what the simulator gives it without
@@ -683,16 +680,17 @@ def _call_tables(d: dict[str, Any], where: str) -> dict[str, tuple[tuple[float, 
 
 def _program_overhead(d: Any) -> dict[str, dict[str, float]]:
     """host.program_overhead_us: {program: {part: us >= 0}} for programs among
-    OVERHEAD_PROGRAMS (absent: empty), every part of OVERHEAD_PARTS (those of
+    overhead_keys() (absent: empty), every part of OVERHEAD_PARTS (those of
     OPTIONAL_OVERHEAD_PARTS left out: 0)."""
     if d is None:
         return {}
     where = "host.program_overhead_us"
-    if not isinstance(d, dict) or not set(d) <= set(OVERHEAD_PROGRAMS):
-        raise ConfigError(where, d, f"must map some of {', '.join(OVERHEAD_PROGRAMS)} to "
+    keys = overhead_keys()
+    if not isinstance(d, dict) or not set(d) <= set(keys):
+        raise ConfigError(where, d, f"must map some of {', '.join(keys)} to "
                                     f"{{{', '.join(OVERHEAD_PARTS)}}}")
     out = {}
-    for program in OVERHEAD_PROGRAMS:
+    for program in keys:
         if program not in d:
             continue
         parts = d[program]

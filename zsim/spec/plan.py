@@ -2,7 +2,8 @@
 
 Owns the plan fields and their single-field checks; cross-object rules (divisibility by the
 model's heads, fitting the cluster) live in zsim.spec.consistency. Imports only zsim.errors,
-zsim.units, zsim.spec.deepspeed and zsim.spec.fsdp1.
+zsim.units and zsim.spec (the program registry, zsim.spec.programs, and its options
+types).
 
 Degrees follow torchtitan: `dp_shard` ranks share one copy of the sharded state,
 `dp_replicate` copies of it exist, world = dp_shard * dp_replicate * cp * tp * pp. With
@@ -31,17 +32,26 @@ docs/fsdp.md):
 The zero strategies run DeepSpeed's ZeRO by default (impl "deepspeed"); zero1 also runs as
 torch's DDP + ZeroRedundancyOptimizer (impl "torch"); the fsdp strategies run FSDP2 by
 default and FSDP1 (FullyShardedDataParallel: FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD) with
-impl "fsdp1".
+impl "fsdp1". The program registry (zsim.spec.programs) states which program runs which
+strategy, and what each asks of a plan (its options, offload, grad_sync, model
+parallelism).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal, get_args
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Literal, TypeVar, get_args
 
 from zsim.errors import ConfigError
-from zsim.spec.deepspeed import DeepSpeedZero
-from zsim.spec.fsdp1 import Fsdp1Options
+from zsim.spec.programs import (
+    ProgramEntry,
+    ProgramOptions,
+    by_options_key,
+    default_program,
+    program_entry,
+    programs,
+    programs_for,
+)
 from zsim.spec.strict import check_keys
 from zsim.units import DTYPES, MiB
 
@@ -53,20 +63,10 @@ Offload = Literal["none", "optimizer", "params"]
 GradSync = Literal["last", "every"]
 GRAD_SYNCS: tuple[str, ...] = get_args(GradSync)
 Precision = Literal["bf16", "fp16", "fp32", "tf32", "fp8"]
-Impl = Literal["torch", "fsdp2", "fsdp1", "deepspeed"]
 PipelineSchedule = Literal["1f1b", "interleaved", "gpipe"]
 PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
-IMPLS: dict[str, tuple[str, ...]] = {
-    "ddp": ("torch",),
-    "zero1": ("deepspeed", "torch"),
-    "zero2": ("deepspeed",),
-    "zero3": ("deepspeed",),
-    "fsdp": ("fsdp2", "fsdp1"),
-    "fsdp-no-reshard": ("fsdp2", "fsdp1"),
-    "hsdp": ("fsdp2", "fsdp1"),
-}
-"""Strategy -> the programs that can run it (Plan.impl), its default first
-(zsim.schedule.programs)."""
+OptionsT = TypeVar("OptionsT")
+"""An options type (Plan.options_as)."""
 
 OPTIMIZER_STATE_COPIES: dict[str, float] = {
     # AdamW (Loshchilov & Hutter 2019) keeps momentum and variance.
@@ -159,13 +159,16 @@ class Plan:
     micro-batch's backward reduce-scatters its gradients, and the sharded gradients
     accumulate)."""
     impl: str = ""
-    """The program that runs the strategy (IMPLS): "torch" (DDP, ZeroRedundancyOptimizer),
-    "fsdp2" (fully_shard), "fsdp1" (FullyShardedDataParallel), "deepspeed" (DeepSpeed
-    ZeRO). "" means the strategy's default, filled in at construction."""
-    ds: DeepSpeedZero = field(default_factory=DeepSpeedZero)
-    """DeepSpeed's zero_optimization settings (read when impl is "deepspeed")."""
-    fsdp1: Fsdp1Options = field(default_factory=Fsdp1Options)
-    """FullyShardedDataParallel's scheduling knobs (read when impl is "fsdp1")."""
+    """The program that runs the strategy (zsim.spec.programs): "torch" (DDP,
+    ZeroRedundancyOptimizer), "fsdp2" (fully_shard), "fsdp1" (FullyShardedDataParallel),
+    "deepspeed" (DeepSpeed ZeRO). "" means the strategy's default, filled in at
+    construction."""
+    options: ProgramOptions | None = None
+    """The program's own settings, of its registry entry's options type: DeepSpeedZero
+    (deepspeed: zero_optimization), Fsdp1Options (fsdp1: FullyShardedDataParallel's
+    scheduling knobs); None for a program without any. None means the program's
+    defaults, filled in at construction. In a plan's YAML or dict also under the
+    program's key (ds, fsdp1)."""
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -200,27 +203,39 @@ class Plan:
                                   f"must be one of {', '.join(choices)}")
         if self.strategy == "ddp" and self.dp_shard != 1:
             raise ConfigError("plan.dp_shard", self.dp_shard, "ddp shards nothing: must be 1")
-        if not isinstance(self.ds, DeepSpeedZero):
-            raise ConfigError("plan.ds", self.ds, "must be DeepSpeed ZeRO settings")
-        if not isinstance(self.fsdp1, Fsdp1Options):
-            raise ConfigError("plan.fsdp1", self.fsdp1, "must be FSDP1 options")
-        impls = IMPLS[self.strategy]
+        runs = programs_for(self.strategy)
         if self.impl == "":
-            object.__setattr__(self, "impl", impls[0])  # frozen: the default, once
-        elif self.impl not in impls:
+            object.__setattr__(self, "impl", runs[0].name)  # frozen: the default, once
+        elif self.impl not in [e.name for e in runs]:
             raise ConfigError("plan.impl", self.impl,
-                              f"{self.strategy} runs as {' or '.join(impls)}")
+                              f"{self.strategy} runs as {' or '.join(e.name for e in runs)}")
+        self._check_options()
+        program = self.program
         if self.grad_sync not in GRAD_SYNCS:
             raise ConfigError("plan.grad_sync", self.grad_sync,
                               f"must be one of {', '.join(GRAD_SYNCS)}")
-        if self.grad_sync == "every" and (self.impl != "fsdp2" or self.pp > 1
+        if self.grad_sync == "every" and (not program.grad_sync_every or self.pp > 1
                                           or self.offload != "none"):
+            able = " or ".join(e.title for e in programs() if e.grad_sync_every)
             raise ConfigError("plan.grad_sync", self.grad_sync,
-                              "reducing every micro-batch is modelled for FSDP2 without "
+                              f"reducing every micro-batch is modelled for {able} without "
                               "pipelining (its stages reduce on the last) or offload")
-        if self.impl == "fsdp1" and self.offload != "none":
+        if not program.offload and self.offload != "none":
+            instead = f": use impl {program.superseded_by}" if program.superseded_by else ""
             raise ConfigError("plan.offload", self.offload,
-                              "FSDP1's CPUOffload is not modelled: use impl fsdp2")
+                              f"{program.title}'s offload is not modelled{instead}")
+
+    def _check_options(self) -> None:
+        """The options are of the program's options type (its defaults filled in)."""
+        kind, key = self.program.options, self.program.options_key or "options"
+        if kind is None:
+            if self.options is not None:
+                raise ConfigError("plan.options", self.options, f"{self.impl} takes no options")
+        elif self.options is None:
+            object.__setattr__(self, "options", kind())  # frozen: the defaults, once
+        elif not isinstance(self.options, kind):
+            raise ConfigError(f"plan.{key}", self.options,
+                              f"must be {self.program.title} settings ({kind.__name__})")
 
     def _check_model_parallel(self) -> None:
         """The TP, SP and pipeline-schedule fields that must agree with each other."""
@@ -245,6 +260,17 @@ class Plan:
                               f"{self.pp_schedule} runs one stage per rank: must be 1")
 
     # ------------------------------------------------------------------ derived
+    @property
+    def program(self) -> ProgramEntry:
+        """The registry entry of the program that runs the plan (zsim.spec.programs)."""
+        return program_entry(self.impl)
+
+    def options_as(self, kind: type[OptionsT]) -> OptionsT:
+        """The plan's options as `kind`, its program's options type (what the program's
+        lowering and backend read)."""
+        assert isinstance(self.options, kind), (self.impl, kind)
+        return self.options
+
     @property
     def world_size(self) -> int:
         return self.dp_shard * self.dp_replicate * self.model_parallel
@@ -315,15 +341,23 @@ class Plan:
         """Whether the program casts each block's floating-point forward inputs to the
         compute dtype: FSDP2's MixedPrecisionPolicy (cast_forward_inputs, on by default)
         does in every fully_shard'ed module's pre-forward; FSDP1's MixedPrecision casts
-        only the root's (cast_root_forward_inputs), DDP and DeepSpeed none."""
-        return self.impl == "fsdp2" and self.param_dtype != "fp32"
+        only the root's (cast_root_forward_inputs), DDP and DeepSpeed none
+        (ProgramEntry.casts_block_inputs)."""
+        return self.program.casts_block_inputs and self.param_dtype != "fp32"
+
+    @property
+    def runs_autocast(self) -> bool:
+        """Whether the program computes under torch.autocast with master-dtype parameters
+        (ProgramEntry.autocast: DDP and ZeroRedundancyOptimizer) and the plan has a master
+        copy to keep them in."""
+        return self.program.autocast and self.has_master_copy
 
     @property
     def pinned_host_buffers(self) -> bool:
         """Whether the program's offload buffers on the host are page-locked: FSDP2's
         CPUOffloadPolicy and FSDP1's CPUOffload pin them; DeepSpeed only with
-        offload_optimizer.pin_memory."""
-        return self.ds.pin_memory if self.impl == "deepspeed" else True
+        offload_optimizer.pin_memory (ProgramOptions.pinned_host_buffers)."""
+        return True if self.options is None else self.options.pinned_host_buffers
 
     @property
     def compute_dtype(self) -> str:
@@ -401,7 +435,7 @@ class Plan:
     @property
     def _layout_head(self) -> str:
         deg = f"({self.dp_shard}x{self.dp_replicate})" if self.strategy == "hsdp" else ""
-        impl = f"[{self.impl}]" if self.impl != IMPLS[self.strategy][0] else ""
+        impl = f"[{self.impl}]" if self.impl != default_program(self.strategy).name else ""
         return f"{self.strategy}{deg}{impl}{self.parallel_label}"
 
     @property
@@ -427,6 +461,10 @@ class Plan:
         return out
 
     def with_(self, **changes: Any) -> Plan:
+        """The plan with `changes` (dataclasses.replace); a change of program without
+        options of its own takes the new program's defaults."""
+        if changes.get("impl", self.impl) != self.impl and "options" not in changes:
+            changes["options"] = None
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -434,14 +472,54 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, where: str = "plan") -> Plan:
-        """Strict: unknown keys and missing required keys raise ConfigError naming the key."""
+        """Strict: unknown keys and missing required keys raise ConfigError naming the key.
+        The program's options go under `options` or under its key (ds, fsdp1: the fields
+        Plan.ds and Plan.fsdp1 were); another program's key is checked against that
+        program's options type and not read, as those fields were not."""
+        if isinstance(data, dict):
+            data = cls._options_from_keys(data, where=where)
         data = check_keys(cls, data, where=where)
-        if "ds" in data and not isinstance(data["ds"], DeepSpeedZero):
-            data = {**data, "ds": DeepSpeedZero.from_dict(data["ds"], where=f"{where}.ds")}
-        if "fsdp1" in data and not isinstance(data["fsdp1"], Fsdp1Options):
-            data = {**data, "fsdp1": Fsdp1Options.from_dict(data["fsdp1"],
-                                                            where=f"{where}.fsdp1")}
+        impl, options = cls._impl_of(data), data.get("options")
+        if isinstance(options, dict) and impl is not None:
+            kind = program_entry(impl).options
+            if kind is None:
+                raise ConfigError(f"{where}.options", options, f"{impl} takes no options")
+            data = {**data, "options": kind.from_dict(options, where=f"{where}.options")}
         return cls(**data)
+
+    @classmethod
+    def _options_from_keys(cls, data: dict[str, Any], *, where: str) -> dict[str, Any]:
+        """`data` with the options under a program's key (ProgramEntry.options_key) moved
+        to `options` where that program runs the plan, and dropped (once checked) where
+        another does."""
+        out = dict(data)
+        impl = cls._impl_of(data)
+        for key in list(out):
+            entry = by_options_key(key)
+            if entry is None:
+                continue
+            value = out.pop(key)
+            if entry.options is not None and not isinstance(value, entry.options):
+                value = entry.options.from_dict(value, where=f"{where}.{key}")
+            if entry.name != impl:
+                continue
+            if "options" in out:
+                raise ConfigError(f"{where}.{key}", value,
+                                  "the program's options are given under options already")
+            out["options"] = value
+        return out
+
+    @staticmethod
+    def _impl_of(data: dict[str, Any]) -> str | None:
+        """The program a plan's dict names, else its strategy's default; None where
+        neither is a known one (Plan's construction then says why)."""
+        impl = data.get("impl") or ""
+        if impl:
+            return impl if impl in [e.name for e in programs()] else None
+        strategy = data.get("strategy")
+        if not isinstance(strategy, str) or strategy not in STRATEGIES:
+            return None
+        return default_program(strategy).name
 
 
 PRECISIONS: dict[str, dict[str, Any]] = {

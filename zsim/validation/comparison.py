@@ -37,7 +37,7 @@ from zsim.atomic import write_files
 from zsim.backend.measured_step import PlanMeasurement, measure_plan
 from zsim.backend.reference_model import scale_model
 from zsim.errors import ConfigError
-from zsim.schedule.lower import host_state_bytes, rank_model, runs_autocast
+from zsim.schedule.lower import host_state_bytes, rank_model
 from zsim.schedule.pipeline_order import rank_layers
 from zsim.simulate import simulate
 from zsim.spec.hardware import HardwareProfile
@@ -150,7 +150,7 @@ def predicted_activation_bytes(spec: ModelSpec, plan: Plan) -> tuple[int, int]:
     blocks grad_accum times, and of the root only the step's token ids (one int64
     tensor the schedule slices)."""
     act = dtype_bytes(plan.param_dtype)
-    autocast = runs_autocast(plan)
+    autocast = plan.runs_autocast
     model = rank_model(spec, plan)
     per_block = sum(t.bytes for t in block_saved_tensors(
         model, micro_batch=plan.micro_batch, seq_len=plan.seq_len, recompute=plan.recompute,

@@ -12,6 +12,7 @@ from zsim.spec.deepspeed import DeepSpeedZero
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 from zsim.spec.presets import PRESETS
+from zsim.spec.programs import ProgramOptions, programs
 
 GRID_STRATEGIES: tuple[str, ...] = ("ddp", "fsdp", "fsdp-no-reshard")
 """Strategies of the report grid run by torch (DDP, FSDP2), plus hsdp 2x2 at world 4."""
@@ -59,19 +60,21 @@ def grid_plans(world_sizes: tuple[int, ...] = (2, 4)) -> list[Plan]:
     return plans
 
 
+GRID_OPTIONS: dict[type, ProgramOptions] = {DeepSpeedZero: GRID_DS}
+"""The options of the grid's library plans, by options type
+(zsim.spec.programs.ProgramEntry.options); a type not here runs with its defaults."""
+
+
 def library_plans(world_sizes: tuple[int, ...] = (2, 4)) -> list[Plan]:
-    """Plans of the report grid run by DeepSpeed and FSDP1 at each world size: ZeRO-1,
-    ZeRO-2 (also with the optimizer offloaded to the CPU) and ZeRO-3 with GRID_DS, and
+    """Plans of the report grid run by the library programs at each world size: the plan
+    of each key of the profile's program overhead (zsim.spec.programs.OverheadKey, as
+    zsim.calibration.nano.program_plans times them), with GRID_OPTIONS: ZeRO-1, ZeRO-2,
+    ZeRO-3 and ZeRO-2 with the optimizer offloaded to the CPU under DeepSpeed, and
     FSDP1's FULL_SHARD (fsdp) and SHARD_GRAD_OP (fsdp-no-reshard)."""
-    plans = []
-    for n in world_sizes:
-        plans += [Plan.for_strategy(s, gpus=n, ds=GRID_DS, **KNOBS)
-                  for s in ("zero1", "zero2", "zero3")]
-        plans.append(Plan.for_strategy("zero2", gpus=n, ds=GRID_DS, offload="optimizer",
-                                       **KNOBS))
-        plans += [Plan.for_strategy(s, gpus=n, impl="fsdp1", **KNOBS)
-                  for s in ("fsdp", "fsdp-no-reshard")]
-    return plans
+    return [Plan.for_strategy(key.strategy, gpus=n, impl=entry.name, offload=key.offload,
+                              options=GRID_OPTIONS.get(entry.options)
+                              if entry.options is not None else None, **KNOBS)
+            for n in world_sizes for entry in programs() for key in entry.overhead_keys]
 
 
 def parallel_plans() -> list[Plan]:

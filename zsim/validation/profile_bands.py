@@ -49,7 +49,8 @@ from zsim.spec.error_bands import (
     pct_range,
 )
 from zsim.spec.hardware import HardwareProfile
-from zsim.spec.plan import IMPLS
+from zsim.spec.plan import STRATEGIES
+from zsim.spec.programs import default_program
 from zsim.spec.registry import PROFILES_DIR, resolve_hardware
 from zsim.spec.yaml_file import read_yaml
 from zsim.validation import published_cases as pc
@@ -208,7 +209,7 @@ PROFILES: dict[str, Callable[[Sources, HardwareProfile], Evidence]] = {
 """Every shipped profile and the evidence that covers it."""
 
 
-_LABEL = re.compile(r"^(?P<strategy>[a-z0-9-]+?)(?:\(\d+x\d+\))?(?:\[(?P<impl>\w+)\])?"
+_LABEL = re.compile(r"^(?P<strategy>[a-z0-9-]+?)(?:\(\d+x\d+\))?(?:\[(?P<impl>[\w-]+)\])?"
                     r"(?P<axes>(?: (?:tp|pp|cp)=\S+)*) ac=(?P<ac>\w+) mb=(?P<mb>\d+)"
                     r"(?P<extra>.*)$")
 
@@ -222,9 +223,9 @@ def label_program(label: str) -> tuple[str, str, int]:
         ConfigError: a label that is not a plan's.
     """
     m = _LABEL.match(label)
-    if m is None or m["strategy"] not in IMPLS:
+    if m is None or m["strategy"] not in STRATEGIES:
         raise ConfigError("plan", label, "is not a plan label")
-    impl = m["impl"] or IMPLS[m["strategy"]][0]
+    impl = m["impl"] or default_program(m["strategy"]).name
     axes = "".join(f"+{a.strip()[:2]}" for a in m["axes"].split(" ") if a.strip())
     kind = "offload" if "offload=" in m["extra"] else (
         "recompute" if m["ac"] != "none" else "plain")

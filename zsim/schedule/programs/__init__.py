@@ -1,8 +1,10 @@
 """The programs zsim lowers (program: zsim's vocabulary, zsim/__init__.py), one module
 each, behind one interface (`Program`): what a rank holds at rest, what it must hold at
 once at the least, and the ops of one step in the host's issue order.
-zsim.schedule.lower picks the program a plan names (`Plan.impl`,
-zsim.schedule.lower.PROGRAMS) and adds what every schedule shares.
+zsim.schedule.lower picks the program a plan names (`Plan.impl`: the module its entry
+in the program registry, zsim.spec.programs, names; zsim.schedule.lower.program) and adds
+what every schedule shares. What a program is rather than does (whether it computes under
+autocast, wraps units, composes with TP) is its registry entry's data, not a field here.
 
 | impl      | module      | runs                                                         |
 |-----------|-------------|--------------------------------------------------------------|
@@ -59,12 +61,9 @@ class Program:
     """One training program as the lowering sees it."""
 
     name: str
-    """The Plan.impl value that selects it."""
+    """The Plan.impl value that selects it (its registry entry's name)."""
     shard_elems: ShardElems
     """How it pads one rank's shard of a unit's parameters."""
-    autocast: Callable[[Plan], bool]
-    """Whether it computes under torch.autocast with master-dtype parameters (its
-    activations then include autocast's casts)."""
     state_at_rest_bytes: Callable[[ModelSpec, Plan], dict[str, float]]
     """Bytes per memory category a rank holds between steps (module buffers excluded)."""
     gathered_floor_bytes: Callable[[ModelSpec, Plan], float]
@@ -79,9 +78,4 @@ class Program:
     state_pieces: Callable[[ModelSpec, Plan], dict[str, tuple[int, ...]]] = no_state_pieces
     """The tensors of each category of the state at rest, as the CUDA caching allocator
     sees them (zsim.schedule.ops.Buffer.pieces); a category missing is one tensor."""
-    wraps_units: bool = True
-    """Whether the program groups blocks into units (FSDP's fully_shard or FlatParameter
-    per `plan.unit_size` blocks). One that does not (DDP, DeepSpeed) is lowered block by
-    block, as it runs, whatever unit size and prefetch depth the plan names
-    (zsim.schedule.lower.program_plan)."""
 

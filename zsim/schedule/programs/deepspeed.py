@@ -86,7 +86,7 @@ from zsim.schedule.build import (
 from zsim.schedule.ops import Buffer, Op
 from zsim.schedule.programs import Program
 from zsim.schedule.programs.deepspeed_fetch import FetchStep, Param, replay
-from zsim.spec.deepspeed import ZERO_STAGES
+from zsim.spec.deepspeed import ZERO_STAGES, DeepSpeedZero
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 from zsim.units import dtype_bytes
@@ -94,6 +94,11 @@ from zsim.units import dtype_bytes
 NCCL_START_ALIGNMENT = 2
 """Stages 1/2 pad the flat 16-bit buffer to a multiple of 2 x N elements (4-byte
 aligned all-gather send buffers: nccl_start_alignment_factor)."""
+
+
+def _zero(plan: Plan) -> DeepSpeedZero:
+    """The plan's ZeRO settings (Plan.options of a deepspeed plan)."""
+    return plan.options_as(DeepSpeedZero)
 
 
 def _stage(plan: Plan) -> int:
@@ -107,7 +112,7 @@ def _flat_elems(model: ModelSpec, n: int) -> int:
 
 
 def _persistent(numel: int, plan: Plan) -> bool:
-    return numel <= plan.ds.param_persistence_threshold
+    return numel <= _zero(plan).param_persistence_threshold
 
 
 def shard_elems(shapes: Shapes, n: int) -> int:
@@ -118,7 +123,7 @@ def shard_elems(shapes: Shapes, n: int) -> int:
 def _partition_elems(model: ModelSpec, plan: Plan) -> int:
     """Elements of the rank's partition of the model: the fp32 master and moment size."""
     if _stage(plan) == 3:
-        return _stage3_elems(model, plan.dp_shard, plan.ds.param_persistence_threshold)[0]
+        return _stage3_elems(model, plan.dp_shard, _zero(plan).param_persistence_threshold)[0]
     return _flat_elems(model, plan.dp_shard) // plan.dp_shard
 
 
@@ -148,7 +153,7 @@ def _sub_groups(model: ModelSpec, plan: Plan) -> list[int]:
     elems = 0
     for _, shape in model.parameter_tensors():
         elems += shard_elems([shape], plan.dp_shard)
-        if elems >= plan.ds.sub_group_size:
+        if elems >= _zero(plan).sub_group_size:
             groups.append(elems)
             elems = 0
     return [*groups, elems] if elems or not groups else groups
@@ -240,7 +245,7 @@ def state_at_rest_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
         out["params"] = float(_flat_elems(model, plan.dp_shard)) * a
         return out
     _, params, persistent = _stage3_elems(model, plan.dp_shard,
-                                          plan.ds.param_persistence_threshold)
+                                          _zero(plan).param_persistence_threshold)
     # stage3.py: with offload_optimizer the gradient partitions live on self.device (the
     # host); the ipg bucket stays on the accelerator (_setup_for_real_optimizer). With
     # offload_param the partitions are in host memory and only persistent parameters,
@@ -248,8 +253,8 @@ def state_at_rest_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
     out["params"] = float(persistent if plan.offload == "params" else params) * a
     if plan.offload == "none":
         out["grads"] = part * a
-    if plan.ds.contiguous_gradients:
-        out["comm_buffers"] = float(plan.ds.reduce_bucket_size) * a
+    if _zero(plan).contiguous_gradients:
+        out["comm_buffers"] = float(_zero(plan).reduce_bucket_size) * a
     return out
 
 
@@ -267,7 +272,7 @@ class _Stage1And2Step:
         self.builder = b
         p = b.plan
         self.stage = _stage(p)
-        self.overlap = p.ds.overlaps(self.stage)
+        self.overlap = _zero(p).overlaps(self.stage)
         self.part = _partition_elems(b.model, p)
         self.buckets = 0
         self.bucket_elems = 0
@@ -328,7 +333,7 @@ class _Stage1And2Step:
             return
         whole, done = b.ops[op], 0.0
         for numel, produced in _backward_order(b.model, u.blocks):
-            if self.bucket_elems and self.bucket_elems + numel > b.plan.ds.reduce_bucket_size:
+            if self.bucket_elems and self.bucket_elems + numel > _zero(b.plan).reduce_bucket_size:
                 share = produced - done
                 b.ops[op] = b.ops[op]._replace(compute_s=whole.compute_s * share,
                                                flops=whole.flops * share, frees=())
@@ -372,7 +377,7 @@ class _Stage1And2Step:
         overflow is reduced first."""
         for numel in reversed(numels):
             if (self.bucket_elems
-                    and self.bucket_elems + numel > self.builder.plan.ds.reduce_bucket_size):
+                    and self.bucket_elems + numel > _zero(self.builder.plan).reduce_bucket_size):
                 self.flush(op)
             self.bucket_elems += numel
         if grad is not None:
@@ -382,10 +387,10 @@ class _Stage1And2Step:
         """The ipg bucket buffer(s): allocated by the first gradient hook of a backward
         that reduces (setup_buckets), released at its end."""
         p = self.builder.plan
-        if not p.ds.contiguous_gradients:
+        if not _zero(p).contiguous_gradients:
             return ()
         return tuple(Buffer(name=f"mb{mb}/ipg_bucket/{i}", category="comm_buffers",
-                            bytes=p.ds.reduce_bucket_size * self.builder.param_elem_bytes)
+                            bytes=_zero(p).reduce_bucket_size * self.builder.param_elem_bytes)
                      for i in range(2 if self.overlap else 1))
 
     def flush(self, after: int) -> None:
@@ -406,7 +411,7 @@ class _Stage1And2Step:
         stream = "all_reduce" if self.overlap else "compute"
         allocs = []
         offload = p.offload == "optimizer"
-        if not self.have_partition and p.ds.contiguous_gradients and not offload:
+        if not self.have_partition and _zero(p).contiguous_gradients and not offload:
             allocs.append(Buffer(name=self.partition_grads, category="grads",
                                  bytes=self.part * b.param_elem_bytes))
             self.have_partition = True
@@ -434,7 +439,7 @@ class _Stage1And2Step:
             tensors = _partition_tensors(b.model, p.dp_shard) * elements / b.model.num_params
             work = (_norm_scan(elems, tensors, b.param_elem_bytes)
                     + _pass(elems * (b.param_elem_bytes + m), tensors))
-            if p.ds.scans_for_overflow(self.stage, p.param_dtype):
+            if _zero(p).scans_for_overflow(self.stage, p.param_dtype):
                 work = work + _overflow_scan(elems, tensors, b.param_elem_bytes)
             prep = b.add(name=f"bucket {i} norms and fp32 cast", kind="backward",
                          stream=stream, unit=i, microbatch=p.grad_accum - 1, after=(coll,),
@@ -473,7 +478,7 @@ class _Stage1And2Step:
                           if p.offload == "none" else (0, 0))
         after = _checks(b, after, norm=_norm_scan(elems, tensors, b.param_elem_bytes), norm_bytes=4,
                         overflow=(_overflow_scan(elems, tensors, b.param_elem_bytes)
-                                  if p.ds.scans_for_overflow(self.stage, p.param_dtype)
+                                  if _zero(p).scans_for_overflow(self.stage, p.param_dtype)
                                   else None))
         if p.offload != "none":
             # the step on the host, the updated 16-bit partition copied back: the
@@ -495,7 +500,7 @@ class _Stage1And2Step:
                           microbatch=p.grad_accum - 1, after=(flatten,),
                           compute_s=b.compute(_pass(self.part * (b.param_elem_bytes + m), 1)),
                           allocs=(fp32_grad,), frees=(*frees, flat.name))
-            if p.ds.gradient_clipping > 0 or p.param_dtype == "fp16":
+            if _zero(p).gradient_clipping > 0 or p.param_dtype == "fp16":
                 first = _scale(b, first, self.part * m)
             prev = device_optimizer(b, after=(first,), frees=(fp32_grad.name,),
                                     local_params=self.part, tensors=1, master_bytes=m,
@@ -729,8 +734,8 @@ class _Stage3Step:
         b, p = self.builder, self.builder.plan
         calls = self.trace(blocks)
         steps = replay([c.params for c in calls], self.params,
-                       prefetch_bucket=p.ds.prefetch_bucket_size,
-                       max_live=p.ds.max_live_parameters, max_reuse=p.ds.max_reuse_distance)
+                       prefetch_bucket=_zero(p).prefetch_bucket_size,
+                       max_live=_zero(p).max_live_parameters, max_reuse=_zero(p).max_reuse_distance)
         ends: list[int] = []
         for mb in range(p.grad_accum):
             self.owner, self.holders, self.grads_made = {}, {}, set()
@@ -827,7 +832,7 @@ class _Stage3Step:
                           if p.offload == "none" else (0, 0))
         prev = _checks(b, after, norm=_norm_scan(elems, tensors, b.param_elem_bytes), norm_bytes=8,
                        overflow=(_pass(elems * 2 * (b.param_elem_bytes + 2), 8)
-                                 if p.ds.scans_for_overflow(3, p.param_dtype) else None))
+                                 if _zero(p).scans_for_overflow(3, p.param_dtype) else None))
         if p.offload != "none":
             prev = (host_optimizer(b, after=prev, frees=(),
                                    local_params=b.model.num_params / p.dp_shard,
@@ -897,7 +902,7 @@ class _Stage3Bucket:
         numel = sum(params[n].numel for n in names)
         if not numel:
             return
-        if self.elements and self.elements + numel > self.builder.plan.ds.reduce_bucket_size:
+        if self.elements and self.elements + numel > _zero(self.builder.plan).reduce_bucket_size:
             self.flush(op)
         self.elements += numel
 
@@ -967,7 +972,7 @@ def _lower(b: Builder, root: Unit, blocks: list[Unit]) -> None:
         _Stage1And2Step(b).lower(root, blocks)
 
 
-PROGRAM = Program(name="deepspeed", shard_elems=shard_elems, autocast=lambda plan: False,
+PROGRAM = Program(name="deepspeed", shard_elems=shard_elems,
                   state_at_rest_bytes=state_at_rest_bytes,
                   gathered_floor_bytes=gathered_floor_bytes, lower=_lower,
-                  host_state_bytes=host_state_bytes, wraps_units=False)
+                  host_state_bytes=host_state_bytes)

@@ -56,6 +56,7 @@ from zsim.schedule.build import (
 )
 from zsim.schedule.ops import Buffer
 from zsim.schedule.programs import Program
+from zsim.spec.fsdp1 import Fsdp1Options
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 from zsim.units import dtype_bytes
@@ -122,7 +123,7 @@ class _Step:
     def __init__(self, b: Builder) -> None:
         self.builder = b
         self.plan = b.plan
-        self.fsdp1 = b.plan.fsdp1
+        self.fsdp1 = b.plan.options_as(Fsdp1Options)
         self.limiter = _Limiter(self.fsdp1.limit_all_gathers)
         self.nccl: tuple[int, ...] = ()
         """The last collective issued on the shard group (its NCCL stream's order)."""
@@ -289,6 +290,6 @@ def _lower(b: Builder, root: Unit, blocks: list[Unit]) -> None:
     _Step(b).lower(root, blocks)
 
 
-PROGRAM = Program(name="fsdp1", shard_elems=shard_elems, autocast=lambda plan: False,
+PROGRAM = Program(name="fsdp1", shard_elems=shard_elems,
                   state_at_rest_bytes=state_at_rest_bytes,
                   gathered_floor_bytes=gathered_floor_bytes, lower=_lower)

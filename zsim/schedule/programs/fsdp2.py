@@ -541,7 +541,7 @@ def _lower(b: Builder, root: Unit, blocks: list[Unit]) -> None:
     _Step(b).lower(root, blocks)
 
 
-PROGRAM = Program(name="fsdp2", shard_elems=shard_elems, autocast=lambda plan: False,
+PROGRAM = Program(name="fsdp2", shard_elems=shard_elems,
                   state_at_rest_bytes=state_at_rest_bytes, state_pieces=state_pieces,
                   gathered_floor_bytes=gathered_floor_bytes, lower=_lower,
                   host_state_bytes=host_state_bytes)

@@ -74,12 +74,6 @@ def shard_elems(shapes: Shapes, n: int) -> int:
     return sum(math.prod(s) for s in shapes)
 
 
-def runs_autocast(plan: Plan) -> bool:
-    """ddp and zero1 keep their parameters in the master dtype and autocast the forward
-    to param_dtype."""
-    return plan.has_master_copy
-
-
 def _at_rest_bytes(plan: Plan) -> int:
     return dtype_bytes(plan.master_dtype if plan.has_master_copy else plan.param_dtype)
 
@@ -260,7 +254,6 @@ def _param_all_gather(b: Builder, opt: int) -> None:
                      microbatch=p.grad_accum - 1, after=(opt,))
 
 
-PROGRAM = Program(name="torch", shard_elems=shard_elems, autocast=runs_autocast,
+PROGRAM = Program(name="torch", shard_elems=shard_elems,
                   state_at_rest_bytes=state_at_rest_bytes,
-                  gathered_floor_bytes=lambda model, plan: 0.0, lower=_lower,
-                  wraps_units=False)
+                  gathered_floor_bytes=lambda model, plan: 0.0, lower=_lower)
