@@ -277,7 +277,9 @@ def default_shard_group(gpus_per_node: int, gpus: int, parallel: dict[str, Any])
     dp = max(1, gpus // model_parallel)
     group = max(1, min(gpus_per_node // model_parallel, dp))
     if dp % group:
-        fit = [str(g) for g in range(2, dp) if dp % g == 0 and (
+        # Shard groups that divide a node or are whole nodes, up to 8 nodes (an absurd
+        # --gpus must not make this a search over its divisors).
+        fit = [str(g) for g in range(2, min(dp, 8 * gpus_per_node + 1)) if dp % g == 0 and (
             gpus_per_node % (g * model_parallel) == 0 or (g * model_parallel) % gpus_per_node
             == 0)]
         raise ConfigError("shard_group", None, f"HSDP shards over a node's {group} data-"

@@ -67,3 +67,13 @@ def test_the_engine_work_per_op_is_bounded_at_a_million_gpus() -> None:
     schedule = lower(resolve_model("13b"), resolve_hardware("dgx-h100"),
                      Plan.for_strategy("fsdp", gpus=2**20, seq_len=4096))
     assert run(schedule).trace.events < EVENTS_PER_OP / 4 * len(schedule.ops)
+
+
+def test_hsdp_on_an_absurd_world_answers_at_once() -> None:
+    # 10^20 - 1 GPUs on 8-GPU nodes: a node's shard group does not divide them, and the
+    # groups that would are looked for among a few nodes' sizes, not among the world's
+    # divisors (a search that never ended: found by the cli fuzz target).
+    result = CliRunner().invoke(app, ["simulate", "--model", "7b", "--strategy", "hsdp",
+                                      "--gpus", str(10**20 - 1)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.output.startswith("error: shard_group=None: HSDP shards over a node's 8 ")
