@@ -3,9 +3,9 @@ of a 70B model on 1,024 GPUs in symmetric mode, each candidate of `zsim plan --m
 --gpus 128` (lowering, engine, summary), and the simulation of 13B/128 candidates.
 
 Run: python bench/bench_engine.py
-Targets (issue 3): >= 200k events/s; 70B/1024 < 1 s; `zsim plan --model 13b --gpus 128`
-< 1 s wall including start-up. Issue 9: the four absurd plans that used to hang answer in
-under 2 s each, start-up included.
+Targets: >= 200k events/s; 70B/1024 < 1 s; `zsim plan --model 13b --gpus 128` < 1 s wall
+including start-up; the four absurd plans that used to hang answer in under 2 s each,
+start-up included.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def main() -> None:
           f"{walls['']:.3f} s on {workers_for(10**6)} cores, {walls['1']:.3f} s "
           f"on one ({walls['1'] / walls['']:.2f}x)")
 
-    # Issue 9: absurd plans answer (each hung before), fresh process, target < 2 s.
+    # Absurd plans answer (each hung before), fresh process, target < 2 s.
     for args in (("--gpus", "128", "--micro-batch", "4096"),
                  ("--gpus", "128", "--micro-batch", "100000"),
                  ("--gpus", "1048576"), ("--gpus", "10000000")):

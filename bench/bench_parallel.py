@@ -1,4 +1,4 @@
-"""Benchmark of zsim's 2-D and 3-D planning speed (not a timed test), issue 12 item 7:
+"""Benchmark of zsim's 2-D and 3-D planning speed (not a timed test):
 the 405B plan search over every factorization on 16,384 GPUs (target under 10 s), and
 one interleaved pipeline with pp = 16 and 128 micro-batches simulated (target under 2 s).
 

@@ -1,4 +1,4 @@
-"""Benchmark of `zsim sweep` at scale (issue 13; not a timed test): plans per second for a
+"""Benchmark of `zsim sweep` at scale (not a timed test): plans per second for a
 10,080-plan study, serial (ZSIM_WORKERS=1) and on every local core, side by side, start-up
 included, and whether the two wrote the same bytes.
 
@@ -10,7 +10,7 @@ process each. Plans whose memory floor exceeds HBM are answered by the closed fo
 `zsim plan` does (the `evaluated` column says which).
 
 Run: python bench/bench_sweep.py [--models 13b,7b] [--keep DIR]
-Target (issue 13): 10,000 plans in under 60 s on the 2-core development machine.
+Target: 10,000 plans in under 60 s on the 2-core development machine.
 """
 
 from __future__ import annotations

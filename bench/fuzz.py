@@ -1,4 +1,4 @@
-"""Fuzz campaign over every input zsim reads (issue 9): 10,000+ generated inputs through
+"""Fuzz campaign over every input zsim reads: 10,000+ generated inputs through
 the oracles of tests/fuzz/fuzz_inputs.py, counting valid inputs, rejected ones (a
 ConfigError naming its field), crashes (any other exception, or a broken invariant) and
 hangs (past the time bound). Prints one row per target and every crash and hang found.

@@ -1,4 +1,4 @@
-"""The layers of zsim's real-run side (issue 37): zsim.backend (runs a plan for real) <-
+"""The layers of zsim's real-run side: zsim.backend (runs a plan for real) <-
 zsim.calibration (measures and fits) <- zsim.validation (compares), read from the
 source's import statements (every one, those inside functions too):
 

@@ -8,7 +8,7 @@ curve, out-of-memory location, tokens/s, TFLOP/s per GPU and MFU. No pandas here
 
 Conventions: *busy* and *exposed* as zsim's vocabulary (zsim/__init__.py) states them.
 MFU counts model FLOPs only (6N + attention), HFU counts the FLOPs executed
-(recomputation included), as in shared/cases/published.yaml.
+(recomputation included), as in tests/data/cases/published.yaml.
 """
 
 from __future__ import annotations

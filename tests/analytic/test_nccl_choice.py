@@ -1,6 +1,6 @@
 """zsim.analytic.collectives: the algorithm and protocol NCCL runs a call with, their
 latencies worked by hand from NCCL's tuning model, and predictions against published
-nccl-tests sweeps (shared/cases/published.yaml)."""
+nccl-tests sweeps (tests/data/cases/published.yaml)."""
 
 from __future__ import annotations
 

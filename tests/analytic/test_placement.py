@@ -128,7 +128,7 @@ def _groups(degrees: dict[str, int], axis: str) -> list[list[int]]:
 ])
 def test_a_partly_filled_last_node_is_placed_from_rank_numbers(tp: int, shard: int,
                                                               repl: int) -> None:
-    """Issue 36: a world that is not whole nodes fills its last node in part. Each
+    """A world that is not whole nodes fills its last node in part. Each
     axis's group says how many members the fullest node holds (ranks_per_node) and the
     least filled one (fewest_per_node), over every group of the axis, counted from rank
     numbers (rank // 8 is the node)."""

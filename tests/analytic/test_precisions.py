@@ -1,4 +1,4 @@
-"""Precisions beyond bf16 (issue 11, item 2): TF32 matmuls on fp32 storage, fp8 linears as
+"""Precisions beyond bf16: TF32 matmuls on fp32 storage, fp8 linears as
 torchao's Float8Linear runs them (with FSDP2's fp8 all-gather), checked by hand and
 against each other."""
 

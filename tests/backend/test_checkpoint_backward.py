@@ -1,4 +1,4 @@
-"""Issue 36, item 5: what a checkpointed block's backward holds, in real FSDP2 with
+"""What a checkpointed block's backward holds, in real FSDP2 with
 torch.utils.checkpoint (non-reentrant, the backend's full recomputation) as rank 0 of 8 on
 the fake process group. The gradient of the block's output (the residual stream's,
 b*s*d in the compute dtype) is still alive when the block's forward has been recomputed,

@@ -3,10 +3,10 @@ ranks (the torch profiler's gloo spans, RankMeasurement.collective_calls), are t
 the simulator lowers for the same plan, kind by kind: DDP's buckets, FSDP2's and FSDP1's
 per-unit all-gathers and reduce-scatters, DeepSpeed ZeRO-1/2's bucket all-reduces, their
 step's scalar all-reduces and parameter all-gather, ZeRO-3's per-submodule fetches and
-persistent re-gathers (issue 10: the number of calls each program issues). gloo runs a
+persistent re-gathers (the number of calls each program issues). gloo runs a
 reduce-scatter as an all-reduce of the full buffer, so the simulator's reduce-scatters
 are counted as all-reduces. DDP's buckets are also compared call by call, in dtype and
-bytes (the profiler's record_shapes on gloo's spans; issue 36: fp32 buckets under
+bytes (the profiler's record_shapes on gloo's spans: fp32 buckets under
 autocast). TP's calls: test_tensor_parallel_backend.py."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A real gloo run of FSDP2 over torchtitan's flattened dp_shard x cp mesh (issue 36): what
+"""A real gloo run of FSDP2 over torchtitan's flattened dp_shard x cp mesh: what
 each of 4 ranks holds against what zsim predicts for the same plan (fsdp, dp_shard=2,
 cp=2) and a count worked out here by hand.
 
@@ -64,5 +64,5 @@ def test_fsdp2_over_dp_shard_cp_holds_a_quarter_on_each_of_4_ranks() -> None:
     assert state_shard_elems(SPEC, PLAN.dp_shard_cp) == SHARD_ELEMS
     assert state_at_rest_bytes(SPEC, PLAN) == {"master_params": 4 * SHARD_ELEMS,
                                                "optimizer_states": 8 * SHARD_ELEMS}
-    # Sharding over dp_shard alone (the model before issue 36) would hold about twice.
+    # Sharding over dp_shard alone (zsim's model once) would hold about twice.
     assert state_shard_elems(SPEC, PLAN.dp_shard) > 1.9 * SHARD_ELEMS

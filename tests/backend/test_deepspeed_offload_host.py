@@ -38,7 +38,7 @@ def test_host_bytes_of_the_real_offload(strategy: str, offload: str, grad_accum:
     ranks = run_ranks(offload_host_bytes, (TINY, plan), nproc=2, timeout_s=600)
     measured = max(sum(r.values()) for r in ranks)
     predicted = host_state_bytes(TINY, plan)
-    # Before issue 36 ZeRO-3 was given the closed form's 12 B a parameter of the
+    # ZeRO-3 was once given the closed form's 12 B a parameter of the
     # partition (fp32 master + moments): 2,965,248 B here, where DeepSpeed holds
     # 4,447,872 (the fp32 gradients, 4 B, and the 16-bit gradient partitions, 2 B, too).
     assert all(r["optimizer.state"] > 0 for r in ranks), ranks  # the step ran on the host

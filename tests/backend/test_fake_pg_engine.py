@@ -1,4 +1,4 @@
-"""Issue 4, item 6: the engine's memory ledger against real FSDP2 as rank 0 of N on the
+"""The engine's memory ledger against real FSDP2 as rank 0 of N on the
 fake process group, for a 1B-class Llama (Llama-3.2-1B's 16 blocks and GQA ratio) scaled
 to run on this machine, at N = 8 and 64, in bf16 mixed precision and in fp32 (each strategy
 and each N once per precision: bf16 matmuls are emulated on this host, ten times slower)."""
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 # Llama-3.2-1B (meta-llama/Llama-3.2-1B config.json): 16 x 2048, 32 heads, 8 kv heads,
 # SwiGLU 8192, vocab 128256, tied embeddings in the release (untied here, as the
-# reference step of DESIGN.md).
+# reference step of docs/modelling.md).
 LLAMA_1B = ModelSpec(name="llama3.2-1b", num_layers=16, d_model=2048, num_heads=32,
                      num_kv_heads=8, ffn_hidden=8192, vocab_size=128256, max_seq_len=8192)
 SCALED = replace(scale_model(LLAMA_1B, d_model=256, vocab_size=2048, max_seq_len=256),

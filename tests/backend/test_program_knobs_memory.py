@@ -1,4 +1,4 @@
-"""Issue 36, item 5: two choices of the training program that move FSDP2's memory, each
+"""Two choices of the training program that move FSDP2's memory, each
 run for real (rank 0 of 8 on the fake process group, CPU, bf16 with fp32 reduction, full
 recomputation) and simulated, the difference each makes against the reference program
 (zsim.backend.reference_model's defaults):

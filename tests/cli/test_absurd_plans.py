@@ -1,4 +1,4 @@
-"""Absurd plans answer (issue 9): the four commands that hung, each with a result and the
+"""Absurd plans answer: the four commands that once hung, each with a result and the
 reason it cannot fit. The closed form rules out what no schedule can fit (activations of
 4,096 or 100,000 sequences, 10 million GPUs gathering padded FSDP2 units); what the
 floor lets through is simulated, and the engine's event budget bounds its work. Their

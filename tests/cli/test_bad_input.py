@@ -1,5 +1,5 @@
 """Bad input to `zsim plan`: one line naming the field and the value, exit code 2, no
-traceback (issue 2, item 7). Files are written under tmp_path."""
+traceback. Files are written under tmp_path."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def test_non_positive_sizes(args: list[str], field: str, value: str) -> None:
 
 
 def test_unknown_model_suggests_the_nearest() -> None:
-    # Issue 36: one line with the nearest preset, not every name (`zsim models` lists them).
+    # One line with the nearest preset, not every name (`zsim models` lists them).
     line = error_line(plan_args("--model", "gpt-9"))
     assert "model" in line and "gpt-9" in line and "config.json" in line
     assert "zsim models" in line and sum(name in line for name in model_names()) <= 1

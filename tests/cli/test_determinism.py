@@ -1,4 +1,4 @@
-"""Determinism across processes (issue 9): the same inputs give byte-identical JSON, CSV,
+"""Determinism across processes: the same inputs give byte-identical JSON, CSV,
 traces and report files in two fresh interpreters with different hash seeds (set and dict
 orders keyed by strings change with PYTHONHASHSEED, so a result that depended on one would
 differ here)."""

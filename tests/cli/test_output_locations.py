@@ -1,10 +1,10 @@
-"""Files only where the user says (issue 9): zsim installed non-editable into a fresh
+"""Files only where the user says: zsim installed non-editable into a fresh
 virtual environment, every command that writes run from an empty folder, and nothing
 appears anywhere but in the folder each command was given: not in the working folder,
 not in HOME or TMPDIR, not in the installed package (where `zsim validate plan` used to drop
 its CSV), not in the source it was installed from. `zsim report --all` among them finds
 the shipped studies (and their configs and report templates) in the installed package,
-outside the repository (issue 36).
+outside the repository.
 
 Caches of the libraries zsim uses (matplotlib's font cache; torch's inductor cache, which
 torch creates under TMPDIR when FSDP2 is imported; numba's machine code of the sweep's

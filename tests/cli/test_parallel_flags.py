@@ -1,4 +1,4 @@
-"""`zsim simulate`'s model-parallel flags (issue 12): each impossible combination is one
+"""`zsim simulate`'s model-parallel flags: each impossible combination is one
 error line naming the field and value, exit code 2; the flags reach the Plan."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The 2-D and 3-D plan search (issue 12, item 6): factorizations, global batch, ranking,
+"""The 2-D and 3-D plan search: factorizations, global batch, ranking,
 and `zsim plan`'s table."""
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def test_factorizations_cover_every_axis_and_keep_the_batch() -> None:
 
 
 def test_cp_shards_the_state_so_7b_fits_131k_tokens_on_one_node() -> None:
-    # Issue 36: at cp=8 on 8 GPUs dp_shard is 1, and the state stayed whole (12 bytes x
+    # At cp=8 on 8 GPUs dp_shard is 1, and the state once stayed whole (12 bytes x
     # 6.74B, 75 GiB, the activations on top: "no 2-D/3-D plan fits"). torchtitan shards
     # it over dp_shard x cp = 8 ranks: 12 bytes x P / 8 of fp32 master and Adam state
     # (every sharded dim of llama2-7b, 4096, 11008, 32000, divides by 8: no padding).
@@ -131,7 +131,7 @@ def test_zsim_plan_bad_global_batch_is_one_line() -> None:
     (("--cp", "2", "--pp", "2"), "the planner does not combine context and pipeline"),
 ])
 def test_no_factorization_says_why_in_words(fixed: tuple[str, ...], why: str) -> None:
-    """Issue 36: `--cp 3` on 16 GPUs printed the dict {'cp': 3}. The error names the
+    """`--cp 3` on 16 GPUs once printed the dict {'cp': 3}. The error names the
     degrees in words and the first reason no plan has them (16 = 2^4 has no factor 3;
     Llama-2-13B has 40 layers, 8 KV heads; a DGX H100 node 8 GPUs)."""
     result = subprocess.run([sys.executable, "-m", "zsim", "plan", "--model", "13b",

@@ -24,7 +24,7 @@ DIMENSIONLESS_KEYS = {"dp_shard", "dp_replicate", "micro_batch", "grad_accum", "
                       "yours"}
 """Counts, a flag and a fraction: no unit to name."""
 UNITS = ("gib", "gb", "bytes", "s", "flops", "model_sizes")
-"""Units zsim names in keys (STYLE.md section 3), as whole words: `peak_gib`,
+"""Units zsim names in keys (units are part of a name), as whole words: `peak_gib`,
 `comm_gib_per_step`, `tokens_per_s`; `model_sizes` counts multiples of S."""
 
 

@@ -1,4 +1,4 @@
-"""`zsim simulate`: the interface issue 3 fixes, end to end on a small plan, and its bad
+"""`zsim simulate`: its interface, end to end on a small plan, and its bad
 input (one line, exit 2, no traceback)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ SMALL = ["simulate", "--model", "125m", "--gpus", "16", "--seq", "1024"]
 JSON_KEYS = {"fits", "step_time_s", "exposed_comm_s", "compute_time_s", "peak_memory_bytes",
              "reserved_memory_bytes", "memory_at_peak", "tokens_per_s", "mfu", "oom",
              "collective_calls", "collective_algorithms", "comm_latency_share"}
-"""At least these keys (issue 3, item 4)."""
+"""At least these keys."""
 
 
 def run(args: list[str]) -> subprocess.CompletedProcess[str]:
@@ -141,7 +141,7 @@ NODES_NOTE = ("warning: 12 GPUs are 1.5 nodes of 8 (dgx-h100): placed in rank or
     ["plan", "--model", "125m", "--gpus", "12", "--seq", "1024"],
 ])
 def test_a_world_of_part_nodes_is_stated(command: list[str]) -> None:
-    """Issue 36: `--gpus 12` on 8-GPU nodes ran without a word that it is 1.5 nodes."""
+    """`--gpus 12` on 8-GPU nodes once ran without a word that it is 1.5 nodes."""
     result = run(command)
     assert result.returncode == 0, result.stderr
     assert result.stderr.splitlines() == [NODES_NOTE]

@@ -2,7 +2,7 @@
 expected figure worked out by hand from c10/cuda/CUDACachingAllocator.cpp (round_size,
 get_allocation_size, get_pool, get_free_block, should_split, free_block), and the
 reserved bytes it gives the 16 published FSDP2 steps on an H200
-(shared/cases/h200-fsdp2-runs.yaml, measured peak_reserved_gib).
+(tests/data/cases/h200-fsdp2-runs.yaml, measured peak_reserved_gib).
 
 Fed the alloc/free events torch.cuda.memory._record_memory_history recorded in those 16
 programs (rerun on an H200, torch 2.11), the model gives their reserved bytes exactly;
@@ -241,7 +241,7 @@ def test_guard_published_runs(errors: dict[str, float]) -> None:
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "issue 11 target not reached. Even with pieces: 1p3b runs miss one 1000 MiB logits "
+    "H200 target not reached. Even with pieces: 1p3b runs miss one 1000 MiB logits "
     "segment in the second step (-4% to -5%); the four full-recomputation runs' measured "
     "reserved is 3-8% above a rerun of the same program (7b_n64_ac, 13b_n128_mb*_ac, "
     "which the model matches within 0.4%)"))

@@ -1,4 +1,4 @@
-"""Issue 36, item 5: the peak of a step under full recomputation, worked out by hand for a
+"""The peak of a step under full recomputation, worked out by hand for a
 3-block reference model (FSDP2 on 8 ranks, bf16 with fp32 reduction, each block
 checkpointed with torch.utils.checkpoint, non-reentrant) from what torch and FSDP2 hold
 at that moment, against the simulated ledger.

@@ -1,4 +1,4 @@
-"""Context parallelism (issue 12) on the toy cluster, worked out by hand: the tiny 2-block
+"""Context parallelism on the toy cluster, worked out by hand: the tiny 2-block
 model at cp=2 on one 2-GPU node (100 GB/s NVLink, no latency, 1e12 FLOP/s, 1 TB/s HBM),
 FSDP2 with a data-parallel size of 1: the two CP ranks shard the state between them
 (torchtitan's dp_shard_cp), so FSDP's all-gathers share the link with ring attention's."""

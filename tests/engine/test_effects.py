@@ -1,6 +1,6 @@
-"""The seed card's tuning effects (shared/seed/zero-fsdp-card.txt, "Tuning" and
-"Trade-offs"), each emerging from the simulation of plain plans: nothing in the lowering or
-the engine knows about these statements."""
+"""The ZeRO/FSDP card's tuning effects (docs/card.md, "Tuning" and "Trade-offs"), each
+emerging from the simulation of plain plans: nothing in the lowering or the engine knows
+about these statements."""
 
 from __future__ import annotations
 
@@ -180,7 +180,7 @@ def test_optimizer_offload_frees_hbm_and_waits_on_the_host(h100: HardwareProfile
 
 
 def test_zero3_at_thousands_of_ranks_turns_latency_bound_as_the_micro_batch_shrinks() -> None:
-    # Issue 10: GPT-3 175B under DeepSpeed ZeRO-3 at a fixed global batch of 4,096
+    # GPT-3 175B under DeepSpeed ZeRO-3 at a fixed global batch of 4,096
     # sequences. Going from 1,024 A100s at micro-batch 4 to 4,096 at micro-batch 1 keeps
     # every call of the program (the same per-submodule fetches per micro-batch) but
     # quarters the compute that hides each, while every ring gets 4x longer: each of its

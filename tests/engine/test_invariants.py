@@ -1,6 +1,7 @@
-"""Invariants of every simulated step (STYLE.md section 6), over random plans on the toy
-cluster and the tiny model: time bounds, exposed-communication bounds, memory back to the
-baseline, peak above the closed-form model state, and determinism.
+"""Invariants of every simulated step (docs/validation.md, the ladder's invariants), over
+random plans on the toy cluster and the tiny model: time bounds, exposed-communication
+bounds, memory back to the baseline, peak above the closed-form model state, and
+determinism.
 
 On the closed-form bound: the ledger models the programs the backend runs, and FSDP2's
 state at rest (fp32 sharded params + AdamW moments, 12 B/param/N) is below the ZeRO

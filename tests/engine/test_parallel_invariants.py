@@ -1,7 +1,8 @@
-"""Invariants of 2-D and 3-D plans (STYLE.md section 6, issue 12): on real profiles, the
-step is at least the compute and at most compute plus communication, exposure is at most
-the communication's busy time, memory is back to the state at rest after the step, tp = 1
-has no TP collectives, and simulating twice gives the same Result."""
+"""Invariants of 2-D and 3-D plans (docs/validation.md, the ladder's invariants): on real
+profiles, the step is at least the compute and at most compute plus communication,
+exposure is at most the communication's busy time, memory is back to the state at rest
+after the step, tp = 1 has no TP collectives, and simulating twice gives the same
+Result."""
 
 from __future__ import annotations
 

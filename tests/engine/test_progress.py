@@ -1,5 +1,5 @@
 """The engine always makes progress: fluid tasks end at the right time at any clock value
-and any size (issue 9: a task whose remaining time fell below the clock's resolution was
+and any size (a task whose remaining time once fell below the clock's resolution was
 re-timed at the same instant forever), and a run that goes past its event budget is an
 error naming the op in flight, never a hang."""
 

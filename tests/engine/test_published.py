@@ -1,5 +1,5 @@
 """Simulated throughput against a published measurement, and MFU against its published
-definition (shared/cases/published.yaml)."""
+definition (tests/data/cases/published.yaml)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ def test_mpt7b_throughput_matches_the_published_run(
     assert model.num_params == 6_658_859_008
     r = simulate(model, hw, plan)
     measured = case["measured"]["tokens_per_s_per_gpu"]  # 4641
-    # Issue 4's step-time bound (15%); the simulation gives ~4,800 (+3.5%).
+    # The CPU validation's step-time bound (15%, docs/validation.md); the simulation
+    # gives ~4,800 (+3.5%).
     assert r.tokens_per_s_per_gpu == pytest.approx(measured, rel=0.15)
 
 

@@ -86,7 +86,7 @@ def test_chrome_trace_needs_a_traced_run(tiny_model: ModelSpec) -> None:
 
 
 def test_to_dict_is_json_with_the_keys_the_cli_prints(tiny_model: ModelSpec) -> None:
-    # Issue 3, item 4: `zsim simulate --format json` prints at least these keys.
+    # `zsim simulate --format json` prints at least these keys.
     # HBM between the plan's floor and its simulated peak: simulated, and out of memory.
     floor = sum(memory_floor_bytes(tiny_model, PLANS[0], make_toy_hw()).values())
     peak = simulate(tiny_model, make_toy_hw(), PLANS[0]).peak_memory_bytes

@@ -1,4 +1,4 @@
-"""Tensor parallelism (issue 12) on the toy cluster, worked out by hand: the tiny 2-block
+"""Tensor parallelism on the toy cluster, worked out by hand: the tiny 2-block
 model at tp=2 on one 2-GPU node (100 GB/s NVLink, no latency, 1e12 FLOP/s, 1 TB/s HBM),
 FSDP2 over a data-parallel size of 1, so only TP communicates."""
 

@@ -1,4 +1,4 @@
-"""A toy cluster with round numbers (STYLE.md section 6), so expected timelines can be
+"""A toy cluster with round numbers, so expected timelines can be
 worked out by hand."""
 
 from __future__ import annotations

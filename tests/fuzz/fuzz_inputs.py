@@ -1,5 +1,5 @@
 """Generated inputs for every way a user feeds zsim, and the oracle each must satisfy
-(issue 9's fuzz campaign; tests/fuzz/test_fuzz.py runs a small profile, bench/fuzz.py
+(the fuzz campaign; tests/fuzz/test_fuzz.py runs a small profile, bench/fuzz.py
 the 10,000-input campaign).
 
 Targets (TARGETS): ModelSpec mappings, HardwareProfile mappings (mutations of a shipped

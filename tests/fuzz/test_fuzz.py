@@ -1,4 +1,4 @@
-"""The fuzz campaign's small profile (issue 9): every target of fuzz_inputs.TARGETS over a
+"""The fuzz campaign's small profile: every target of fuzz_inputs.TARGETS over a
 few dozen generated inputs, each within its time bound. bench/fuzz.py runs the same
 oracles over 10,000 inputs and reports the counts."""
 

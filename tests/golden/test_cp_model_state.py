@@ -1,4 +1,4 @@
-"""Golden: context parallelism shards the model state over dp_shard x cp (issue 36).
+"""Golden: context parallelism shards the model state over dp_shard x cp.
 
 Source: torchtitan's ParallelDims flattens the mesh's dp_shard and cp axes into
 "dp_shard_cp" and parallelize_llama applies fully_shard over it (HSDP over

@@ -1,5 +1,5 @@
 """Golden: which DeepSpeed plans fit on 32 GB V100s, as DeepSpeed's tutorials and examples
-report them (shared/cases/published.yaml, read at test time):
+report them (tests/data/cases/published.yaml, read at test time):
 
 - DS-TUT-ZeRO1-ZeRO2-Offload-feasibility-V100 (docs/_tutorials/zero.md, zero-offload.md):
   Megatron GPT-2 1.5B on 8 GPUs without ZeRO runs out of memory and trains with ZeRO-1; a

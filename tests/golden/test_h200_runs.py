@@ -1,9 +1,10 @@
-"""The simulator against 16 real FSDP2 steps on one H200 (shared/cases/h200-fsdp2-runs.yaml,
-rank 0 of N on a fake process group: no communication) and issue 11's targets
+"""The simulator against 16 real FSDP2 steps on one H200 (tests/data/cases/h200-fsdp2-runs.yaml,
+rank 0 of N on a fake process group: no communication) and the H200 targets
 (zsim.validation.published_runs; the error bands the residuals give hgx-h200 are checked in
-tests/golden/test_error_bands.py).
+tests/golden/test_error_bands.py). The targets (docs/validation.md): step time within 3% on
+average and 6% at worst, peak allocated 0.5% and 1.5%, peak reserved 3% at worst.
 
-Targets of issue 11 not reached yet are strict xfails (they fail the suite once they pass,
+Targets not reached yet are strict xfails (they fail the suite once they pass,
 so the marker must go); guards at today's level fail on a regression."""
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ def test_state_after_step(rows: list[dict[str, Any]]) -> None:
     assert mean < 0.01 and worst < 0.025
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11 target not reached: mean 3.9%, max 12.4%")
+@pytest.mark.xfail(strict=True, reason="H200 target not reached: mean 3.9%, max 12.4%")
 def test_target_step_time(rows: list[dict[str, Any]]) -> None:
     mean, worst = _stats(rows, "step_time_s")
     assert mean <= 0.03 and worst <= 0.06
@@ -157,6 +158,6 @@ def test_target_peak_allocated(rows: list[dict[str, Any]]) -> None:
     assert mean <= 0.005 and worst <= 0.015
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11 target not reached: reserved within 7.4%")
+@pytest.mark.xfail(strict=True, reason="H200 target not reached: reserved within 7.4%")
 def test_target_peak_reserved(rows: list[dict[str, Any]]) -> None:
     assert _stats(rows, "reserved_memory_bytes")[1] <= 0.03

@@ -1,5 +1,5 @@
-"""Golden, end to end: `zsim plan --params 7e9 --gpus 64 --format json` reproduces the seed
-card (shared/seed/zero-fsdp-card.txt): model state 112 / 29.3 / 15.5 / 1.75 GB per GPU
+"""Golden, end to end: `zsim plan --params 7e9 --gpus 64 --format json` reproduces the
+ZeRO/FSDP card (docs/card.md): model state 112 / 29.3 / 15.5 / 1.75 GB per GPU
 for DDP / ZeRO-1 / ZeRO-2 / ZeRO-3 in the closed-form columns (the ZeRO paper's
 accounting; model_state_gb is what each program holds); communication is what each
 program sends, where the card's 2S / 2S / 2S / 3S departs from it worked by hand in

@@ -1,12 +1,12 @@
 """Golden: model-state bytes per GPU and communication volume per strategy.
 
 Sources:
-- Seed card (shared/seed/zero-fsdp-card.txt): 7B parameters on 64 GPUs hold 112 / ~29 /
+- The ZeRO/FSDP card (docs/card.md, "Core explanation"): 7B parameters on 64 GPUs hold 112 / ~29 /
   ~15.5 / ~1.75 GB (DDP / ZeRO-1 / ZeRO-2 / ZeRO-3), communication 2S / 2S / 2S / 3S with
   S the bf16 size of the parameters; the programs zsim runs depart from the last where
   PROGRAM_COMM_S says.
 - Rajbhandari et al. 2020 (ZeRO), Fig. 1 / Table 1 for Psi = 7.5B, transcribed in
-  shared/cases/published.yaml as F-ZeRO-Table1-7.5B; read at test time.
+  tests/data/cases/published.yaml as F-ZeRO-Table1-7.5B; read at test time.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Property tests for per-step communication volume (DESIGN.md validation ladder, step 2).
+"""Property tests for per-step communication volume (docs/validation.md, the ladder's invariants).
 
 - One data-parallel rank => no data-parallel communication at all.
 - FSDP (ZeRO-3) moves 1.5x DDP's bus bytes (3S vs 2S, ZeRO paper Sec. 7) when gradients

@@ -1,4 +1,4 @@
-"""Property tests for closed-form memory (DESIGN.md validation ladder, step 2).
+"""Property tests for closed-form memory (docs/validation.md, the ladder's invariants).
 
 - Per-rank parameter + gradient + master + optimizer bytes never increase as the ZeRO
   stage rises (ddp -> zero1 -> zero2 -> fsdp) or as dp_shard rises.

@@ -60,7 +60,7 @@ def test_all_regenerates_every_shipped_scenario_from_any_folder(
         toy_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--all takes the shipped studies from the installed package (here stood in for by
     two toy scenarios), not from a scenarios/ folder under the working folder, which
-    issue 36 found missing when run outside the repository."""
+    was once found missing when run outside the repository."""
     (tmp_path / "shipped").mkdir()
     shipped = []
     for name in ("one", "two"):

@@ -1,4 +1,4 @@
-"""Scenario keys for 2-D and 3-D plans (issue 12): tp, pp, cp and the schedule knobs
+"""Scenario keys for 2-D and 3-D plans: tp, pp, cp and the schedule knobs
 reach the Plan, sweep like any key, and a bad value names its field path."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The host on GPU profiles (issue 11, item 3): an FSDP2 block op lasts at least the host's
+"""The host on GPU profiles: an FSDP2 block op lasts at least the host's
 time to issue it (hgx-h200's fsdp2_block_host_us, measured in real steps), so small
 blocks on many ranks become host-bound while large blocks stay device-bound."""
 

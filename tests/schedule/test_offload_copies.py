@@ -1,6 +1,6 @@
-"""Offloaded steps on a GPU node (issue 11, item 1): host<->device copies at the pinned or
+"""Offloaded steps on a GPU node: host<->device copies at the pinned or
 pageable rate of the profile, and the host AdamW at the rank's share of the node's cores,
-checked by hand against hgx-h200's figures (shared/cases/h200-microbench.yaml)."""
+checked by hand against hgx-h200's figures (tests/data/cases/h200-microbench.yaml)."""
 
 from __future__ import annotations
 

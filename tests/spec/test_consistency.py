@@ -75,7 +75,7 @@ def test_hsdp_group_may_span_nodes() -> None:
 ])
 def test_hsdp_shard_groups_must_not_straddle_nodes(shard: int, tp: int, gpus: int,
                                                    ok: bool) -> None:
-    """Issue 36: zsim places each shard group as consecutive ranks and models its
+    """zsim places each shard group as consecutive ranks and models its
     collectives inside a node when it holds no more than a node; a group size that
     neither divides a node nor is whole nodes would put some groups on two nodes (by rank
     numbers: group k holds ranks [k*s, (k+1)*s))."""
@@ -181,7 +181,7 @@ def test_rules_match_arithmetic(tp: int, pp: int, dp: int, unit: int, across: bo
             check_plan(GPT3_13B, H100, plan, gpus=dp * tp * pp)
 
 
-# ---------------------------------------------------------------- 2-D and 3-D plans (issue 12)
+# ---------------------------------------------------------------- 2-D and 3-D plans
 def test_world_counts_cp() -> None:
     plan = _fsdp(dp_shard=8, tp=4, cp=2)
     assert check_plan(LLAMA2_7B, H100, plan, gpus=64) is None

@@ -121,7 +121,7 @@ def test_top_keys_are_the_keys_deepspeed_reads() -> None:
 ])
 def test_an_unknown_key_is_named_with_the_nearest_known_one(
         tmp_path: Path, config: dict[str, Any], named: str, hint: str) -> None:
-    """Issue 36: a misspelt "zero_optimisation" was read as no ZeRO section, and the
+    """A misspelt "zero_optimisation" was once read as no ZeRO section, and the
     error said stage 0 is unsupported. A key DeepSpeed does not read at all is refused
     (DeepSpeed would ignore it), naming the nearest key it reads; the stage-0 error says
     where the 0 came from."""

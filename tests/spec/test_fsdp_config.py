@@ -131,7 +131,7 @@ def test_unknown_fsdp_key_warns(tmp_path: Path) -> None:
 
 
 def test_a_misspelt_key_is_named_with_the_nearest_known_one(tmp_path: Path) -> None:
-    """Issue 36: a misspelt top-level key is refused (accelerate refuses it) naming the
+    """A misspelt top-level key is refused (accelerate refuses it) naming the
     nearest key accelerate knows; a misspelt fsdp_config option, which accelerate ignores,
     is warned about with the option it nearly is (the plan falls back to the default)."""
     path = tmp_path / "accelerate.yaml"

@@ -56,7 +56,7 @@ def test_every_file_a_shipped_study_reads_is_package_data() -> None:
 
 
 def test_ci_runs_the_readmes_test_command_in_a_fresh_venv() -> None:
-    """Issue 36: CI ran its own install (into the machine's python3, upgrading pip) where
+    """CI once ran its own install (into the machine's python3, upgrading pip) where
     a user runs the README's; now .ci/run makes a new virtual environment of python3 with
     the pip it comes with and runs the Quickstart's test command, verbatim."""
     readme = (REPO / "README.md").read_text()

@@ -188,7 +188,7 @@ def test_with_replaces_without_mutating() -> None:
         p.micro_batch = 2  # type: ignore[misc]
 
 
-# ---------------------------------------------------------------- 2-D and 3-D plans (issue 12)
+# ---------------------------------------------------------------- 2-D and 3-D plans
 @pytest.mark.parametrize(("knobs", "field"), [
     ({"sp": True}, "plan.sp"),                                       # SP needs tp > 1
     ({"tp": 2, "async_tp": True}, "plan.async_tp"),                  # async TP needs SP

@@ -1,4 +1,4 @@
-"""Inputs are data, never code (issue 9): YAML is loaded without object construction,
+"""Inputs are data, never code: YAML is loaded without object construction,
 scenario paths resolve against the scenario's folder and are only read, report templates
 are filled by their own placeholder language, and nothing in zsim evaluates a string,
 unpickles a file or starts a shell."""

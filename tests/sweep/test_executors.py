@@ -182,7 +182,7 @@ def _closed_port() -> int:
 @pytest.mark.parametrize("where", ["flag", "env"])
 def test_a_ray_address_without_a_cluster_is_one_line_at_once(grid_path: Path,
                                                              where: str) -> None:
-    """Issue 36: `--ray-address` at a closed port printed an 88-line traceback (exit 1)
+    """`--ray-address` at a closed port once printed an 88-line traceback (exit 1)
     and RAY_ADDRESS=bogus:1 hung past 60 s (Ray's client retries its connection 20 times):
     now one line naming the address and the reason, exit 2, within seconds."""
     pytest.importorskip("ray")

@@ -1,6 +1,6 @@
 """The per-phase profile command (zsim.validation.gpu_phases): its quick mode end to end on
 CPU (tiny model, rank 0 of 8 on the fake process group), the budget guard, the run list
-against shared/cases/h200-fsdp2-runs.yaml (reading the profile: test_kernel_trace.py)."""
+against tests/data/cases/h200-fsdp2-runs.yaml (reading the profile: test_kernel_trace.py)."""
 
 from __future__ import annotations
 

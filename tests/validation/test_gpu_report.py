@@ -1,4 +1,4 @@
-"""The GPU validation report command (issue 11, deliverable 6) in its quick mode on CPU:
+"""The GPU validation report command in its quick mode on CPU:
 every section runs end to end and writes its files with the documented columns; the
 wall-clock guard skips what the budget leaves no time for; --only keeps the named runs."""
 

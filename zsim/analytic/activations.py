@@ -1,6 +1,6 @@
 """Activation memory: what autograd saves per transformer block and around the loss.
 
-Owns the list of tensors the reference training step of DESIGN.md keeps between a block's
+Owns the list of tensors the reference training step (docs/modelling.md) keeps between a block's
 forward and its backward, per recomputation policy, and the transient working memory of
 the loss. Pure arithmetic on ModelSpec; imports nothing heavy. Kernel choices that move
 memory (flash vs math attention, fused vs composite RMSNorm, GQA by enable_gqa or by

@@ -5,7 +5,7 @@ Owns two things. Per-parameter pieces: FSDP2 and torch.optim hold one tensor per
 parameter (a sharded parameter, each AdamW state, an unsharded parameter or gradient),
 so a unit's gathered parameters are as many allocations as the unit has parameters, and
 on many ranks each is small enough for the allocator's small pool. And the allocation
-scripts of the reference training step (DESIGN.md) where the aggregate hides the order
+scripts of the reference training step (docs/modelling.md) where the aggregate hides the order
 the allocator sees: a block's forward (what it saves, with the transients it frees on the
 way: RoPE's halves and products, the attention and MLP outputs consumed by the residual
 adds), a block's backward (the gradient of its output, alive throughout, its

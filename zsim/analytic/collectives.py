@@ -28,7 +28,7 @@ Choice (profile `collectives.model`):
   ring's) and the tree network latency NCCL charges rings with one rank per node.
 
 References: Patarasuk & Yuan 2009 (bandwidth-optimal rings); NCCL's tuning model above;
-shared/cases/published.yaml C-8xH200-allreduce-torch-vs-nccltests (NCCL's choice on one
+tests/data/cases/published.yaml C-8xH200-allreduce-torch-vs-nccltests (NCCL's choice on one
 H200 node: ring/LL up to 1 MiB, NVLS/Simple from 2 MiB) and C-DGXH100-8GPU-allreduce-sweep.
 """
 
@@ -173,7 +173,7 @@ def ring_link_loads(group: CommGroup) -> tuple[tuple[str, float], ...]:
     carries (r-1)/r and each GPU's own NIC 1/r of the bus bytes, and the ring's bus
     bandwidth is min(NVLink * r/(r-1), NIC * r). On 8-NIC NDR nodes that is 8 x ~47 =
     ~376 GB/s, the NCCL maintainers' expectation of 370-385 GB/s ring busbw
-    (shared/cases/published.yaml C-NCCL-maintainer-multinode-reference-points). With one
+    (tests/data/cases/published.yaml C-NCCL-maintainer-multinode-reference-points). With one
     rank per node (HSDP replicas) every hop uses the NIC (load 1). A node holding fewer
     members (the last node of a world that is not whole nodes: r' of them) sends the
     ring's crossing hops of every channel through its r' NICs, 1/r' each: the NIC load
@@ -310,7 +310,7 @@ def _nvls_tree(group: CommGroup, hw: HardwareProfile) -> Algorithm:
     Latency (tuning.cc): NVLS's 25 us on NVLink plus 2 log2(nodes) network steps.
     On two nodes its algorithm bandwidth is the node's NICs together where a ring's is
     limited by one NIC per channel: NCCL's maintainers' "on 2 nodes NCCL picks
-    Tree/NVLSTree and busbw can exceed NIC bandwidth" (shared/cases/published.yaml
+    Tree/NVLSTree and busbw can exceed NIC bandwidth" (tests/data/cases/published.yaml
     C-NCCL-maintainer-multinode-reference-points, C-GCP-A3Mega-2node-allreduce-TCPXO)."""
     n, r = group.ranks, group.ranks_per_node
     bus_per_buffer = 2.0 * (n - 1) / n

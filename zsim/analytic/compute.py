@@ -16,13 +16,13 @@ References:
   (flash attention skips masked tiles); backward counted as 2x forward like every op,
   the model-FLOPs convention of MFU (PaLM App. B). Flash attention's backward really
   runs 2.5x (it recomputes the scores); the profile's attention efficiency absorbs that.
-- Memory-bound kernels of the reference block (zsim.backend.reference_model, DESIGN.md "Reference
-  training step"): what each kernel reads and writes is listed in `_block_forward_kernels`
-  and `_root_forward_kernels` (a roofline in the sense of Williams et al. 2009: a kernel
-  with few FLOPs per byte runs at the memory bandwidth). Backward kernels move about twice
-  the forward bytes (each elementwise op's backward reads the saved input and the output
-  gradient and writes the input gradient; the matmul and attention kernels are counted as
-  FLOPs), and launch about twice the forward kernels.
+- Memory-bound kernels of the reference block (zsim.backend.reference_model;
+  docs/modelling.md, "The reference training step"): what each kernel reads and writes is
+  listed in `_block_forward_kernels` and `_root_forward_kernels` (a roofline in the sense
+  of Williams et al. 2009: a kernel with few FLOPs per byte runs at the memory bandwidth).
+  Backward kernels move about twice the forward bytes (each elementwise op's backward
+  reads the saved input and the output gradient and writes the input gradient; the matmul
+  and attention kernels are counted as FLOPs), and launch about twice the forward kernels.
 - AdamW: torch.optim.adam._multi_tensor_adam (foreach, the default on CUDA and used by
   the backend), per parameter tensor: _foreach_mul_ (weight decay), _foreach_lerp_,
   _foreach_mul_, _foreach_addcmul_, _foreach_sqrt, _foreach_div_, _foreach_add_,

@@ -9,8 +9,8 @@ References:
   per parameter (12 for mixed-precision Adam: fp32 master, momentum, variance) the model
   states take (4+K)Psi (DDP), 4Psi + K Psi/N (stage 1), 2Psi + (2+K)Psi/N (stage 2) and
   (4+K)Psi/N (stage 3) bytes per device.
-- Seed card (shared/seed): "FSDP peak ~ sharded state + one or two full units +
-  activations".
+- The ZeRO/FSDP card (docs/card.md, "Deep dive"): "FSDP peak ~ sharded state + one or
+  two full units + activations".
 """
 
 from __future__ import annotations

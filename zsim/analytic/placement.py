@@ -2,7 +2,7 @@
 process groups runs on. Owns the mapping of the plan's mesh axes to ranks and nodes:
 row-major over consecutive global ranks, `gpus_per_node` consecutive ranks to a node,
 tensor parallelism innermost (inside a node), then context, then pipeline, then data
-parallelism (shard, then replicate), as issue 12 places them. torchtitan's
+parallelism (shard, then replicate). torchtitan's
 ParallelDims._build_mesh puts pp outermost instead (pp, dp_replicate, dp_shard, cp, tp);
 the two differ only in which of the pipeline and the data-parallel groups is packed into
 a node first. A group along an axis of stride `stride` (the product of the inner

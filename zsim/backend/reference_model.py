@@ -1,4 +1,4 @@
-"""The reference decoders of DESIGN.md ("Reference training step"), Llama-style and
+"""The reference decoders of docs/modelling.md ("The reference training step"), Llama- and
 GPT-style, built from a ModelSpec as a torch.nn.Module, plus the scaling that shrinks a
 spec to fit this machine.
 

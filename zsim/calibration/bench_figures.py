@@ -29,29 +29,25 @@ reshard_after_forward=False (1 + 1)."""
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BenchConfig:
-    """What to run; the defaults took about three minutes on 2 CPU ranks (2 min 44 s to 2
-    min 50 s on a 2-core AMD EPYC with the programs, `zsim calibrate profile --nproc 2`)
-    before the bf16 reductions and 60 calls a small size were added. In the validation
-    batches of 2026-12-02 one round at 2 and one at 4 ranks together took about 5 minutes
-    with the bf16 reductions and about 9 with the 60 calls too (on a spell when the host
-    also ran the steps 20% slower)."""
+    """What to run. The defaults take minutes on 2 CPU ranks, a round at 2 and one at 4
+    ranks several minutes more (the times measured on the development host are in
+    docs/log.md, 2026-12-02)."""
 
     sizes_bytes: tuple[int, ...] = SIZES_BYTES
     iters_small: int = 60
-    """Timed calls for sizes up to 1 MiB. On the 2-core VM a third to a half of gloo's
-    calls up to 1 MiB stall for 2-4 ms, so a call's time is bimodal: its median jumps
-    between the two modes from one calibration to the next (a 1 MiB all-reduce read
-    1,119 us in one and 4,058 in the next, 2026-12-02), while a step, which pays every
-    call, sees their mean. The figure is the mean of the calls less the slowest tenth
-    (trimmed_mean), over enough calls to hold still."""
+    """Timed calls for sizes up to 1 MiB. On a shared CPU host a share of gloo's small
+    calls stall for milliseconds, so a call's time is bimodal: its median jumps between
+    the two modes from one calibration to the next, while a step, which pays every call,
+    sees their mean (docs/log.md, 2026-12-02). The figure is the mean of the calls less
+    the slowest tenth (trimmed_mean), over enough calls to hold still."""
     iters_large: int = 7
     """Timed calls for larger sizes."""
     reduction_dtypes: tuple[str, ...] = ("bf16",)
     """Besides fp32, the element types the reducing collectives (reduce-scatter,
     all-reduce) are timed in, at the sizes up to reduction_dtype_max_bytes: the plans
-    reduce their gradients in bf16, which gloo adds element by element through fp32 (on
-    the 2-core EPYC a 4 MiB all-reduce took 3.6-3.9 ms in fp32 and 4.9-5.9 in bf16,
-    interleaved call by call; an all-gather's time does not depend on it)."""
+    reduce their gradients in bf16, which gloo adds element by element through fp32, so a
+    bf16 reduction of the same bytes takes longer (docs/log.md, 2026-12-02); an
+    all-gather's time does not depend on the element type."""
     reduction_dtype_max_bytes: int = 64 * MiB
     matmul_shapes: tuple[tuple[int, int, int], ...] = (
         (1024, 1024, 1024), (2048, 512, 512), (2048, 512, 1376), (2048, 1376, 512),
@@ -71,14 +67,13 @@ class BenchConfig:
     """Written before each cold GEMM and each host optimizer step
     (kernel_bench._step_rate) so that they read their operands from memory, as in a
     training step, where a layer's weights and activations were last touched a block or
-    more before: more than this host's L3 (32 MiB) and a Hopper GPU's L2 (50 MiB). On the
-    2-core EPYC the grid's GEMMs ran 1.05-1.5x faster hot (repeated on the same operands)
-    than cold, and the unsharded grid model's GEMMs ran inside its steps at about the cold
-    rate."""
+    more before: more than a server CPU's L3 (32 MiB on the development host) and a Hopper
+    GPU's L2 (50 MiB). GEMMs repeated on the same operands run faster than cold ones, and
+    a step's GEMMs run at about the cold rate (docs/log.md, 2026-12-02)."""
     attention_shape: tuple[int, int, int, int] = (2, 4, 256, 64)
     """(batch, heads, seq, head_dim) of the timed attention: the validation grid's
     (zsim.validation.grid.grid_plans: micro-batch 2, seq 256, head_dim 64). On CPU the
-    rate grows with seq (about 28 GFLOP/s at 256 to 66 at 2048 on one Zen 4 thread)."""
+    rate grows with seq (docs/log.md, 2026-12-02), so the shape is the grid's own."""
     elementwise_numels: tuple[int, ...] = (2**17, 2**19)
     """Elements per tensor of the timed memory-bound kernels: a (512, 256) activation and
     a (512, 1024)-sized one, the validation grid's sizes."""

@@ -1,7 +1,7 @@
 """Fit an alpha-beta model to collective timings, and report bus bandwidth the way
 nccl-tests does. Pure arithmetic (numpy); no torch, so it is testable on its own.
 
-Model (ring algorithms, Thakur et al. 2005; DESIGN.md "Collectives"): an all-gather or
+Model (ring algorithms, Thakur et al. 2005; docs/modelling.md "Communication"): an all-gather or
 reduce-scatter of S bytes (the full, unsharded buffer) over n ranks takes
 (n-1)·alpha + (n-1)/n · S / B; an all-reduce takes twice both terms. B is the achievable
 bandwidth per rank, alpha the per-step latency. Bus bandwidth = (S / t) · (n-1)/n for

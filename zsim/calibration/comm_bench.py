@@ -137,9 +137,8 @@ def synchronisation(ctx: RankContext, segments: tuple[int, ...]) -> tuple[float,
     line. Its intercept, the call after no compute at all, stands above the same call
     made back to back (segment 0): ranks that arrive apart pay a fixed cost beyond the
     wait (presumably the waiting rank's thread sleeping and being woken);
-    sync_overhead_s is the difference (>= 0). On the 2-core AMD EPYC host 0.3-1.2 ms at 2
-    ranks and 1.2-2.3 ms at 4 (by hand, 2026-12-02 07:3x UTC); on the Intel Xeon that
-    replaced it 0.60-0.66 ms and 0.49-0.84 ms (two calibrations, 11:01 and 11:52)."""
+    sync_overhead_s is the difference (>= 0); on the 2-core development hosts it was
+    of the order of a millisecond (figures per host in docs/log.md, 2026-12-02)."""
     a = torch.randn(256, 256, device=ctx.device)
     shard = torch.zeros(512, device=ctx.device)
     full = torch.zeros(512 * ctx.world_size, device=ctx.device)

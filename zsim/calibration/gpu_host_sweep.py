@@ -1,6 +1,6 @@
-"""The host sweep of the GPU fit (issue 11): the host side of eager training steps, on the
-fake process group as rank 0 of N. The GPU validation report runs it
-(zsim.validation.gpu_report) into host.csv and host_fit.csv.
+"""The host sweep of the GPU fit (the hgx-h200 profile's host costs): the host side of
+eager training steps, on the fake process group as rank 0 of N. The GPU validation report
+runs it (zsim.validation.gpu_report) into host.csv and host_fit.csv.
 
 Owns the sweep and its fit. The nano model (zsim.calibration.nano: its kernels cost
 microseconds) at several depths under each config of nano.SWEEP_CONFIGS: the Python issue

@@ -1,9 +1,9 @@
-"""The kernel measurements of the GPU fit (issue 11) that shared/cases/h200-microbench.yaml
-lacks: matmul rates over small and skinny shapes in bf16, TF32 and strict fp32, causal
-attention over sequence and head dimension, the block's memory-bound kernels, the
-optimizer's foreach kernels and host AdamW by thread count, and small pinned/pageable
-PCIe copies. The GPU validation report runs them (zsim.validation.gpu_report) into
-kernels.csv.
+"""The kernel measurements of the GPU fit (the hgx-h200 profile's kernel rates) that
+tests/data/cases/h200-microbench.yaml lacks: matmul rates over small and skinny shapes in
+bf16, TF32 and strict fp32, causal attention over sequence and head dimension, the block's
+memory-bound kernels, the optimizer's foreach kernels and host AdamW by thread count, and
+small pinned/pageable PCIe copies. The GPU validation report runs them
+(zsim.validation.gpu_report) into kernels.csv.
 
 Owns what each item measures and at which shapes (FULL on an H200, QUICK on CPU), each
 call timed by zsim.calibration.timing.time_call (device time from CUDA events, host time
@@ -101,7 +101,7 @@ def _attention_grid(tokens: int, width: int, seqs: tuple[int, ...],
 
 P1B3 = ModelSpec(name="1p3b", num_layers=24, d_model=2048, num_heads=16, num_kv_heads=16,
                  ffn_hidden=5632, vocab_size=32000, max_seq_len=2048)
-"""The 1.3B Llama of shared/cases/h200-fsdp2-runs.yaml."""
+"""The 1.3B Llama of tests/data/cases/h200-fsdp2-runs.yaml."""
 
 FULL = Sizes(
     matmul_m=(16, 64, 256, 1024, 4096),

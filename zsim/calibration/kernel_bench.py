@@ -36,9 +36,7 @@ runs on a core of its own or on a share of one."""
 def core_share(world_size: int, cores: int) -> float:
     """The ranks that share each core when `world_size` CPU ranks, one thread each, run at
     once on `cores` cores (at least 1): a rank's kernels take this many times their time
-    alone. On the 2-core EPYC (2026-12-03) the grid's llama-tiny forward and backward with
-    no collectives took 2.2-2.3x its time alone with 4 ranks stepping together, 1.02x
-    with 2."""
+    alone (as measured with 2 and 4 ranks on 2 cores: docs/log.md, 2026-12-03)."""
     return max(1.0, world_size / cores)
 
 
@@ -53,10 +51,10 @@ def kernel_rates(ctx: RankContext, cfg: BenchConfig, out: RankBench) -> None:
     With no more ranks than cores (or on CUDA) every rank times its own at once. With more
     (core_share > 1), a call shorter than the scheduler's slice mostly runs on a core it
     holds, so the median of calls on every rank at once leaves out the time a rank waits
-    for a core, which a step pays (on the 2-core EPYC at 4 ranks the grid's GEMMs under
-    1 ms timed 0.97-1.24x their time at 2 ranks, those of 2 ms or more 2.1-2.5x, and the
-    forward of a step took 2.5x its time alone). Then rank 0 times them alone, the others
-    waiting off the cores, and every rank takes its rates divided by the share."""
+    for a core, which a step pays (short GEMMs timed at their unshared time while a
+    step's forward took the share: docs/log.md, 2026-12-03). Then rank 0 times them
+    alone, the others waiting off the cores, and every rank takes its rates divided by
+    the share."""
     share = host_core_share(ctx.world_size, cfg) if ctx.device == "cpu" else 1.0
     if share == 1.0:
         _time_kernels(ctx, cfg, out)
@@ -187,7 +185,8 @@ def _gelu(ctx: RankContext, numel: int) -> dict[str, float]:
     (aten gelu_backward: reads the gradient and the input, writes the input's gradient)
     is counted as zsim.analytic.compute counts backward traffic, twice the forward's.
     Bytes so counted per second (medians of 7 calls). On a CPU GELU is not bound by
-    memory: here it ran at a third of SiLU's rate per byte (2026-12-02, Xeon with AMX)."""
+    memory: it ran well below SiLU's rate per byte (docs/log.md, 2026-12-02), so it has a
+    rate of its own."""
     x = torch.randn(numel, dtype=torch.bfloat16, device=ctx.device)
     grad = torch.randn_like(x)
     forward_bytes = 2 * 2 * numel
@@ -205,11 +204,10 @@ def _attention(ctx: RankContext, shape: tuple[int, int, int, int],
     that pass}). The forward alone (building the graph, as in training) and forward +
     backward are each the median of 7 calls, each after writing `flush_bytes`: in a step
     attention reads q, k, v (and in backward the saved output) from memory, not from the
-    cache a loop of calls leaves warm (on the 2-core Xeon, 2026-12-02: 0.75 ms forward,
-    5.9 forward + backward cold, 0.54 and 5.4 warm, both ranks at once; inside a
-    gpt-tiny step at the same shape the profiler read 0.72 and 5.0 a layer). The
-    backward is the difference, at least the forward's time (it does twice the
-    forward's FLOPs, flash attention's backward more: 2.5x on a GPU, about 7x here)."""
+    cache a loop of calls leaves warm (cold calls match what the profiler reads inside a
+    step: docs/log.md, 2026-12-02). The backward is the difference, at least the
+    forward's time (it does twice the forward's FLOPs, flash attention's backward more:
+    2.5x on a GPU, several times more on a CPU)."""
     b, h, s, d = shape
     q, k, v = (torch.randn(b, h, s, d, dtype=torch.bfloat16, device=ctx.device,
                            requires_grad=True) for _ in range(3))
@@ -240,8 +238,8 @@ def _step_rate(numel: int, optimizer: Callable[[list[torch.nn.Parameter]], Any],
     memory (where an offloaded step runs), the median of 5 steps, each after writing
     `flush_bytes` so that it reads the parameters, gradients and moments from memory, as
     in a training step, where the forward and backward streamed through the caches since
-    the last step (on this 2-core host DeepSpeedCPUAdam's in-step rate was 1.1 G params/s
-    a rank, against 1.2 cold and 2.3 hot at 4 Mi parameters, both ranks at once)."""
+    the last step (DeepSpeedCPUAdam's in-step rate is close to the cold one, about half
+    the hot one: docs/log.md, 2026-12-02)."""
     p = torch.nn.Parameter(torch.randn(numel))
     p.grad = torch.randn_like(p)
     return numel / median_call_s(optimizer([p]).step, 5, before=_cache_flush("cpu", flush_bytes))

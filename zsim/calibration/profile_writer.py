@@ -59,9 +59,9 @@ from zsim.units import GB, GiB, MiB
 
 ROUND_DEADLINE_S = 450.0
 """Seconds allowed per round of the benchmarks, times the ranks that share a core
-(core_share): on the 2-core EPYC on 2026-12-03 a round took about 110 s at 2 ranks and
-250-300 s at 4 (a share of 2), and three rounds at 4 took 14 min 50 s, against the 900 s
-deadline then fixed whatever the rounds and ranks."""
+(core_share): a round's time grows with the share, so a fixed deadline whatever the rounds
+and ranks cut short calibrations that were running normally (the round times measured on
+the 2-core development host are in docs/log.md, 2026-12-03)."""
 
 
 def calibrate(backend: str, nproc: int, out: Path, *, config: BenchConfig | None = None,

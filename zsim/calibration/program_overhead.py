@@ -41,10 +41,10 @@ NANO_BLOCKS: dict[str, NanoBlock] = {"": "llama", "gpt_": "gpt"}
 prefix of their figures' keys: Llama's (9 parameter tensors) and GPT's (16: LayerNorm and linear
 biases). Two counts of tensors per block separate a program's host time per block (module
 hooks, FSDP1's FlatParameter per unit) from its time per parameter tensor (DeepSpeed's
-gradient hook per parameter, its partition bookkeeping). On the 2-core EPYC (2026-12-01)
-ZeRO-1/2's nano backward grew 1.4-2.6x per block from Llama's block to GPT's, ZeRO-3's
-1.2-1.3x; their forwards, and FSDP1's, did not grow. TP runs the Llama block only (the
-backend applies torchtitan's Llama plan)."""
+gradient hook per parameter, its partition bookkeeping): DeepSpeed's nano backward per
+block grows from Llama's block to GPT's while the forwards do not (docs/log.md,
+2026-12-01). TP runs the Llama block only (the backend applies torchtitan's Llama
+plan)."""
 
 
 def _blocks(program: str) -> dict[str, NanoBlock]:
@@ -148,8 +148,8 @@ def _extra_per_block(m: dict[str, float], prefix: str, hw: HardwareProfile, plan
     step = {d: r.step_time_s or 0.0 for d, r in sim.items()}
     # The forward's compute alone (phase_time_s["forward"]) would leave out the blocking
     # all-gathers of ZeRO-3 and FSDP1 and TP's all-reduces, and charge their time to the
-    # program's forward figure a second time (FSDP1's nano forward on the 2-core EPYC:
-    # 0.36 ms of compute, 5.96 to the loss, 2 blocks).
+    # program's forward figure a second time (FSDP1's nano forward spends most of its
+    # time to the loss in those all-gathers: docs/log.md, 2026-12-02, 21:30 UTC).
     fwd = {d: r.time_to_loss_s or 0.0 for d, r in sim.items()}
     per_block = ((m[f"{prefix}hi"] - m[f"{prefix}lo"]) - (step["hi"] - step["lo"])) / (hi - lo)
     forward = max(((m[f"{prefix}hi_forward"] - m[f"{prefix}lo_forward"])

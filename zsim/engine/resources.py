@@ -10,7 +10,7 @@ the reserved bytes PyTorch's caching allocator would hold for its sequence
 (zsim.engine.allocator). Imports simpy and zsim.engine.allocator.
 
 Never a blocking `simpy.Container` for memory: it would deadlock silently and end the run
-early with a short, wrong step time (STYLE.md section 5). The pool records the first
+early with a short, wrong step time. The pool records the first
 allocation that exceeds HBM and the simulation carries on, so the step time of a plan that
 does not fit is still reported next to the OOM location.
 """

@@ -1,5 +1,6 @@
 """ErrorBands: how far a profile's predictions were from real runs, what those runs
-covered, and the interval that puts around a new prediction (issues 11 and 36).
+covered, and the interval that puts around a new prediction (for users:
+docs/error-bands.md).
 
 Owns the `error_bands:` section of a hardware profile, the kinds of plan and the programs
 it is keyed by (`plan_kind`, `program_of`), and the rules that turn a prediction into an

@@ -3,7 +3,7 @@
 Owns the profile schema and its conversion from human units (GiB, GB/s, us, TFLOP/s in
 YAML keys) to SI base units (bytes, bytes/s, s, FLOP/s) once, at load. Every section of a
 profile file carries a `source:` saying where its numbers come from (a datasheet, a
-published measurement in shared/cases/, or a `zsim calibrate` run). Hardware numbers live
+published measurement in tests/data/cases/, or a `zsim calibrate` run). Hardware numbers live
 only in hardware_profiles/*.yaml; no code branches on device names.
 """
 

@@ -3,7 +3,7 @@
 Owns the architecture description and the closed forms derived from it; imports nothing
 beyond the standard library and zsim.errors. Two independent parameter counts live here:
 `parameter_tensors()` enumerates every weight tensor (what `torch.nn.Module.parameters()`
-would list for the reference model of DESIGN.md), and `num_params` sums closed-form
+would list for the reference model of docs/modelling.md), and `num_params` sums closed-form
 expressions per component; a test checks they agree.
 
 References:
@@ -305,7 +305,7 @@ class ModelSpec:
 
     @property
     def buffer_bytes(self) -> int:
-        """Non-parameter module state of the reference model (DESIGN.md): the fp32 RoPE
+        """Non-parameter module state of the reference model (docs/modelling.md): the fp32 RoPE
         cos and sin tables, max_seq_len x head_dim each (zsim.backend.reference_model); none
         with learned position embeddings."""
         return 0 if self.learned_pos_emb else 2 * self.max_seq_len * self.head_dim * 4

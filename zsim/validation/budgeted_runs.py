@@ -52,7 +52,7 @@ class Run:
     tf32: bool = False
     """fp32 storage with TF32 matmuls (the simulator has no such precision yet)."""
     published: str = ""
-    """The run of shared/cases/h200-fsdp2-runs.yaml with the same model and plan."""
+    """The run of tests/data/cases/h200-fsdp2-runs.yaml with the same model and plan."""
     estimate_s: float = 15.0
     """Expected seconds on an H200, its build, steps and analysis included (the report's
     runs of these models took 6-9 s for about ten steps)."""

@@ -10,7 +10,7 @@ tensor bytes), model state at rest (after a step), time the collectives ran (the
 backend's own spans from torch.profiler), activation bytes saved by the blocks and by the
 root (autograd's saved tensors, deduplicated by storage, vs
 zsim.analytic.activations). Plans the simulator does not model yet get measured-only
-rows, their note saying why. Bounds (issues 4 and 10, gloo CPU): activations 3%, peak
+rows, their note saying why. Bounds (gloo CPU; docs/validation.md): activations 3%, peak
 memory 5%, model state 1%, step time 15%. On CPU ranks the host is the device, so what a
 plan offloads to the host (zsim.schedule.lower.host_state_bytes) is added to the
 predicted state and peak. The report over the grid of plans is zsim.validation.report's.
@@ -52,8 +52,8 @@ BOUNDS_PCT: dict[str, float] = {
     "state_memory_bytes": 1.0,
     "step_time_s": 15.0,
 }
-"""Largest accepted |error| per metric on gloo/CPU, percent (issue 4, item 5; the model
-state at rest, issue 10, item 6)."""
+"""Largest accepted |error| per metric on gloo/CPU, percent: the CPU bounds of
+docs/validation.md, restated in tests/validation/test_validation_report.py."""
 
 MIN_TIMED_S = 6.0
 """Timed steps of one run fill at least this many seconds (see

@@ -4,7 +4,7 @@ the backward and the optimizer step keeps the GPU busy and how much waits on the
 
     zsim calibrate gpu-phases --out DIR [--budget-s 135] [--quick]
 
-Runs a few of the runs of shared/cases/h200-fsdp2-runs.yaml, most wanted first (runs()):
+Runs a few of the runs of tests/data/cases/h200-fsdp2-runs.yaml, most wanted first (runs()):
 each is built as the GPU report builds it (zsim.validation.gpu_runs, rank 0 of N on the fake
 process group, so collectives are no-ops), one process per world size, the runs of a world
 size in turn (zsim.validation.budgeted_runs). A run does warm-up steps, then steps
@@ -113,7 +113,7 @@ CLOCK_PERIOD_S = 0.05
 
 P13B = ModelSpec(name="13b", num_layers=40, d_model=5120, num_heads=40, num_kv_heads=40,
                  ffn_hidden=13824, vocab_size=32000, max_seq_len=8192)
-"""Llama-2-13B as in shared/cases/h200-fsdp2-runs.yaml (sequence 8192)."""
+"""Llama-2-13B as in tests/data/cases/h200-fsdp2-runs.yaml (sequence 8192)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -137,7 +137,7 @@ def runs(quick: bool, device_type: str) -> list[Run]:
     its expected seconds on an H200 (build, every step, profile and analysis; the GPU
     report's runs of the same models took 6-9 s for about ten steps): those the GPU report
     defines (zsim.validation.gpu_runs) taken from it, 7b_n8 and 13b_n128_mb1 added; the
-    CPU-offloaded run last (profiled after the others, 2026-12-01)."""
+    CPU-offloaded run last (it was profiled after the others: docs/log.md)."""
     known = {r.name: r for g in groups(quick, device_type) for r in g.runs}
     if quick:
         return [replace(known["tiny_n8"], estimate_s=5.0)]

@@ -1,4 +1,4 @@
-"""The GPU validation report (issue 11, deliverable 6): one command that, on a machine with
+"""The GPU validation report (docs/validation.md, "GPU runs"): one command that, on a machine with
 one CUDA GPU, runs the validation rows that one GPU can host, predicts each with the
 simulator, and measures what the GPU fit needs (zsim.calibration.gpu_host_sweep,
 zsim.calibration.gpu_kernel_bench), all within a wall-clock budget.

@@ -36,7 +36,7 @@ SMALL = ModelSpec(name="0p4b-v128k", num_layers=16, d_model=1024, num_heads=16,
 
 P7B = ModelSpec(name="7b", num_layers=32, d_model=4096, num_heads=32, num_kv_heads=32,
                 ffn_hidden=11008, vocab_size=32000, max_seq_len=4096)
-"""Llama-2-7B as in shared/cases/h200-fsdp2-runs.yaml."""
+"""Llama-2-7B as in tests/data/cases/h200-fsdp2-runs.yaml."""
 
 TINY = ModelSpec(name="tiny", num_layers=2, d_model=64, num_heads=4, num_kv_heads=2,
                  ffn_hidden=176, vocab_size=512, max_seq_len=64)

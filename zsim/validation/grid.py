@@ -78,7 +78,7 @@ def library_plans(world_sizes: tuple[int, ...] = (2, 4)) -> list[Plan]:
 
 
 def parallel_plans() -> list[Plan]:
-    """Plans of the report grid with tensor or pipeline parallelism (issue 12, item 5),
+    """Plans of the report grid with tensor or pipeline parallelism,
     one data-parallel rank unless said: TP over 2 ranks (zsim.backend.tensor_parallel),
     FSDP2 x TP on a 2 x 2 mesh of 4 ranks, and a 2-stage 1F1B pipeline over 4
     micro-batches (zsim.backend.pipelining)."""

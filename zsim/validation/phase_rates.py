@@ -1,6 +1,6 @@
 """Kernel rates read from the kernels of real steps: what `zsim calibrate gpu-phases`
 (zsim.validation.gpu_phases) recorded (kernel_classes.csv: device time by kernel class,
-with each class's costliest kernels) for runs of shared/cases/h200-fsdp2-runs.yaml, and
+with each class's costliest kernels) for runs of tests/data/cases/h200-fsdp2-runs.yaml, and
 what those kernels moved.
 
     zsim calibrate phase-rates --phases DIR --cases PATH

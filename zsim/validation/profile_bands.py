@@ -1,5 +1,5 @@
 """The error bands of every shipped hardware profile, generated from the evidence that
-covers it (issue 36; the rules in zsim.spec.error_bands, for users in docs/error-bands.md).
+covers it (the rules in zsim.spec.error_bands, for users in docs/error-bands.md).
 
 Owns which evidence covers which profile (PROFILES), the replays that turn it into
 residuals, and the `error_bands:` section they give:
@@ -59,7 +59,7 @@ from zsim.validation.published_runs import load_runs, residuals
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES_DIR = ROOT / "tests" / "data" / "cases"
-"""published.yaml and h200-fsdp2-runs.yaml (copied from shared/cases)."""
+"""published.yaml and h200-fsdp2-runs.yaml (in tests/data/cases)."""
 CPU_DIR = ROOT / "reports" / "validation-cpu2"
 """The CPU validation's batches (zsim.validation.error_budget reads them)."""
 

@@ -1,4 +1,4 @@
-"""The published measurements of shared/cases/published.yaml (copied to tests/data/cases)
+"""The published measurements of tests/data/cases/published.yaml
 replayed in the simulator: whole training steps (torchtitan on 8 H100, MosaicML's MPT-7B
 on 8 to 128 A100) and nccl-tests collective sweeps, each as residuals (predicted /
 measured - 1) for the profiles' error bands (zsim.validation.profile_bands).

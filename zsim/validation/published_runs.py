@@ -1,7 +1,8 @@
-"""The published real FSDP2 steps on one H200 (shared/cases/h200-fsdp2-runs.yaml) replayed
-in the simulator: each run's model and plan, the simulator's figures for what was
-measured, and the residuals (predicted / measured - 1) that issue 11's targets and the
-profiles' error bands (zsim.validation.profile_bands) are made of.
+"""The published real FSDP2 steps on one H200 (tests/data/cases/h200-fsdp2-runs.yaml)
+replayed in the simulator: each run's model and plan, the simulator's figures for what
+was measured, and the residuals (predicted / measured - 1) that the H200 targets
+(docs/validation.md) and the profiles' error bands (zsim.validation.profile_bands) are
+made of.
 
     zsim validate published-runs --cases PATH [--hardware hgx-h200]
 
