@@ -291,7 +291,7 @@ def sweep(
     out: Annotated[Path | None, typer.Option(
         help="Folder for journal.jsonl (an interrupted sweep resumes from it), "
              "results.csv/.parquet and the report: <name>.csv, <name>.md, "
-             "<name>-*.png and .svg.")] = None,
+             "<name>-*.svg.")] = None,
     format: FormatOpt = Format.table,
     set_: SetOpt = None,
     executor: Annotated[Executor, typer.Option(
@@ -324,7 +324,7 @@ def sweep(
 @app.command()
 def report(
     out: Annotated[Path, typer.Option(
-        help="Folder for each report: <name>.csv, <name>.md, <name>-*.png and .svg.")],
+        help="Folder for each report: <name>.csv, <name>.md, <name>-*.svg.")],
     scenario: Annotated[list[Path] | None, typer.Option(
         help="Scenario YAML; repeatable.")] = None,
     all_: Annotated[bool, typer.Option(
