@@ -172,13 +172,19 @@ def memory_curve_figure(curves: pd.DataFrame, *, hbm_gib: float, context: str) -
     return fig
 
 
+SVG_FONTS = ["DejaVu Sans", "Bitstream Vera Sans", "Verdana"]
+"""The font an SVG's text names, then its fallbacks before the viewer's sans-serif:
+matplotlib's own font (it lays the figure out with it), the font it derives from (the
+same metrics), and the widest common one."""
+
+
 def svg_bytes(fig: Figure) -> bytes:
     """The figure as SVG bytes, deterministic for the same figure: element ids hashed with
     a fixed salt, no date and no "Creator" (matplotlib version) metadata. Text is SVG
-    text in the figure's font (DejaVu Sans, then the usual sans-serif fallbacks), not a
-    path per glyph: the file is a fifth of the size, and a viewer with DejaVu Sans draws
-    it as matplotlib does."""
+    text in SVG_FONTS, not a path per glyph: the file is a fifth of the size, and a
+    viewer with DejaVu Sans draws it as matplotlib does."""
     buf = io.BytesIO()
-    with matplotlib.rc_context({"svg.hashsalt": "zsim", "svg.fonttype": "none"}):
+    with matplotlib.rc_context({"svg.hashsalt": "zsim", "svg.fonttype": "none",
+                                "font.sans-serif": SVG_FONTS}):
         fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
     return buf.getvalue()
