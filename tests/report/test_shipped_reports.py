@@ -64,6 +64,14 @@ def test_no_figure_or_table_is_left_over(fresh: dict[str, bytes]) -> None:
     assert sorted(set(generated) - set(fresh)) == []
 
 
+def test_reports_are_small_and_hold_no_png() -> None:
+    """Issue 37: reports/ (the studies and the validation evidence) stays under 4 MiB, and
+    holds no PNG: every figure is an SVG its command regenerates from committed data."""
+    files = [p for p in (REPO / "reports").rglob("*") if p.is_file()]
+    assert not [p for p in files if p.suffix == ".png"]
+    assert sum(p.stat().st_size for p in files) < 4 * 2**20
+
+
 def test_card_memory_table_is_the_cards_closed_form() -> None:
     """The card: 7B on 64 GPUs -> DDP 112 GB, ZeRO-1 ~29 GB, ZeRO-2 ~15.5 GB, ZeRO-3 ~1.75
     GB; by hand, 16, 4 + 12/64, 2 + 14/64 and 16/64 bytes per parameter times 7.0e9."""
