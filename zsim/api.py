@@ -387,7 +387,7 @@ def sweep(scenario: Path, out: Path | None = None, *, executor: str = "local",
     already there is not simulated again, so an interrupted sweep resumes (zsim.sweep);
     at the end `results.csv` (and `results.parquet` where pyarrow is installed) and, for
     a scenario of at most zsim.report.files.REPORT_MAX_RUNS runs, the report
-    (`<name>.csv`, `<name>.md` and `<name>-*.png` and `.svg`) are written, all or nothing. Their
+    (`<name>.csv`, `<name>.md` and the `<name>-*.svg` figures) are written, all or nothing. Their
     bytes do not depend on the executor, the number of workers or the interruptions.
 
     Args:
@@ -434,7 +434,7 @@ def sweep(scenario: Path, out: Path | None = None, *, executor: str = "local",
 
 SHIPPED_SCENARIOS = "zsim.scenarios"
 """The data package of the shipped studies: the repository's scenarios/ folder, installed
-with zsim (pyproject.toml), its report templates beside it in zsim.reports."""
+with zsim (pyproject.toml), each with its report template beside it (<name>.template.md)."""
 
 
 def shipped_scenarios() -> list[Path]:
@@ -460,8 +460,7 @@ def report(scenarios: Sequence[Path], out: Path, *, shipped: bool = False,
            overrides: Sequence[str] = (),
            progress: Callable[[str, int, int, str], None] | None = None) -> dict[str, Any]:
     """Simulate each scenario and write its report into `out`: `<name>.csv`, `<name>.md`
-    and `<name>-<figure>.png`/`.svg` (zsim.report.files), all scenarios' files all or
-    nothing.
+    and `<name>-<figure>.svg` (zsim.report.files), all scenarios' files all or nothing.
 
     Args:
         scenarios: scenario files (schema in zsim.scenario), each with a distinct name.

@@ -45,7 +45,8 @@ def bands(*, profiles: Sequence[str] = (), write: bool = False, cases: Path | No
         profiles: shipped profile names (none: every one with evidence listed).
         write: replace each profile's section in its file.
         cases: the folder of published.yaml and h200-fsdp2-runs.yaml (None: tests/data/cases).
-        cpu: the CPU validation's folder of batches (None: reports/validation-cpu2).
+        cpu: the validation evidence folder holding the CPU batches
+            (zsim.validation.evidence; None: reports/validation).
 
     Returns:
         {"sections": {name: the section's YAML text}, "written": the paths written}.

@@ -292,7 +292,7 @@ def sweep(
     out: Annotated[Path | None, typer.Option(
         help="Folder for journal.jsonl (an interrupted sweep resumes from it), "
              "results.csv/.parquet and the report: <name>.csv, <name>.md, "
-             "<name>-*.png and .svg.")] = None,
+             "<name>-*.svg.")] = None,
     format: FormatOpt = Format.table,
     set_: SetOpt = None,
     executor: Annotated[Executor, typer.Option(
@@ -325,7 +325,7 @@ def sweep(
 @app.command()
 def report(
     out: Annotated[Path, typer.Option(
-        help="Folder for each report: <name>.csv, <name>.md, <name>-*.png and .svg.")],
+        help="Folder for each report: <name>.csv, <name>.md, <name>-*.svg.")],
     scenario: Annotated[list[Path] | None, typer.Option(
         help="Scenario YAML; repeatable.")] = None,
     all_: Annotated[bool, typer.Option(
@@ -373,8 +373,8 @@ def calibrate_bands(
         help="Folder of published.yaml and h200-fsdp2-runs.yaml "
              "(default: tests/data/cases).")] = None,
     cpu: Annotated[Path | None, typer.Option(
-        help="The CPU validation's folder of batches "
-             "(default: reports/validation-cpu2).")] = None,
+        help="The validation evidence folder holding the CPU batches "
+             "(default: reports/validation).")] = None,
 ) -> None:
     """Every shipped profile's error bands from the evidence that covers it: print each
     `error_bands:` section, or with --write put it into the profile."""
@@ -405,7 +405,7 @@ def calibrate_gpu_phases(
 @calibrate_app.command("phase-rates")
 def calibrate_phase_rates(
     phases: Annotated[Path, typer.Option(
-        help="A gpu-phases output folder (reports/validation-h200/phases).")],
+        help="A gpu-phases output folder (reports/validation/h200/phases).")],
     cases: Annotated[Path, typer.Option(
         help="The runs it profiled (tests/data/cases/h200-fsdp2-runs.yaml).")],
 ) -> None:
@@ -462,7 +462,7 @@ def validate_plan(
 @validate_app.command("grid")
 def validate_grid(
     out: Annotated[Path, typer.Option(
-        help="Report folder (the repository's is reports/validation).")],
+        help="The validation evidence folder (the repository's is reports/validation).")],
     profile: Annotated[str | None, typer.Option(
         help="Calibrated hardware profile (name or YAML path) of its world size; the "
              "batch's other world sizes are calibrated here (default local-cpu).")] = None,
@@ -471,7 +471,7 @@ def validate_grid(
              "of using --profile: for a host other than the committed profiles'.")] = False,
     only: Annotated[list[str] | None, typer.Option(
         help="Measure only the cases whose '<model> <plan label> n<N>' matches this "
-             "fnmatch pattern (repeatable); their rows replace theirs in the report.")] = None,
+             "fnmatch pattern (repeatable); their rows replace theirs in the batch.")] = None,
     no_time: Annotated[bool, typer.Option(
         help="Keep only host-independent metrics (memory, state, activations).")] = False,
     runs: Annotated[int | None, typer.Option(help="Runs of each case (default 3).")] = None,
@@ -483,16 +483,37 @@ def validate_grid(
         help="Time more steps until each run's timed steps fill this many seconds "
              "(default 6).")] = None,
     repredict: Annotated[bool, typer.Option(
-        help="Measure nothing: predict the report's rows again with the simulator as it "
-             "is now, keeping their measured figures.")] = False,
+        help="Measure nothing: predict the batches' rows again with the simulator as it "
+             "is now, each with its own profiles, keeping their measured figures.")] = False,
+    batch: Annotated[str | None, typer.Option(
+        help="The batch to measure into (default: validation, the grid report's own; a "
+             "new name starts a batch), or with --repredict the one to predict again "
+             "(default: every batch).")] = None,
+    report: Annotated[str | None, typer.Option(
+        help="The report a new batch joins (default: a report of its own name).")] = None,
 ) -> None:
-    """Regenerate the CPU validation report over the grid of cases (every case, or the
-    batch --only names), or predict it again (--repredict)."""
+    """Measure a batch of the CPU validation report over the grid of cases (every case, or
+    those --only names) into the evidence folder, or predict its batches again
+    (--repredict); then draw its figures again."""
     r = _run(lambda: validate_api.grid(
         out=out, profile=profile, calibrate_here=calibrate_here, only=only or [],
         no_time=no_time, runs=runs, steps=steps, calibration_rounds=calibration_rounds,
-        min_timed_s=min_timed_s, repredict=repredict))
+        min_timed_s=min_timed_s, repredict=repredict, batch=batch, report=report))
     typer.echo(f"wrote {r['written']}")
+    for path in r["figures"]:
+        typer.echo(f"wrote {path}", err=True)
+
+
+@validate_app.command("figures")
+def validate_figures(
+    out: Annotated[Path, typer.Option(
+        help="The validation evidence folder (the repository's is reports/validation).")],
+) -> None:
+    """Draw every figure of the validation evidence from its tables (SVG), and the error
+    budget's tables."""
+    r = _run(lambda: validate_api.figures(out=out))
+    for path in r["written"]:
+        typer.echo(f"wrote {path}")
 
 
 @validate_app.command("gpu-report")
@@ -528,16 +549,19 @@ def validate_published_runs(
 
 @validate_app.command("error-budget")
 def validate_error_budget(
-    folders: Annotated[list[Path], typer.Argument(
-        help="A batch folder, or a folder of batch folders.")],
+    folder: Annotated[Path, typer.Argument(
+        help="The validation evidence folder (the repository's is reports/validation).")],
+    report: Annotated[str | None, typer.Option(
+        help="The report whose batches to take (default: validation-cpu2).")] = None,
     out: Annotated[Path | None, typer.Option(
-        help="Where to write (default: the first folder).")] = None,
+        help="Where to write (default: the evidence folder).")] = None,
     bound_pct: Annotated[float | None, typer.Option(
         help="The step-time bound, percent (default 15).")] = None,
 ) -> None:
     """Where the CPU batches' step-time error comes from: each case's bias, each
     calibration's shift, and the rest."""
-    r = _run(lambda: validate_api.error_budget(folders=folders, out=out, bound_pct=bound_pct))
+    r = _run(lambda: validate_api.error_budget(folder=folder, report=report, out=out,
+                                               bound_pct=bound_pct))
     for path in r["written"]:
         typer.echo(f"wrote {path}", err=True)
     typer.echo(r["summary"])

@@ -2,11 +2,13 @@
 calls these as it calls zsim.api (resolve names, run, return plain data; no printing).
 
 Commands and what they call: `plan` (zsim.validation.comparison: one plan for real and in
-the simulator), `grid` (zsim.validation.report: the CPU report over the grid of cases, a
-batch of it, or its re-prediction), `gpu-report` (zsim.validation.gpu_report: the rows one
-GPU can host, with the GPU fit's measurements), `published-runs`
-(zsim.validation.published_runs: the published H200 runs replayed), `error-budget`
-(zsim.validation.error_budget: where the CPU batches' step-time error comes from).
+the simulator), `grid` (zsim.validation.report: a batch of the CPU report over the grid of
+cases into the evidence folder, zsim.validation.evidence, or every batch's re-prediction),
+`figures` (zsim.validation.figures: every figure of the evidence), `gpu-report`
+(zsim.validation.gpu_report: the rows one GPU can host, with the GPU fit's measurements),
+`published-runs` (zsim.validation.published_runs: the published H200 runs replayed),
+`error-budget` (zsim.validation.error_budget: where the CPU batches' step-time error comes
+from).
 Imports no torch (an optional extra of zsim): the modules it calls, inside its
 functions, do.
 """
@@ -69,19 +71,21 @@ def plan(*, model: str, nproc: int, strategy: str, shard_group: int | None = Non
 def grid(*, out: Path, profile: str | None = None, calibrate_here: bool = False,
          only: Sequence[str] = (), no_time: bool = False, runs: int | None = None,
          steps: int = 8, calibration_rounds: int | None = None,
-         min_timed_s: float | None = None, repredict: bool = False) -> dict[str, Any]:
-    """Regenerate the CPU validation report in `out` (zsim.validation.report): every case
-    of the grid for real and in the simulator, or the batch `only` names; or, with
-    `repredict`, its rows predicted again with the measured figures kept.
+         min_timed_s: float | None = None, repredict: bool = False,
+         batch: str | None = None, report: str | None = None) -> dict[str, Any]:
+    """Measure a batch of the CPU validation report into the evidence folder `out`
+    (zsim.validation.report, zsim.validation.evidence): every case of the grid, or those
+    `only` names; or, with `repredict`, predict its batches again with the measured
+    figures kept. Then draw every figure of the folder again (zsim.validation.figures).
 
     Args:
-        out: the report folder (the repository's is reports/validation).
+        out: the evidence folder (the repository's is reports/validation).
         profile: calibrated hardware profile (name or YAML path) of its own world size;
             the batch's other world sizes are calibrated here (None: local-cpu).
         calibrate_here: calibrate every world size of the batch on this host instead of
             using a profile (for a host other than the committed profiles').
         only: fnmatch patterns of '<model> <plan label> n<N>': measure only those cases,
-            their rows replacing theirs in the existing report.
+            their rows replacing theirs in the batch.
         no_time: keep only host-independent metrics (memory, state, activations).
         runs: runs of each case (None: zsim.validation.report.REPORT_RUNS).
         steps: timed steps per run, at least.
@@ -90,39 +94,69 @@ def grid(*, out: Path, profile: str | None = None, calibrate_here: bool = False,
             zsim.calibration.bench_figures.BenchConfig's, once before the runs).
         min_timed_s: time more steps until each run's timed steps fill this many seconds
             (None: zsim.validation.comparison.MIN_TIMED_S).
-        repredict: measure nothing: predict the report's rows again with the simulator as
-            it is now, keeping their measured figures.
+        repredict: measure nothing: predict the batches' rows again with the simulator as
+            it is now, each batch with its own profiles, keeping their measured figures.
+        batch: the batch measured into (None: zsim.validation.report.GRID_BATCH, the
+            grid report's own), or with `repredict` the one predicted again (None: every
+            batch).
+        report: the report a new batch joins (None: a report of its own name).
 
     Returns:
-        {"written": the validation.csv path}.
+        {"written": the table's path, "figures": the figure paths}.
 
     Raises:
-        ConfigError: a profile with --calibrate-here, a bad count or duration, an unknown
-            profile, or `only` matching no case.
+        ConfigError: a profile with --calibrate-here, a profile or report with
+            --repredict, a bad count or duration, an unknown profile or batch, or `only`
+            matching no case.
     """
     if calibrate_here and profile is not None:
         raise ConfigError("profile", profile, "give --profile or --calibrate-here, not both")
     if repredict and calibrate_here:
         raise ConfigError("calibrate_here", True,
-                          "--repredict predicts with --profile, not --calibrate-here")
+                          "--repredict predicts with each batch's profiles, not --calibrate-here")
+    if repredict and profile is not None:
+        raise ConfigError("profile", profile, "--repredict predicts with each batch's profiles")
+    if repredict and report is not None:
+        raise ConfigError("report", report, "--repredict takes --batch, not --report")
     for name, value in (("runs", runs), ("steps", steps),
                         ("calibration_rounds", calibration_rounds)):
         if value is not None and value < 1:
             raise ConfigError(name, value, "must be >= 1")
     if min_timed_s is not None and min_timed_s < 0:
         raise ConfigError("min_timed_s", min_timed_s, "must be >= 0")
-    hw = None if calibrate_here else resolve_hardware(profile or "local-cpu")
-    from zsim.validation import report
+    if not calibrate_here and not repredict:
+        resolve_hardware(profile or "local-cpu")  # an unknown profile fails before any run
+    from zsim.validation import figures as validation_figures
+    from zsim.validation import report as validation_report
 
     if repredict:
-        assert hw is not None
-        return {"written": str(report.repredict_report(hw, out_dir=Path(out)))}
-    path = report.regenerate_report(
-        hw, out_dir=Path(out), steps=steps, runs=report.REPORT_RUNS if runs is None else runs,
-        only=tuple(only), keep_time=not no_time,
-        min_timed_s=report.MIN_TIMED_S if min_timed_s is None else min_timed_s,
-        calibration_rounds=calibration_rounds)
-    return {"written": str(path)}
+        path = validation_report.repredict_report(
+            out_dir=Path(out), batches=() if batch is None else (batch,))
+    else:
+        path = validation_report.regenerate_report(
+            None if calibrate_here else profile or "local-cpu", out_dir=Path(out),
+            batch=batch or validation_report.GRID_BATCH, report=report, steps=steps,
+            runs=validation_report.REPORT_RUNS if runs is None else runs, only=tuple(only),
+            keep_time=not no_time,
+            min_timed_s=validation_report.MIN_TIMED_S if min_timed_s is None else min_timed_s,
+            calibration_rounds=calibration_rounds)
+    drawn = validation_figures.write_figures(Path(out))
+    return {"written": str(path), "figures": [str(p) for p in drawn]}
+
+
+def figures(*, out: Path) -> dict[str, Any]:
+    """Draw every figure of the evidence folder `out` from its tables
+    (zsim.validation.figures), and the error budget's tables.
+
+    Returns:
+        {"written": the paths written}.
+
+    Raises:
+        ConfigError: a folder that is not an evidence folder.
+    """
+    from zsim.validation.figures import write_figures
+
+    return {"written": [str(p) for p in write_figures(Path(out))]}
 
 
 def gpu_report(*, out: Path, quick: bool = False, budget_s: float = 360.0,
@@ -174,30 +208,30 @@ def published_runs(*, cases: Path, hardware: str = "hgx-h200") -> dict[str, Any]
     return {"rows": rows, "text": residual_table(rows)}
 
 
-def error_budget(*, folders: Sequence[Path], out: Path | None = None,
+def error_budget(*, folder: Path, report: str | None = None, out: Path | None = None,
                  bound_pct: float | None = None) -> dict[str, Any]:
-    """Split the CPU batches' step-time error into case biases, calibration shifts and
-    the rest (zsim.validation.error_budget), and write its two CSVs and plot.
+    """Split the step-time error of a report's batches into case biases, calibration
+    shifts and the rest (zsim.validation.error_budget), and write its two CSVs and figure.
 
     Args:
-        folders: batch folders, or folders of batch folders.
-        out: where to write (None: the first folder).
+        folder: the evidence folder (zsim.validation.evidence).
+        report: the report whose batches to take (None: error_budget.BUDGET_REPORT).
+        out: where to write (None: `folder`).
         bound_pct: the step-time bound, percent (None: the report's, 15).
 
     Returns:
         {"summary": the figures a reader wants first, one per line, "written": paths}.
 
     Raises:
-        ConfigError: no folder, a folder without batches, or no predicted row.
+        ConfigError: not an evidence folder, a report without batches or predicted rows,
+            or a batch without its profile.
     """
     from zsim.validation import error_budget as eb
 
-    if not folders:
-        raise ConfigError("folders", None, "give at least one batch folder")
     bound = eb.BOUND_PCT if bound_pct is None else bound_pct
-    rows, groups = eb.read_batches([Path(f) for f in folders])
+    rows, groups = eb.read_report(Path(folder), report or eb.BUDGET_REPORT)
     budget = eb.fit(rows)
-    written = eb.write(Path(out) if out is not None else Path(folders[0]), rows, groups,
+    written = eb.write(Path(out) if out is not None else Path(folder), rows, groups,
                        budget, bound)
     return {"summary": eb.summary(rows, groups, budget, bound),
             "written": [str(p) for p in written]}

@@ -25,9 +25,11 @@
 #   env.txt      CPU (lscpu), memory, compiler, python/torch, 1-thread matmul GFLOP/s
 #   batches.tsv  one row per batch: start s, pattern, status (done, failed, skipped),
 #                wall s, note
-#   validation-library-cpu16/  the report folder (validation.csv, step_time_runs.csv,
-#                provenance.yaml, the calibrated-gloo-n<N>.yaml profiles, the plot,
-#                host.txt = env.txt); commit it as reports/validation-library-cpu16/
+#   validation/  an evidence folder (zsim.validation.evidence) holding the batch
+#                validation-library-cpu16: validation.csv, step_time_runs.csv,
+#                batches.yaml, profiles/validation-library-cpu16-n<N>.yaml, the figures,
+#                host.txt = env.txt; merge the batch into reports/validation/ (its rows
+#                of the two tables, its entry of batches.yaml, its profiles)
 #
 # Order: the n2 cases first (each program on llama-tiny, then on gpt-tiny), then n4, whose
 # first batch calibrates n4. A batch is one `validate --only` run (its rows are written when
@@ -68,7 +70,8 @@ SCRATCH=${SCRATCH:-$(mktemp -d /tmp/zsim-device.XXXXXX)}
 SITE=$SCRATCH/site
 mkdir -p "$OUT" "$SITE"
 OUT=$(cd "$OUT" && pwd)  # absolute: the batches run from $SCRATCH
-REPORT=$OUT/validation-library-cpu16
+REPORT=$OUT/validation
+BATCH=validation-library-cpu16
 LOG=$OUT/log.txt
 TSV=$OUT/batches.tsv
 mkdir -p "$REPORT"
@@ -253,7 +256,7 @@ run_batch() {  # $1: "N|PATTERN" or "PATTERN"
     log "skip '$pattern': it does not end with ' n<N>'"; return 0
   fi
   : "${CASE_S[$world]:=${CASE_S[4]}}" "${CAL_S[$world]:=${CAL_S[4]}}"
-  local profile=$REPORT/calibrated-gloo-n$world.yaml prof=()
+  local profile=$REPORT/profiles/$BATCH-n$world.yaml prof=()
   if [[ $pattern == *offload* && $CPU_ADAM_OK = 0 ]]; then
     note "$SECONDS" "$pattern" skipped 0 "DeepSpeed's CPUAdam op did not build"
     log "skip '$pattern': no CPUAdam op"; return 0
@@ -276,7 +279,7 @@ run_batch() {  # $1: "N|PATTERN" or "PATTERN"
   start=$SECONDS
   epoch=$(date +%s)
   if timeout -k 10 $(( $(left) - MARGIN_S )) "$PY" -m zsim validate grid --out "$REPORT" \
-      "${prof[@]}" --runs 1 --steps "$STEPS" --min-timed-s "$MIN_TIMED_S" \
+      --batch "$BATCH" "${prof[@]}" --runs 1 --steps "$STEPS" --min-timed-s "$MIN_TIMED_S" \
       --only "$pattern" 2>&1 | stamp; then
     status="done"
   else

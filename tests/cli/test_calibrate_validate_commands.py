@@ -29,14 +29,16 @@ COMMANDS: dict[str, dict[str, tuple[str, ...]]] = {
                  "--micro-batch", "--grad-accum", "--ac", "--precision", "--offload",
                  "--impl", "--profile", "--steps", "--out", "--format"),
         "grid": ("--out", "--profile", "--calibrate-here", "--only", "--no-time", "--runs",
-                 "--steps", "--calibration-rounds", "--min-timed-s", "--repredict"),
+                 "--steps", "--calibration-rounds", "--min-timed-s", "--repredict",
+                 "--batch", "--report"),
+        "figures": ("--out",),
         "gpu-report": ("--out", "--quick", "--budget-s", "--only", "--hardware"),
         "published-runs": ("--cases", "--hardware"),
-        "error-budget": ("--out", "--bound-pct"),
+        "error-budget": ("--report", "--out", "--bound-pct"),
     },
 }
 """The two command groups, their commands and each command's options (error-budget also
-takes its folders as arguments)."""
+takes the evidence folder as an argument)."""
 
 
 def test_the_command_tree_and_its_options_are_pinned() -> None:
@@ -49,7 +51,7 @@ def test_the_command_tree_and_its_options_are_pinned() -> None:
             given = {o for p in params for o in p.opts if o.startswith("--")}
             assert given - {"--help"} == set(options), (group, name)
             arguments = [p.name for p in params if not any(o.startswith("-") for o in p.opts)]
-            assert arguments == (["folders"] if name == "error-budget" else []), name
+            assert arguments == (["folder"] if name == "error-budget" else []), name
 
 
 def _recording(monkeypatch: pytest.MonkeyPatch, module: Any, name: str,
@@ -101,21 +103,27 @@ def test_validate_plan_steps_time_exactly_that_many(monkeypatch: pytest.MonkeyPa
 
 
 def test_validate_grid_passes_flags(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen = _recording(monkeypatch, validate_api, "grid", {"written": "r/validation.csv"})
+    seen = _recording(monkeypatch, validate_api, "grid", {
+        "written": "r/validation.csv", "figures": ["r/predicted_vs_measured-b.svg"]})
     result = CliRunner().invoke(app, [
         "validate", "grid", "--out", "r", "--calibrate-here", "--only", "llama-tiny zero1* n2",
         "--only", "gpt-tiny * n4", "--no-time", "--runs", "1", "--steps", "2",
-        "--calibration-rounds", "1", "--min-timed-s", "3"])
+        "--calibration-rounds", "1", "--min-timed-s", "3", "--batch", "b", "--report", "c"])
     assert result.exit_code == 0, result.output
     assert result.stdout == "wrote r/validation.csv\n"
+    assert result.stderr == "wrote r/predicted_vs_measured-b.svg\n"
     assert seen == {"out": Path("r"), "profile": None, "calibrate_here": True,
                     "only": ["llama-tiny zero1* n2", "gpt-tiny * n4"], "no_time": True,
                     "runs": 1, "steps": 2, "calibration_rounds": 1, "min_timed_s": 3.0,
-                    "repredict": False}
+                    "repredict": False, "batch": "b", "report": "c"}
     CliRunner().invoke(app, ["validate", "grid", "--out", "r", "--repredict"])
     assert seen == {"out": Path("r"), "profile": None, "calibrate_here": False, "only": [],
                     "no_time": False, "runs": None, "steps": 8, "calibration_rounds": None,
-                    "min_timed_s": None, "repredict": True}
+                    "min_timed_s": None, "repredict": True, "batch": None, "report": None}
+    seen = _recording(monkeypatch, validate_api, "figures", {"written": ["r/a.svg"]})
+    result = CliRunner().invoke(app, ["validate", "figures", "--out", "r"])
+    assert result.exit_code == 0 and result.stdout == "wrote r/a.svg\n"
+    assert seen == {"out": Path("r")}
 
 
 def test_validate_gpu_report_and_published_runs_pass_flags(
@@ -176,6 +184,11 @@ def test_calibrate_commands_pass_flags(monkeypatch: pytest.MonkeyPatch, tmp_path
     (["validate", "grid", "--out", "x", "--calibration-rounds", "0"], "calibration_rounds"),
     (["validate", "grid", "--out", "x", "--runs", "0"], "runs"),
     (["validate", "grid", "--out", "x", "--profile", "nope"], "hardware"),
+    (["validate", "grid", "--out", "x", "--repredict", "--profile", "local-cpu"], "profile"),
+    (["validate", "grid", "--out", "x", "--repredict", "--report", "r"], "report"),
+    (["validate", "grid", "--out", "x", "--repredict"], "folder"),
+    (["validate", "grid", "--out", "x", "--batch", "a/b", "--no-time"], "batch"),
+    (["validate", "figures", "--out", "nowhere"], "folder"),
     (["validate", "gpu-report", "--out", "x", "--budget-s", "-5"], "budget_s"),
     (["validate", "published-runs", "--cases", "nowhere.yaml"], "cases"),
     (["validate", "error-budget", "nowhere"], "folder"),

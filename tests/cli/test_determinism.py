@@ -64,6 +64,6 @@ def test_two_fresh_processes_give_the_same_bytes(tmp_path: Path) -> None:
     a = _run_all(first, scenario, "1")
     b = _run_all(second, scenario, "2")
     assert sorted(a) == sorted(b)
-    assert "trace.json" in a and "report/twice.md" in a and "report/twice-memory.png" in a
+    assert "trace.json" in a and "report/twice.md" in a and "report/twice-memory.svg" in a
     different = [name for name in a if a[name] != b[name]]
     assert not different, f"differ between processes: {different}"

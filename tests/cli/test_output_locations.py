@@ -195,8 +195,7 @@ def test_every_writing_command_writes_only_into_its_folder(
     reports = {name for name in _tree(written.out) if name.startswith("report")}
     assert _tree(written.out) - reports == {
         "trace", "trace/step.json",
-        "sweep", "sweep/where.csv", "sweep/where.md", "sweep/where-step-time.png",
-        "sweep/where-memory.png", "sweep/where-memory-curve.png", "sweep/where-step-time.svg",
+        "sweep", "sweep/where.csv", "sweep/where.md", "sweep/where-step-time.svg",
         "sweep/where-memory.svg", "sweep/where-memory-curve.svg", "sweep/journal.jsonl",
         "sweep/results.csv", *(["sweep/results.parquet"] if parquet else []),
         "validate", "validate/tiny-fsdp-n2.csv",

@@ -29,7 +29,7 @@ from zsim.validation.phase_rates import (
 )
 from zsim.validation.published_runs import load_runs, residuals
 
-PHASES = Path(__file__).resolve().parents[2] / "reports" / "validation-h200" / "phases"
+PHASES = Path(__file__).resolve().parents[2] / "reports" / "validation" / "h200" / "phases"
 """zsim calibrate gpu-phases's measurements of the published runs (a lent H200)."""
 
 

@@ -1,5 +1,5 @@
-"""`zsim report` end to end on the toy scenario: the chosen figures as PNG and SVG, the
-markdown linking them, `--set` and `--all`; bad report settings are one line naming the
+"""`zsim report` end to end on the toy scenario: the chosen figures as SVG (no PNG), the
+markdown showing them, `--set` and `--all`; bad report settings are one line naming the
 file, field and value, exit code 2, with nothing written."""
 
 from __future__ import annotations
@@ -37,8 +37,7 @@ def test_every_report_figure_has_a_file_name_and_caption() -> None:
     assert list(FIGURES) == list(REPORT_FIGURES)
 
 
-def test_report_writes_the_chosen_figures_in_png_and_svg(toy_path: Path,
-                                                         tmp_path: Path) -> None:
+def test_report_writes_the_chosen_figures_as_svg(toy_path: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     code, stdout, stderr = report(
         "--scenario", str(toy_path), "--out", str(out),
@@ -48,10 +47,10 @@ def test_report_writes_the_chosen_figures_in_png_and_svg(toy_path: Path,
     assert code == 0, stderr
     stems = ["toy-pareto", "toy-heatmap", "toy-gantt"]
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["toy.csv", "toy.md", *(f"{s}.{ext}" for s in stems for ext in ("png", "svg"))])
+        ["toy.csv", "toy.md", *(f"{s}.svg" for s in stems)])
     md = (out / "toy.md").read_text()
     for stem in stems:
-        assert f"]({stem}.png) ([SVG]({stem}.svg))" in md
+        assert f"]({stem}.svg)" in md
     assert stdout.splitlines()[0] == f"wrote {out / 'toy.csv'}"
     assert "toy [3/3] ddp-huge" in stderr
 
@@ -74,8 +73,7 @@ def test_all_regenerates_every_shipped_scenario_from_any_folder(
     assert code == 0, stderr
     assert {p.name for p in (tmp_path / "reports").iterdir()} == {
         f"{n}{suffix}" for n in ("one", "two")
-        for suffix in (".csv", ".md", "-step-time.png", "-step-time.svg", "-memory.png",
-                       "-memory.svg", "-memory-curve.png", "-memory-curve.svg")}
+        for suffix in (".csv", ".md", "-step-time.svg", "-memory.svg", "-memory-curve.svg")}
 
 
 @pytest.mark.parametrize(("override", "message"), [

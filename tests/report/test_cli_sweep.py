@@ -15,8 +15,7 @@ import zsim.simulate
 from zsim.cli import app
 from zsim.errors import ConfigError
 
-FIGURES = {f"toy-{figure}.{ext}" for ext in ("png", "svg")
-           for figure in ("step-time", "memory", "memory-curve")}
+FIGURES = {f"toy-{figure}.svg" for figure in ("step-time", "memory", "memory-curve")}
 FILES = {"toy.csv", "toy.md", *FIGURES, "journal.jsonl", "results.csv",
          *(["results.parquet"] if importlib.util.find_spec("pyarrow") else [])}
 
@@ -36,11 +35,11 @@ def test_csv_on_stdout_equals_the_written_csv(toy_path: Path, tmp_path: Path) ->
     assert stderr.splitlines() == ["simulated 3 runs, 0 read back from the journal"] + [
         f"wrote {out / name}" for name in (
         "results.csv", *(["results.parquet"] if "results.parquet" in FILES else []),
-        "toy.csv", "toy.md", *(f"toy-{figure}.{ext}" for figure in (
-            "step-time", "memory", "memory-curve") for ext in ("png", "svg")))]
+        "toy.csv", "toy.md", *(f"toy-{figure}.svg" for figure in (
+            "step-time", "memory", "memory-curve")))]
     md = (out / "toy.md").read_text()
     assert "| fsdp | yes |" in md and "| ddp-huge | no |" in md
-    assert "![Step time: compute vs exposed communication](toy-step-time.png)" in md
+    assert "![Step time: compute vs exposed communication](toy-step-time.svg)" in md
     assert "A 2-layer model on 16 H100s." in md
 
 

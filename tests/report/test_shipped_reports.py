@@ -50,7 +50,7 @@ def test_committed_numbers_match_a_fresh_regeneration(fresh: dict[str, bytes]) -
 def test_every_figure_is_committed_and_linked(fresh: dict[str, bytes]) -> None:
     for name in fresh:
         assert (REPO / "reports" / name).is_file(), f"reports/{name}: run `{REGENERATE}`"
-        if name.endswith((".png", ".svg")):
+        if name.endswith(".svg"):
             report = name.split("-")[0]
             md = next(fresh[m].decode() for m in fresh
                       if m.endswith(".md") and name.startswith(m[:-3] + "-"))
@@ -60,8 +60,16 @@ def test_every_figure_is_committed_and_linked(fresh: dict[str, bytes]) -> None:
 def test_no_figure_or_table_is_left_over(fresh: dict[str, bytes]) -> None:
     """A figure a scenario no longer draws (or a study removed) leaves no file behind."""
     generated = [p.name for p in (REPO / "reports").iterdir()
-                 if p.suffix in (".png", ".svg", ".csv") and p.is_file()]
+                 if p.suffix in (".png", ".svg", ".csv", ".md") and p.is_file()]
     assert sorted(set(generated) - set(fresh)) == []
+
+
+def test_reports_are_small_and_hold_no_png() -> None:
+    """Issue 37: reports/ (the studies and the validation evidence) stays under 4 MiB, and
+    holds no PNG: every figure is an SVG its command regenerates from committed data."""
+    files = [p for p in (REPO / "reports").rglob("*") if p.is_file()]
+    assert not [p for p in files if p.suffix == ".png"]
+    assert sum(p.stat().st_size for p in files) < 4 * 2**20
 
 
 def test_card_memory_table_is_the_cards_closed_form() -> None:

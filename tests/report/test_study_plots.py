@@ -11,6 +11,7 @@ import itertools
 import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from zsim.errors import ConfigError
@@ -205,7 +206,20 @@ def test_heatmap_errors(kwargs: dict[str, str], field: str, needle: str) -> None
     assert e.value.field == field and needle in e.value.reason
 
 
-def test_gantt_bars_are_the_spans_of_rank_0(toy_pairs: list[tuple[Run, object]]) -> None:
+def _drawn_bars(ax: Axes) -> dict[str, list[tuple[float, float, float]]]:
+    """(start, end, row) of each op bar of a gantt panel, by op kind."""
+    by_words = {KINDS[k]: k for k in KIND_COLORS}
+    return {by_words[bars.get_label()]: [(p.get_x(), p.get_x() + p.get_width(),
+                                          p.get_y() + p.get_height() / 2) for p in bars.patches]
+            for bars in ax.containers if bars.get_label() != EXPOSED_LABEL}
+
+
+def test_gantt_bars_are_the_spans_of_rank_0_run_together(
+        toy_pairs: list[tuple[Run, object]]) -> None:
+    """Each bar is a run of back-to-back ops of one kind on one stream: every op of rank 0
+    lies inside a bar of its kind in its stream's row, each bar starts where one of them
+    starts and ends where one ends, and no two bars of a kind in a row touch (else they
+    would be one); so the bars are exactly the union of the ops' intervals."""
     run = toy_pairs[0][0]
     result = simulate(run.model, run.hardware, run.plan, trace=True)
     fig = gantt_figure(result.spans, waits=result.waits, title="fsdp", context=CONTEXT)
@@ -213,23 +227,39 @@ def test_gantt_bars_are_the_spans_of_rank_0(toy_pairs: list[tuple[Run, object]])
     spans0 = [sp for sp in result.spans if sp.rank == 0]
     streams = [s for s in STREAMS if any(sp.stream == s for sp in spans0)]
     assert [t.get_text() for t in ax.get_yticklabels()] == [STREAM_WORDS[s] for s in streams]
-    drawn = 0
-    by_words = {KINDS[k]: k for k in KIND_COLORS}
-    for bars in ax.containers:
-        if bars.get_label() == EXPOSED_LABEL:
-            continue
-        kind = by_words[bars.get_label()]
-        ops = [sp for sp in spans0 if sp.kind == kind]
-        assert [p.get_x() for p in bars.patches] == pytest.approx([sp.start_s for sp in ops])
-        assert [p.get_width() for p in bars.patches] == pytest.approx(
-            [sp.end_s - sp.start_s for sp in ops])
-        assert [p.get_y() + p.get_height() / 2 for p in bars.patches] == pytest.approx(
-            [streams.index(sp.stream) for sp in ops])
-        drawn += len(ops)
-    assert drawn == len(spans0)  # every op of rank 0 has its bar
+    drawn = _drawn_bars(ax)
+    assert set(drawn) == {sp.kind for sp in spans0}
+    for kind, bars in drawn.items():
+        for row, stream in enumerate(streams):
+            ops = [sp for sp in spans0 if sp.kind == kind and sp.stream == stream]
+            mine = sorted((a, b) for a, b, y in bars if y == pytest.approx(row))
+            eps = 1e-12 * result.step_time_s  # a bar's end is its start plus its width
+            for sp in ops:
+                assert any(a - eps <= sp.start_s and sp.end_s <= b + eps
+                           for a, b in mine), (kind, sp)
+            for a, b in mine:
+                assert any(abs(a - sp.start_s) <= eps for sp in ops), (kind, a)
+                assert any(abs(b - sp.end_s) <= eps for sp in ops), (kind, b)
+            assert all(b1 + eps < a2 for (_, b1), (a2, _) in itertools.pairwise(mine))
+    # The toy step's compute stream runs its forward ops back to back: fewer bars than ops.
+    assert sum(len(b) for b in drawn.values()) < len(spans0)
     assert ax.get_xlabel() == "Time in the step (s)"
     assert fig.get_suptitle().splitlines()[0] == "fsdp"
     assert fig.get_suptitle().splitlines()[2:] == CONTEXT.splitlines()
+
+
+def test_gantt_zoom_draws_only_the_bars_in_its_window(
+        toy_pairs: list[tuple[Run, object]]) -> None:
+    run = toy_pairs[0][0]
+    result = simulate(run.model, run.hardware, run.plan, trace=True)
+    whole, zoomed = gantt_figure(result.spans, waits=result.waits, title="fsdp",
+                                 context=CONTEXT).axes
+    lo, hi = zoomed.get_xlim()
+    everything, shown = _drawn_bars(whole), _drawn_bars(zoomed)
+    inside = {k: [bar for bar in v if bar[1] >= lo and bar[0] <= hi]
+              for k, v in everything.items()}
+    assert shown == {k: v for k, v in inside.items() if v}
+    assert sum(map(len, shown.values())) < sum(map(len, everything.values()))
 
 
 def idle_intervals(spans0: list, step_s: float) -> list[tuple[float, float]]:
@@ -314,6 +344,8 @@ def test_svg_is_deterministic_without_date_or_version() -> None:
     assert first == second
     assert first.startswith(b"<?xml") and b"<dc:date>" not in first
     assert b"Matplotlib v" not in first
+    # Text is SVG text in the figure's font, not a path per glyph.
+    assert b"<text " in first and b'id="DejaVuSans-' not in first
 
 
 def test_pareto_labels_skip_a_point_that_would_overprint_the_last() -> None:

@@ -1,4 +1,4 @@
-"""Each qualitative statement the shipped studies' prose makes (reports/*.template.md),
+"""Each qualitative statement the shipped studies' prose makes (scenarios/*.template.md),
 checked against their committed CSVs (which test_shipped_reports.py keeps equal to a fresh
 regeneration): when the simulator changes so that a sentence no longer holds, this fails
 and the prose must change with the numbers."""

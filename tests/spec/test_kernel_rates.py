@@ -168,7 +168,7 @@ def test_backward_shapes_carry_the_same_flops_as_twice_forward() -> None:
 
 def test_h200_matmul_table_predicts_its_own_points_left_out() -> None:
     """Leave-one-out over the bf16 shapes of hardware_profiles/hgx-h200.yaml (the matmuls
-    of real FSDP2 steps and of reports/validation-h200/kernels.csv): the interpolation's
+    of real FSDP2 steps and of reports/validation/h200/kernels.csv): the interpolation's
     error where nothing was measured. Measured: mean 7.4%, median 5.4%, worst 66% at the
     smallest shape (1024^3), an edge where the rate falls faster than its neighbours say."""
     rates = resolve_hardware("hgx-h200").kernels

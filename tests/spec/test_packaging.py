@@ -1,8 +1,8 @@
-"""pyproject.toml lists zsim's packages by hand (the hardware profiles, the shipped studies
-and their report templates install from the top-level hardware_profiles/, scenarios/ and
-reports/ folders as zsim.hardware_profiles, zsim.scenarios and zsim.reports): the list
-must name every package under zsim/, and the data packages' files every file a shipped
-study reads, or an installed zsim misses it."""
+"""pyproject.toml lists zsim's packages by hand (the hardware profiles and the shipped
+studies with their report templates install from the top-level hardware_profiles/ and
+scenarios/ folders as zsim.hardware_profiles and zsim.scenarios): the list must name every
+package under zsim/, and the data packages' files every file a shipped study reads, or an
+installed zsim misses it. reports/ is generated output, no package."""
 
 from __future__ import annotations
 
@@ -22,8 +22,7 @@ def test_every_package_under_zsim_is_listed() -> None:
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     on_disk = {".".join(p.parent.relative_to(REPO).parts)
                for p in (REPO / "zsim").rglob("__init__.py")}
-    data = {"zsim.hardware_profiles": "hardware_profiles", "zsim.scenarios": "scenarios",
-            "zsim.reports": "reports"}
+    data = {"zsim.hardware_profiles": "hardware_profiles", "zsim.scenarios": "scenarios"}
     assert set(config["packages"]) == on_disk | set(data) | {"zsim.scenarios.configs"}
     assert config["package-dir"] == data  # zsim.scenarios.configs: scenarios/configs
     for folder in data.values():
@@ -37,8 +36,7 @@ def test_every_file_a_shipped_study_reads_is_package_data() -> None:
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     folders = {REPO / "hardware_profiles": "zsim.hardware_profiles",
                REPO / "scenarios": "zsim.scenarios",
-               REPO / "scenarios" / "configs": "zsim.scenarios.configs",
-               REPO / "reports": "zsim.reports"}
+               REPO / "scenarios" / "configs": "zsim.scenarios.configs"}
     scenarios = sorted((REPO / "scenarios").glob("*.yaml"))
     read = list(scenarios)
     for path in scenarios:
@@ -47,7 +45,10 @@ def test_every_file_a_shipped_study_reads_is_package_data() -> None:
         read += [path.parent / template] if template else []
         read += [path.parent / plan[key] for plan in (data.get("plans") or {}).values()
                  for key in ("ds_config", "fsdp_config") if key in (plan or {})]
+    # Every template lies beside its scenario, in the studies' own package.
     assert any(p.name.endswith(".template.md") for p in read)
+    assert all(p.resolve().parent == REPO / "scenarios"
+               for p in read if p.name.endswith(".template.md"))
     assert any(p.parent.name == "configs" for p in read)
     for file in read:
         package = folders[file.resolve().parent]

@@ -19,8 +19,8 @@ from zsim.journal import JOURNAL_NAME
 
 RUNS = 4 * 2 * 3 * 2 * 2
 """Runs of the grid scenario (tests/sweep/conftest.py)."""
-FINISHED = ("results.csv", "grid.csv", "grid.md", "grid-step-time.png", "grid-memory.png",
-            "grid-memory-curve.png")
+FINISHED = ("results.csv", "grid.csv", "grid.md", "grid-step-time.svg", "grid-memory.svg",
+            "grid-memory-curve.svg")
 
 
 def _interruptible() -> None:

@@ -1,9 +1,9 @@
 """zsim.validation.error_budget: the split of step-time errors over repeated validation
 batches into case biases, calibration shifts and the rest, checked on rows made from
-known parts, on folders written here, and on the committed batches of the 2-core host
-(reports/validation-cpu2/), whose budget files must be what the command (`zsim validate
-error-budget`) makes of them and whose every case must be within the step-time bound on
-average over its batches."""
+known parts, on evidence folders written here, and on the committed batches of the
+2-core host (report validation-cpu2 of reports/validation/), whose budget files must be
+what the command (`zsim validate error-budget`) makes of them and whose every case must
+be within the step-time bound on average over its batches."""
 
 from __future__ import annotations
 
@@ -17,9 +17,11 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from zsim.cli import app
+from zsim.validation import evidence
 from zsim.validation.error_budget import (
     BOUND_PCT,
     CASE_FIELDS,
+    FILES,
     GROUP_FIELDS,
     Budget,
     Row,
@@ -27,7 +29,7 @@ from zsim.validation.error_budget import (
     fit,
 )
 
-CPU2 = Path(__file__).resolve().parents[2] / "reports" / "validation-cpu2"
+EVIDENCE = Path(__file__).resolve().parents[2] / "reports" / "validation"
 
 BIASES = {(2, "a"): -6.0, (2, "b"): 3.0, (2, "c"): 11.0, (4, "a"): -2.0, (4, "d"): 7.5}
 SHIFTS = {("x", 2): 4.0, ("y", 2): -1.0, ("z", 2): -3.0, ("x", 4): 6.0, ("y", 4): -6.0}
@@ -98,21 +100,38 @@ def test_chance_of_a_batch_within_the_bound_by_hand() -> None:
     assert all_within_probability(far, 15.0) < 1e-6
 
 
-def _batch(folder: Path, errors: dict[tuple[int, str], float], host: str, stamp: str) -> None:
-    folder.mkdir(parents=True)
-    with (folder / "validation.csv").open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["model", "plan", "nproc", "backend", "metric", "predicted", "measured",
-                    "error_pct", "note"])
-        for (world, plan), err in errors.items():
-            w.writerow(["m", plan, world, "gloo", "step_time_s", 1 + err / 100, 1.0, err, ""])
-            w.writerow(["m", plan, world, "gloo", "peak_memory_bytes", 1, 1, 0.0, ""])
-        w.writerow(["m", "pp", 2, "gloo", "step_time_s", "", 1.0, "", "not simulated"])
-    for world in {w for w, _ in errors}:
-        (folder / f"calibrated-gloo-n{world}.yaml").write_text(
+def _batch(root: Path, name: str, errors: dict[tuple[int, str], float], host: str,
+           stamp: str, report: str = "r") -> None:
+    """Add a batch of `report` to the evidence folder `root`: a step-time row per (world
+    size, plan) with its error, a peak-memory row and an unpredicted pipeline row beside
+    them, and a profile per world size calibrated on `host` at `stamp`."""
+    batches = evidence.read_batches(root) if (root / evidence.BATCHES).is_file() else []
+    rows = evidence.by_batch(evidence.read_table(root))
+    common = {"batch": name, "time_utc": stamp, "model": "m", "backend": "gloo", "run": "",
+              "note": ""}
+    rows[name] = []
+    for (world, plan), err in errors.items():
+        rows[name] += [
+            {**common, "plan": plan, "nproc": world, "metric": "step_time_s",
+             "predicted": 1 + err / 100, "measured": 1.0, "error_pct": err, "bound_pct": 15.0},
+            {**common, "plan": plan, "nproc": world, "metric": "peak_memory_bytes",
+             "predicted": 1.0, "measured": 1.0, "error_pct": 0.0, "bound_pct": 5.0}]
+    rows[name].append({**common, "plan": "pp", "nproc": 2, "metric": "step_time_s",
+                       "predicted": None, "measured": 1.0, "error_pct": None,
+                       "bound_pct": 15.0, "note": "not simulated"})
+    profiles = {}
+    for world in sorted({w for w, _ in errors}):
+        ref = f"profiles/{name}-n{world}.yaml"
+        (root / "profiles").mkdir(parents=True, exist_ok=True)
+        (root / ref).write_text(
             f"gpu:\n  name: {host}, one torch.distributed rank\n"
             f"  source: zsim calibrate profile --backend gloo --nproc {world}, {stamp} UTC, "
             f"torch\n")
+        profiles[world] = ref
+    batches.append(evidence.Batch(name=name, report=report, bounds="not held",
+                                  cases=len(errors) + 1, profiles=profiles,
+                                  passes=({"time_utc": stamp},)))
+    evidence.write(root, batches, rows, {})
 
 
 def _command(*args: str) -> Result:
@@ -120,12 +139,14 @@ def _command(*args: str) -> Result:
     return CliRunner().invoke(app, ["validate", "error-budget", *args])
 
 
-def test_folders_give_the_budget_files(tmp_path: Path) -> None:
-    _batch(tmp_path / "b1", {(2, "p"): 13.0, (2, "q"): -11.0}, "CPU A", "2026-01-01 10:00")
-    _batch(tmp_path / "b2", {(2, "p"): 4.0, (2, "q"): -20.0, (4, "p"): 1.0},
+def test_batches_give_the_budget_files(tmp_path: Path) -> None:
+    root = tmp_path / "evidence"
+    _batch(root, "b1", {(2, "p"): 13.0, (2, "q"): -11.0}, "CPU A", "2026-01-01 10:00")
+    _batch(root, "b2", {(2, "p"): 4.0, (2, "q"): -20.0, (4, "p"): 1.0},
            "CPU B", "2026-01-01 09:00")
+    _batch(root, "other", {(2, "p"): 90.0}, "CPU C", "2026-01-01 11:00", report="s")
     out = tmp_path / "out"
-    result = _command(str(tmp_path), "--out", str(out))
+    result = _command(str(root), "--report", "r", "--out", str(out))
     assert result.exit_code == 0, result.output
     with (out / "error_budget_cases.csv").open() as f:
         cases = list(csv.DictReader(f))
@@ -147,48 +168,53 @@ def test_folders_give_the_budget_files(tmp_path: Path) -> None:
     assert float(groups[0]["shift_pct"]) == pytest.approx(-4.5)
     assert "5 step-time rows of 3 cases in 2 batches (3 calibrations): 4 within 15%" in (
         result.stdout)
+    assert sorted(p.name for p in out.iterdir()) == sorted(FILES)
     first = {p.name: p.read_bytes() for p in out.iterdir()}
-    assert _command(str(tmp_path), "--out", str(out)).exit_code == 0
+    assert _command(str(root), "--report", "r", "--out", str(out)).exit_code == 0
     assert {p.name: p.read_bytes() for p in out.iterdir()} == first
 
 
-@pytest.mark.parametrize("setup, message", [
-    ("missing", "is not a folder"),
-    ("empty", "holds no validation.csv"),
-    ("no-profile", "no calibrated-*-n2.yaml profile"),
+@pytest.mark.parametrize("setup, field, message", [
+    ("missing", "folder=", "is not a folder"),
+    ("other-report", "report=", "has no batch"),
+    ("no-profile", "batches.b.profiles=", "no profile"),
+    ("unpredicted", "report=", "no predicted step-time rows"),
 ])
-def test_bad_folders_are_one_line_and_exit_2(tmp_path: Path, setup: str,
+def test_bad_evidence_is_one_line_and_exit_2(tmp_path: Path, setup: str, field: str,
                                              message: str) -> None:
     root = tmp_path / "root"
     if setup != "missing":
-        root.mkdir()
+        _batch(root, "b", {} if setup == "unpredicted" else {(2, "p"): 1.0}, "CPU",
+               "2026-01-01 10:00", report="elsewhere" if setup == "other-report" else "r")
     if setup == "no-profile":
-        _batch(root / "b", {(2, "p"): 1.0}, "CPU", "2026-01-01 10:00")
-        (root / "b" / "calibrated-gloo-n2.yaml").unlink()
+        batches = evidence.read_batches(root)
+        batches = [evidence.Batch(**{**{f: getattr(b, f) for f in b.__slots__},
+                                     "profiles": {}}) for b in batches]
+        evidence.write(root, batches, evidence.by_batch(evidence.read_table(root)), {})
     out = tmp_path / "out"
-    result = _command(str(root), "--out", str(out))
+    result = _command(str(root), "--report", "r", "--out", str(out))
     assert result.exit_code == 2
     err = result.stderr.strip()
-    assert err.startswith("error: folder=") and message in err and "\n" not in err
+    assert err.startswith(f"error: {field}") and message in err and "\n" not in err, err
     assert not out.exists()
 
 
 def test_committed_budget_is_the_modules() -> None:
-    """reports/validation-cpu2/error_budget_*.csv are what the module makes of the
-    committed batches (the report folder and its batch-* folders) now."""
+    """reports/validation/error_budget_*.csv are what the module makes of the committed
+    batches of validation-cpu2 now."""
     from tempfile import TemporaryDirectory
 
     with TemporaryDirectory() as tmp:
-        assert _command(str(CPU2), "--out", tmp).exit_code == 0
-        for name in ("error_budget_cases.csv", "error_budget_groups.csv"):
-            assert (Path(tmp) / name).read_bytes() == (CPU2 / name).read_bytes(), name
+        assert _command(str(EVIDENCE), "--out", tmp).exit_code == 0
+        for name in FILES[:2]:
+            assert (Path(tmp) / name).read_bytes() == (EVIDENCE / name).read_bytes(), name
 
 
 def test_every_case_is_within_the_bound_on_average() -> None:
     """Over the committed batches, each case's mean step-time error is within the
     report's bound: what is left over a single batch is the calibration's shift and the
     runs' spread (the budget's other parts)."""
-    with (CPU2 / "error_budget_cases.csv").open() as f:
+    with (EVIDENCE / "error_budget_cases.csv").open() as f:
         cases = list(csv.DictReader(f))
     assert len(cases) == 29
     over = [(c["case"], c["world_size"], c["mean_error_pct"]) for c in cases

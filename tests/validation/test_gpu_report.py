@@ -28,7 +28,7 @@ def test_quick_report_end_to_end(tmp_path: Path) -> None:
     gpu_report.run_report(tmp_path, quick=True, budget_s=900.0, hardware="local-cpu",
                           command="zsim validate gpu-report --quick")
     header, rows = _read(tmp_path / "validation.csv")
-    # The CPU report's columns (reports/validation/validation.csv), then run and note.
+    # The comparison's columns (zsim.validation.comparison.FIELDS), then run and note.
     assert header == ["model", "plan", "nproc", "backend", "metric", "predicted",
                       "measured", "error_pct", "run", "note"]
     runs = [r for g in gpu_runs.groups(True, "cpu") for r in g.runs]

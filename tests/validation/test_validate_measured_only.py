@@ -1,7 +1,7 @@
 """compare() for plans the simulator does not model yet (tp, pp > 1 with a program other
 than FSDP2 and DDP): the measured figures with no prediction and the simulator's reason
-as a note, written and read back as empty cells; a data-parallel plan and the report's
-parallel plans keep their predictions. No processes are started."""
+as a note, written to the evidence table and read back as empty cells; a data-parallel
+plan and the report's parallel plans keep their predictions. No processes are started."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from zsim.backend.instruments import SavedTensor
 from zsim.backend.measured_step import PhaseMemory, PlanMeasurement, RankMeasurement
 from zsim.spec.plan import Plan
 from zsim.spec.registry import resolve_hardware
-from zsim.validation.comparison import compare, write_csv
+from zsim.validation import evidence
+from zsim.validation.comparison import compare
 from zsim.validation.grid import KNOBS, LLAMA_TINY, case_key, grid, parallel_plans
-from zsim.validation.report import _read_csv
 
 
 def _measurement(plan: Plan) -> PlanMeasurement:
@@ -59,7 +59,9 @@ def test_unsimulated_plans_get_measured_only_rows(plan: Plan, tmp_path: Path) ->
     for r in rows:
         assert r["predicted"] is None and r["error_pct"] is None
         assert r["note"].startswith(f"not simulated: {field}=")
-    back = _read_csv(write_csv(rows, tmp_path / "rows.csv"))
+    evidence.write(tmp_path, [evidence.Batch(name="b", report="b", bounds="not held", cases=1)],
+                   {"b": [{"batch": "b", "time_utc": "t", **r} for r in rows]}, {})
+    back = evidence.read_table(tmp_path)
     assert [(r["predicted"], r["error_pct"], r["measured"], r["note"]) for r in back] == \
         [(None, None, r["measured"], r["note"]) for r in rows]
 

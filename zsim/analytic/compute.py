@@ -340,7 +340,7 @@ def foreach_launches(elems: float, tensors: int, depth: int, how: str) -> int:
     one per tensor ("per_tensor"), or ("multi_tensor_apply") as many launches as its
     chunks (each tensor's last one partly filled: half a chunk per tensor on average)
     fill MTA_MAX_BLOCKS at a time, or as its tensors fill MTA_MAX_TENSORS[depth] at a
-    time, whichever is more. Measured on an H200 (reports/validation-h200/phases): the
+    time, whichever is more. Measured on an H200 (reports/validation/h200/phases): the
     AdamW step of 1.3B/8, 7B/8 and 13B/128 launched 72, 328 and 52 kernels, as
     ADAMW_FOREACH_DEPTHS gives."""
     if how == "per_tensor":

@@ -89,7 +89,7 @@ def environment() -> dict[str, Any]:
         "machine": platform.machine(), "cpus": os.cpu_count(),
         "packages": {p: _version(p) for p in ("numpy", "simpy", "PyYAML", "pandas",
                                               "deepspeed", "zsim")},
-        "git_commit": _git_commit(),
+        "git_commit": git_commit() or "unknown (not a git checkout)",
     }
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
@@ -110,21 +110,26 @@ def _version(package: str) -> str:
         return "not installed"
 
 
-def _git_commit() -> str:
+def git_commit() -> str | None:
     """The checkout's commit, read from .git without running git (zsim starts no
-    programs); "unknown" where the tree is a copy without .git."""
+    programs), in a worktree too (.git a file naming its git folder); None where the
+    tree is a copy without .git."""
     git = Path(__file__).resolve().parents[2] / ".git"
     try:
+        if git.is_file():  # a worktree: "gitdir: <its folder under the main .git>"
+            git = Path(git.read_text().strip().removeprefix("gitdir: "))
         head = (git / "HEAD").read_text().strip()
         if not head.startswith("ref: "):
             return head
         ref = head.removeprefix("ref: ")
-        loose = git / ref
-        if loose.is_file():
-            return loose.read_text().strip()
-        for line in (git / "packed-refs").read_text().splitlines():
+        common = git / (git / "commondir").read_text().strip() if (
+            git / "commondir").is_file() else git
+        for folder in (git, common):
+            if (folder / ref).is_file():
+                return (folder / ref).read_text().strip()
+        for line in (common / "packed-refs").read_text().splitlines():
             if line.endswith(" " + ref):
                 return line.split()[0]
     except OSError:
         pass
-    return "unknown (not a git checkout)"
+    return None

@@ -1,8 +1,9 @@
-"""A simulated scenario -> its report files (CSV, markdown, PNG and SVG figures), in memory.
+"""A simulated scenario -> its report files (CSV, markdown and SVG figures), in memory.
 
 Owns the report's file names (`<scenario>.csv`, `<scenario>.md`,
-`<scenario>-<figure>.png` and `.svg`), the markdown table's columns and which figure
-function draws each of zsim.scenario.REPORT_FIGURES, and a sweep's results files. Never
+`<scenario>-<figure>.svg`: the markdown shows the SVGs; no PNG, which would only repeat
+them), the markdown table's columns and which figure function draws each of
+zsim.scenario.REPORT_FIGURES, and a sweep's results files. Never
 simulates (see zsim.sweep, and zsim.scenario.simulate_timeline for the Gantt chart's run)
 and never writes (zsim.atomic does, all or nothing). Only the report path imports this
 module (pandas, matplotlib).
@@ -22,7 +23,6 @@ from zsim.report.markdown import DEFAULT_TEMPLATE, markdown_table, render_report
 from zsim.report.plots import (
     memory_curve_figure,
     memory_figure,
-    png_bytes,
     step_time_figure,
     svg_bytes,
 )
@@ -94,8 +94,8 @@ def report_files(scenario: Scenario, frame: pd.DataFrame,
 
     Returns:
         {"<name>.csv": every sweep_frame column, "<name>.md": the template (or
-        DEFAULT_TEMPLATE) filled in, "<name>-<figure>.png" and ".svg": one pair per
-        figure of the scenario}.
+        DEFAULT_TEMPLATE) filled in, "<name>-<figure>.svg": one per figure of the
+        scenario}.
 
     Raises:
         ConfigError: a template placeholder that names no run, column or section, or a
@@ -105,8 +105,8 @@ def report_files(scenario: Scenario, frame: pd.DataFrame,
     files: dict[str, bytes] = {}
     for key, fig in report_figures(scenario, frame, curves, timeline).items():
         stem = f"{scenario.name}-{FIGURES[key][0]}"
-        files |= {f"{stem}.png": png_bytes(fig), f"{stem}.svg": svg_bytes(fig)}
-        links[key] = f"![{FIGURES[key][1]}]({stem}.png) ([SVG]({stem}.svg))"
+        files[f"{stem}.svg"] = svg_bytes(fig)
+        links[key] = f"![{FIGURES[key][1]}]({stem}.svg)"
     sections = {
         "name": scenario.name, "description": scenario.description,
         "source": scenario.source or "-", "table": markdown_table(frame, TABLE_COLUMNS),

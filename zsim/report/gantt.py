@@ -1,8 +1,10 @@
 """A simulated step's op spans -> a stream Gantt chart (matplotlib Figure).
 
 Owns the timeline figure of one plan: a row per stream of rank 0 (compute, the collective
-streams, copies, host; zsim.schedule.ops.STREAMS order), a bar per op from its start to its
-end, coloured by op kind, and the exposed communication made visible: each interval in
+streams, copies, host; zsim.schedule.ops.STREAMS order), a bar per run of back-to-back ops
+of one kind from the first's start to the last's end (merged_bars: the same ink as a bar
+per op, without the hairline seams between them and with a fraction of the SVG), coloured
+by op kind, and the exposed communication made visible: each interval in
 which the compute stream waited on a collective (zsim.engine.trace.Wait) is a hatched span
 in the compute row with a marker above it (seen even where the span is narrower than a
 pixel), their total is in the title, and a second panel zooms on a few blocks around the
@@ -65,7 +67,8 @@ class Zoom:
 def gantt_figure(spans: Sequence[OpSpan], *, waits: Sequence[Wait] = (), title: str,
                  context: str) -> Figure:
     """A Gantt chart of the spans of rank 0: one row per stream that ran an op (top to
-    bottom in STREAMS order), one bar per op, one legend entry per op kind; the compute
+    bottom in STREAMS order), one bar per run of back-to-back ops of a kind (merged_bars;
+    the zoom panel draws only those in its window), one legend entry per op kind; the compute
     stream's waits of rank 0 as spans in the compute row (on a collective or a copy:
     exposed communication; on the host optimizer step: apart), a marker above each exposed
     wait, and, where there is one, a second panel zoomed on the longest (zoom_window).
@@ -85,8 +88,9 @@ def gantt_figure(spans: Sequence[OpSpan], *, waits: Sequence[Wait] = (), title: 
     rows_in = 1.0 + 0.5 * len(streams)
     fig = Figure(figsize=(11, 2.6 + rows_in * (2 if zoom else 1)), layout="constrained")
     axes = list(fig.subplots(2 if zoom else 1, 1, squeeze=False)[:, 0])
-    for ax in axes:
-        _draw(ax, spans0, streams, exposed, host)
+    bars = merged_bars(spans0)
+    for ax, window in zip(axes, [None, zoom], strict=False):
+        _draw(ax, bars, streams, exposed, host, window)
     step_s = max((sp.end_s for sp in spans0), default=0.0)
     whole = axes[0]
     whole.set_xlim(-WHOLE_MARGIN * step_s, (1 + WHOLE_MARGIN) * step_s)
@@ -131,15 +135,48 @@ def zoom_window(spans0: Sequence[OpSpan], exposed: Sequence[Wait]) -> Zoom | Non
     return Zoom(start_s=start_s, end_s=start_s + width_s, wait=wait)
 
 
-def _draw(ax: Axes, spans0: Sequence[OpSpan], streams: Sequence[str],
-          exposed: Sequence[Wait], host: Sequence[Wait]) -> None:
-    """One panel: the op bars, the waits in the compute row and the exposed markers."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Bar:
+    """One drawn bar: back-to-back ops of one kind on one stream."""
+
+    stream: str
+    start_s: float
+    end_s: float
+
+
+def merged_bars(spans0: Sequence[OpSpan]) -> dict[str, list[Bar]]:
+    """Rank 0's spans as bars, by op kind: on each stream, the ops of a kind that start no
+    later than the previous one of that kind ends are one bar (the union of their
+    intervals), ordered by stream (STREAMS order), then start."""
+    out: dict[str, list[Bar]] = {}
+    for kind in KIND_COLORS:
+        for stream in STREAMS:
+            ops = sorted((sp for sp in spans0 if sp.kind == kind and sp.stream == stream),
+                         key=lambda sp: sp.start_s)
+            bars: list[Bar] = []
+            for sp in ops:
+                if bars and sp.start_s <= bars[-1].end_s:
+                    last = bars[-1]
+                    bars[-1] = Bar(stream=stream, start_s=last.start_s,
+                                   end_s=max(last.end_s, sp.end_s))
+                else:
+                    bars.append(Bar(stream=stream, start_s=sp.start_s, end_s=sp.end_s))
+            if bars:
+                out.setdefault(kind, []).extend(bars)
+    return out
+
+
+def _draw(ax: Axes, bars: dict[str, list[Bar]], streams: Sequence[str],
+          exposed: Sequence[Wait], host: Sequence[Wait], window: Zoom | None) -> None:
+    """One panel: the op bars (those that reach into `window`, if given), the waits in the
+    compute row and the exposed markers."""
     for kind, color in KIND_COLORS.items():
-        ops = [sp for sp in spans0 if sp.kind == kind]
-        if not ops:
+        drawn = [b for b in bars.get(kind, [])
+                 if window is None or (b.end_s >= window.start_s and b.start_s <= window.end_s)]
+        if not drawn:
             continue
-        ax.barh([streams.index(sp.stream) for sp in ops], [sp.duration_s for sp in ops],
-                left=[sp.start_s for sp in ops], height=BAR_HEIGHT, color=color,
+        ax.barh([streams.index(b.stream) for b in drawn], [b.end_s - b.start_s for b in drawn],
+                left=[b.start_s for b in drawn], height=BAR_HEIGHT, color=color,
                 edgecolor="none", label=labels.words(kind, labels.KINDS))
     row = streams.index("compute") if "compute" in streams else 0
     for waits, label, color, hatch in ((exposed, EXPOSED_LABEL, EXPOSED_COLOR, "////"),

@@ -7,7 +7,7 @@ head dimension and dtype, and the bandwidth of each class of memory-bound kernel
 elementwise, the loss, the optimizer) by pass. A profile without the section
 keeps its flat efficiencies (zsim.spec.hardware); one with it gets times that follow the
 shape of each kernel, as measured (for the H200: kernels inside real FSDP2 steps and
-micro-benchmarks, reports/validation-h200/; for a host `zsim calibrate` measured: its
+micro-benchmarks, reports/validation/h200/; for a host `zsim calibrate` measured: its
 matmuls, with attention and memory-bound kernels left to the flat efficiencies).
 Only the matmul table is required: without attention rows or memory-bound classes those
 kernels keep the flat efficiencies.

@@ -1,10 +1,11 @@
 """Where the validation's step-time error comes from, over repeated batches of the same
 cases: each case's own bias, each calibration's shift, and what is left.
 
-A batch (a folder of `zsim validate grid --calibrate-here`) calibrates a
-profile per world size, then times every case; its `validation.csv` holds each case's
-error (predicted / measured - 1, in percent) with the current simulator
-(zsim.validation.report.repredict_report keeps every kept folder so). Over many batches
+A batch (`zsim validate grid --calibrate-here --batch NAME`, one batch of the evidence
+folder: zsim.validation.evidence) calibrates a profile per world size, then times every
+case; the table holds each case's error (predicted / measured - 1, in percent) with the
+current simulator (zsim.validation.report.repredict_report keeps every batch so). Over
+the batches of one report (BUDGET_REPORT: the repository's 2-core host's)
 an error splits into three parts, fitted by least squares as
 
     error[case, group] = bias[case] + shift[group] + residual
@@ -17,17 +18,17 @@ runs). Each world size's groups see only that world size's cases, so the shifts 
 centred per world size (their mean over that world size's rows is 0) and the biases of
 each world size keep its mean error.
 
-    zsim validate error-budget FOLDER [FOLDER ...] [--out DIR] [--bound-pct 15]
+    zsim validate error-budget FOLDER [--report NAME] [--out DIR] [--bound-pct 15]
 
-reads each FOLDER that has a validation.csv, and every subfolder of it that has one, and
+reads the batches of report NAME (default BUDGET_REPORT) in the evidence folder FOLDER and
 writes `error_budget_cases.csv` (per case: batches, mean error, bias, spread, range,
 share within the bound), `error_budget_groups.csv` (per batch and world size: the host,
 when its profile was calibrated, the rows and how many are within the bound, the shift)
-and `error_budget.png` into --out (default: the first FOLDER), and prints the summary:
+and `error_budget.svg` into --out (default: FOLDER), and prints the summary:
 the rows within the bound, each case's mean error, the three parts' spreads, the shifts
 by host, and the chance that a batch of every case has all its rows within the bound
 were its errors drawn from the budget (all_within_probability), also with the shifts
-halved and with none. Imports no torch.
+halved and with none. Imports no torch (and matplotlib only to draw).
 """
 
 from __future__ import annotations
@@ -38,17 +39,26 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from zsim.atomic import write_files
 from zsim.errors import ConfigError
 from zsim.spec.yaml_file import read_yaml
+from zsim.validation import evidence
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 METRIC = "step_time_s"
 BOUND_PCT = 15.0
 """The report's step-time bound (zsim.validation.comparison.BOUNDS_PCT, which imports
 torch)."""
+BUDGET_REPORT = "validation-cpu2"
+"""The report whose batches the committed budget is over: the library and parallel plans
+timed again and again on the repository's 2-core hosts, each batch with its own profiles."""
+FILES = ("error_budget_cases.csv", "error_budget_groups.csv", "error_budget.svg")
 
 CASE_FIELDS = ("world_size", "case", "batches", "mean_error_pct", "bias_pct",
                "std_error_pct", "min_error_pct", "max_error_pct", "within_bound_pct")
@@ -63,7 +73,7 @@ class Row:
     """One step-time row of one batch."""
 
     batch: str
-    """The batch folder's name."""
+    """The batch's name."""
     world_size: int
     case: str
     """'<model> <plan label>'."""
@@ -97,53 +107,39 @@ class Budget:
                 float(np.std(list(self.shift_pct.values()))))
 
 
-def batch_folders(roots: list[Path]) -> list[Path]:
-    """Each root that holds a validation.csv, and each of its subfolders that does, in
-    name order (the roots first, as given).
+def read_report(root: Path, report: str = BUDGET_REPORT) -> tuple[list[Row], list[Group]]:
+    """Every step-time row of the report's batches that has an error (cases the simulator
+    predicts), in the table's order, and the groups (from each batch's profile at each
+    world size it has rows of).
 
     Raises:
-        ConfigError: a root that is not a folder, none with a validation.csv, or two
-            batch folders of one name (a batch is known by its folder's name).
+        ConfigError: a report with no batch, a batch with rows at a world size it has no
+            profile for, or no predicted step-time row at all.
     """
-    out: list[Path] = []
-    for root in roots:
-        if not root.is_dir():
-            raise ConfigError("folder", str(root), "is not a folder")
-        if (root / "validation.csv").is_file():
-            out.append(root)
-        out += sorted(p.parent for p in root.glob("*/validation.csv"))
-    if not out:
-        raise ConfigError("folder", " ".join(map(str, roots)), "holds no validation.csv")
-    names = [p.name for p in out]
-    for p in out:
-        if names.count(p.name) > 1:
-            raise ConfigError("folder", str(p), "another batch folder has the same name")
-    return out
-
-
-def read_batch(folder: Path, name: str) -> tuple[list[Row], list[Group]]:
-    """The step-time rows of a batch folder that have an error (cases the simulator
-    predicts), and its groups (from its calibrated-*-n<N>.yaml profiles).
-
-    Raises:
-        ConfigError: a world size with rows but no profile in the folder.
-    """
-    with (folder / "validation.csv").open(newline="") as f:
-        rows = [Row(batch=name, world_size=int(r["nproc"]), case=f"{r['model']} {r['plan']}",
-                    error_pct=float(r["error_pct"]))
-                for r in csv.DictReader(f) if r["metric"] == METRIC and r["error_pct"]]
-    groups = []
-    for world in sorted({r.world_size for r in rows}):
-        profiles = sorted(folder.glob(f"calibrated-*-n{world}.yaml"))
-        if not profiles:
-            raise ConfigError("folder", str(folder),
-                              f"has step-time rows at world size {world} but no "
-                              f"calibrated-*-n{world}.yaml profile")
-        gpu = read_yaml(profiles[0], field="profile")["gpu"]
-        stamp = _STAMP.search(str(gpu.get("source", "")))
-        groups.append(Group(batch=name, world_size=world,
-                            host=str(gpu["name"]).split(", one ")[0],
-                            calibrated_utc=stamp.group(1) if stamp else ""))
+    batches = [b for b in evidence.read_batches(root) if b.report == report]
+    if not batches:
+        raise ConfigError("report", report, f"has no batch in {Path(root) / evidence.BATCHES}")
+    table = evidence.by_batch(evidence.read_table(root))
+    rows: list[Row] = []
+    groups: list[Group] = []
+    for b in batches:
+        mine = [Row(batch=b.name, world_size=r["nproc"], case=f"{r['model']} {r['plan']}",
+                    error_pct=r["error_pct"])
+                for r in table.get(b.name, [])
+                if r["metric"] == METRIC and r["error_pct"] is not None]
+        for world in sorted({r.world_size for r in mine}):
+            if world not in b.profiles:
+                raise ConfigError(f"batches.{b.name}.profiles", sorted(b.profiles),
+                                  f"has step-time rows at world size {world} but no profile")
+            gpu = read_yaml(evidence.profile_path(root, b.profiles[world]),
+                            field="profile")["gpu"]
+            stamp = _STAMP.search(str(gpu.get("source", "")))
+            groups.append(Group(batch=b.name, world_size=world,
+                                host=str(gpu["name"]).split(", one ")[0],
+                                calibrated_utc=stamp.group(1) if stamp else ""))
+        rows += mine
+    if not rows:
+        raise ConfigError("report", report, "has no predicted step-time rows")
     return rows, groups
 
 
@@ -268,14 +264,20 @@ def summary(rows: list[Row], groups: list[Group], budget: Budget, bound_pct: flo
     ])
 
 
+def files(rows: list[Row], groups: list[Group], budget: Budget,
+          bound_pct: float) -> dict[str, bytes]:
+    """The two CSVs and the figure (SVG), by file name (FILES)."""
+    from zsim.report.plots import svg_bytes
+
+    return {FILES[0]: _csv(case_rows(rows, budget, bound_pct), CASE_FIELDS),
+            FILES[1]: _csv(group_rows(rows, groups, budget, bound_pct), GROUP_FIELDS),
+            FILES[2]: svg_bytes(figure(rows, groups, budget, bound_pct))}
+
+
 def write(out: Path, rows: list[Row], groups: list[Group], budget: Budget,
           bound_pct: float) -> list[Path]:
-    """The two CSVs and the plot, into `out` together (zsim.atomic)."""
-    files = {"error_budget_cases.csv": _csv(case_rows(rows, budget, bound_pct), CASE_FIELDS),
-             "error_budget_groups.csv": _csv(group_rows(rows, groups, budget, bound_pct),
-                                             GROUP_FIELDS),
-             "error_budget.png": _plot(rows, groups, budget, bound_pct)}
-    return write_files(out, files)
+    """The two CSVs and the figure, into `out` together (zsim.atomic)."""
+    return write_files(out, files(rows, groups, budget, bound_pct))
 
 
 def _pct(x: float) -> float:
@@ -290,12 +292,10 @@ def _csv(rows: list[dict[str, object]], fields: tuple[str, ...]) -> bytes:
     return text.getvalue().encode()
 
 
-def _plot(rows: list[Row], groups: list[Group], budget: Budget, bound_pct: float) -> bytes:
+def figure(rows: list[Row], groups: list[Group], budget: Budget,
+           bound_pct: float) -> Figure:
     """Every row's error by case (one line per case, world 2 above world 4), coloured by
-    the host that ran it, with the case's fitted bias and the bound; PNG bytes."""
-    import matplotlib
-
-    matplotlib.use("Agg")
+    the host that ran it, with the case's fitted bias and the bound."""
     from matplotlib.figure import Figure
 
     cases = sorted(budget.bias_pct)
@@ -321,26 +321,4 @@ def _plot(rows: list[Row], groups: list[Group], budget: Budget, bound_pct: float
                  f"{budget.residual_std_pct:.1f}%", fontsize=9)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
-    return buf.getvalue()
-
-
-def read_batches(folders: list[Path]) -> tuple[list[Row], list[Group]]:
-    """Every step-time row and calibration group of the batches under `folders`
-    (batch_folders), in order.
-
-    Raises:
-        ConfigError: a folder that is not one or holds no batch, a batch without its
-            profile, or no predicted step-time row at all.
-    """
-    rows: list[Row] = []
-    groups: list[Group] = []
-    for folder in batch_folders(folders):
-        r, g = read_batch(folder, folder.name)
-        rows += r
-        groups += g
-    if not rows:
-        raise ConfigError("folder", " ".join(map(str, folders)),
-                          "has no predicted step-time rows")
-    return rows, groups
+    return fig

@@ -16,9 +16,9 @@ residuals, and the `error_bands:` section they give:
   residual stated in the evidence, but kept out of the ranges;
 - collectives: the nccl-tests cases of the profile's hardware (published.yaml); a
   profile without any takes every case's range;
-- programs: each program's mean error over the CPU validation's batches
-  (reports/validation-cpu2, zsim.validation.error_budget), where every program ran on one
-  host: what a program the profile's runs did not run may add.
+- programs: each program's mean error over the CPU validation's batches of
+  zsim.validation.error_budget.BUDGET_REPORT (in reports/validation/), where every program
+  ran on one host: what a program the profile's runs did not run may add.
 
     zsim calibrate bands [--profile NAME ...] [--write] [--cases DIR] [--cpu DIR]
 
@@ -29,7 +29,6 @@ model gives). Imports no torch.
 
 from __future__ import annotations
 
-import csv
 import json
 import re
 import statistics
@@ -53,15 +52,16 @@ from zsim.spec.plan import STRATEGIES
 from zsim.spec.programs import default_program
 from zsim.spec.registry import PROFILES_DIR, resolve_hardware
 from zsim.spec.yaml_file import read_yaml
+from zsim.validation import evidence
 from zsim.validation import published_cases as pc
-from zsim.validation.error_budget import batch_folders
+from zsim.validation.error_budget import BUDGET_REPORT
 from zsim.validation.published_runs import load_runs, residuals
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES_DIR = ROOT / "tests" / "data" / "cases"
 """published.yaml and h200-fsdp2-runs.yaml (in tests/data/cases)."""
-CPU_DIR = ROOT / "reports" / "validation-cpu2"
-"""The CPU validation's batches (zsim.validation.error_budget reads them)."""
+CPU_DIR = evidence.EVIDENCE_DIR
+"""The validation evidence, whose BUDGET_REPORT batches are the CPU validation's."""
 
 H200_RUNS = "h200-fsdp2-runs.yaml"
 
@@ -89,6 +89,7 @@ class Sources:
     cases: dict[str, dict[str, Any]]
     cases_dir: Path
     cpu_dir: Path
+    """The evidence folder (zsim.validation.evidence) holding the CPU batches."""
 
     def h200_runs(self, hw: HardwareProfile, metrics: tuple[str, ...]) -> list[Row]:
         """The H200 runs' residuals of `metrics` replayed on `hw`."""
@@ -196,7 +197,7 @@ def _local_cpu(src: Sources, hw: HardwareProfile) -> Evidence:
     batches = len({r["run"].split(" ")[0] for r in rows})
     return Evidence(steps=rows, world_size=max(r["world_size"] for r in rows),
                     collectives=coll, parts=[
-        f"{len(rows)} steps of {batches} batches of {src.cpu_dir.name} (gloo on the "
+        f"{len(rows)} steps of {batches} batches of {BUDGET_REPORT} (gloo on the "
         "repository's 2-core hosts, world 2 and 4, each batch with its own calibrated "
         "profile: zsim validate error-budget)",
         f"collectives: no nccl-tests case on this hardware; every case's range "
@@ -232,23 +233,29 @@ def label_program(label: str) -> tuple[str, str, int]:
     return f"{m['strategy']}[{impl}]{axes}", kind, int(m["mb"])
 
 
-def cpu_rows(folder: Path) -> list[Row]:
-    """Every row of the CPU validation's batches (each batch folder's validation.csv,
-    zsim.validation.error_budget.batch_folders) as a step row with communication, one per
-    (batch, case, world size), with the residual of each BAND_METRICS figure it has."""
+def cpu_rows(folder: Path, report: str = BUDGET_REPORT) -> list[Row]:
+    """Every row of the CPU validation's batches (those of `report` in the evidence
+    folder `folder`, zsim.validation.evidence) as a step row with communication, one per
+    (batch, case, world size), with the residual of each BAND_METRICS figure it has.
+
+    Raises:
+        ConfigError: a report with no batch there.
+    """
+    names = [b.name for b in evidence.read_batches(folder) if b.report == report]
+    if not names:
+        raise ConfigError("report", report, f"has no batch in {folder}")
+    table = evidence.by_batch(evidence.read_table(folder))
     by_run: dict[str, Row] = {}
-    for batch in batch_folders([folder]):
-        with (batch / "validation.csv").open(newline="") as f:
-            for r in csv.DictReader(f):
-                if r["metric"] not in BAND_METRICS or not r["error_pct"]:
-                    continue
-                key = f"{batch.name} {r['model']} {r['plan']} n{r['nproc']}"
-                if key not in by_run:
-                    program, kind, mb = label_program(r["plan"])
-                    by_run[key] = {"run": key, "kind": kind, "program": program,
-                                   "world_size": int(r["nproc"]), "micro_batch": mb,
-                                   "communication": True}
-                by_run[key][r["metric"]] = float(r["error_pct"]) / 100.0
+    for r in (r for name in names for r in table.get(name, [])):
+        if r["metric"] not in BAND_METRICS or r["error_pct"] is None:
+            continue
+        key = f"{r['batch']} {evidence.case_key(r)}"
+        if key not in by_run:
+            program, kind, mb = label_program(r["plan"])
+            by_run[key] = {"run": key, "kind": kind, "program": program,
+                           "world_size": r["nproc"], "micro_batch": mb,
+                           "communication": True}
+        by_run[key][r["metric"]] = r["error_pct"] / 100.0
     return list(by_run.values())
 
 
@@ -293,7 +300,7 @@ def profile_bands(name: str, *, cases_dir: Path = CASES_DIR,
             program_errors=program_errors(cpu, metric),
             world_size=ev.world_size if metric == "step_time_s" else None)
     parts = [*ev.parts, f"programs not run here: each program's mean error over the "
-                        f"{cpu_batches} batches of {cpu_dir.name}"]
+                        f"{cpu_batches} batches of {BUDGET_REPORT}"]
     return ErrorBands(metrics=metrics,
                       collectives=pct_range([r["residual"] for r in ev.collectives]),
                       runs=len({r["run"] for r in ev.steps}), evidence=tuple(parts),

@@ -42,7 +42,7 @@ from their memory, which the setup's text does not pin down:
   (all but three), peak - after_forward is exactly the loss's two fp32 gradients (2 x
   tokens x vocab x 4 B: 1.953 GiB at 8192 tokens), with no block's all-gather beside
   them; zsim.backend's own program on the same GPU, whose model returns its loss, read
-  that plus the last block's prefetched all-gather (reports/validation-h200/runs.yaml,
+  that plus the last block's prefetched all-gather (reports/validation/h200/runs.yaml,
   1p3b_n8: 2.049 GiB = 1.953 + 0.096; 7b_n64: 1.353 = 0.977 + 0.377), FSDP2's root
   pre-backward running on the loss's gradient before the loss's backward.
 - The blocks get RoPE's tables as the model's fp32 buffers: after the forward every bf16
