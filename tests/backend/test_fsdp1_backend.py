@@ -33,7 +33,7 @@ BOUNDS = {**BOUNDS_PCT, "state_memory_bytes": 1.0}
 def test_memory_of_the_real_program(strategy: str, gpus: int, options: Fsdp1Options,
                                     timed: bool) -> None:
     plan = Plan.for_strategy(strategy, gpus=gpus, seq_len=64, micro_batch=2, grad_accum=2,
-                             impl="fsdp1", fsdp1=options,
+                             impl="fsdp1", options=options,
                              shard_group=2 if strategy == "hsdp" else None)
     steps = 1 if timed else 0
     measured = measure_plan(TINY, plan, nproc=gpus, steps=steps, warmup_steps=steps,
