@@ -5,6 +5,11 @@ conftest.py.
 
 `ci` is deterministic (derandomized, no deadline) and is loaded when the CI environment
 variable is set; `dev` draws fresh random examples, fewer of them, for quick local runs.
+
+The suite runs on two pytest-xdist workers (pyproject.toml's addopts). The real runs
+(marked slow) form one group that one worker takes in order, so that they share the
+session's measurements and no two of them spawn rank processes at once; the other worker
+takes the rest. `pytest -n 0` runs everything in one process.
 """
 
 from __future__ import annotations
@@ -30,6 +35,16 @@ REPO = Path(__file__).resolve().parents[1]
 
 CASES_DIR = REPO / "tests" / "data" / "cases"
 """The validation cases, copied into the repository (tests/data/cases/README.md)."""
+
+
+REAL_RUNS_GROUP = "real-runs"
+"""The xdist group of every slow test: one worker, in collection order."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.xdist_group(REAL_RUNS_GROUP))
 
 
 @pytest.fixture(scope="session")
