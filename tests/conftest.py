@@ -6,10 +6,11 @@ conftest.py.
 `ci` is deterministic (derandomized, no deadline) and is loaded when the CI environment
 variable is set; `dev` draws fresh random examples, fewer of them, for quick local runs.
 
-The suite runs on two pytest-xdist workers (pyproject.toml's addopts). The real runs
-(marked slow) form one group that one worker takes in order, so that they share the
-session's measurements and no two of them spawn rank processes at once; the other worker
-takes the rest. `pytest -n 0` runs everything in one process.
+The suite runs on two pytest-xdist workers (pyproject.toml's addopts). The slow tests
+that share the session's real runs (real_runs) form one group that one worker takes in
+order, so that each run is measured once; every other slow module is a group of its own
+(its module fixtures built once); the rest go to whichever worker is free. `pytest -n 0`
+runs everything in one process.
 """
 
 from __future__ import annotations
@@ -25,6 +26,13 @@ from hypothesis import settings
 if TYPE_CHECKING:
     from _runs import RealRuns
 
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    # A worker's share of the cores for torch's and numba's thread pools (read when they
+    # start, after this): two workers each spinning a pool of every core's threads slow
+    # each other's in-process runs down four times over.
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(
+        1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
+
 settings.register_profile("ci", derandomize=True, deadline=None, max_examples=50)
 settings.register_profile("dev", deadline=None, max_examples=20)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
@@ -38,13 +46,15 @@ CASES_DIR = REPO / "tests" / "data" / "cases"
 
 
 REAL_RUNS_GROUP = "real-runs"
-"""The xdist group of every slow test: one worker, in collection order."""
+"""The xdist group of the slow tests that read real_runs: one worker, in collection order."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("slow"):
-            item.add_marker(pytest.mark.xdist_group(REAL_RUNS_GROUP))
+            shares = "real_runs" in getattr(item, "fixturenames", ())
+            group = REAL_RUNS_GROUP if shares else item.nodeid.split("::")[0]
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")

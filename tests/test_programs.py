@@ -1,4 +1,4 @@
-"""The program registry (zsim.spec.programs, issue 37): every place that names a program
+"""The program registry (zsim.spec.programs): every place that names a program
 reads it, so their key sets agree, and a new program is its own modules plus one entry.
 
 The expected tables below are zsim's behaviour before the registry (the hand-kept tables

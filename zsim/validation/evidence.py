@@ -1,4 +1,4 @@
-"""The committed validation evidence (reports/validation/, issue 37): every row that a batch
+"""The committed validation evidence (reports/validation/): every row that a batch
 of real runs measured and the simulator predicted, in one long table, with the batches
 that measured them and the profiles they are predicted with.
 
