@@ -1,5 +1,6 @@
-"""Real runs shared between the calibrate tests that check different things on the same
-run (the `real_runs` fixture of conftest.py hands out one RealRuns for the session).
+"""Real runs shared between the tests that check different things on the same run (the
+`real_runs` fixture of conftest.py hands out one RealRuns for each test process: with
+xdist's two workers, a file's tests share its runs, and files on one worker each other's).
 
 A real run of a plan on gloo ranks takes seconds to tens of seconds (each rank is a
 spawned process that imports torch; bf16 matmuls are emulated on a CPU without native

@@ -6,11 +6,9 @@ conftest.py.
 `ci` is deterministic (derandomized, no deadline) and is loaded when the CI environment
 variable is set; `dev` draws fresh random examples, fewer of them, for quick local runs.
 
-The suite runs on two pytest-xdist workers (pyproject.toml's addopts). The slow tests
-that share the session's real runs (real_runs) form one group that one worker takes in
-order, so that each run is measured once; every other slow module is a group of its own
-(its module fixtures built once); the rest go to whichever worker is free. `pytest -n 0`
-runs everything in one process.
+The suite runs on two pytest-xdist workers, a test file at a time (pyproject.toml's
+addopts: --dist loadfile), so that a module's fixtures are built once and its tests share
+the real runs they measure. `pytest -n 0` runs everything in one process.
 """
 
 from __future__ import annotations
@@ -45,18 +43,6 @@ CASES_DIR = REPO / "tests" / "data" / "cases"
 """The validation cases, copied into the repository (tests/data/cases/README.md)."""
 
 
-REAL_RUNS_GROUP = "real-runs"
-"""The xdist group of the slow tests that read real_runs: one worker, in collection order."""
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.get_closest_marker("slow"):
-            shares = "real_runs" in getattr(item, "fixturenames", ())
-            group = REAL_RUNS_GROUP if shares else item.nodeid.split("::")[0]
-            item.add_marker(pytest.mark.xdist_group(group))
-
-
 @pytest.fixture(scope="session")
 def cases_dir() -> Path:
     """The folder holding published.yaml, h200-microbench.yaml and h200-fsdp2-runs.yaml
@@ -73,8 +59,8 @@ def published_cases(cases_dir: Path) -> dict[str, dict[str, Any]]:
 
 @pytest.fixture(scope="session")
 def real_runs() -> RealRuns:
-    """The session's real runs (_runs.py), each measured once for all the tests that check
-    something on it, in tests/backend and tests/validation alike."""
+    """The session's real runs (_runs.py), each measured once for all the tests of this
+    test process that check something on it, in tests/backend and tests/validation alike."""
     pytest.importorskip("torch")
     from _runs import RealRuns  # imports torch
 
