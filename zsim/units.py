@@ -11,6 +11,8 @@ GiB = 2**30
 MiB = 2**20
 US = 1e-6
 """One microsecond, seconds."""
+MS = 1e-3
+"""One millisecond, seconds."""
 
 Dtype = Literal["fp32", "bf16", "fp16", "int8"]
 DTYPES: tuple[str, ...] = get_args(Dtype)

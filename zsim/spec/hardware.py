@@ -18,6 +18,7 @@ from zsim.errors import ConfigError
 from zsim.spec.error_bands import ErrorBands
 from zsim.spec.kernel_rates import KernelRates
 from zsim.spec.programs import overhead_chain, programs
+from zsim.spec.storage import Storage
 from zsim.spec.yaml_file import read_yaml
 from zsim.units import GB, US, GiB, MiB
 
@@ -44,7 +45,7 @@ _SCHEMA: dict[str, tuple[str, ...]] = {
 """Required keys of each section; no others are accepted."""
 
 OPTIONAL: dict[str, tuple[str, ...]] = {
-    "": ("kernels", "error_bands"), "gpu": ("blas_workspace_mib",),
+    "": ("kernels", "error_bands", "storage"), "gpu": ("blas_workspace_mib",),
     "node": ("cpu_cores", "pageable_pcie_gb_per_s"),
     "collectives": ("measured_us",),
     "efficiency": ("host_adam_threads", "host_adam_serial_fraction",
@@ -355,6 +356,9 @@ class HardwareProfile:
     bookkeeping and engine step, DTensor's dispatch. Measured by zsim calibrate as the
     nano model's step time under the program less what the simulator gives it without
     this field; on the step's timeline only when launch is "synchronous"."""
+    storage: Storage | None = None
+    """The shared file system checkpoints go to (YAML storage, optional in a user's
+    profile; every shipped profile has one): zsim.analytic.checkpoint needs it."""
     kernels: KernelRates | None = None
     """Measured kernel rates by shape (YAML kernels, optional): with them a kernel's time
     follows its shape (zsim.analytic.compute.compute_time_s); without, the flat
@@ -464,6 +468,7 @@ class HardwareProfile:
             fsdp2_block_host=_block_host(host.get("fsdp2_block_host_us")),
             program_overhead_s=_program_overhead(host.get("program_overhead_us")),
             kernels=KernelRates.from_dict(data["kernels"]) if "kernels" in data else None,
+            storage=Storage.from_dict(data["storage"]) if "storage" in data else None,
             error_bands=(ErrorBands.from_dict(data["error_bands"]) if "error_bands" in data
                          else None),
         )

@@ -1,0 +1,169 @@
+"""Checkpoint bytes and times against hand counts and published figures
+(tests/data/cases/checkpoint-published.yaml)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from zsim.analytic.checkpoint import checkpoint_cost
+from zsim.api import build_plan
+from zsim.errors import ConfigError
+from zsim.spec.hardware import HardwareProfile
+from zsim.spec.model import ModelSpec
+from zsim.spec.plan import Plan
+from zsim.spec.registry import resolve_hardware, resolve_model
+
+CASES = Path(__file__).parents[1] / "data" / "cases" / "checkpoint-published.yaml"
+
+
+def _case(case_id: str) -> dict[str, Any]:
+    cases = yaml.safe_load(CASES.read_text())["cases"]
+    return next(c for c in cases if c["id"] == case_id)
+
+
+def _plan(spec: ModelSpec, gpus: int, strategy: str, **kw: Any) -> Plan:
+    return build_plan(spec, gpus=gpus, strategy=strategy, shard_group=kw.pop("shard_group", None),
+                      seq=4096, micro_batch=1, grad_accum=1, ac="full", precision="bf16",
+                      offload="none", parallel=kw or None)
+
+
+@pytest.fixture(scope="module")
+def h100() -> HardwareProfile:
+    return resolve_hardware("dgx-h100")
+
+
+def test_dcp_bytes_are_fp32_parameters_and_two_adam_moments_spread_over_every_rank(
+        h100: HardwareProfile) -> None:
+    # FSDP2 under bf16 mixed precision holds fp32 sharded parameters; AdamW two fp32
+    # moments and a step per tensor: 12 bytes a parameter, each rank writing 1/128.
+    spec = resolve_model("13b")
+    cost = checkpoint_cost(spec, h100, _plan(spec, 128, "fsdp"), method="dcp")
+    tensors = len(spec.parameter_tensors())
+    assert cost.bytes_total == pytest.approx(12 * spec.num_params + 8 * tensors)
+    assert cost.bytes_per_rank_max == pytest.approx(cost.bytes_total / 128)
+    assert cost.files == 128 + 1  # one .distcp per rank (one writer thread) + .metadata
+    weights = checkpoint_cost(spec, h100, _plan(spec, 128, "fsdp"), method="dcp",
+                              with_optimizer=False)
+    assert weights.bytes_total == pytest.approx(4 * spec.num_params)
+
+
+def test_deepspeed_zero2_rank0_also_writes_the_bf16_module(h100: HardwareProfile) -> None:
+    # engine.save_checkpoint: every rank its partition of fp32 master + 2 moments
+    # (12 B/param / N); data-parallel rank 0 also mp_rank_00_model_states.pt (2 B/param).
+    spec = resolve_model("13b")
+    p = spec.num_params
+    z2 = checkpoint_cost(spec, h100, _plan(spec, 128, "zero2"), method="deepspeed")
+    assert z2.bytes_total == pytest.approx(14 * p)
+    assert z2.bytes_per_rank_max == pytest.approx(12 * p / 128 + 2 * p)
+    z3 = checkpoint_cost(spec, h100, _plan(spec, 128, "zero3"), method="deepspeed")
+    assert z3.bytes_per_rank_max == pytest.approx(14 * p / 128)
+    # The rank-0 file makes ZeRO-2's save slower than ZeRO-3's on the same storage.
+    assert z2.save_stall_s > 5 * z3.save_stall_s
+
+
+def test_sync_save_time_is_the_slowest_of_stream_node_and_file_system(
+        h100: HardwareProfile) -> None:
+    spec = resolve_model("405b")
+    plan = _plan(spec, 16384, "fsdp")
+    cost = checkpoint_cost(spec, h100, plan, method="dcp")
+    s = h100.storage
+    assert s is not None
+    per_rank = cost.bytes_total / 16384
+    write = max(per_rank / s.stream_write_bytes_per_s, 8 * per_rank / s.client_write_bytes_per_s,
+                cost.bytes_total / s.aggregate_write_bytes_per_s)
+    stage = per_rank / h100.pageable_pcie_bytes_per_s["d2h"]
+    assert cost.save_stall_s == pytest.approx(write + stage + s.file_create_s)
+    # 4.87 TB at Llama 3's 2 TB/s: the file system sets the time, about 2.4 s.
+    assert write == pytest.approx(cost.bytes_total / s.aggregate_write_bytes_per_s)
+
+
+def test_sharded_is_fast_full_does_not_fit_and_conversion_goes_offline(
+        h100: HardwareProfile) -> None:
+    # The card: "save sharded state per rank (fast) and convert to a full checkpoint
+    # offline when needed". At 405B a full state dict is 4.9 TB on rank 0's host (2 TiB).
+    spec = resolve_model("405b")
+    plan = _plan(spec, 16384, "fsdp")
+    sharded = checkpoint_cost(spec, h100, plan, method="dcp")
+    full = checkpoint_cost(spec, h100, plan, method="full")
+    assert not full.fits_host and sharded.fits_host
+    assert full.save_stall_s > 100 * sharded.save_stall_s
+    assert sharded.convert_offline_s > 100 * sharded.save_stall_s  # one process, off the job
+
+
+def test_async_stall_is_the_staging_copy_and_costs_a_staged_copy_per_rank(
+        h100: HardwareProfile) -> None:
+    spec = resolve_model("13b")
+    plan = _plan(spec, 128, "hsdp", shard_group=8)
+    sync = checkpoint_cost(spec, h100, plan, method="dcp")
+    async_ = checkpoint_cost(spec, h100, plan, method="dcp-async")
+    local = sync.bytes_total / 8  # each HSDP rank holds 1/8 of the state
+    assert async_.save_stall_s == pytest.approx(local / h100.pageable_pcie_bytes_per_s["d2h"])
+    assert async_.host_bytes_per_node == pytest.approx(8 * local)
+    assert async_.save_stall_s < sync.save_stall_s
+
+
+def test_published_async_blocked_time_lies_between_pinned_and_pageable_staging() -> None:
+    # 1,856 H200s, Llama 3 70B, HSDP2: blocked 0.78 s. The shard group is not stated: at
+    # 32 or 64 ranks (8 would not fit 70B's state on a 141 GB H200) the figure lies
+    # between staging into pinned and into pageable host memory.
+    case = _case("CK-PyTorch-6x-async-1856xH200-llama3-70b")
+    hw, spec = resolve_hardware("hgx-h200"), resolve_model(case["config"]["model"])
+    for shard in (32, 64):
+        plan = _plan(spec, case["config"]["gpus"], "hsdp", shard_group=shard)
+        pinned = checkpoint_cost(spec, hw, plan, method="dcp-async", pinned_staging=True)
+        pageable = checkpoint_cost(spec, hw, plan, method="dcp-async")
+        assert pinned.save_stall_s < case["stated"]["blocked_s"] < pageable.save_stall_s
+
+
+def test_published_uncached_plan_cost_within_a_factor_of_two() -> None:
+    # Caching the save plan cut the background time from ~436 s to ~67 s at 1,856 GPUs:
+    # the coordinator's planning (per item x ranks, measured per item on the calibration
+    # host, not fitted to this figure) accounts for the difference within a factor 2
+    # (the uncached figure also holds the background process's start-up, not modelled).
+    case = _case("CK-PyTorch-6x-async-1856xH200-llama3-70b")
+    hw, spec = resolve_hardware("hgx-h200"), resolve_model(case["config"]["model"])
+    plan = _plan(spec, case["config"]["gpus"], "hsdp", shard_group=32)
+    cost = checkpoint_cost(spec, hw, plan, method="dcp-async", cached_plan=False)
+    saved = case["stated"]["background_uncached_s"] - case["stated"]["background_cached_s"]
+    assert saved / 2 < cost.plan_s < saved * 2
+    cached = checkpoint_cost(spec, hw, plan, method="dcp-async")
+    assert cost.save_background_s - cached.save_background_s == pytest.approx(cost.plan_s)
+
+
+def test_llama3_per_gpu_checkpoint_size_in_the_published_range(h100: HardwareProfile) -> None:
+    case = _case("CK-Llama3-per-gpu-checkpoint")
+    c = case["config"]
+    spec = resolve_model(c["model"])
+    plan = _plan(spec, c["gpus"], "fsdp", tp=c["tp"], pp=c["pp"])
+    cost = checkpoint_cost(spec, h100, plan, method="dcp")
+    low, high = case["stated"]["checkpoint_bytes_per_gpu_range"]
+    assert low <= cost.bytes_per_rank_max <= high
+
+
+def test_local_nvme_target_writes_at_the_node_rate(h100: HardwareProfile) -> None:
+    spec = resolve_model("13b")
+    plan = _plan(spec, 128, "fsdp")
+    local = checkpoint_cost(spec, h100, plan, method="dcp", target="local")
+    per_node = 8 * local.bytes_total / 128
+    assert local.save_stall_s >= per_node / h100.nvme_write_bytes_per_s
+
+
+@pytest.mark.parametrize(("kw", "field"), [
+    ({"method": "zip"}, "checkpoint"), ({"method": "dcp", "target": "tape"}, "checkpoint_target"),
+    ({"method": "deepspeed"}, "checkpoint")])
+def test_bad_choices_name_the_field(h100: HardwareProfile, kw: dict[str, Any],
+                                    field: str) -> None:
+    spec = resolve_model("7b")
+    with pytest.raises(ConfigError) as err:
+        checkpoint_cost(spec, h100, _plan(spec, 8, "fsdp"), **kw)
+    assert err.value.field == field
+
+
+def test_a_profile_without_storage_is_refused(two_tier_hw: HardwareProfile) -> None:
+    spec = resolve_model("7b")
+    with pytest.raises(ConfigError, match="storage"):
+        checkpoint_cost(spec, two_tier_hw, _plan(spec, 8, "fsdp"), method="dcp")

@@ -1,0 +1,292 @@
+"""Checkpoint bytes and times of a plan: what each library writes, per rank, and how long
+saving, loading and converting it take on a profile's storage.
+
+Owns the closed forms below; zsim.engine.run_replay charges their times to a run, and
+zsim.backend.checkpoint_run measures the same saves for real.
+
+What is written (read from the libraries; the real-run tests count the bytes on disk):
+- DCP (torch.distributed.checkpoint.save of get_state_dict(model, optimizer), as torchtitan
+  saves; FSDP2, FSDP1's SHARDED_STATE_DICT, DDP): every parameter in the dtype it is held
+  in (the fp32 sharded parameter under FSDP's mixed precision, the fp32 parameter under
+  DDP's autocast) and the optimizer's states, once each: replicated items (DDP, HSDP's
+  replicas) are deduplicated by the coordinator's planner (DefaultSavePlanner,
+  dedup_save_plans) and spread over the ranks holding them, so each rank writes about
+  total / world, never less than its largest item. FileSystemWriter writes one file per
+  rank and thread (`__{rank}_{i}.distcp`) and the coordinator one `.metadata`.
+- async DCP (async_save): the rank first copies its whole local state dict to host
+  memory (staging: the training loop is blocked only for that), then writes as above in
+  the background; host memory holds one staged copy per rank on the node.
+- full (FSDP2 get_model_state_dict / get_optimizer_state_dict with full_state_dict=True,
+  cpu_offload=True; FSDP1 FULL_STATE_DICT with rank0_only): every sharded tensor is
+  all-gathered over its shard group, rank 0 keeps a host copy of all of it and writes one
+  torch.save file with one thread. Rank 0's node must hold the whole state in host memory.
+- DeepSpeed (engine.save_checkpoint): every rank writes its ZeRO partition of the fp32
+  master weights and Adam moments (`*_optim_states.pt`); under ZeRO-1/2 data-parallel rank
+  0 also writes the module's weights in their training dtype (`mp_rank_00_model_states.pt`),
+  and on load every rank reads that file; ZeRO-3 writes a model-states file per rank
+  holding its partition.
+- Offline conversion to one torch file (dcp_to_torch_save; DeepSpeed's zero_to_fp32),
+  one process: reads the whole checkpoint, writes the fp32 weights (and, for DCP, the
+  optimizer states).
+
+Times: a rank's bytes go through one writer stream (Storage.stream_*), a node's streams
+share its client link, and all nodes the file system's aggregate rate; the slowest of the
+three sets the write. DCP's coordinator pays a host cost per item of the global plan
+(Storage.plan_item_s x items x ranks) on a save whose plan is not cached; a cached plan
+(DefaultSavePlanner enable_plan_caching, the PyTorch team's fix at 1,856 GPUs) pays it on
+the first save only.
+Not modelled: the training slow-down while a thread-based async write contends for the
+GIL (a process-based async_save avoids it), compression, and storage tiering.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from zsim.errors import ConfigError
+from zsim.spec.hardware import HardwareProfile
+from zsim.spec.model import ModelSpec
+from zsim.spec.plan import OPTIMIZER_STATE_COPIES, Plan
+from zsim.spec.storage import Storage
+from zsim.units import dtype_bytes
+
+Method = Literal["dcp", "dcp-async", "full", "deepspeed"]
+METHODS: tuple[str, ...] = get_args(Method)
+Target = Literal["shared", "local"]
+TARGETS: tuple[str, ...] = get_args(Target)
+
+DCP_METHODS: tuple[str, ...] = ("dcp", "dcp-async", "full")
+"""Methods of the torch programs (DDP, FSDP1, FSDP2); DeepSpeed runs its own."""
+
+STEP_COUNTER_BYTES = 8
+"""torch.optim.Adam's per-parameter `step` (a float32 scalar tensor, pickled with its
+header; the byte count is dominated by the states)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointCost:
+    """One checkpoint of one plan: bytes, files and seconds."""
+
+    method: str
+    target: str
+    with_optimizer: bool
+    bytes_total: float
+    """Bytes of every file written."""
+    bytes_per_rank_max: float
+    """The most any rank writes (rank 0 under "full" and DeepSpeed ZeRO-1/2)."""
+    files: int
+    plan_s: float
+    """DCP's coordinator planning time, seconds: in every save without a cached plan, in
+    the first only with one (0 for the other methods)."""
+    save_stall_s: float
+    """Seconds the training loop is blocked per checkpoint."""
+    save_background_s: float
+    """Seconds the write goes on after training resumed (async only; 0 otherwise)."""
+    load_s: float
+    """Seconds to load it on restart (read, host-to-device, all ranks at once)."""
+    convert_offline_s: float
+    """Seconds one process takes to convert it to a single torch file (dcp_to_torch_save
+    or zero_to_fp32), off the training job."""
+    host_bytes_per_node: float
+    """Host memory the save needs on its busiest node (async staging; the full state on
+    rank 0's node under "full")."""
+    fits_host: bool
+    """host_bytes_per_node fits the node's host memory."""
+
+    @property
+    def save_total_s(self) -> float:
+        return self.save_stall_s + self.save_background_s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Layout:
+    """Where the bytes of a checkpoint sit: per-rank write, per-rank local state."""
+
+    total: float
+    write_per_rank: float
+    rank0_extra: float
+    local_per_rank: float
+    items_per_rank: int
+    files: int
+
+
+def checkpoint_cost(spec: ModelSpec, hw: HardwareProfile, plan: Plan, *, method: str,
+                    target: str = "shared", with_optimizer: bool = True,
+                    cached_plan: bool = True, pinned_staging: bool = False) -> CheckpointCost:
+    """Bytes and seconds of one checkpoint of `plan` saved by `method` to `target`
+    ("shared": the profile's file system; "local": each node's NVMe); with `cached_plan`
+    the times are those of every save after the first (plan_s says what the first adds).
+    `pinned_staging`: async_save stages into pinned host memory (torchtitan's
+    async_with_pinned_mem) at the pinned copy rate; otherwise at the pageable one.
+
+    Raises:
+        ConfigError: an unknown method or target, a method the plan's program does not
+            run, or a profile without a storage section.
+    """
+    _check(hw, plan, method, target, with_optimizer)
+    storage = hw.storage
+    assert storage is not None  # _check
+    lay = _layout(spec, plan, method, with_optimizer)
+    ranks_per_node = min(plan.world_size, hw.gpus_per_node)
+    write = _rates(hw, storage, target, write=True)
+    read = _rates(hw, storage, target, write=False)
+    pcie = hw.pcie_bytes_per_s * hw.pcie_efficiency
+    d2h = pcie if pinned_staging else hw.pageable_pcie_bytes_per_s.get("d2h", pcie)
+    h2d = hw.pageable_pcie_bytes_per_s.get("h2d", pcie)
+    create_s = storage.file_create_s * (2 if method == "full" else 1)
+    plan_s = (storage.plan_item_s * lay.items_per_rank * plan.world_size
+              if method in ("dcp", "dcp-async") else 0.0)
+    if method == "full":
+        gather_s = _gather_s(hw, plan, lay.total)
+        write_s = lay.total / write.stream
+        stall = gather_s + lay.total / d2h + write_s + create_s
+        background = 0.0
+        load_s = lay.total / read.stream + _broadcast_s(hw, plan, lay.local_per_rank) \
+            + lay.local_per_rank / h2d
+        host = lay.total
+    else:
+        busiest = lay.write_per_rank + lay.rank0_extra
+        write_s = max(busiest / write.stream,
+                      min(ranks_per_node, plan.world_size) * lay.write_per_rank / write.client,
+                      lay.total / write.aggregate * (1 if target == "shared" else 0))
+        stage_s = lay.local_per_rank / d2h
+        paid = 0.0 if cached_plan else plan_s
+        if method == "dcp-async":
+            stall, background = stage_s, paid + write_s + create_s
+            host = lay.local_per_rank * ranks_per_node
+        else:
+            stall, background = paid + stage_s + write_s + create_s, 0.0
+            host = 0.0
+        load_s = _load_s(lay, read, plan, ranks_per_node, target) \
+            + lay.local_per_rank / h2d
+    convert = (lay.total / read.stream + _converted_bytes(spec, plan, method, lay)
+               / write.stream)
+    return CheckpointCost(
+        method=method, target=target, with_optimizer=with_optimizer, bytes_total=lay.total,
+        bytes_per_rank_max=lay.total if method == "full"
+        else lay.write_per_rank + lay.rank0_extra,
+        files=lay.files, plan_s=plan_s, save_stall_s=stall, save_background_s=background,
+        load_s=load_s, convert_offline_s=convert, host_bytes_per_node=host,
+        fits_host=host <= hw.host_memory_bytes)
+
+
+def checkpoint_methods(plan: Plan) -> tuple[str, ...]:
+    """The methods the plan's program saves with."""
+    if plan.program.name == "deepspeed":
+        return ("deepspeed",)
+    return DCP_METHODS
+
+
+def _check(hw: HardwareProfile, plan: Plan, method: str, target: str,
+           with_optimizer: bool) -> None:
+    if method not in METHODS:
+        raise ConfigError("checkpoint", method, f"expected one of {', '.join(METHODS)}")
+    if target not in TARGETS:
+        raise ConfigError("checkpoint_target", target, f"expected one of {', '.join(TARGETS)}")
+    if method not in checkpoint_methods(plan):
+        raise ConfigError("checkpoint", method, f"{plan.program.title} saves with "
+                          f"{', '.join(checkpoint_methods(plan))}")
+    if method == "deepspeed" and not with_optimizer:
+        raise ConfigError("with_optimizer", False, "DeepSpeed's save_checkpoint always "
+                          "writes the optimizer partitions")
+    if hw.storage is None:
+        raise ConfigError("hardware.storage", None, f"profile {hw.name} has no storage "
+                          "section (see hardware_profiles/dgx-h100.yaml)")
+
+
+def _layout(spec: ModelSpec, plan: Plan, method: str, with_optimizer: bool) -> _Layout:
+    psi = float(spec.num_params)
+    mp = plan.tp * plan.pp
+    held_bytes = dtype_bytes(plan.master_dtype if plan.has_master_copy else plan.param_dtype)
+    state_copies = OPTIMIZER_STATE_COPIES.get(plan.optimizer, 2)
+    opt_bpp = (state_copies * dtype_bytes(plan.optimizer_state_dtype)
+               if with_optimizer else 0.0)
+    tensors = len(spec.parameter_tensors())
+    tensors_per_rank = max(1, tensors // plan.pp)
+    items_per_rank = tensors_per_rank * (1 + (state_copies + 1 if with_optimizer else 0))
+    world = plan.world_size
+    if method == "deepspeed":
+        partitions = plan.dp_shard_cp * mp
+        master = dtype_bytes(plan.master_dtype)
+        optim = psi * (master + opt_bpp)
+        module = psi * dtype_bytes(plan.param_dtype)
+        per_rank = optim / partitions
+        if plan.shards_params:
+            return _Layout(total=optim + module, write_per_rank=per_rank + module / partitions,
+                           rank0_extra=0.0, local_per_rank=per_rank + module / partitions,
+                           items_per_rank=items_per_rank, files=2 * world)
+        return _Layout(total=optim + module, write_per_rank=per_rank, rank0_extra=module / mp,
+                       local_per_rank=per_rank + module / mp, items_per_rank=items_per_rank,
+                       files=world + mp)
+    total = psi * (held_bytes + opt_bpp) + (tensors * STEP_COUNTER_BYTES if with_optimizer
+                                            else 0)
+    shards = (plan.dp_shard_cp if plan.shards_params else 1) * mp
+    local = total / shards
+    largest = max(_numel(s) for _, s in spec.parameter_tensors()) * held_bytes / shards
+    return _Layout(total=total, write_per_rank=max(total / world, largest), rank0_extra=0.0,
+                   local_per_rank=local, items_per_rank=items_per_rank,
+                   files=1 if method == "full" else world + 1)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+@dataclass(frozen=True, slots=True)
+class _Rates:
+    stream: float
+    client: float
+    aggregate: float
+
+
+def _rates(hw: HardwareProfile, storage: Storage, target: str, *, write: bool) -> _Rates:
+    if target == "local":
+        nvme = hw.nvme_write_bytes_per_s if write else hw.nvme_read_bytes_per_s
+        return _Rates(stream=nvme, client=nvme, aggregate=float("inf"))
+    if write:
+        return _Rates(stream=storage.stream_write_bytes_per_s,
+                      client=storage.client_write_bytes_per_s,
+                      aggregate=storage.aggregate_write_bytes_per_s)
+    return _Rates(stream=storage.stream_read_bytes_per_s,
+                  client=storage.client_read_bytes_per_s,
+                  aggregate=storage.aggregate_read_bytes_per_s)
+
+
+def _load_s(lay: _Layout, read: _Rates, plan: Plan, ranks_per_node: int, target: str) -> float:
+    """Every rank reads its local state (a replica reads what another wrote: DCP loads
+    by the plan, not by who saved), DeepSpeed ranks also the module file under ZeRO-1/2."""
+    per_rank = lay.local_per_rank
+    node = per_rank * ranks_per_node
+    everyone = per_rank * plan.world_size
+    return max(per_rank / read.stream, node / read.client,
+               everyone / read.aggregate if target == "shared" else 0.0)
+
+
+def _gather_s(hw: HardwareProfile, plan: Plan, total: float) -> float:
+    """All-gather of every sharded tensor over the shard group at the slower link's
+    achievable rate (ring: each rank receives (n-1)/n of the whole)."""
+    n = plan.dp_shard_cp if plan.shards_params else 1
+    if n == 1:
+        return 0.0
+    link = hw.inter_node if n > hw.gpus_per_node else hw.intra_node
+    return total * (n - 1) / n / (link.bandwidth_bytes_per_s * link.efficiency)
+
+
+def _broadcast_s(hw: HardwareProfile, plan: Plan, local: float) -> float:
+    """Rank 0 sends each rank its part (set_state_dict broadcast_from_rank0)."""
+    if plan.world_size == 1:
+        return 0.0
+    link = hw.inter_node if plan.world_size > hw.gpus_per_node else hw.intra_node
+    return local * plan.world_size / (link.bandwidth_bytes_per_s * link.efficiency)
+
+
+def _converted_bytes(spec: ModelSpec, plan: Plan, method: str, lay: _Layout) -> float:
+    """What the offline conversion writes: zero_to_fp32 the fp32 weights, dcp_to_torch_save
+    the whole checkpoint in one file."""
+    if method == "deepspeed":
+        return float(spec.num_params) * dtype_bytes("fp32")
+    return lay.total
