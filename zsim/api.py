@@ -45,7 +45,8 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
         {"model", "num_params", "hardware", "gpus", "gpus_per_node", "hbm_gib",
         "seq_len", "seq_len_source" (where seq_len came from: "--seq" or
         ModelSpec.seq_len_source), "global_batch_sequences", "global_batch_tokens",
-        "recommended" (the pick's label, or None when nothing fits), "recommended_table"
+        "recommended" (the pick's label, or None when nothing fits), "recommended_plan"
+        (its Plan's fields, or None), "recommended_table"
         ("1-D" or "2-D"), "recommendation" (why, one line; with nothing fitting, what it
         would take), "tie_tolerance_pct", "yours" (the config's plan label, or None),
         "warnings" (the model's, the config's, a partial node's), "candidates": [record,
@@ -138,6 +139,7 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
         "global_batch_sequences": sequences,
         "global_batch_tokens": sequences * seq_len,
         "recommended": None if rec is None else rec.pick.plan.label,
+        "recommended_plan": None if rec is None else rec.pick.plan.to_dict(),
         "recommended_table": None if rec is None else (
             "1-D" if any(contenders.get(id(r)) is rec.pick for r in ranked) else "2-D"),
         "recommendation": _no_fit_hint(rows, hw, seq_len, searched is not None)

@@ -1,5 +1,5 @@
 """zsim command line: a thin Typer layer over zsim.api (plan, models, hardware, simulate,
-sweep, report), zsim.calibrate_api (`zsim calibrate profile|bands|gpu-phases|phase-rates`)
+sweep, report), zsim.run_api (`zsim run`), zsim.calibrate_api (`zsim calibrate profile|bands|gpu-phases|phase-rates`)
 and zsim.validate_api (`zsim validate plan|grid|gpu-report|published-runs|error-budget`).
 Each command parses, calls one api function, and renders; a ZsimError becomes one line
 on stderr and exit code 2."""
@@ -19,7 +19,10 @@ import typer
 from zsim import api, calibrate_api, validate_api
 from zsim.errors import ZsimError
 from zsim.progress import ProgressBar
+from zsim.analytic.checkpoint import METHODS, TARGETS
+from zsim.engine.replay import Jitter
 from zsim.report.plan_text import plan_text
+from zsim.report.run_text import run_text
 from zsim.report.simulate_text import simulate_text
 from zsim.report.tables import csv_text, json_text, text_table
 from zsim.spec.plan import GRAD_SYNCS, PIPELINE_SCHEDULES, PRECISIONS, STRATEGIES
@@ -244,6 +247,93 @@ def simulate(
         typer.echo(json_text(r))
     else:
         typer.echo(simulate_text(r))
+
+
+Method = _choices("Method", METHODS)
+Target = _choices("Target", TARGETS)
+
+
+@app.command("run")
+def run_(
+    model: PlanModelOpt,
+    gpus: GpusOpt,
+    strategy: Annotated[Strategy | None, typer.Option(
+        help="Data-parallel strategy (default: the plan `zsim plan` recommends).")] = None,
+    shard_group: ShardGroupOpt = None,
+    hardware: HardwareOpt = DEFAULT_HARDWARE,
+    seq: SeqOpt = None,
+    micro_batch: Annotated[int | None, typer.Option(
+        help="Sequences per micro-batch per GPU (default 1, or the planner's).")] = None,
+    grad_accum: Annotated[int | None, typer.Option(
+        help="Micro-batches per optimizer step (default 1).")] = None,
+    ac: AcOpt = Recompute.none,
+    precision: Annotated[Precision | None, typer.Option(
+        help="bf16 or fp16 (mixed, fp32 master) or fp32 (default bf16).")] = None,
+    offload: OffloadOpt = Offload.none,
+    impl: ImplOpt = None,
+    tp: TpOpt = 1,
+    pp: PpOpt = 1,
+    cp: CpOpt = 1,
+    days: Annotated[float, typer.Option(help="Wall time of each simulated run, days.")] = 30.0,
+    fleet: Annotated[str, typer.Option(
+        help="Failure statistics: llama3 (Llama 3's 54 days on 16,384 H100s).")] = "llama3",
+    checkpoint: Annotated[list[Method] | None, typer.Option(
+        help="Checkpoint method to compare (repeatable; default every one the program "
+             "saves with): dcp, dcp-async, full, deepspeed.")] = None,
+    target: Annotated[Target, typer.Option(
+        help="Where checkpoints go: the profile's shared file system, or each node's "
+             "NVMe.")] = Target["shared"],
+    interval_steps: Annotated[int | None, typer.Option(
+        help="Also evaluate checkpointing every N steps (the table then shows it).")] = None,
+    straggler_prob: Annotated[float, typer.Option(
+        help="Probability that a rank is slow for a whole step (0: none).")] = 0.0,
+    straggler_slowdown: Annotated[float, typer.Option(
+        help="How much slower a straggler runs, as a fraction.")] = 0.2,
+    jitter_cv: Annotated[float, typer.Option(
+        help="Coefficient of variation of each kernel's time on each rank.")] = 0.0,
+    seed: Annotated[int, typer.Option(help="Seeds failures and stragglers.")] = 0,
+    plot: Annotated[Path | None, typer.Option(
+        help="Write an SVG: goodput against checkpoint interval and against GPU "
+             "count.")] = None,
+    format: FormatOpt = Format.table,
+) -> None:
+    """A plan over days: checkpoints (sharded, async, full), failures and restarts,
+    stragglers; tokens per day, goodput and where the rest goes, the best interval."""
+    from zsim import run_api
+
+    jitter = (Jitter(cv=jitter_cv, straggler_prob=straggler_prob,
+                     straggler_slowdown=straggler_slowdown)
+              if straggler_prob > 0 or jitter_cv > 0 else None)
+
+    def go() -> dict[str, Any]:
+        spec, hw, plan_, source = run_api.resolve_plan(
+            model=model, gpus=gpus, hardware=hardware,
+            strategy=strategy.value if strategy else None, seq=seq, micro_batch=micro_batch,
+            grad_accum=grad_accum, ac=ac.value, precision=precision.value if precision else None,
+            offload=offload.value, impl=impl.value if impl else None, shard_group=shard_group,
+            parallel={k: v for k, v in (("tp", tp), ("pp", pp), ("cp", cp)) if v != 1})
+        options = run_api.RunOptions(
+            days=days, fleet=fleet, methods=tuple(m.value for m in checkpoint or ()),
+            target=target.value, interval_steps=interval_steps, jitter=jitter, seed=seed,
+            gpu_curve=plot is not None)
+        return {**run_api.run(spec, hw, plan_, options, progress=ProgressBar(sys.stderr)),
+                "plan_source": source}
+
+    r = _run(go)
+    if plot is not None:
+        from zsim.atomic import write_files
+        from zsim.report.plots import svg_bytes
+        from zsim.report.run_plots import run_figure
+
+        (written,) = write_files(plot.parent, {plot.name: svg_bytes(run_figure(r))})
+        typer.echo(f"wrote {written}", err=True)
+    if format is Format.json:
+        typer.echo(json_text(r))
+    elif format is Format.csv:
+        typer.echo(csv_text([{k: v for k, v in m.items() if k != "curve"}
+                             for m in r["methods"]]), nl=False)
+    else:
+        typer.echo(run_text(r))
 
 
 # click's UsageError, whether typer vendors click (typer >= 0.29) or imports it.

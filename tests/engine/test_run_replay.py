@@ -189,3 +189,22 @@ def test_bad_best_interval_arguments(candidates: list[int], seeds: int, field: s
     with pytest.raises(ConfigError) as err:
         best_interval(BASE, candidates, seeds=seeds)
     assert err.value.field == field
+
+
+@pytest.mark.parametrize("background_s", [0.0, 40.0, 799.0, 900.0])
+def test_whole_cycles_in_one_event_book_what_one_cycle_at_a_time_does(
+        background_s: float) -> None:
+    # Without slowdown samples, uninterrupted checkpoint cycles run as one timeout; a
+    # sample of 1.0 (every step nominal) forces the step-by-segment path. Same failure
+    # draws (their own seed stream), so every figure must agree. 900 s outlasts the
+    # 800 s segment: no batching, both paths wait for the write alike.
+    inputs = replace(BASE, checkpoint_background_s=background_s, days=10.0, seed=5)
+    batched = simulate_run(inputs)
+    one_by_one = simulate_run(replace(inputs, step_slowdown_samples=(1.0,)))
+    assert batched.failures == one_by_one.failures > 50
+    assert batched.steps_done == one_by_one.steps_done
+    assert batched.checkpoints == one_by_one.checkpoints
+    for part in ("useful_s", "checkpoint_stall_s", "checkpoint_wait_s", "lost_work_s",
+                 "restart_s"):
+        assert getattr(batched, part) == pytest.approx(getattr(one_by_one, part), rel=1e-9,
+                                                       abs=1e-6)

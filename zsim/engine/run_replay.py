@@ -10,6 +10,11 @@ costs the restart and the checkpoint load. An async checkpoint's write runs on i
 background after its stall; the next checkpoint waits for it to end, and a failure before
 it ends loses that checkpoint too (recovery goes back to the one before).
 
+Without slowdown samples, whole checkpoint cycles (a segment and its stall) that no
+failure interrupts run as one timeout: a run of millions of steps with a checkpoint every
+few minutes costs an event per failure, not per checkpoint; a failure inside such a batch
+is booked as if the cycles had run one by one.
+
 Each step takes its nominal time times a factor drawn (seeded numpy, vectorised per
 segment) from the step slowdown samples (stragglers and jitter, zsim.analytic.stragglers).
 Failures and slowdowns draw from separate streams of the seed, so the failure times of a
@@ -195,6 +200,8 @@ class _Run:
         self.open = _Work()
         """Steps since the last checkpoint's snapshot."""
         self.recovering = False
+        self.batch_cycles = 0
+        """Checkpoint cycles of the running "cycles" phase."""
         self.stall_s = self.wait_s = self.lost_s = self.restart_s = 0.0
         self.failures = self.checkpoints = 0
 
@@ -257,6 +264,10 @@ class _Run:
         if self.recovering:
             return "restart", self.recovery_s, None
         every = x.checkpoint_interval_steps
+        cycles = self._whole_cycles()
+        if cycles >= 2:
+            self.batch_cycles = cycles
+            return "cycles", cycles * self._cycle_s(), None
         if every and self.open.steps == every:
             if self.pending is not None:
                 return "wait", self.write_end_s - self.env.now, None
@@ -275,7 +286,9 @@ class _Run:
     def _account(self, kind: str, spent_s: float, cum_s: np.ndarray | None, *,
                  cut: bool) -> None:
         """Book `spent_s` of phase `kind`; `cut`: it did not run to its end."""
-        if kind == "restart":
+        if kind == "cycles":
+            self._account_cycles(spent_s, cut=cut)
+        elif kind == "restart":
             self.restart_s += spent_s
             self.recovering = cut
         elif kind == "wait":
@@ -294,6 +307,52 @@ class _Run:
             took = float(cum_s[done - 1]) if done else 0.0
             self.open.add(done, done * self.x.step_time_s, took)
             self.lost_s += spent_s - took
+
+    def _cycle_s(self) -> float:
+        x = self.x
+        return x.checkpoint_interval_steps * x.step_time_s + x.checkpoint_stall_s
+
+    def _whole_cycles(self) -> int:
+        """How many whole checkpoint cycles can run as one phase from now: none with
+        slowdown samples (every step draws its factor), mid-interval, or while the
+        previous write would outlast the next segment (the cycle would include a wait)."""
+        x = self.x
+        train_s = x.checkpoint_interval_steps * x.step_time_s
+        if (not x.checkpoint_interval_steps or self.samples.size or self.open.steps
+                or x.checkpoint_background_s > train_s
+                or (self.pending is not None and self.write_end_s - self.env.now > train_s)):
+            return 0
+        return int((self.end_s - self.env.now) // self._cycle_s())
+
+    def _account_cycles(self, spent_s: float, *, cut: bool) -> None:
+        """Book `spent_s` of a "cycles" phase: the whole cycles it ran, then the part of
+        the one a failure cut (steps done so far, or the stall's part)."""
+        x = self.x
+        every, step_s = x.checkpoint_interval_steps, x.step_time_s
+        train_s, cycle_s = every * step_s, self._cycle_s()
+        start = self.env.now - spent_s
+        whole = min(int(spent_s // cycle_s), self.batch_cycles - 1) if cut \
+            else self.batch_cycles
+        self._settle(min(self.env.now, start + train_s))
+        async_ = x.checkpoint_background_s > 0
+        done = whole - 1 if async_ and whole else whole
+        self.kept.add(done * every, done * train_s, done * train_s)
+        self.checkpoints += done
+        self.stall_s += whole * x.checkpoint_stall_s
+        if async_ and whole:
+            self.pending = _Work()
+            self.pending.add(every, train_s, train_s)
+            self.write_end_s = start + whole * cycle_s + x.checkpoint_background_s
+        if not cut:
+            return
+        into = spent_s - whole * cycle_s
+        if into < train_s:
+            steps = min(every, int(into // step_s))
+            self.open.add(steps, steps * step_s, steps * step_s)
+            self.lost_s += into - steps * step_s
+        else:
+            self.open.add(every, train_s, train_s)
+            self.stall_s += into - train_s
 
     def _snapshot(self) -> None:
         """A checkpoint's stall ended: its write runs on, or it is complete."""
