@@ -1,0 +1,161 @@
+"""What this machine's file system does for the access pattern of a checkpoint save and
+load (zsim.backend.checkpoint_run): torch.distributed.checkpoint's FileSystemWriter
+writes one file per rank and thread, sequentially, then fsyncs and closes it; the
+coordinator writes one small metadata file, fsync'd; a load reads the files back.
+
+`measure_storage` writes `files` files of `file_bytes` each (split over `threads` writer
+threads as FileSystemWriter's thread_count splits a rank's items), each written in 16 MiB
+chunks and fsync'd before close; then reads them back whole; then creates, writes one
+byte to, fsyncs and closes `small_files` tiny files, for the per-file cost. Each figure is
+the median of `repeats` rounds; every round writes fresh files and removes them after.
+
+Reads right after writes come from the page cache (the fsync'd pages stay cached), as a
+DCP load right after a save does here: read_bytes_per_s is a memory-copy figure, not the
+disk's. cold_read_bytes_per_s reads after posix_fadvise(POSIX_FADV_DONTNEED) on the
+fsync'd (clean) pages, which asks the kernel to drop them; some file systems (tmpfs,
+overlay upper layers on tmpfs) keep them anyway, so it is a best-effort figure, and
+equals a cached read where the advice is ignored. Imports no torch.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from zsim.units import MiB
+
+CHUNK_BYTES = 16 * MiB
+"""Bytes per write() call (torch.save writes a tensor's storage in one call; large
+tensors are tens of MiB)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StorageFigures:
+    """This machine's file system for checkpoint-like writes and reads (medians)."""
+
+    write_bytes_per_s: float
+    """All files' bytes over the round's wall time, fsync included."""
+    read_bytes_per_s: float
+    """Reading the files back right after the writes (page cache: see the module)."""
+    cold_read_bytes_per_s: float
+    """Reading them after asking the kernel to drop their pages (best effort)."""
+    file_create_s: float
+    """Create + write one byte + fsync + close of one tiny file."""
+    fsync: bool
+    file_bytes: int
+    files: int
+    threads: int
+    repeats: int
+    write_s: float
+    """Median wall time of one round's writes, seconds."""
+    read_s: float
+    """Median wall time of one round's cached reads, seconds."""
+    directory: str
+
+
+def measure_storage(directory: str | Path, *, file_bytes: int = 64 * MiB, files: int = 8,
+                    threads: int = 1, fsync: bool = True, repeats: int = 3,
+                    small_files: int = 32) -> StorageFigures:
+    """Measure write, read and per-file costs in `directory` (created if missing).
+
+    Raises:
+        ValueError: a non-positive size or count, or more threads than files.
+    """
+    if min(file_bytes, files, threads, repeats, small_files) < 1 or threads > files:
+        raise ValueError("file_bytes, files, threads, repeats and small_files must be "
+                         "positive, and threads <= files")
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    block = memoryview(os.urandom(min(file_bytes, CHUNK_BYTES)))
+    writes, reads, colds, creates = [], [], [], []
+    for r in range(repeats):
+        paths = [root / f"storage_bench_{r}_{i}.bin" for i in range(files)]
+        try:
+            writes.append(_timed_threads(paths, threads,
+                                         lambda p: _write(p, file_bytes, block, fsync)))
+            reads.append(_timed_threads(paths, threads, _read))
+            for p in paths:
+                _drop_cache(p)
+            colds.append(_timed_threads(paths, threads, _read))
+        finally:
+            for p in paths:
+                p.unlink(missing_ok=True)
+        small = [root / f"storage_bench_small_{r}_{i}" for i in range(small_files)]
+        try:
+            t0 = time.perf_counter()
+            for p in small:
+                _write(p, 1, block, fsync)
+            creates.append((time.perf_counter() - t0) / small_files)
+        finally:
+            for p in small:
+                p.unlink(missing_ok=True)
+    total = file_bytes * files
+    write_s, read_s = statistics.median(writes), statistics.median(reads)
+    return StorageFigures(
+        write_bytes_per_s=total / write_s, read_bytes_per_s=total / read_s,
+        cold_read_bytes_per_s=total / statistics.median(colds),
+        file_create_s=statistics.median(creates), fsync=fsync, file_bytes=file_bytes,
+        files=files, threads=threads, repeats=repeats, write_s=write_s, read_s=read_s,
+        directory=str(root))
+
+
+def _timed_threads(paths: list[Path], threads: int, fn: Callable[[Path], None]) -> float:
+    """Wall time of fn(path) over all paths, the paths dealt round-robin to `threads`
+    threads (the caller's thread is one of them, as in FileSystemWriter)."""
+    shares = [paths[i::threads] for i in range(threads)]
+    errors: list[BaseException] = []
+
+    def work(share: list[Path]) -> None:
+        try:
+            for p in share:
+                fn(p)
+        except BaseException as e:  # re-raised in the caller
+            errors.append(e)
+
+    t0 = time.perf_counter()
+    others = [threading.Thread(target=work, args=(s,)) for s in shares[1:]]
+    for t in others:
+        t.start()
+    work(shares[0])
+    for t in others:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return elapsed
+
+
+def _write(path: Path, nbytes: int, block: memoryview, fsync: bool) -> None:
+    with open(path, "wb") as f:
+        left = nbytes
+        while left > 0:
+            n = min(left, len(block))
+            f.write(block[:n])
+            left -= n
+        f.flush()
+        if fsync:
+            os.fsync(f.fileno())
+
+
+def _read(path: Path) -> None:
+    with open(path, "rb", buffering=0) as f:
+        while f.read(CHUNK_BYTES):
+            pass
+
+
+def _drop_cache(path: Path) -> None:
+    """Ask the kernel to drop the file's (clean) cached pages; a no-op where unsupported."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None:
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
