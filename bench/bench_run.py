@@ -5,12 +5,17 @@ factors from the engine's default Jitter at 16,384 ranks (zsim.analytic.straggle
 Prints the wall seconds the simulation took and its outcome, then the best interval of a
 grid around Young's (common random numbers over 4 seeds) against Young's and Daly's.
 
+Last, `zsim run` end to end in a fresh process (planning, the step, every checkpoint
+method, the interval search): 13B on 128 GPUs and 405B on 16,384 (fsdp, tp 8).
+
 Run: python bench/bench_run.py
-Target: the 30-day run simulates in < 10 s.
+Targets: the 30-day run simulates in < 10 s; each `zsim run` answers in about a second.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from dataclasses import asdict, replace
 
@@ -65,6 +70,13 @@ def main() -> None:
     for c in grid:
         mean = sum(o.goodput for o in outcomes[c]) / len(outcomes[c])
         print(f"  {c:4d} steps: mean goodput {mean:.4f}")
+    for args in (["--model", "13b", "--gpus", "128"],
+                 ["--model", "405b", "--gpus", "16384", "--strategy", "fsdp", "--ac", "full",
+                  "--tp", "8"]):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "zsim", "run", *args], check=True,
+                       capture_output=True)
+        print(f"zsim run {' '.join(args)}: {time.perf_counter() - t0:.2f} s (fresh process)")
 
 
 if __name__ == "__main__":

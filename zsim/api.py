@@ -24,7 +24,8 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
          seq: int | None, micro_batch: int | None = None, grad_accum: int | None = None,
          precision: str | None = None, ds_config: Path | None = None,
          fsdp_config: Path | None = None, global_batch: str | None = None,
-         parallel: dict[str, Any] | None = None) -> dict[str, Any]:
+         parallel: dict[str, Any] | None = None, run_days: float | None = None,
+         fleet: str = "llama3") -> dict[str, Any]:
     """Rank candidate plans for a model on `gpus` GPUs of a hardware profile, all at one
     global batch: every strategy and program (zsim.planner.candidate_plans) at the
     largest micro-batch that fits (zsim.planner.choose; the rest of each GPU's share of
@@ -40,6 +41,12 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
     The global batch is `global_batch` (sequences, or tokens with a t suffix), else the
     config's, else one micro-batch (`micro_batch`, default 1) times `grad_accum`
     (default 1) per GPU.
+
+    With `run_days`, every fitting plan of the 1-D table and the first RUN_PARALLEL_ROWS of
+    the 2-D one also get what they deliver over that many days of `fleet`'s failures
+    (zsim.run_api.run_columns: run_checkpoint, run_checkpoint_interval_min, run_goodput,
+    run_tokens_per_day), and the result a "run" entry naming the plan that delivers the
+    most tokens per day.
 
     Returns:
         {"model", "num_params", "hardware", "gpus", "gpus_per_node", "hbm_gib",
@@ -118,15 +125,17 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
                        key=lambda r: rank[id(contenders[id(r)])])
         return first + [r for r in table if id(contenders.get(id(r))) not in rank]
 
+    per_day = _per_day(spec, hw, run_days, fleet)
     candidates = []
     for row in order(ranked):
         tier, why = place(row)
         candidates.append({**planner.to_record(spec, row, why=why, tier=tier),  # type: ignore[arg-type]
-                           "yours": row.plan == yours})
+                           "yours": row.plan == yours, **per_day(row)})
     parallel_rows = None if searched is None else {
         "global_batch_sequences": sequences,
-        "candidates": [pp.parallel_record(spec, row, why=w, tier=t)  # type: ignore[arg-type]
-                       for row in order(searched) for t, w in [place(row)]]}
+        "candidates": [{**pp.parallel_record(spec, row, why=w, tier=t),  # type: ignore[arg-type]
+                        **(per_day(row) if i < RUN_PARALLEL_ROWS else {})}
+                       for i, row in enumerate(order(searched)) for t, w in [place(row)]]}
     return {
         "model": spec.name,
         "num_params": spec.num_params,
@@ -140,6 +149,8 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
         "global_batch_tokens": sequences * seq_len,
         "recommended": None if rec is None else rec.pick.plan.label,
         "recommended_plan": None if rec is None else rec.pick.plan.to_dict(),
+        "run": None if run_days is None else _most_per_day(
+            run_days, fleet, [*candidates, *(parallel_rows or {}).get("candidates", [])]),
         "recommended_table": None if rec is None else (
             "1-D" if any(contenders.get(id(r)) is rec.pick for r in ranked) else "2-D"),
         "recommendation": _no_fit_hint(rows, hw, seq_len, searched is not None)
@@ -150,6 +161,41 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
         "candidates": candidates,
         "parallel": parallel_rows,
     }
+
+
+RUN_PARALLEL_ROWS = 20
+"""2-D/3-D plans (in the table's order) that `run_days` runs; the rest get no per-day
+columns (the table prints 20)."""
+
+
+def _per_day(spec: ModelSpec, hw: Any, run_days: float | None, fleet: str
+             ) -> Callable[[Ranked], dict[str, Any]]:
+    """A row's per-day columns (zsim.run_api.run_columns), {} without `run_days`."""
+    if run_days is None:
+        return lambda row: {}
+    from zsim.run_api import run_columns
+    from zsim.spec.failures import failure_model
+
+    failure_model(fleet)  # an unknown fleet is refused before any work
+    if not (run_days > 0 and run_days < float("inf")):
+        raise ConfigError("run_days", run_days, "must be a positive number of days")
+
+    def columns(row: Ranked) -> dict[str, Any]:
+        r = row.result
+        if r is None or not r.fits or r.step_time_s is None:
+            return {}
+        return run_columns(spec, hw, row.plan, r.step_time_s, days=run_days, fleet=fleet)
+
+    return columns
+
+
+def _most_per_day(days: float, fleet: str, records: Sequence[dict[str, Any]]
+                  ) -> dict[str, Any]:
+    """The plan whose row delivers the most tokens per day."""
+    rows = [r for r in records if r.get("run_tokens_per_day") is not None]
+    best = max(rows, key=lambda r: r["run_tokens_per_day"]) if rows else None
+    return {"days": days, "fleet": fleet,
+            "most_tokens_per_day": None if best is None else best["plan"]}
 
 
 def _check_positive(**sizes: int | None) -> None:

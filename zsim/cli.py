@@ -1,6 +1,7 @@
 """zsim command line: a thin Typer layer over zsim.api (plan, models, hardware, simulate,
-sweep, report), zsim.run_api (`zsim run`), zsim.calibrate_api (`zsim calibrate profile|bands|gpu-phases|phase-rates`)
-and zsim.validate_api (`zsim validate plan|grid|gpu-report|published-runs|error-budget`).
+sweep, report), zsim.run_api (`zsim run`), zsim.calibrate_api (`zsim calibrate
+profile|bands|gpu-phases|phase-rates`) and zsim.validate_api (`zsim validate
+plan|grid|gpu-report|published-runs|error-budget|checkpoint`).
 Each command parses, calls one api function, and renders; a ZsimError becomes one line
 on stderr and exit code 2."""
 
@@ -17,10 +18,10 @@ from typing import Annotated, Any, TypeVar, get_args
 import typer
 
 from zsim import api, calibrate_api, validate_api
-from zsim.errors import ZsimError
-from zsim.progress import ProgressBar
 from zsim.analytic.checkpoint import METHODS, TARGETS
 from zsim.engine.replay import Jitter
+from zsim.errors import ZsimError
+from zsim.progress import ProgressBar
 from zsim.report.plan_text import plan_text
 from zsim.report.run_text import run_text
 from zsim.report.simulate_text import simulate_text
@@ -93,6 +94,11 @@ def plan(
     tp: Annotated[int | None, typer.Option(help="Only 2-D/3-D plans with this TP.")] = None,
     pp: Annotated[int | None, typer.Option(help="Only 2-D/3-D plans with this PP.")] = None,
     cp: Annotated[int | None, typer.Option(help="Only 2-D/3-D plans with this CP.")] = None,
+    run_days: Annotated[float | None, typer.Option(
+        help="Also what each plan delivers over this many days: tokens per day, goodput, "
+             "its best checkpoint (checkpoints, failures and restarts simulated).")] = None,
+    fleet: Annotated[str, typer.Option(
+        help="Failure statistics for --run-days: llama3.")] = "llama3",
     format: FormatOpt = Format.table,
 ) -> None:
     """Rank candidate plans: memory per GPU, fit, communication, step time, and why each
@@ -103,7 +109,7 @@ def plan(
                                    seq=seq, micro_batch=micro_batch, grad_accum=grad_accum,
                                    precision=precision, ds_config=ds_config,
                                    fsdp_config=fsdp_config, global_batch=global_batch,
-                                   parallel=fixed))
+                                   parallel=fixed, run_days=run_days, fleet=fleet))
     for warning in result["warnings"]:
         typer.echo(f"warning: {warning}", err=True)
     if format is Format.json:
@@ -403,7 +409,9 @@ def sweep(
     elif format is Format.csv:
         typer.echo(r["csv"], nl=False)
     else:
-        typer.echo(text_table(r["rows"], SWEEP_COLUMNS))
+        per_day = ("run_checkpoint", "run_goodput", "run_tokens_per_day") \
+            if r["rows"] and "run_tokens_per_day" in r["rows"][0] else ()
+        typer.echo(text_table(r["rows"], (*SWEEP_COLUMNS, *per_day)))
     if out is not None:
         resumed = len(r["rows"]) - r["simulated"]
         typer.echo(f"simulated {r['simulated']} runs, {resumed} read back from the journal",
@@ -624,6 +632,23 @@ def validate_gpu_report(
     r = _run(lambda: validate_api.gpu_report(out=out, quick=quick, budget_s=budget_s,
                                              only=only or [], hardware=hardware))
     typer.echo(f"wrote {r['written']}")
+
+
+@validate_app.command("checkpoint")
+def validate_checkpoint(
+    out: Annotated[Path, typer.Option(help="Folder for checkpoints.csv and storage.yaml.")],
+    profile: Annotated[str, typer.Option(
+        help="The profile whose storage section is replaced by this host's, measured "
+             "first.")] = "local-cpu",
+    nproc: Annotated[int, typer.Option(help="Ranks (gloo processes).")] = 2,
+) -> None:
+    """Checkpoint saves and loads for real (DCP sync and async, full state dict,
+    DeepSpeed) against the checkpoint model, this host's storage measured first."""
+    r = _run(lambda: validate_api.checkpoint(out=out, profile=profile, nproc=nproc))
+    typer.echo(text_table(r["rows"], ("program", "strategy", "method", "metric", "predicted",
+                                      "measured", "error_pct")))
+    for path in r["written"]:
+        typer.echo(f"wrote {path}", err=True)
 
 
 @validate_app.command("published-runs")

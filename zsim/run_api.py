@@ -16,7 +16,7 @@ from zsim.analytic.checkpoint import CheckpointCost, checkpoint_cost, checkpoint
 from zsim.analytic.stragglers import StepFactors, effective_kernels, step_factors
 from zsim.analytic.young_daly import daly_interval_s, young_interval_s
 from zsim.engine.replay import Jitter
-from zsim.engine.run_replay import DAY_S, RunInputs, RunOutcome, best_interval
+from zsim.engine.run_replay import DAY_S, RunInputs, RunOutcome, best_interval, simulate_run
 from zsim.errors import ConfigError
 from zsim.result import Result
 from zsim.spec.failures import FailureModel, failure_model, job_failures_per_day
@@ -303,3 +303,42 @@ def _by_gpus_row(spec: ModelSpec, hw: HardwareProfile, plan: Plan, method: str,
             "step_time_s": result.step_time_s, "goodput": rec["goodput"],
             "tokens_per_day": rec["tokens_per_day"],
             "best_interval_min": rec["best_interval_min"]}
+
+
+PLAN_COLUMN_SEEDS = 4
+"""Runs per plan behind the planner's per-day columns (run_columns)."""
+
+
+def run_columns(spec: ModelSpec, hw: HardwareProfile, plan: Plan, step_s: float, *,
+                days: float, fleet: str, seed: int = 0) -> dict[str, Any]:
+    """What `zsim plan --run-days` adds to a plan's row: the checkpoint method (among
+    those of its program whose save fits the host) that delivers the most tokens per
+    day, checkpointing at Young's interval, over PLAN_COLUMN_SEEDS runs of `days`.
+    Cheaper than `run` (no interval search), so that every fitting plan gets one.
+
+    Returns:
+        {"run_checkpoint", "run_checkpoint_interval_min", "run_goodput",
+        "run_tokens_per_day"}; None values where no method fits the host.
+    """
+    failures = failure_model(fleet)
+    rate = job_failures_per_day(failures, plan.world_size, hw.gpus_per_node)
+    mtbf_s = DAY_S / rate if rate > 0 else math.inf
+    best: dict[str, Any] = {"run_checkpoint": None, "run_checkpoint_interval_min": None,
+                            "run_goodput": None, "run_tokens_per_day": None}
+    options = RunOptions(days=days, fleet=fleet, seed=seed)
+    for method in checkpoint_methods(plan):
+        cost = checkpoint_cost(spec, hw, plan, method=method)
+        if not cost.fits_host:
+            continue
+        young = (young_interval_s(max(cost.save_stall_s, 1e-9), mtbf_s)
+                 if math.isfinite(mtbf_s) else days * DAY_S)
+        steps = max(1, round(young / step_s))
+        inputs = replace(_inputs(plan, hw, failures, cost, step_s, None, options),
+                         checkpoint_interval_steps=steps)
+        mean = _mean([simulate_run(replace(inputs, seed=seed + i))
+                      for i in range(PLAN_COLUMN_SEEDS)])
+        if best["run_tokens_per_day"] is None or mean["tokens_per_day"] > \
+                best["run_tokens_per_day"]:
+            best = {"run_checkpoint": method, "run_checkpoint_interval_min": steps * step_s / 60,
+                    "run_goodput": mean["goodput"], "run_tokens_per_day": mean["tokens_per_day"]}
+    return best

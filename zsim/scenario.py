@@ -33,6 +33,8 @@ sweep:                      # optional grid: every plan runs once per combinatio
     seq_len: [4096, 8192]   # such mappings gives one axis each
     micro_batch: [2, 1]
 where: "gpus * unit_size <= 512"  # optional filter: a run is kept where it is true
+run_days: 30                # optional: each run's row also says what the plan delivers over
+fleet: llama3               # that many days of this fleet's failures (zsim.run_api.run_columns)
 report:                     # optional
   template: report.md       # markdown template (zsim.report.markdown), relative to this file
   memory_curves: [fsdp]     # runs whose memory curve is plotted (default: every run)
@@ -56,7 +58,7 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +94,7 @@ replaces the hardware profile's inter-node link bandwidth (GB/s per GPU per dire
 every other number of the profile kept."""
 
 TOP_KEYS: tuple[str, ...] = ("name", "description", "source", "model", "hardware", "plans",
-                             "sweep", "where", "report", *RUN_KEYS)
+                             "sweep", "where", "report", "run_days", "fleet", *RUN_KEYS)
 REQUIRED_TOP_KEYS: tuple[str, ...] = ("name", "model", "hardware", "plans")
 REPORT_KEYS: tuple[str, ...] = ("template", "memory_curves", "figures", "heatmap", "gantt")
 REPORT_FIGURES: tuple[str, ...] = ("step_time", "memory", "memory_curve", "pareto",
@@ -134,6 +136,10 @@ class Run:
     """World size of the job."""
     warnings: tuple[str, ...] = ()
     """Keys of the run's ds_config / fsdp_config read but not modelled."""
+    run_days: float | None = None
+    """Days over which the run's row also gives tokens per day and goodput (None: not)."""
+    fleet: str = "llama3"
+    """The failure statistics of those days (zsim.spec.failures)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -263,6 +269,7 @@ def scenario_from_dict(data: Any, *, base_dir: Path) -> Scenario:
                           f"most {MAX_COMBINATIONS:,}")
     keep = (None if "where" not in data else
             compile_expression(data["where"], field="where", names=RUN_KEYS))
+    run_days, fleet = _run_days(data)
     runs: list[Run] = []
     for plan_name, settings in plans.items():
         where = f"plans.{plan_name}"
@@ -281,8 +288,8 @@ def scenario_from_dict(data: Any, *, base_dir: Path) -> Scenario:
             run_name = " ".join([plan_name, *(f"{k}={v}" for k, v in swept)])
             if keep is not None and not _kept(keep, merged, model, hw, run_name):
                 continue
-            runs.append(_run(run_name, plan_name, swept, merged, model, hw, where,
-                             base_dir))
+            runs.append(replace(_run(run_name, plan_name, swept, merged, model, hw, where,
+                                     base_dir), run_days=run_days, fleet=fleet))
     if not runs:
         raise ConfigError("where", data.get("where"), "keeps no run")
     names = [r.name for r in runs]
@@ -564,6 +571,21 @@ def _figures(report: dict[str, Any], names: list[str], curves: tuple[str, ...],
 
 
 # ---------------------------------------------------------------------- one run
+def _run_days(data: dict[str, Any]) -> tuple[float | None, str]:
+    """The top-level run_days (a positive number of days, or absent) and fleet."""
+    from zsim.spec.failures import failure_model
+
+    days = data.get("run_days")
+    if days is not None and (isinstance(days, bool) or not isinstance(days, (int, float))
+                             or not 0 < days < math.inf):
+        raise ConfigError("run_days", days, "must be a positive number of days")
+    fleet = data.get("fleet", "llama3")
+    if not isinstance(fleet, str):
+        raise ConfigError("fleet", fleet, "must be a fleet name")
+    failure_model(fleet)
+    return (None if days is None else float(days)), fleet
+
+
 def _run(name: str, plan_name: str, swept: tuple[tuple[str, Any], ...],
          settings: dict[str, tuple[Any, str]], model: ModelSpec, hw: HardwareProfile,
          where: str, base_dir: Path) -> Run:

@@ -56,7 +56,8 @@ def plan_ids(runs: Sequence[Run]) -> list[str]:
 
     code = simulator_digest()
     return [hashlib.sha256(json.dumps(
-        [code, run.name, run.gpus, spec(run.model), spec(run.hardware), repr(run.plan)]
+        [code, run.name, run.gpus, spec(run.model), spec(run.hardware), repr(run.plan),
+         run.run_days, run.fleet]
     ).encode()).hexdigest()[:24] for run in runs]
 
 

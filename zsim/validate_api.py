@@ -8,7 +8,8 @@ cases into the evidence folder, zsim.validation.evidence, or every batch's re-pr
 (zsim.validation.gpu_report: the rows one GPU can host, with the GPU fit's measurements),
 `published-runs` (zsim.validation.published_runs: the published H200 runs replayed),
 `error-budget` (zsim.validation.error_budget: where the CPU batches' step-time error comes
-from).
+from), `checkpoint` (zsim.validation.checkpoints: real checkpoint saves and loads against
+the checkpoint model).
 Imports no torch (an optional extra of zsim): the modules it calls, inside its
 functions, do.
 """
@@ -235,3 +236,19 @@ def error_budget(*, folder: Path, report: str | None = None, out: Path | None = 
                        budget, bound)
     return {"summary": eb.summary(rows, groups, budget, bound),
             "written": [str(p) for p in written]}
+
+
+def checkpoint(*, out: Path, profile: str = "local-cpu", nproc: int = 2) -> dict[str, Any]:
+    """Real checkpoint saves and loads on `nproc` gloo ranks against the checkpoint model,
+    with this host's storage measured first (zsim.validation.checkpoints); writes
+    checkpoints.csv and storage.yaml into `out`.
+
+    Raises:
+        ConfigError: an unknown profile or a bad nproc.
+        RankFailed: a real run crashed or hung.
+    """
+    from zsim.validation.checkpoints import validate_checkpoints
+
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 2:
+        raise ConfigError("nproc", nproc, "must be an integer >= 2")
+    return validate_checkpoints(resolve_hardware(profile), out, nproc=nproc)

@@ -35,6 +35,7 @@ COMMANDS: dict[str, dict[str, tuple[str, ...]]] = {
         "gpu-report": ("--out", "--quick", "--budget-s", "--only", "--hardware"),
         "published-runs": ("--cases", "--hardware"),
         "error-budget": ("--report", "--out", "--bound-pct"),
+        "checkpoint": ("--out", "--profile", "--nproc"),
     },
 }
 """The two command groups, their commands and each command's options (error-budget also

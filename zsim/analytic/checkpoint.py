@@ -11,7 +11,8 @@ What is written (read from the libraries; the real-run tests count the bytes on 
   DDP's autocast) and the optimizer's states, once each: replicated items (DDP, HSDP's
   replicas) are deduplicated by the coordinator's planner (DefaultSavePlanner,
   dedup_save_plans) and spread over the ranks holding them, so each rank writes about
-  total / world, never less than its largest item. FileSystemWriter writes one file per
+  total / world, never less than its largest item. Every tensor item costs a torch.save
+  container besides its data (DCP_ITEM_BYTES). FileSystemWriter writes one file per
   rank and thread (`__{rank}_{i}.distcp`) and the coordinator one `.metadata`.
 - async DCP (async_save): the rank first copies its whole local state dict to host
   memory (staging: the training loop is blocked only for that), then writes as above in
@@ -24,23 +25,27 @@ What is written (read from the libraries; the real-run tests count the bytes on 
   master weights and Adam moments (`*_optim_states.pt`); under ZeRO-1/2 data-parallel rank
   0 also writes the module's weights in their training dtype (`mp_rank_00_model_states.pt`),
   and on load every rank reads that file; ZeRO-3 writes a model-states file per rank
-  holding its partition.
+  holding only empty placeholders (no 16-bit weights at all).
 - Offline conversion to one torch file (dcp_to_torch_save; DeepSpeed's zero_to_fp32),
   one process: reads the whole checkpoint, writes the fp32 weights (and, for DCP, the
   optimizer states).
 
-Times: a rank's bytes go through one writer stream (Storage.stream_*), a node's streams
-share its client link, and all nodes the file system's aggregate rate; the slowest of the
-three sets the write. DCP's coordinator pays a host cost per item of the global plan
-(Storage.plan_item_s x items x ranks) on a save whose plan is not cached; a cached plan
-(DefaultSavePlanner enable_plan_caching, the PyTorch team's fix at 1,856 GPUs) pays it on
-the first save only.
+Times: a rank's bytes go through one writer stream (Storage.stream_*: serialization and
+the file system for one thread), a node's streams share its client link, and all nodes
+the file system's aggregate rate; the slowest of the three sets the write. DCP's
+coordinator pays a host cost per item of the global plan (Storage.plan_item_s x items x
+ranks) on a save whose plan is not cached; a cached plan (DefaultSavePlanner
+enable_plan_caching, the PyTorch team's fix at 1,856 GPUs) pays it on the first save only.
 Not modelled: the training slow-down while a thread-based async write contends for the
-GIL (a process-based async_save avoids it), compression, and storage tiering.
+GIL (a process-based async_save avoids it); FSDP1's conversion of its flat parameters and
+optimizer state to a sharded state dict (several times the write on the CPU host,
+reports/validation/checkpoint); DeepSpeed writing without fsync (the page cache absorbs
+it where memory allows); compression and storage tiering.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -59,9 +64,14 @@ TARGETS: tuple[str, ...] = get_args(Target)
 DCP_METHODS: tuple[str, ...] = ("dcp", "dcp-async", "full")
 """Methods of the torch programs (DDP, FSDP1, FSDP2); DeepSpeed runs its own."""
 
-STEP_COUNTER_BYTES = 8
-"""torch.optim.Adam's per-parameter `step` (a float32 scalar tensor, pickled with its
-header; the byte count is dominated by the states)."""
+STEP_COUNTER_BYTES = 4
+"""torch.optim.AdamW's per-parameter `step`: a 0-dim float32 tensor."""
+
+DCP_ITEM_BYTES = 1_575
+"""What FileSystemWriter writes per tensor item beyond its data: `_write_item` saves each
+tensor as its own torch.save zip archive (headers, the pickled record, 64-byte alignment):
+1,573-1,577 B measured per item on disk (zsim.backend.checkpoint_run, torch 2.13). A
+sharded tensor is one item per rank holding a shard; a replicated one is written once."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,15 +142,18 @@ def checkpoint_cost(spec: ModelSpec, hw: HardwareProfile, plan: Plan, *, method:
     write = _rates(hw, storage, target, write=True)
     read = _rates(hw, storage, target, write=False)
     pcie = hw.pcie_bytes_per_s * hw.pcie_efficiency
-    d2h = pcie if pinned_staging else hw.pageable_pcie_bytes_per_s.get("d2h", pcie)
-    h2d = hw.pageable_pcie_bytes_per_s.get("h2d", pcie)
+    stage = pcie if pinned_staging else storage.stage_bytes_per_s  # into fresh host memory
+    # A CPU device's tensors are in host memory already: a save writes them as they are.
+    on_host = hw.launch == "synchronous"
+    d2h = math.inf if on_host else hw.pageable_pcie_bytes_per_s.get("d2h", pcie)
+    h2d = math.inf if on_host else hw.pageable_pcie_bytes_per_s.get("h2d", pcie)
     create_s = storage.file_create_s * (2 if method == "full" else 1)
     plan_s = (storage.plan_item_s * lay.items_per_rank * plan.world_size
               if method in ("dcp", "dcp-async") else 0.0)
     if method == "full":
-        gather_s = _gather_s(hw, plan, lay.total)
+        # Gathered into fresh host memory on rank 0 (cpu_offload), then one torch.save.
         write_s = lay.total / write.stream
-        stall = gather_s + lay.total / d2h + write_s + create_s
+        stall = _gather_s(hw, plan, lay.total) + lay.total / stage + write_s + create_s
         background = 0.0
         load_s = lay.total / read.stream + _broadcast_s(hw, plan, lay.local_per_rank) \
             + lay.local_per_rank / h2d
@@ -150,14 +163,13 @@ def checkpoint_cost(spec: ModelSpec, hw: HardwareProfile, plan: Plan, *, method:
         write_s = max(busiest / write.stream,
                       min(ranks_per_node, plan.world_size) * lay.write_per_rank / write.client,
                       lay.total / write.aggregate * (1 if target == "shared" else 0))
-        stage_s = lay.local_per_rank / d2h
         paid = 0.0 if cached_plan else plan_s
         if method == "dcp-async":
-            stall, background = stage_s, paid + write_s + create_s
+            stall, background = lay.local_per_rank / stage, paid + write_s + create_s
             host = lay.local_per_rank * ranks_per_node
-        else:
-            stall, background = paid + stage_s + write_s + create_s, 0.0
-            host = 0.0
+        else:  # the writer copies tensors out ahead of the writes (_OverlappingCpuLoader)
+            stall = paid + max(lay.local_per_rank / d2h, write_s) + create_s
+            background, host = 0.0, 0.0
         load_s = _load_s(lay, read, plan, ranks_per_node, target) \
             + lay.local_per_rank / h2d
     convert = (lay.total / read.stream + _converted_bytes(spec, plan, method, lay)
@@ -212,15 +224,18 @@ def _layout(spec: ModelSpec, plan: Plan, method: str, with_optimizer: bool) -> _
         optim = psi * (master + opt_bpp)
         module = psi * dtype_bytes(plan.param_dtype)
         per_rank = optim / partitions
-        if plan.shards_params:
-            return _Layout(total=optim + module, write_per_rank=per_rank + module / partitions,
-                           rank0_extra=0.0, local_per_rank=per_rank + module / partitions,
-                           items_per_rank=items_per_rank, files=2 * world)
+        if plan.shards_params:  # ZeRO-3's model-states files hold empty placeholders
+            return _Layout(total=optim, write_per_rank=per_rank, rank0_extra=0.0,
+                           local_per_rank=per_rank, items_per_rank=items_per_rank,
+                           files=2 * world)
         return _Layout(total=optim + module, write_per_rank=per_rank, rank0_extra=module / mp,
                        local_per_rank=per_rank + module / mp, items_per_rank=items_per_rank,
                        files=world + mp)
-    total = psi * (held_bytes + opt_bpp) + (tensors * STEP_COUNTER_BYTES if with_optimizer
-                                            else 0)
+    raw = psi * (held_bytes + opt_bpp)
+    steps = tensors * (STEP_COUNTER_BYTES + DCP_ITEM_BYTES) if with_optimizer else 0
+    sharded_items = (tensors * (1 + (state_copies if with_optimizer else 0))
+                     * (plan.dp_shard_cp if plan.shards_params else 1) * plan.tp)
+    total = raw + steps + (sharded_items * DCP_ITEM_BYTES if method != "full" else 0)
     shards = (plan.dp_shard_cp if plan.shards_params else 1) * mp
     local = total / shards
     largest = max(_numel(s) for _, s in spec.parameter_tensors()) * held_bytes / shards

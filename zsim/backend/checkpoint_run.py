@@ -87,6 +87,7 @@ from __future__ import annotations
 import inspect
 import os
 import re
+import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -105,6 +106,8 @@ METHODS = ("dcp", "dcp-async", "full", "deepspeed")
 """The checkpoint methods measured."""
 TORCH_METHODS = ("dcp", "dcp-async", "full")
 """Methods of torch programs (FSDP2, FSDP1); "deepspeed" runs DeepSpeed plans only."""
+WARMUP_SUFFIX = "-first"
+"""The folder of each method's first (untimed for save_s) save, removed after it."""
 DS_TAG = "ckpt"
 """The DeepSpeed checkpoint tag (its subfolder)."""
 FULL_FILE = "full.pt"
@@ -126,7 +129,8 @@ class CheckpointMeasurement:
     """All files of the checkpoint, metadata included."""
     files: int
     save_s: float
-    """Barrier before the call to the write's completion, max over ranks."""
+    """Barrier before the call to the write's completion, max over ranks: the second save
+    of the process (the first pays one-off costs: first_save_s)."""
     stall_s: float
     """Time the training loop is blocked: save_s for a synchronous method, to the return
     of async_save for "dcp-async"."""
@@ -141,6 +145,8 @@ class CheckpointMeasurement:
     equality after it is the checkpoint's doing)."""
     path: str
     """The checkpoint's folder."""
+    first_save_s: float = 0.0
+    """The process's first save of this method, max over ranks."""
     convert_s: float | None = None
     """Offline conversion to one file (dcp_to_torch_save, zero_to_fp32), one process."""
     convert_bytes: int | None = None
@@ -195,7 +201,8 @@ def measure_checkpoints(spec: ModelSpec, plan: Plan, *, nproc: int, directory: s
             background_s=max(t["background_s"] for t in timings),
             load_s=max(t["load_s"] for t in timings),
             loaded_equal=all(t["loaded_equal"] for t in timings),
-            fresh_differed=all(t["fresh_differed"] for t in timings), path=str(p))
+            fresh_differed=all(t["fresh_differed"] for t in timings), path=str(p),
+            first_save_s=max(t["first_save_s"] for t in timings))
         if convert and m in ("dcp", "deepspeed"):
             seconds, nbytes = convert_checkpoint(m, p, timeout_s=timeout_s)
             row = replace(row, convert_s=seconds, convert_bytes=nbytes)
@@ -254,7 +261,16 @@ def checkpoint_rank(ctx: RankContext, payload: Any) -> list[dict[str, Any]]:
         m == "dcp-async" for m, _ in jobs) else None
     out = []
     for method, path in jobs:
+        # The first save of a process also pays one-off costs (DCP's thread pools and
+        # planner, DeepSpeed's engine state, the page cache's first touch of a file):
+        # timed apart, in a folder removed after, so that save_s is a run's steady state.
+        os.makedirs(path + WARMUP_SUFFIX, exist_ok=True)
+        first = _save(method, prep, path + WARMUP_SUFFIX, with_optimizer, async_group)
+        if ctx.rank == 0:
+            shutil.rmtree(path + WARMUP_SUFFIX)
+        training.barrier()
         row = _save(method, prep, path, with_optimizer, async_group)
+        row["first_save_s"] = first["save_s"]
         fresh = programs.prepare(spec, plan, device=ctx.device, world_size=ctx.world_size)
         row["fresh_differed"] = not _equal(saved, local_parameters(fresh))
         row["load_s"] = _load(method, fresh, path, with_optimizer)

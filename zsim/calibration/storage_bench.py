@@ -14,7 +14,14 @@ DCP load right after a save does here: read_bytes_per_s is a memory-copy figure,
 disk's. cold_read_bytes_per_s reads after posix_fadvise(POSIX_FADV_DONTNEED) on the
 fsync'd (clean) pages, which asks the kernel to drop them; some file systems (tmpfs,
 overlay upper layers on tmpfs) keep them anyway, so it is a best-effort figure, and
-equals a cached read where the advice is ignored. Imports no torch.
+equals a cached read where the advice is ignored.
+
+`measure_streams` times what one checkpoint writer or reader thread does with a tensor,
+the serialization included: torch.save into a file then fsync (FileSystemWriter's
+_write_item, DeepSpeed's and a full state dict's torch.save: a zip archive whose records
+are CRC-32'd as they are copied), reading a file then torch.load from the bytes and a
+copy into the destination (FileSystemReader's read_data), and a clone into freshly
+allocated memory (async_save's default stager). Only it imports torch.
 """
 
 from __future__ import annotations
@@ -102,6 +109,88 @@ def measure_storage(directory: str | Path, *, file_bytes: int = 64 * MiB, files:
         file_create_s=statistics.median(creates), fsync=fsync, file_bytes=file_bytes,
         files=files, threads=threads, repeats=repeats, write_s=write_s, read_s=read_s,
         directory=str(root))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StreamFigures:
+    """One thread's checkpoint stream rates (medians), bytes/s."""
+
+    save_bytes_per_s: float
+    """torch.save of one tensor into a file, then fsync."""
+    load_bytes_per_s: float
+    """Read the file, torch.load from its bytes, copy into an existing tensor."""
+    stage_bytes_per_s: float
+    """Clone the tensor into freshly allocated memory (first-touch page faults)."""
+    tensor_bytes: int
+    repeats: int
+
+
+def measure_streams(directory: str | Path, *, tensor_bytes: int = 256 * MiB,
+                    repeats: int = 3) -> StreamFigures:
+    """Time torch.save, torch.load and a fresh clone of a `tensor_bytes` fp32 tensor in
+    `directory` (module docstring), each the median of `repeats`.
+
+    Raises:
+        ValueError: a size under 4 bytes or repeats below 1.
+    """
+    import io
+
+    import torch
+
+    if tensor_bytes < 4 or repeats < 1:
+        raise ValueError("tensor_bytes must be >= 4 and repeats >= 1")
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    t = torch.rand(tensor_bytes // 4)
+    path = root / "storage_bench_stream.pt"
+    saves, loads, stages = [], [], []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a backend rank runs (zsim.backend.runner)
+    try:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            with open(path, "wb") as f:
+                torch.save(t, f)
+                f.flush()
+                os.fsync(f.fileno())
+            saves.append(time.perf_counter() - t0)
+            dest = torch.empty_like(t)
+            t0 = time.perf_counter()
+            dest.copy_(torch.load(io.BytesIO(path.read_bytes()), weights_only=True))
+            loads.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            staged = t.clone()
+            stages.append(time.perf_counter() - t0)
+            del dest, staged
+    finally:
+        torch.set_num_threads(threads)
+        path.unlink(missing_ok=True)
+    n = t.numel() * 4
+    return StreamFigures(save_bytes_per_s=n / statistics.median(saves),
+                         load_bytes_per_s=n / statistics.median(loads),
+                         stage_bytes_per_s=n / statistics.median(stages),
+                         tensor_bytes=n, repeats=repeats)
+
+
+def storage_section(disk: StorageFigures, streams: StreamFigures, *, plan_item_us: float,
+                    source: str) -> dict[str, object]:
+    """The `storage:` section of a profile for this host (zsim.spec.storage): one disk
+    behind every rank, so a node's and the aggregate rate are the disk's (measured with
+    as many writer threads as ranks), a stream's the serializing thread's."""
+    gb = 1e9
+    return {
+        "name": "this host's disk",
+        "aggregate_write_gb_per_s": round(disk.write_bytes_per_s / gb, 3),
+        "aggregate_read_gb_per_s": round(disk.read_bytes_per_s / gb, 3),
+        "client_write_gb_per_s": round(disk.write_bytes_per_s / gb, 3),
+        "client_read_gb_per_s": round(disk.read_bytes_per_s / gb, 3),
+        "stream_write_gb_per_s": round(streams.save_bytes_per_s / gb, 3),
+        "stream_read_gb_per_s": round(streams.load_bytes_per_s / gb, 3),
+        "stage_gb_per_s": round(streams.stage_bytes_per_s / gb, 3),
+        "file_create_ms": round(disk.file_create_s * 1e3, 3),
+        "plan_item_us": plan_item_us,
+        "source": source,
+    }
 
 
 def _timed_threads(paths: list[Path], threads: int, fn: Callable[[Path], None]) -> float:

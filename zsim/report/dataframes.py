@@ -71,7 +71,22 @@ def sweep_row(run: Run, r: Result) -> dict[str, object]:
         row[f"at_peak_{cat}_gib"] = r.memory_at_peak.get(cat, 0) / GiB
     row |= {"tokens_per_s": r.tokens_per_s, "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu,
             "tflops_per_gpu": r.tflops_per_gpu, "mfu": r.mfu}
+    if run.run_days is not None:
+        row |= _per_day(run, r)
     return row
+
+
+def _per_day(run: Run, r: Result) -> dict[str, object]:
+    """The scenario's run_days columns (zsim.run_api.run_columns); None where the run has
+    no step to run."""
+    from zsim.run_api import run_columns
+
+    if not r.fits or r.step_time_s is None:
+        return {"run_checkpoint": None, "run_checkpoint_interval_min": None,
+                "run_goodput": None, "run_tokens_per_day": None}
+    assert run.run_days is not None
+    return run_columns(run.model, run.hardware, run.plan, r.step_time_s, days=run.run_days,
+                       fleet=run.fleet)
 
 
 def memory_curve_frame(curves: Mapping[str, Sequence[tuple[float, int]]],

@@ -143,6 +143,7 @@ def plan_text(result: dict[str, Any]) -> str:
     for i, text in why:
         out += _wrapped(f"{i:>{width}}  ", text)
     out.append("")
+    out += _per_day_lines(result)
     if result["recommended"] is None:
         out += _wrapped("", result["recommendation"])
     else:
@@ -150,6 +151,47 @@ def plan_text(result: dict[str, Any]) -> str:
                             f"({result['recommended_table']} table): "
                             f"{result['recommendation']}")
     return "\n".join(out)
+
+
+PER_DAY_ROWS = 10
+"""Plans the per-day table of `--run-days` lists, most tokens per day first."""
+
+
+def _per_day_lines(result: dict[str, Any]) -> list[str]:
+    """With --run-days: the plans that deliver the most tokens per day, and their
+    checkpoint; [] without."""
+    run = result.get("run")
+    if not run:
+        return []
+    records = [r for r in [*result["candidates"],
+                           *(result["parallel"] or {}).get("candidates", [])]
+               if r.get("run_tokens_per_day") is not None]
+    records.sort(key=lambda r: -r["run_tokens_per_day"])
+    rows = [{"plan": r["plan"], "ac": r["recompute"], "step": f"{r['step_time_s']:.3g}",
+             "checkpoint": r["run_checkpoint"],
+             "every": f"{r['run_checkpoint_interval_min']:.3g}",
+             "goodput": f"{100 * r['run_goodput']:.1f}",
+             "tokens/day": f"{r['run_tokens_per_day'] / 1e9:,.1f}"}
+            for r in records[:PER_DAY_ROWS]]
+    if not rows:
+        return []
+    headers = {"step": ("step", "s"), "every": ("every", "min"), "goodput": ("goodput", "%"),
+               "tokens/day": ("tokens/day", "B")}
+    out = ["", f"over {run['days']:g} days ({run['fleet']} failure rates, each plan's best "
+               f"checkpoint at Young's interval; zsim run searches the interval):",
+           text_table(rows, list(rows[0]), headers=headers, left=("plan", "ac", "checkpoint")),
+           ""]
+    most = records[0]
+    picked = next((r for r in records if r["tier"] == "recommended"), None)
+    text = f"most tokens per day: {most['plan']}"
+    if picked is not None and picked is not most:
+        gap = 100 * (1 - picked["run_tokens_per_day"] / most["run_tokens_per_day"])
+        tolerance = result.get("tie_tolerance_pct") or 0.0
+        text += (f"; the recommended plan delivers {gap:.1f}% fewer"
+                 + (f", within the ±{tolerance:.0f}% scatter: a tie" if gap <= tolerance
+                    else ""))
+    out += _wrapped("", text)
+    return out
 
 
 def _accumulation(result: dict[str, Any]) -> str:

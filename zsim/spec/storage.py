@@ -19,7 +19,7 @@ from zsim.units import GB, MS, US
 KEYS: tuple[str, ...] = (
     "name", "aggregate_write_gb_per_s", "aggregate_read_gb_per_s", "client_write_gb_per_s",
     "client_read_gb_per_s", "stream_write_gb_per_s", "stream_read_gb_per_s",
-    "file_create_ms", "plan_item_us", "source")
+    "stage_gb_per_s", "file_create_ms", "plan_item_us", "source")
 """Keys of the storage section, all required."""
 
 
@@ -38,6 +38,10 @@ class Storage:
     """What one writer thread gets (one rank's FileSystemWriter thread, or rank 0's
     torch.save of a full state dict), bytes/s."""
     stream_read_bytes_per_s: float
+    stage_bytes_per_s: float
+    """One rank's copy of its state into freshly allocated host memory (async_save's
+    default stager; on a GPU the pageable device-to-host copy, on a CPU device a clone),
+    bytes/s. Staging into cached pinned buffers runs at the pinned PCIe rate instead."""
     file_create_s: float
     """Creating, closing and syncing one file, seconds (metadata server round trips)."""
     plan_item_s: float
@@ -75,6 +79,7 @@ class Storage:
             client_read_bytes_per_s=rate["client_read_gb_per_s"] * GB,
             stream_write_bytes_per_s=rate["stream_write_gb_per_s"] * GB,
             stream_read_bytes_per_s=rate["stream_read_gb_per_s"] * GB,
+            stage_bytes_per_s=rate["stage_gb_per_s"] * GB,
             file_create_s=_positive(data, "file_create_ms") * MS,
             plan_item_s=_positive(data, "plan_item_us") * US,
             source=data["source"])
