@@ -173,6 +173,10 @@ def _stragglers(result: Result, plan: Plan, options: RunOptions) -> StepFactors 
         return None
     kernels = [s.end_s - s.start_s for s in result.spans
                if s.stream == "compute" and s.rank == 0 and s.end_s > s.start_s]
+    if not kernels:
+        raise ConfigError("straggler_prob", options.jitter.straggler_prob,
+                          "stragglers are drawn from the step's compute kernels, and a "
+                          "pipeline plan is replayed without a per-op timeline")
     assert result.step_time_s is not None and result.compute_time_s is not None
     return step_factors(options.jitter, ranks=plan.world_size,
                         kernels=effective_kernels(kernels), steps=STRAGGLER_STEPS,
