@@ -13,6 +13,7 @@ from zsim.spec.storage import KEYS, Storage
 GOOD: dict[str, Any] = {
     "name": "fs", "aggregate_write_gb_per_s": 100, "aggregate_read_gb_per_s": 200,
     "client_write_gb_per_s": 10, "client_read_gb_per_s": 20, "stream_write_gb_per_s": 1,
+    "stream_buffered_write_gb_per_s": 1.5,
     "stream_read_gb_per_s": 2, "stage_gb_per_s": 5, "file_create_ms": 2,
     "plan_item_us": 40, "source": "test"}
 

@@ -25,7 +25,9 @@ What is written (read from the libraries; the real-run tests count the bytes on 
   master weights and Adam moments (`*_optim_states.pt`); under ZeRO-1/2 data-parallel rank
   0 also writes the module's weights in their training dtype (`mp_rank_00_model_states.pt`),
   and on load every rank reads that file; ZeRO-3 writes a model-states file per rank
-  holding only empty placeholders (no 16-bit weights at all).
+  holding only empty placeholders (no 16-bit weights at all). Its checkpoint engine
+  torch.save's each file to its path without fsync: the save returns once the bytes are
+  in the client's cache (Storage.stream_buffered_write), durable when written back.
 - Offline conversion to one torch file (dcp_to_torch_save; DeepSpeed's zero_to_fp32),
   one process: reads the whole checkpoint, writes the fp32 weights (and, for DCP, the
   optimizer states).
@@ -39,8 +41,8 @@ enable_plan_caching, the PyTorch team's fix at 1,856 GPUs) pays it on the first 
 Not modelled: the training slow-down while a thread-based async write contends for the
 GIL (a process-based async_save avoids it); FSDP1's conversion of its flat parameters and
 optimizer state to a sharded state dict (several times the write on the CPU host,
-reports/validation/checkpoint); DeepSpeed writing without fsync (the page cache absorbs
-it where memory allows); compression and storage tiering.
+reports/validation/checkpoint); the write-back after DeepSpeed's unsynced save (a
+failure before it loses the checkpoint); compression and storage tiering.
 """
 
 from __future__ import annotations
@@ -160,9 +162,14 @@ def checkpoint_cost(spec: ModelSpec, hw: HardwareProfile, plan: Plan, *, method:
         host = lay.total
     else:
         busiest = lay.write_per_rank + lay.rank0_extra
-        write_s = max(busiest / write.stream,
-                      min(ranks_per_node, plan.world_size) * lay.write_per_rank / write.client,
-                      lay.total / write.aggregate * (1 if target == "shared" else 0))
+        if method == "deepspeed" and target == "shared":
+            # torch.save without fsync: done once the bytes are in the client's cache.
+            write_s = busiest / storage.stream_buffered_write_bytes_per_s
+        else:
+            write_s = max(busiest / write.stream,
+                          min(ranks_per_node, plan.world_size) * lay.write_per_rank
+                          / write.client,
+                          lay.total / write.aggregate * (1 if target == "shared" else 0))
         paid = 0.0 if cached_plan else plan_s
         if method == "dcp-async":
             stall, background = lay.local_per_rank / stage, paid + write_s + create_s

@@ -137,7 +137,8 @@ class CheckpointMeasurement:
     background_s: float
     """"dcp-async": from async_save's return to future.result(); 0 otherwise."""
     load_s: float
-    """Load into a freshly prepared model/optimizer, barrier to barrier, max over ranks."""
+    """Load into a freshly prepared model/optimizer, barrier to barrier, max over ranks:
+    the second load of the process (first_load_s the first)."""
     loaded_equal: bool
     """Every rank's local parameter shards after load equal those saved."""
     fresh_differed: bool
@@ -147,6 +148,8 @@ class CheckpointMeasurement:
     """The checkpoint's folder."""
     first_save_s: float = 0.0
     """The process's first save of this method, max over ranks."""
+    first_load_s: float = 0.0
+    """The first load into the fresh plan (load_s is the second), max over ranks."""
     convert_s: float | None = None
     """Offline conversion to one file (dcp_to_torch_save, zero_to_fp32), one process."""
     convert_bytes: int | None = None
@@ -202,7 +205,8 @@ def measure_checkpoints(spec: ModelSpec, plan: Plan, *, nproc: int, directory: s
             load_s=max(t["load_s"] for t in timings),
             loaded_equal=all(t["loaded_equal"] for t in timings),
             fresh_differed=all(t["fresh_differed"] for t in timings), path=str(p),
-            first_save_s=max(t["first_save_s"] for t in timings))
+            first_save_s=max(t["first_save_s"] for t in timings),
+            first_load_s=max(t["first_load_s"] for t in timings))
         if convert and m in ("dcp", "deepspeed"):
             seconds, nbytes = convert_checkpoint(m, p, timeout_s=timeout_s)
             row = replace(row, convert_s=seconds, convert_bytes=nbytes)
@@ -273,6 +277,9 @@ def checkpoint_rank(ctx: RankContext, payload: Any) -> list[dict[str, Any]]:
         row["first_save_s"] = first["save_s"]
         fresh = programs.prepare(spec, plan, device=ctx.device, world_size=ctx.world_size)
         row["fresh_differed"] = not _equal(saved, local_parameters(fresh))
+        # As for saves, the process's first load of a method pays one-off costs: the
+        # second load into the same fresh plan is the steady state a restart's load is.
+        row["first_load_s"] = _load(method, fresh, path, with_optimizer)
         row["load_s"] = _load(method, fresh, path, with_optimizer)
         row["loaded_equal"] = _equal(saved, local_parameters(fresh))
         out.append(row)

@@ -18,10 +18,11 @@ equals a cached read where the advice is ignored.
 
 `measure_streams` times what one checkpoint writer or reader thread does with a tensor,
 the serialization included: torch.save into a file then fsync (FileSystemWriter's
-_write_item, DeepSpeed's and a full state dict's torch.save: a zip archive whose records
-are CRC-32'd as they are copied), reading a file then torch.load from the bytes and a
-copy into the destination (FileSystemReader's read_data), and a clone into freshly
-allocated memory (async_save's default stager). Only it imports torch.
+_write_item and a full state dict's torch.save: a zip archive whose records are CRC-32'd
+as they are copied), torch.save to a path without fsync (DeepSpeed's checkpoint
+engine), reading a file then torch.load from the bytes and a copy into the destination
+(FileSystemReader's read_data), and a clone into freshly allocated memory (async_save's
+default stager). Only it imports torch.
 """
 
 from __future__ import annotations
@@ -117,6 +118,8 @@ class StreamFigures:
 
     save_bytes_per_s: float
     """torch.save of one tensor into a file, then fsync."""
+    buffered_save_bytes_per_s: float
+    """torch.save of one tensor to a file path, no fsync (DeepSpeed's checkpoint engine)."""
     load_bytes_per_s: float
     """Read the file, torch.load from its bytes, copy into an existing tensor."""
     stage_bytes_per_s: float
@@ -143,7 +146,7 @@ def measure_streams(directory: str | Path, *, tensor_bytes: int = 256 * MiB,
     root.mkdir(parents=True, exist_ok=True)
     t = torch.rand(tensor_bytes // 4)
     path = root / "storage_bench_stream.pt"
-    saves, loads, stages = [], [], []
+    saves, buffered, loads, stages = [], [], [], []
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as a backend rank runs (zsim.backend.runner)
     try:
@@ -154,6 +157,10 @@ def measure_streams(directory: str | Path, *, tensor_bytes: int = 256 * MiB,
                 f.flush()
                 os.fsync(f.fileno())
             saves.append(time.perf_counter() - t0)
+            path.unlink()
+            t0 = time.perf_counter()
+            torch.save(t, path)
+            buffered.append(time.perf_counter() - t0)
             dest = torch.empty_like(t)
             t0 = time.perf_counter()
             dest.copy_(torch.load(io.BytesIO(path.read_bytes()), weights_only=True))
@@ -167,6 +174,7 @@ def measure_streams(directory: str | Path, *, tensor_bytes: int = 256 * MiB,
         path.unlink(missing_ok=True)
     n = t.numel() * 4
     return StreamFigures(save_bytes_per_s=n / statistics.median(saves),
+                         buffered_save_bytes_per_s=n / statistics.median(buffered),
                          load_bytes_per_s=n / statistics.median(loads),
                          stage_bytes_per_s=n / statistics.median(stages),
                          tensor_bytes=n, repeats=repeats)
@@ -185,6 +193,7 @@ def storage_section(disk: StorageFigures, streams: StreamFigures, *, plan_item_u
         "client_write_gb_per_s": round(disk.write_bytes_per_s / gb, 3),
         "client_read_gb_per_s": round(disk.read_bytes_per_s / gb, 3),
         "stream_write_gb_per_s": round(streams.save_bytes_per_s / gb, 3),
+        "stream_buffered_write_gb_per_s": round(streams.buffered_save_bytes_per_s / gb, 3),
         "stream_read_gb_per_s": round(streams.load_bytes_per_s / gb, 3),
         "stage_gb_per_s": round(streams.stage_bytes_per_s / gb, 3),
         "file_create_ms": round(disk.file_create_s * 1e3, 3),

@@ -18,7 +18,8 @@ from zsim.units import GB, MS, US
 
 KEYS: tuple[str, ...] = (
     "name", "aggregate_write_gb_per_s", "aggregate_read_gb_per_s", "client_write_gb_per_s",
-    "client_read_gb_per_s", "stream_write_gb_per_s", "stream_read_gb_per_s",
+    "client_read_gb_per_s", "stream_write_gb_per_s", "stream_buffered_write_gb_per_s",
+    "stream_read_gb_per_s",
     "stage_gb_per_s", "file_create_ms", "plan_item_us", "source")
 """Keys of the storage section, all required."""
 
@@ -37,6 +38,10 @@ class Storage:
     stream_write_bytes_per_s: float
     """What one writer thread gets (one rank's FileSystemWriter thread, or rank 0's
     torch.save of a full state dict), bytes/s."""
+    stream_buffered_write_bytes_per_s: float
+    """What one thread's torch.save into a file path gets without fsync (DeepSpeed's
+    checkpoint engine): the save returns once the bytes are in the client's cache, which
+    writes them back later; bytes/s."""
     stream_read_bytes_per_s: float
     stage_bytes_per_s: float
     """One rank's copy of its state into freshly allocated host memory (async_save's
@@ -78,6 +83,7 @@ class Storage:
             client_write_bytes_per_s=rate["client_write_gb_per_s"] * GB,
             client_read_bytes_per_s=rate["client_read_gb_per_s"] * GB,
             stream_write_bytes_per_s=rate["stream_write_gb_per_s"] * GB,
+            stream_buffered_write_bytes_per_s=rate["stream_buffered_write_gb_per_s"] * GB,
             stream_read_bytes_per_s=rate["stream_read_gb_per_s"] * GB,
             stage_bytes_per_s=rate["stage_gb_per_s"] * GB,
             file_create_s=_positive(data, "file_create_ms") * MS,
