@@ -20,7 +20,7 @@ equals a cached read where the advice is ignored.
 the serialization included: torch.save into a file then fsync (FileSystemWriter's
 _write_item and a full state dict's torch.save: a zip archive whose records are CRC-32'd
 as they are copied), torch.save to a path without fsync (DeepSpeed's checkpoint
-engine), reading a file then torch.load from the bytes and a copy into the destination
+engine), torch.load from the open file and a copy into the destination
 (FileSystemReader's read_data), and a clone into freshly allocated memory (async_save's
 default stager). Only it imports torch.
 """
@@ -121,7 +121,7 @@ class StreamFigures:
     buffered_save_bytes_per_s: float
     """torch.save of one tensor to a file path, no fsync (DeepSpeed's checkpoint engine)."""
     load_bytes_per_s: float
-    """Read the file, torch.load from its bytes, copy into an existing tensor."""
+    """torch.load from the open file, copy into an existing tensor."""
     stage_bytes_per_s: float
     """Clone the tensor into freshly allocated memory (first-touch page faults)."""
     tensor_bytes: int
@@ -136,7 +136,6 @@ def measure_streams(directory: str | Path, *, tensor_bytes: int = 256 * MiB,
     Raises:
         ValueError: a size under 4 bytes or repeats below 1.
     """
-    import io
 
     import torch
 
@@ -163,7 +162,8 @@ def measure_streams(directory: str | Path, *, tensor_bytes: int = 256 * MiB,
             buffered.append(time.perf_counter() - t0)
             dest = torch.empty_like(t)
             t0 = time.perf_counter()
-            dest.copy_(torch.load(io.BytesIO(path.read_bytes()), weights_only=True))
+            with open(path, "rb") as f:  # as FileSystemReader.read_data: from the file
+                dest.copy_(torch.load(f, map_location="cpu", weights_only=True))
             loads.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             staged = t.clone()
