@@ -106,10 +106,6 @@ class CheckpointCost:
     fits_host: bool
     """host_bytes_per_node fits the node's host memory."""
 
-    @property
-    def save_total_s(self) -> float:
-        return self.save_stall_s + self.save_background_s
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Layout:
@@ -179,7 +175,7 @@ def checkpoint_cost(spec: ModelSpec, hw: HardwareProfile, plan: Plan, *, method:
             background, host = 0.0, 0.0
         load_s = _load_s(lay, read, plan, ranks_per_node, target) \
             + lay.local_per_rank / h2d
-    convert = (lay.total / read.stream + _converted_bytes(spec, plan, method, lay)
+    convert = (lay.total / read.stream + _converted_bytes(spec, method, lay)
                / write.stream)
     return CheckpointCost(
         method=method, target=target, with_optimizer=with_optimizer, bytes_total=lay.total,
@@ -306,7 +302,7 @@ def _broadcast_s(hw: HardwareProfile, plan: Plan, local: float) -> float:
     return local * plan.world_size / (link.bandwidth_bytes_per_s * link.efficiency)
 
 
-def _converted_bytes(spec: ModelSpec, plan: Plan, method: str, lay: _Layout) -> float:
+def _converted_bytes(spec: ModelSpec, method: str, lay: _Layout) -> float:
     """What the offline conversion writes: zero_to_fp32 the fp32 weights, dcp_to_torch_save
     the whole checkpoint in one file."""
     if method == "deepspeed":
