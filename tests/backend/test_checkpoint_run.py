@@ -38,7 +38,8 @@ torch.save's and DeepSpeed's pickled dicts, configs and param_shapes)."""
 @pytest.fixture(scope="module")
 def fsdp2(tmp_path_factory: pytest.TempPathFactory) -> dict[str, CheckpointMeasurement]:
     plan = Plan.for_strategy("fsdp", gpus=2, seq_len=48, micro_batch=2)
-    rows = measure_checkpoints(TINY, plan, nproc=2, directory=tmp_path_factory.mktemp("f2"),
+    rows = measure_checkpoints(TINY, plan, nproc=2, warmup=False,
+                               directory=tmp_path_factory.mktemp("f2"),
                                methods=("dcp", "dcp-async", "full"), convert=True)
     return {r.method: r for r in rows}
 
@@ -99,7 +100,7 @@ def test_deepspeed_files_per_rank(tmp_path: Path, strategy: str) -> None:
     pytest.importorskip("deepspeed")
     options = {"options": ZERO3} if strategy == "zero3" else {}
     plan = Plan.for_strategy(strategy, gpus=2, seq_len=48, micro_batch=2, **options)
-    (row,) = measure_checkpoints(TINY, plan, nproc=2, directory=tmp_path,
+    (row,) = measure_checkpoints(TINY, plan, nproc=2, warmup=False, directory=tmp_path,
                                  methods=("deepspeed",), convert=True)
     assert row.loaded_equal and row.fresh_differed
     files = _file_bytes(row)
@@ -135,7 +136,7 @@ def test_deepspeed_files_per_rank(tmp_path: Path, strategy: str) -> None:
 
 def test_fsdp1_checkpoints_round_trip(tmp_path: Path) -> None:
     plan = Plan.for_strategy("fsdp", gpus=2, seq_len=48, micro_batch=2, impl="fsdp1")
-    rows = measure_checkpoints(TINY, plan, nproc=2, directory=tmp_path,
+    rows = measure_checkpoints(TINY, plan, nproc=2, warmup=False, directory=tmp_path,
                                methods=("dcp", "full"))
     for row in rows:
         assert row.program == "fsdp1" and row.loaded_equal and row.fresh_differed

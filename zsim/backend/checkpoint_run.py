@@ -158,7 +158,7 @@ class CheckpointMeasurement:
 
 def measure_checkpoints(spec: ModelSpec, plan: Plan, *, nproc: int, directory: str | Path,
                         methods: tuple[str, ...] | list[str], with_optimizer: bool = True,
-                        convert: bool = False,
+                        convert: bool = False, warmup: bool = True,
                         timeout_s: float = 300.0) -> list[CheckpointMeasurement]:
     """Save and load a checkpoint of `plan` with each of `methods` on `nproc` gloo ranks.
 
@@ -169,6 +169,9 @@ def measure_checkpoints(spec: ModelSpec, plan: Plan, *, nproc: int, directory: s
             FSDP2 and FSDP1 plans).
         with_optimizer: save the optimizer state too (DeepSpeed always does).
         convert: also time the offline conversion of "dcp" and "deepspeed" checkpoints.
+        warmup: save once more before the timed save, and load twice, so that save_s and
+            load_s are the steady state (first_save_s, first_load_s the first); without,
+            one of each (half the time, for tests that count bytes).
 
     Raises:
         ConfigError: an unknown method, or one the plan's program does not run.
@@ -190,7 +193,7 @@ def measure_checkpoints(spec: ModelSpec, plan: Plan, *, nproc: int, directory: s
             raise ConfigError("directory", str(p), "a checkpoint folder must be fresh")
         p.mkdir(parents=True)
     jobs = [(m, str(p)) for m, p in zip(methods, paths, strict=True)]
-    payload = (spec, plan, jobs, with_optimizer)
+    payload = (spec, plan, jobs, with_optimizer, warmup)
     ranks = run_ranks(checkpoint_rank, payload, nproc=nproc, timeout_s=timeout_s)
     rows = []
     for i, (m, p) in enumerate(zip(methods, paths, strict=True)):
@@ -256,7 +259,7 @@ def checkpoint_rank(ctx: RankContext, payload: Any) -> list[dict[str, Any]]:
     Returns:
         Per method: save_s, stall_s, background_s, load_s, loaded_equal, fresh_differed.
     """
-    spec, plan, jobs, with_optimizer = payload
+    spec, plan, jobs, with_optimizer, warmup = payload
     prep = programs.prepare(spec, plan, device=ctx.device, world_size=ctx.world_size)
     training.train_step(prep, training.batches(spec, plan, device=ctx.device,
                                                rank=ctx.rank, step=0))
@@ -268,19 +271,23 @@ def checkpoint_rank(ctx: RankContext, payload: Any) -> list[dict[str, Any]]:
         # The first save of a process also pays one-off costs (DCP's thread pools and
         # planner, DeepSpeed's engine state, the page cache's first touch of a file):
         # timed apart, in a folder removed after, so that save_s is a run's steady state.
-        os.makedirs(path + WARMUP_SUFFIX, exist_ok=True)
-        first = _save(method, prep, path + WARMUP_SUFFIX, with_optimizer, async_group)
-        if ctx.rank == 0:
-            shutil.rmtree(path + WARMUP_SUFFIX)
-        training.barrier()
+        first_save_s = None
+        if warmup:
+            os.makedirs(path + WARMUP_SUFFIX, exist_ok=True)
+            first_save_s = _save(method, prep, path + WARMUP_SUFFIX, with_optimizer,
+                                 async_group)["save_s"]
+            if ctx.rank == 0:
+                shutil.rmtree(path + WARMUP_SUFFIX)
+            training.barrier()
         row = _save(method, prep, path, with_optimizer, async_group)
-        row["first_save_s"] = first["save_s"]
+        row["first_save_s"] = row["save_s"] if first_save_s is None else first_save_s
         fresh = programs.prepare(spec, plan, device=ctx.device, world_size=ctx.world_size)
         row["fresh_differed"] = not _equal(saved, local_parameters(fresh))
         # As for saves, the process's first load of a method pays one-off costs: the
         # second load into the same fresh plan is the steady state a restart's load is.
         row["first_load_s"] = _load(method, fresh, path, with_optimizer)
-        row["load_s"] = _load(method, fresh, path, with_optimizer)
+        row["load_s"] = (_load(method, fresh, path, with_optimizer) if warmup
+                         else row["first_load_s"])
         row["loaded_equal"] = _equal(saved, local_parameters(fresh))
         out.append(row)
         del fresh
