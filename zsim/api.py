@@ -280,10 +280,12 @@ def hardware() -> list[dict[str, Any]]:
     return rows
 
 
-PARALLEL_FIELDS: tuple[str, ...] = ("tp", "pp", "cp", "sp", "async_tp", "tp_across_nodes",
-                                    "pp_schedule", "virtual_stages")
-"""The Plan's model-parallel fields the CLI's --tp, --pp, --cp, --sp, --async-tp,
---tp-across-nodes, --pp-schedule and --virtual-stages set."""
+PARALLEL_FIELDS: tuple[str, ...] = ("tp", "pp", "cp", "ep", "sp", "async_tp", "tp_across_nodes",
+                                    "pp_schedule", "virtual_stages", "capacity_factor",
+                                    "expert_imbalance")
+"""The Plan's model-parallel fields the CLI's --tp, --pp, --cp, --ep, --sp, --async-tp,
+--tp-across-nodes, --pp-schedule, --virtual-stages, --capacity-factor and
+--expert-imbalance set."""
 
 
 def build_plan(spec: ModelSpec, *, gpus: int, strategy: str, shard_group: int | None,

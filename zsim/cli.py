@@ -169,6 +169,12 @@ ImplOpt = Annotated[Impl | None, typer.Option(
 TpOpt = Annotated[int, typer.Option(help="Tensor-parallel degree (inside a node).")]
 PpOpt = Annotated[int, typer.Option(help="Pipeline-parallel degree (stages).")]
 CpOpt = Annotated[int, typer.Option(help="Context-parallel degree (ring attention).")]
+EpOpt = Annotated[int, typer.Option(
+    help="Expert-parallel degree (MoE models), carved from the data-parallel ranks.")]
+CapacityOpt = Annotated[float, typer.Option(
+    help="Expert capacity factor (MoE; 0: dropless, as torchtitan).")]
+ImbalanceOpt = Annotated[float, typer.Option(
+    help="Routed tokens the busiest EP rank receives over the mean (MoE; 1: balanced).")]
 SpOpt = Annotated[bool, typer.Option(help="Sequence parallelism with TP.")]
 AsyncTpOpt = Annotated[bool, typer.Option(help="Async TP: TP collectives overlap the matmuls "
                                                 "(needs --sp).")]
@@ -178,13 +184,16 @@ VirtualStagesOpt = Annotated[int, typer.Option(help="Pipeline stages per rank (i
 
 
 def _parallel(*, tp: int, pp: int, cp: int, sp: bool, async_tp: bool, tp_across_nodes: bool,
-              pp_schedule: Any, virtual_stages: int) -> dict[str, Any]:
+              pp_schedule: Any, virtual_stages: int, ep: int = 1,
+              capacity_factor: float = 0.0, expert_imbalance: float = 1.0) -> dict[str, Any]:
     """The model-parallel flags that differ from their defaults (zsim.api.PARALLEL_FIELDS)."""
     given = {"tp": tp, "pp": pp, "cp": cp, "sp": sp, "async_tp": async_tp,
              "tp_across_nodes": tp_across_nodes, "pp_schedule": pp_schedule.value,
-             "virtual_stages": virtual_stages}
+             "virtual_stages": virtual_stages, "ep": ep, "capacity_factor": capacity_factor,
+             "expert_imbalance": expert_imbalance}
     defaults = {"tp": 1, "pp": 1, "cp": 1, "sp": False, "async_tp": False,
-                "tp_across_nodes": False, "pp_schedule": "1f1b", "virtual_stages": 1}
+                "tp_across_nodes": False, "pp_schedule": "1f1b", "virtual_stages": 1,
+                "ep": 1, "capacity_factor": 0.0, "expert_imbalance": 1.0}
     return {k: v for k, v in given.items() if v != defaults[k]}
 
 
@@ -215,6 +224,9 @@ def simulate(
     tp: TpOpt = 1,
     pp: PpOpt = 1,
     cp: CpOpt = 1,
+    ep: EpOpt = 1,
+    capacity_factor: CapacityOpt = 0.0,
+    expert_imbalance: ImbalanceOpt = 1.0,
     sp: SpOpt = False,
     async_tp: AsyncTpOpt = False,
     tp_across_nodes: TpAcrossNodesOpt = False,
@@ -245,7 +257,9 @@ def simulate(
         fit_only=fit_only, ds_config=ds_config, fsdp_config=fsdp_config,
         parallel=_parallel(tp=tp, pp=pp, cp=cp, sp=sp, async_tp=async_tp,
                            tp_across_nodes=tp_across_nodes, pp_schedule=pp_schedule,
-                           virtual_stages=virtual_stages),
+                           virtual_stages=virtual_stages, ep=ep,
+                           capacity_factor=capacity_factor,
+                           expert_imbalance=expert_imbalance),
         grad_sync=grad_sync.value))
     for warning in r["warnings"]:
         typer.echo(f"warning: {warning}", err=True)

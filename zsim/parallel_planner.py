@@ -51,6 +51,8 @@ CP_DEGREES: tuple[int, ...] = (1, 2, 4, 8)
 """Context-parallel degrees enumerated."""
 MAX_PP = 32
 """Largest pipeline degree enumerated."""
+EP_MAX = 256
+"""Largest expert-parallel degree enumerated (DeepSeek-V3's 256 experts, one a rank)."""
 TOP = 3
 """Fitting plans simulated in full (by estimated throughput)."""
 ROUNDS = 4
@@ -171,24 +173,39 @@ def _variants(model: ModelSpec, hw: HardwareProfile, *, tp: int, cp: int, pp: in
     if group * cp > 1 and group < dp and dp % group == 0:
         shardings.append(("hsdp", group, dp // group))
     shardings.append(("ddp", 1, dp))
+    fixed_ep = knobs.pop("ep", None)
     out = []
     for strategy, shard, repl in shardings:
-        for schedule, virtual in schedules:
-            for rc in RECOMPUTE:
-                try:
-                    plan = Plan(strategy=strategy, dp_shard=shard, dp_replicate=repl,  # type: ignore[arg-type]
-                                tp=tp, cp=cp, pp=pp, sp=tp > 1, pp_schedule=schedule,  # type: ignore[arg-type]
-                                virtual_stages=virtual, micro_batch=micro_batch,
-                                grad_accum=m, seq_len=seq_len, recompute=rc,  # type: ignore[arg-type]
-                                grad_sync="every" if pp == 1 and m > 1
-                                and strategy != "ddp" else "last",
-                                **knobs)  # type: ignore[arg-type]
-                    check_plan(model, hw, plan)
-                    check_modelled(plan)  # DDP with context parallelism is not
-                except ConfigError:
-                    continue
-                out.append(plan)
+        eps = ([fixed_ep] if fixed_ep is not None
+               else ep_degrees(model, shard * cp) if strategy != "ddp" else [1])
+        for ep in eps:
+            for schedule, virtual in schedules:
+                for rc in RECOMPUTE:
+                    try:
+                        plan = Plan(strategy=strategy, dp_shard=shard, dp_replicate=repl,  # type: ignore[arg-type]
+                                    tp=tp, cp=cp, pp=pp, ep=ep, sp=tp > 1,  # type: ignore[arg-type]
+                                    pp_schedule=schedule, virtual_stages=virtual,  # type: ignore[arg-type]
+                                    micro_batch=micro_batch, grad_accum=m, seq_len=seq_len,
+                                    recompute=rc,  # type: ignore[arg-type]
+                                    grad_sync="every" if pp == 1 and m > 1
+                                    and strategy != "ddp" else "last",
+                                    **knobs)  # type: ignore[arg-type]
+                        check_plan(model, hw, plan)
+                        check_modelled(plan)  # DDP with context parallelism is not
+                    except ConfigError:
+                        continue
+                    out.append(plan)
     return out
+
+
+def ep_degrees(model: ModelSpec, ranks: int) -> list[int]:
+    """The expert-parallel degrees enumerated for an MoE model whose state is sharded
+    over `ranks` (dp_shard x cp): 1 and every power of two dividing both them and the
+    experts, up to EP_MAX; [1] for a dense model."""
+    if model.moe is None:
+        return [1]
+    return [ep for ep in (2 ** i for i in range(EP_MAX.bit_length()))
+            if ep <= EP_MAX and ranks % ep == 0 and model.moe.experts % ep == 0]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -336,6 +353,11 @@ def explain_parallel(choice: ParallelChoice, fastest: Ranked | None) -> str:
         work, best_work = _compute_per_token_s(r), _compute_per_token_s(rb)
         if work > best_work * 1.01:
             causes.append(f"{work / best_work - 1:.0%} more compute per token")
+        a2a = r.exposed_by_kind_s.get("all_to_all", 0.0)
+        if a2a > 0.001 * (r.step_time_s or 0.0):
+            causes.append(f"all-to-all exposed {a2a:.3f} s")
+    if p.ep > 1 and p.routed_load > 1:
+        causes.append(f"the busiest EP rank routed {p.routed_load:g}x the mean")
     where = "simulated" if choice.result is not None else "estimated"
     return (f"slower than the fastest by {slower:.1%} ({where})"
             + (f": {', '.join(causes)}" if causes else ""))
@@ -358,7 +380,7 @@ def parallel_record(model: ModelSpec, choice: ParallelChoice, *, why: str,
     tps = choice.tokens_per_s_per_gpu
     band = None if r is None else r.step_time_band_s
     return {
-        "plan": p.label, "layout": p.layout, "tp": p.tp, "cp": p.cp, "pp": p.pp,
+        "plan": p.label, "layout": p.layout, "tp": p.tp, "cp": p.cp, "pp": p.pp, "ep": p.ep,
         "pp_schedule": p.pp_schedule if p.pp > 1 else "-",
         "dp_shard": p.dp_shard, "dp_replicate": p.dp_replicate, "recompute": p.recompute,
         "micro_batch": p.micro_batch, "grad_accum": p.grad_accum,
@@ -377,5 +399,7 @@ def parallel_record(model: ModelSpec, choice: ParallelChoice, *, why: str,
         "tokens_per_s_per_gpu": None if tps is None else round(tps, 1),
         "mfu": None if r is None or r.mfu is None else round(r.mfu, 4),
         "bubble_fraction": round(e.bubble_fraction, 3),
+        "all_to_all_exposed_s": None if r is None else round(
+            r.exposed_by_kind_s.get("all_to_all", 0.0), 4),
         "why": why,
     }

@@ -328,14 +328,14 @@ def summarize(schedule: Schedule, trace: Trace, memory: MemoryPool, *, model: st
     # Each collective kind and copy direction has its own stream (named after it); its
     # busy time includes the kernels that prepare or finish its transfers there (FSDP2's
     # all-gather copy-in, the reduce-scatter output cast).
-    # Tensor and context parallelism's collectives have a stream each ("tp", "cp"),
-    # counted under its name.
+    # Tensor, context and expert parallelism's collectives have a stream each ("tp",
+    # "cp", "ep"), counted under its name.
     for kind in TRANSFER_STREAMS:
         iv = [(sp.start_s, sp.end_s) for sp in spans0 if sp.stream == kind]
         if iv:
             busy[kind] = _union_s(iv)
             bus[kind] = sum(sp.bus_bytes for sp in spans0 if sp.stream == kind
-                            and (sp.kind == kind or kind in ("tp", "cp")))
+                            and (sp.kind == kind or kind in ("tp", "cp", "ep")))
     comm_total = _union_s([(sp.start_s, sp.end_s) for sp in spans0
                            if sp.stream in TRANSFER_STREAMS])
     waits0 = [w for w in trace.waits if w.rank == 0]

@@ -7,6 +7,7 @@ and warnings; and the loader's error contract on malformed files."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -179,11 +180,95 @@ def test_seq_flag_is_named_as_the_source() -> None:
 
 
 # ------------------------------------------------------------ refusals
-def test_mixtral_is_refused_naming_model_type_and_key() -> None:
-    line = error_line(["plan", "--model", str(CONFIGS / "Mixtral-8x7B-v0.1" / "config.json"),
-                       "--gpus", "8"])
-    assert "num_local_experts=8" in line and "'mixtral'" in line
-    assert "mixture of experts" in line
+# Published totals and activated parameters, each also worked by hand below from the
+# architecture transformers builds (modeling_mixtral.py, modeling_qwen2_moe.py,
+# modeling_deepseek_v3.py), independently of ModelSpec's closed form.
+MOE_PUBLISHED = {
+    # Jiang et al. 2024, "Mixtral of Experts", Sec. 2: 47B total, 13B active
+    # (Mistral's announcement: 46.7B total, 12.9B per token).
+    "Mixtral-8x7B-v0.1": (46.7e9, 12.9e9, 0.002),
+    # Qwen team 2024, Qwen1.5-MoE-A2.7B model card: 14.3B total, 2.7B activated.
+    "Qwen1.5-MoE-A2.7B": (14.3e9, 2.7e9, 0.01),
+    # DeepSeek-AI 2024, DeepSeek-V3 Technical Report, Sec. 2: 671B total, 37B activated
+    # per token (without the 14B multi-token-prediction module).
+    "DeepSeek-V3": (671e9, 37e9, 0.02),
+}
+
+
+def _mixtral_by_hand() -> tuple[int, int]:
+    d, kv, f, layers, vocab, experts, k = 4096, 1024, 14336, 32, 32000, 8, 2
+    attention = 2 * d * d + 2 * d * kv
+    expert = 3 * d * f
+    other = attention + d * experts + 2 * d  # router, two RMSNorms
+    root = 2 * vocab * d + d
+    return (layers * (other + experts * expert) + root,
+            layers * (other + k * expert) + root)
+
+
+def _deepseek_v3_by_hand() -> tuple[int, int]:
+    d, h, layers, dense, vocab = 7168, 128, 61, 3, 129280
+    attention = (d * 1536 + 1536 + 1536 * h * 192          # wq_a, q_norm, wq_b
+                 + d * (512 + 64) + 512 + 512 * h * 256    # wkv_a, kv_norm, wkv_b
+                 + h * 128 * d)                            # wo
+    expert = 3 * d * 2048
+    moe_other = attention + 2 * d + 256 * d + 256 + expert  # norms, router + bias, shared
+    dense_layer = attention + 2 * d + 3 * d * 18432
+    root = 2 * vocab * d + d
+    return (dense * dense_layer + (layers - dense) * (moe_other + 256 * expert) + root,
+            dense * dense_layer + (layers - dense) * (moe_other + 8 * expert) + root)
+
+
+def _qwen15_moe_by_hand() -> tuple[int, int]:
+    d, layers, vocab, experts, k = 2048, 24, 151936, 60, 4
+    attention = 4 * d * d + 3 * d  # q/k/v with biases, o without
+    expert = 3 * d * 1408
+    other = attention + 2 * d + experts * d + 3 * d * 5632 + d  # router, shared, its gate
+    root = 2 * vocab * d + d
+    return (layers * (other + experts * expert) + root,
+            layers * (other + k * expert) + root)
+
+
+@pytest.mark.parametrize(("folder", "by_hand"), [
+    ("Mixtral-8x7B-v0.1", _mixtral_by_hand), ("Qwen1.5-MoE-A2.7B", _qwen15_moe_by_hand),
+    ("DeepSeek-V3", _deepseek_v3_by_hand)])
+def test_moe_configs_count_total_and_activated_parameters(folder: str, by_hand) -> None:
+    spec = read_hf_config(CONFIGS / folder / "config.json")
+    total, active = by_hand()
+    assert spec.moe is not None
+    assert (spec.num_params, spec.active_params) == (total, active)
+    assert sum(math.prod(s) for _, s in spec.parameter_tensors()) == total
+    published_total, published_active, rel = MOE_PUBLISHED[folder]
+    assert spec.num_params == pytest.approx(published_total, rel=rel)
+    assert spec.active_params == pytest.approx(published_active, rel=max(rel, 0.02))
+
+
+def test_moe_flops_per_token_count_the_routed_experts_only() -> None:
+    """6 x activated matmul parameters: Mixtral's dense equivalent has 8 experts' worth of
+    parameters but its tokens pass through 2 (12.9B of 46.7B)."""
+    spec = read_hf_config(CONFIGS / "Mixtral-8x7B-v0.1" / "config.json")
+    matmul_active = spec.active_params - spec.embedding_params  # the output projection counts
+    assert spec.flops_per_token(4096) == pytest.approx(
+        6 * matmul_active + spec.attention_flops_per_token(4096))
+    assert spec.flops_per_token(4096) < 6 * 14e9
+
+
+def test_expert_parallel_share_keeps_the_whole_model_counts() -> None:
+    spec = read_hf_config(CONFIGS / "DeepSeek-V3" / "config.json")
+    share = spec.ep_share(64)
+    expert = 3 * 7168 * 2048
+    assert spec.num_params - share.num_params == 58 * (256 - 4) * expert
+    assert (share.total_params, share.active_params) == (spec.num_params, spec.active_params)
+    assert share.flops_per_token(4096) == spec.flops_per_token(4096)
+
+
+def test_deepseek_v3_notes_what_it_does_not_simulate() -> None:
+    spec = read_hf_config(CONFIGS / "DeepSeek-V3" / "config.json")
+    (note,) = spec.warnings
+    for key in ("num_nextn_predict_layers=1", "quantization_config", "auto_map",
+                "first_k_dense_replace=3"):
+        assert key in note
+    assert spec.mla is not None and spec.head_dim == 192 and spec.v_dim == 128 * 128
+    assert spec.max_seq_len == 4096
 
 
 @pytest.mark.parametrize(("extra", "key"), [
@@ -211,7 +296,7 @@ def test_unmodelled_model_type_is_refused(tmp_path: Path, model_type: str, cfg: 
     path = _write(tmp_path, cfg)
     line = error_line(["plan", "--model", str(path), "--gpus", "8"])
     assert line.startswith(f"error: {path}:model_type='{model_type}': not modelled")
-    assert "llama, mistral, qwen2, gpt2, gpt_neox" in line
+    assert "llama, mistral, qwen2, mixtral, qwen2_moe, deepseek_v3, gpt2, gpt_neox" in line
 
 
 def test_missing_model_type_is_refused(tmp_path: Path) -> None:

@@ -85,7 +85,8 @@ def _block_all(model: ModelSpec, b: int, s: int, a: int, autocast: bool) -> list
     the norms save the sequence shard with sequence parallelism, and the matmuls' inputs
     are whole (torch's SequenceParallel all-gathers them before the linears, which save
     the gathered input; Megatron-LM instead saves the shard and gathers it again)."""
-    d, q, kv, f, h = model.d_model, model.q_dim, model.kv_dim, model.ffn_hidden, model.num_heads
+    d, q, kv, f, h = model.d_model, model.q_dim, model.kv_dim, model.mlp_width, model.num_heads
+    v = model.v_dim
     bs = b * s
     kv_saved = q if model.gqa_impl == "repeat_kv" else kv
     out: list[SavedTensor] = []
@@ -112,8 +113,8 @@ def _block_all(model: ModelSpec, b: int, s: int, a: int, autocast: bool) -> list
         out += [
             SavedTensor(name="attention.sdpa.q", bytes=bs * q * a),
             SavedTensor(name="attention.sdpa.k", bytes=bs * kv_saved * a),
-            SavedTensor(name="attention.sdpa.v", bytes=bs * kv_saved * a),
-            SavedTensor(name="attention.sdpa.out", bytes=bs * q * a),
+            SavedTensor(name="attention.sdpa.v", bytes=bs * (v if model.mla else kv_saved) * a),
+            SavedTensor(name="attention.sdpa.out", bytes=bs * v * a),
             SavedTensor(name="attention.sdpa.logsumexp", bytes=b * h * s * FP32_BYTES),
         ]
         # The flash kernel lays its output out as (b, s, h, d): the transpose back and
@@ -133,6 +134,8 @@ def _block_all(model: ModelSpec, b: int, s: int, a: int, autocast: bool) -> list
     norm("ffn_norm")
     matmul_inputs("feed_forward.w1", ("feed_forward.w1", "feed_forward.w3")
                   if model.mlp == "swiglu" else ("feed_forward.w1",))
+    if model.moe is not None:
+        out += _moe_routing_saved(model, bs, a)
     out.append(SavedTensor(name="feed_forward.w1.output", bytes=bs * f * a))
     if model.mlp == "swiglu":
         out += [
@@ -141,6 +144,18 @@ def _block_all(model: ModelSpec, b: int, s: int, a: int, autocast: bool) -> list
         ]
     out.append(SavedTensor(name="feed_forward.w2.input", bytes=bs * f * a))
     return out
+
+
+def _moe_routing_saved(model: ModelSpec, bs: int, a: int) -> list[SavedTensor]:
+    """What an MoE layer saves beyond an MLP of its width (torchtitan's MoE): the router's
+    fp32 scores over every expert, the token copies permuted to their top_k experts (the
+    grouped GEMMs' input) and the experts' outputs before the weighted combine (its
+    backward needs them for the scores' gradient)."""
+    assert model.moe is not None
+    k = model.moe.top_k
+    return [SavedTensor(name="moe.router.scores", bytes=bs * model.moe.experts * FP32_BYTES),
+            SavedTensor(name="moe.routed_input", bytes=bs * k * model.d_model * a),
+            SavedTensor(name="moe.experts.output", bytes=bs * k * model.d_model * a)]
 
 
 def _block_selective(model: ModelSpec, b: int, s: int, a: int, autocast: bool
@@ -157,7 +172,7 @@ def _block_selective(model: ModelSpec, b: int, s: int, a: int, autocast: bool
     if model.attention_kernel == "flash":
         out.append(SavedTensor(name="attention.sdpa.logsumexp",
                                bytes=b * model.num_heads * s * FP32_BYTES))
-    out.append(SavedTensor(name="attention.sdpa.out", bytes=bs * model.q_dim * a))
+    out.append(SavedTensor(name="attention.sdpa.out", bytes=bs * model.v_dim * a))
     return out
 
 
@@ -237,7 +252,7 @@ def block_backward_working_bytes(model: ModelSpec, *, micro_batch: int, seq_len:
     up-projection outputs (b*s*f each) -- the largest simultaneous set."""
     bs = micro_batch * seq_len
     n_up = 2 if model.mlp == "swiglu" else 1
-    return bs * act_bytes * (2 * model.d_model + n_up * model.ffn_hidden)
+    return bs * act_bytes * (2 * model.d_model + n_up * model.mlp_width)
 
 
 def root_saved_tensors(model: ModelSpec, *, micro_batch: int, seq_len: int,

@@ -139,7 +139,7 @@ class _Sizes:
         """(b, s, d) activation."""
         self.kv = bs * model.kv_dim * a
         """(b, s, kv) activation: k and v."""
-        self.f = bs * model.ffn_hidden * a
+        self.f = bs * model.mlp_width * a
         """(b, s, f) activation: the MLP's hidden."""
         self.rstd = bs * FP32_BYTES
         """RMSNorm's saved fp32 rstd."""

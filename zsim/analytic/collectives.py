@@ -21,7 +21,8 @@ Choice (profile `collectives.model`):
   LL, LL128, Simple as the profile offers them), tree (all_reduce, with NCCL's size
   correction), NVLS (all_reduce inside one node on NVSwitch systems with NVLink SHARP),
   NVLS tree (all_reduce across such nodes, several ranks on each), PAT (all_gather and
-  reduce_scatter with one rank per node). Left out: CollNet/SHARP in-network reduction,
+  reduce_scatter with one rank per node), pairwise all_to_all (expert parallelism's
+  dispatch and combine; `_pairwise`). Left out: CollNet/SHARP in-network reduction,
   NVLS all_gather/reduce_scatter, the
   ring all_reduce's latency plateau factor, per-channel bandwidth caps, the latency
   grouped calls share, the tree's own per-hop latencies (a tree hop is charged the
@@ -41,6 +42,9 @@ from zsim.spec.hardware import HardwareProfile
 from zsim.units import US
 
 RING, TREE, NVLS, NVLS_TREE, PAT = "ring", "tree", "nvls", "nvls_tree", "pat"
+PAIRWISE = "pairwise"
+"""An all_to_all: every rank sends each peer its slice directly (NCCL's grouped
+ncclSend/ncclRecv, as torch's all_to_all_single issues it; gloo's pairwise exchange)."""
 
 BASE_LATENCY_S: dict[tuple[str, str], float] = {
     (TREE, "LL"): 6.8 * US, (TREE, "LL128"): 14.0 * US, (TREE, "Simple"): 8.4 * US,
@@ -194,6 +198,13 @@ def nic_share(group: CommGroup) -> float:
     return dict(ring_link_loads(group)).get("inter_node", 0.0)
 
 
+def pairwise_nic_share(group: CommGroup) -> float:
+    """The share of an all_to_all's bus bytes each GPU of `group` sends over its NIC: the
+    slices for the peers in other nodes, (n - r) / (n - 1) (`_pairwise`)."""
+    n, r = group.ranks, group.ranks_per_node
+    return (n - r) / (n - 1) if n > 1 else 0.0
+
+
 def link_loads(kind: str, group: CommGroup, hw: HardwareProfile
                ) -> tuple[tuple[str, float], ...]:
     """ring_link_loads of a `kind` collective, each load divided by that link's
@@ -253,6 +264,8 @@ def candidates(kind: str, size_bytes: float, group: CommGroup, hw: HardwareProfi
     with, in NCCL's order (tree, ring, NVLS, PAT; LL, LL128, Simple). `dtype`: what a
     reduction adds in (NCCL's reductions are bound by the links in every dtype; a
     profile's measured gloo calls may differ by it)."""
+    if kind == "all_to_all":
+        return [_pairwise(group, hw)]
     ring = link_loads(kind, group, hw)
     if group.ranks <= 1:  # nothing to exchange
         return [Algorithm(algorithm=RING, protocol="Simple", link_loads=ring, latency_s=0.0)]
@@ -323,6 +336,30 @@ def _nvls_tree(group: CommGroup, hw: HardwareProfile) -> Algorithm:
                + 2 * math.floor(math.log2(group.nodes)) * hw.inter_node.latency_for("Simple"))
     return Algorithm(algorithm=NVLS_TREE, protocol="Simple", latency_s=latency,
                      link_loads=(("intra_node", intra), ("inter_node", inter)))
+
+
+def _pairwise(group: CommGroup, hw: HardwareProfile) -> Algorithm:
+    """An all_to_all over `group` (size_bytes: what one rank sends in all, its own slice
+    included; bus bytes (n-1)/n of it). Of the bus bytes, the slices for the r-1 peers
+    in the rank's node cross NVLink, those for the n-r peers in other nodes its own NIC:
+    loads (r-1)/(n-1) and (n-r)/(n-1), both links busy at once, each divided by the
+    link's all_gather efficiency (no all_to_all figure of its own: assumed alike). The
+    sends to all peers are issued together (one NCCL group), so the call pays one
+    step of latency on each link it uses, after NCCL's base, not one per peer: assumed
+    (NCCL spreads the peers over its channels; at large n this understates the
+    latency)."""
+    if group.ranks <= 1:
+        return Algorithm(algorithm=PAIRWISE, protocol="Simple", latency_s=0.0,
+                         link_loads=(("intra_node", 1.0),))
+    nic = pairwise_nic_share(group)
+    shares = (("intra_node", 1.0 - nic), ("inter_node", nic))
+    loads = tuple((link, share / getattr(hw, link).kind_efficiency["all_gather"])
+                  for link, share in shares if share > 0)
+    latency = hw.intra_node.latency_for("Simple") + (
+        hw.inter_node.latency_for("Simple") if group.spans_nodes else 0.0)
+    base = BASE_LATENCY_S[(RING, "Simple")] if hw.collectives == "nccl" else 0.0
+    return Algorithm(algorithm=PAIRWISE, protocol="Simple", latency_s=base + latency,
+                     link_loads=loads)
 
 
 def choose(kind: str, size_bytes: float, group: CommGroup, hw: HardwareProfile,

@@ -166,7 +166,7 @@ def _block_forward_kernels(model: ModelSpec, *, micro_batch: int, seq_len: int,
     """Memory-bound kernels of one block's forward, in call order, with the bytes each
     reads and writes (activations in `act_bytes` per element)."""
     t, a = micro_batch * seq_len, act_bytes
-    d, q, kv, f = model.d_model, model.q_dim, model.kv_dim, model.ffn_hidden
+    d, q, kv, f = model.d_model, model.q_dim, model.kv_dim, model.mlp_width
     # The norms and residual adds run on the sequence shard with sequence parallelism.
     r = t // model.norm_tokens_divisor
     out = _norm_kernels(model, "attention_norm", r, a)
@@ -181,6 +181,12 @@ def _block_forward_kernels(model: ModelSpec, *, micro_batch: int, seq_len: int,
     out.append(Kernel(name="residual_add.attention", read_bytes=2 * r * d * a,
                       write_bytes=r * d * a))
     out += _norm_kernels(model, "ffn_norm", r, a)
+    if model.moe is not None:
+        # Token copies gathered into expert order, then the experts' outputs scattered
+        # back and summed with their scores (torchtitan's MoE permute and combine).
+        routed = t * model.moe.top_k * d * a
+        out += [Kernel(name="moe.permute", read_bytes=routed, write_bytes=routed),
+                Kernel(name="moe.combine", read_bytes=routed, write_bytes=t * d * a)]
     out.append(Kernel(name="feed_forward.gelu" if model.mlp == "gelu" else "feed_forward.silu",
                       read_bytes=t * f * a, write_bytes=t * f * a))
     if model.mlp == "swiglu":
@@ -253,8 +259,8 @@ def block_forward_flops(model: ModelSpec, *, micro_batch: int, seq_len: int,
     # QK^T and AV: 2 * b * s^2 * d each, half of the scores masked.
     # With context parallelism each of the rank's queries attends to cp x seq_len keys
     # (causal, load-balanced: torch's _HeadTailLoadBalancer gives every rank as much).
-    attention = 2 * (2.0 * micro_batch * seq_len * seq_len * model.context_parallel
-                     * model.q_dim) / 2
+    attention = (2.0 * micro_batch * seq_len * seq_len * model.context_parallel
+                 * (model.q_dim + model.v_dim)) / 2
     mem = _block_forward_kernels(model, micro_batch=micro_batch, seq_len=seq_len,
                                  act_bytes=act_bytes)
     return Flops(matmul=matmul, attention=attention, memory_bytes=_traffic(mem),
@@ -262,6 +268,25 @@ def block_forward_flops(model: ModelSpec, *, micro_batch: int, seq_len: int,
                  gemms=tuple((tokens, k, n, 1.0) for _, k, n in matmuls),
                  attention_calls=((seq_len, model.head_dim, "forward", attention),),
                  traffic=_by_class(mem, "forward"))
+
+
+def routed_expert_flops(model: ModelSpec, *, micro_batch: int, seq_len: int,
+                        phase: str, recompute: str = "none") -> Flops:
+    """Work of one MoE block's routed-expert GEMMs for a micro-batch in `phase`
+    ("forward", "recompute" or "backward"): the moe.experts matmuls of block_matmuls,
+    their backward in backward, their re-run in the recompute of a block that
+    recomputes them (full, or selective's every second matmul); none in a dense
+    model."""
+    if model.moe is None or (phase == "recompute" and recompute == "none"):
+        return Flops(matmul=0.0, attention=0.0)
+    matmuls = model.block_matmuls()
+    if phase == "recompute" and recompute == "selective":
+        matmuls = matmuls[1::2]
+    experts = [(k, n) for name, k, n in matmuls if name.startswith("moe.experts.")]
+    tokens = micro_batch * seq_len
+    fwd = Flops(matmul=2.0 * tokens * sum(k * n for k, n in experts), attention=0.0,
+                gemms=tuple((tokens, k, n, 1.0) for k, n in experts))
+    return _backward_of(fwd) if phase == "backward" else fwd
 
 
 def block_backward_flops(model: ModelSpec, *, micro_batch: int, seq_len: int,

@@ -14,8 +14,10 @@ import pandas as pd
 from zsim.analytic.memory import CATEGORIES, model_state_bytes
 from zsim.result import Result
 from zsim.scenario import Run
-from zsim.schedule.ops import COLLECTIVE_KINDS
 from zsim.units import GB, GiB, MiB
+
+DP_STREAMS: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce")
+"""The data-parallel collectives' streams, a busy-time column each."""
 
 
 def sweep_frame(pairs: Sequence[tuple[Run, Result]]) -> pd.DataFrame:
@@ -57,7 +59,7 @@ def sweep_row(run: Run, r: Result) -> dict[str, object]:
         "step_time_s": r.step_time_s, "compute_time_s": r.compute_time_s,
         "exposed_comm_s": r.exposed_comm_s, "comm_busy_s": r.comm_busy_total_s,
     }
-    for kind in COLLECTIVE_KINDS:
+    for kind in DP_STREAMS:
         row[f"{kind}_busy_s"] = r.comm_busy_s.get(kind, 0.0) if r.simulated else None
     row |= {
         "peak_memory_gib": r.peak_memory_bytes / GiB,

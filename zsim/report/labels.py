@@ -92,13 +92,15 @@ STRATEGIES: dict[str, str] = {
 KINDS: dict[str, str] = {
     "forward": "Forward", "backward": "Backward", "optimizer": "Optimizer step",
     "sync": "Synchronisation", "all_gather": "All-gather", "reduce_scatter": "Reduce-scatter",
-    "all_reduce": "All-reduce", "h2d": "Host-to-device copy", "d2h": "Device-to-host copy",
+    "all_reduce": "All-reduce", "all_to_all": "All-to-all", "h2d": "Host-to-device copy",
+    "d2h": "Device-to-host copy",
 }
 """Op kind (zsim.schedule.ops.OpKind) -> words."""
 
 STREAMS: dict[str, str] = {
     "compute": "Compute", "all_gather": "All-gather", "reduce_scatter": "Reduce-scatter",
     "all_reduce": "All-reduce", "tp": "Tensor parallel", "cp": "Context parallel",
+    "ep": "Expert parallel",
     "h2d": "Host to device", "d2h": "Device to host", "host": "Host CPU",
 }
 """Stream (zsim.schedule.ops.STREAMS) -> words."""

@@ -42,6 +42,7 @@ from zsim.analytic.compute import (
     head_forward_flops,
     optimizer_flops,
     recompute_forward_flops,
+    routed_expert_flops,
     with_float8_linears,
 )
 from zsim.analytic.memory import optimizer_bytes_per_param
@@ -72,6 +73,10 @@ class Unit:
     """Shape of each parameter tensor of the unit, in module order."""
     shard: int
     """Elements of one rank's shard of the unit, padded as the program pads it."""
+    expert_shard: int = 0
+    """Of `shard`, the elements of the rank's routed experts under expert parallelism,
+    sharded over the expert_shard group (dp_shard x cp / ep ranks) where the rest is
+    sharded over dp_shard x cp; 0 without EP."""
 
     @property
     def tensors(self) -> tuple[int, ...]:
@@ -79,8 +84,14 @@ class Unit:
         return tuple(math.prod(s) for s in self.shapes)
 
     def gathered_elems(self, plan: Plan) -> int:
-        """Elements of the unit's gathered parameters: dp_shard x cp padded shards."""
-        return self.shard * plan.dp_shard_cp
+        """Elements of the unit's gathered parameters: dp_shard x cp padded shards (the
+        routed experts' dp_shard x cp / ep of theirs under expert parallelism)."""
+        return ((self.shard - self.expert_shard) * plan.dp_shard_cp
+                + self.expert_shard * (plan.dp_shard_cp // plan.ep))
+
+    def dense_gathered_elems(self, plan: Plan) -> int:
+        """Of gathered_elems, those gathered over dp_shard x cp (all without EP)."""
+        return (self.shard - self.expert_shard) * plan.dp_shard_cp
 
 
 def units(model: ModelSpec, plan: Plan, shard_elems: ShardElems) -> tuple[Unit, list[Unit]]:
@@ -96,7 +107,7 @@ def units(model: ModelSpec, plan: Plan, shard_elems: ShardElems) -> tuple[Unit, 
                           f"must be <= num_layers={model.num_layers}")
     n = plan.dp_shard_cp
     block = tuple(s for _, s in model.block_tensors())
-    block_shard = shard_elems(block, n)
+    block_shard, expert_shard = block_shard_elems(model, n, plan.ep, shard_elems)
     root_shapes = tuple(s for _, s in model.root_tensors())
     root = Unit(name="root", index=None, params=model.root_params, blocks=0,
                 shapes=root_shapes, shard=shard_elems(root_shapes, n))
@@ -104,8 +115,28 @@ def units(model: ModelSpec, plan: Plan, shard_elems: ShardElems) -> tuple[Unit, 
     for i, first in enumerate(range(0, model.num_layers, plan.unit_size)):
         blocks = min(plan.unit_size, model.num_layers - first)
         out.append(Unit(name=f"unit {i}", index=i, params=blocks * model.params_per_block,
-                        blocks=blocks, shapes=block * blocks, shard=blocks * block_shard))
+                        blocks=blocks, shapes=block * blocks, shard=blocks * block_shard,
+                        expert_shard=blocks * expert_shard))
     return root, out
+
+
+def expert_shapes(model: ModelSpec) -> tuple[tuple[int, ...], ...]:
+    """Shapes of one block's routed-expert tensors (the rank's share under EP)."""
+    return tuple(s for name, s in model.block_tensors() if name.startswith("moe.experts."))
+
+
+def block_shard_elems(model: ModelSpec, n: int, ep: int, shard_elems: ShardElems
+                      ) -> tuple[int, int]:
+    """Elements of one rank's shard of one block on `n` ranks, and of those its routed
+    experts' under expert parallelism of degree `ep`: the rank's experts/ep of them
+    sharded over the n / ep ranks that hold the same ones (torchtitan's
+    dp_shard_mod_ep), the rest over all n; (whole shard, 0) without EP."""
+    whole = shard_elems([s for _, s in model.block_tensors()], n)
+    if ep == 1:
+        return whole, 0
+    experts = expert_shapes(model)
+    expert = shard_elems(experts, n // ep)
+    return whole - shard_elems(experts, n) + expert, expert
 
 
 # ---------------------------------------------------------------------- activations
@@ -186,6 +217,10 @@ class Builder:
         self.repl = replicate_group(plan, hw)
         self.tp = place(plan, hw).group("tp")
         self.cp = place(plan, hw).group("cp")
+        self.ep = place(plan, hw).group("ep")
+        self.expert_shard = place(plan, hw).group("expert_shard")
+        """The ranks that hold the same routed experts and shard their state (torchtitan's
+        dp_shard_mod_ep); all of the shard group without expert parallelism."""
         self.waits: list[int] = []
         """TP and CP collectives the next compute-stream op waits for (DTensor's and
         ring attention's collectives return tensors the next kernel reads)."""
@@ -197,6 +232,14 @@ class Builder:
         fwd = block_forward_flops(model, **kw)
         rerun = recompute_forward_flops(model, recompute=plan.recompute, **kw)
         bwd = block_backward_flops(model, **kw)
+        if model.moe is not None and plan.routed_load != 1.0:
+            # The busiest rank's grouped GEMMs: routed_load x the mean rows.
+            extra = plan.routed_load - 1.0
+            tok = dict(micro_batch=plan.micro_batch, seq_len=plan.seq_len,
+                       recompute=plan.recompute)
+            fwd = fwd + routed_expert_flops(model, phase="forward", **tok).scaled(extra)
+            rerun = rerun + routed_expert_flops(model, phase="recompute", **tok).scaled(extra)
+            bwd = bwd + routed_expert_flops(model, phase="backward", **tok).scaled(extra)
         if plan.fp8:
             bwd = with_float8_linears(bwd, fwd, phase="backward")
             rerun = with_float8_linears(rerun, rerun, phase="forward")
@@ -429,6 +472,52 @@ def context_parallel(b: Builder, *, after: int, phase: str, blocks: int, name: s
                                 unit=unit, microbatch=mb, after_start=(after,))
     if last is not None:
         b.waits.append(last)
+
+
+def expert_parallel(b: Builder, *, after: int, phase: str, blocks: int, name: str,
+                    mb: int, unit: int | None = None) -> None:
+    """Expert parallelism's all-to-alls for `blocks` MoE blocks in `phase`, as
+    torchtitan's ExpertParallel runs them (all_to_all_single, blocking: the experts wait
+    for their tokens and the block's output for theirs): forward a dispatch and a
+    combine per block; backward the two again for their gradients, and two more in a
+    fully recomputed block's re-run (selective recomputation saves their outputs:
+    torchtitan's op SAC list holds all_to_all_single). On the "ep" stream after op
+    `after`, the block's kernels; the next compute kernel waits for the last, so their
+    time adds to the block's. Size: what one rank sends per call, its tokens x top_k x
+    d_model in the compute dtype, times Plan.routed_load for the busiest rank (its
+    capacity padding, or the imbalance it receives). Nothing without EP."""
+    p = b.plan
+    if p.ep == 1 or b.model.moe is None:
+        return
+    size, calls = ep_bytes(b), ep_calls(p, phase)
+    last = None
+    for _ in range(blocks):
+        for call in calls:
+            last = b.collective(kind="all_to_all", size_bytes=size, group=b.ep, gname="ep",
+                                dtype=p.param_dtype, stream="ep",
+                                name=f"{name} EP all-to-all {call} {phase} (mb {mb})",
+                                unit=unit, microbatch=mb, after=(after,))
+    if last is not None:
+        b.waits.append(last)
+
+
+def ep_bytes(b: Builder) -> float:
+    """What one rank sends in each of expert parallelism's all-to-alls: its micro-batch's
+    tokens x top_k x d_model in the compute dtype, times Plan.routed_load (the busiest
+    rank's share)."""
+    p, m = b.plan, b.model
+    assert m.moe is not None
+    return (p.micro_batch * p.seq_len * m.moe.top_k * m.d_model * b.param_elem_bytes
+            * p.routed_load)
+
+
+def ep_calls(plan: Plan, phase: str) -> tuple[str, ...]:
+    """Expert parallelism's all-to-alls per MoE block in `phase` (expert_parallel)."""
+    calls = {"forward": ("dispatch", "combine"),
+             "backward": ("combine grad", "dispatch grad")}[phase]
+    if phase == "backward" and plan.recompute == "full":
+        calls = ("dispatch", "combine", *calls)
+    return calls
 
 
 # ---------------------------------------------------------------------- shared ops

@@ -33,7 +33,7 @@ import math
 from importlib import import_module
 
 from zsim.analytic.allocations import fitted
-from zsim.analytic.collectives import link_bandwidths, nic_share
+from zsim.analytic.collectives import link_bandwidths, nic_share, pairwise_nic_share
 from zsim.analytic.compute import step_flops
 from zsim.errors import ConfigError
 from zsim.schedule.build import Builder, activation_sizes, on_synchronous_host, units
@@ -165,9 +165,11 @@ def check_modelled(plan: Plan) -> None:
 
 def rank_model(model: ModelSpec, plan: Plan) -> ModelSpec:
     """The part of the model one rank holds and computes: its tensor-parallel shard
-    (ModelSpec.tp_shard), computing its context-parallel share (ModelSpec.cp_share);
-    the model itself without TP and CP."""
-    return model.tp_shard(plan.tp, sequence_parallel=plan.sp).cp_share(plan.cp)
+    (ModelSpec.tp_shard), its expert-parallel share of the experts (ModelSpec.ep_share),
+    computing its context-parallel share (ModelSpec.cp_share); the model itself without
+    TP, EP and CP."""
+    return model.tp_shard(plan.tp, sequence_parallel=plan.sp).ep_share(plan.ep).cp_share(
+        plan.cp)
 
 
 def rank_plan(plan: Plan) -> Plan:
@@ -251,6 +253,8 @@ def lower(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Schedule:
         world_size=plan.world_size, peak_flop_per_s=hw.peak(plan.compute_dtype),
         dp_shard=plan.dp_shard_cp,
         notes=("gradients reduced once per step, on the last micro-batch",),
-        nic_share={name: share for name, group in (("shard", b.shard), ("replicate", b.repl),
-                                                   ("tp", b.tp), ("cp", b.cp))
-                   if (share := nic_share(group)) > 0})
+        nic_share={name: share for name, share in (
+            ("shard", nic_share(b.shard)), ("replicate", nic_share(b.repl)),
+            ("tp", nic_share(b.tp)), ("cp", nic_share(b.cp)),
+            ("ep", pairwise_nic_share(b.ep)), ("expert_shard", nic_share(b.expert_shard)))
+                   if share > 0})

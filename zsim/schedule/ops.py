@@ -15,20 +15,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Literal, NamedTuple
 
-Stream = Literal["compute", "all_gather", "reduce_scatter", "all_reduce", "tp", "cp", "h2d",
-                 "d2h", "host"]
+Stream = Literal["compute", "all_gather", "reduce_scatter", "all_reduce", "tp", "cp", "ep",
+                 "h2d", "d2h", "host"]
 STREAMS: tuple[str, ...] = ("compute", "all_gather", "reduce_scatter", "all_reduce", "tp",
-                            "cp", "h2d", "d2h", "host")
+                            "cp", "ep", "h2d", "d2h", "host")
 """Streams of one rank, in display order: the GPU's compute and data-parallel collective
-streams, tensor and context parallelism's collectives, the host<->device copy streams
-(offload) and the host CPU (offloaded optimizer step)."""
+streams, tensor, context and expert parallelism's collectives, the host<->device copy
+streams (offload) and the host CPU (offloaded optimizer step)."""
 TRANSFER_STREAMS: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce", "tp",
-                                     "cp", "h2d", "d2h")
+                                     "cp", "ep", "h2d", "d2h")
 """Streams whose busy time is communication."""
 
 OpKind = Literal["forward", "backward", "optimizer", "sync",
-                 "all_gather", "reduce_scatter", "all_reduce", "h2d", "d2h"]
-COLLECTIVE_KINDS: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce")
+                 "all_gather", "reduce_scatter", "all_reduce", "all_to_all", "h2d", "d2h"]
+COLLECTIVE_KINDS: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 COPY_KINDS: tuple[str, ...] = ("h2d", "d2h")
 """Host<->device copies over PCIe (copy engines: they do not slow compute)."""
 
@@ -100,8 +100,9 @@ class Op(NamedTuple):
     """Ranks in the collective's process group."""
     group: str = ""
     """Which process group: "shard" (ranks sharing one sharded copy, consecutive),
-    "replicate" (ranks holding the same shard, one per shard group), "tp" or "cp" (the
-    tensor- and context-parallel groups)."""
+    "replicate" (ranks holding the same shard, one per shard group), "tp", "cp" or "ep"
+    (the tensor-, context- and expert-parallel groups), "expert_shard" (the ranks
+    sharding the same routed experts)."""
     async_op: bool = False
     """Issued with async_op=True (DDP's reducer, DeepSpeed's parameter fetches): the host
     gets a Work back and goes on. FSDP2 and DeepSpeed's gradient reductions issue theirs
@@ -170,7 +171,8 @@ class Schedule:
     notes: tuple[str, ...] = field(default=())
     """Modelling choices the lowering made for this plan (shown in reports)."""
     nic_share: dict[str, float] = field(default_factory=dict)
-    """Per process group (Op.group: "shard", "replicate", "tp", "cp"), the share of a
+    """Per process group (Op.group: "shard", "replicate", "tp", "cp", "ep", "expert_shard"),
+    the share of a
     collective's bus bytes each GPU sends over its NIC rather than NVLink
     (zsim.analytic.collectives.nic_share); groups absent run inside a node."""
 

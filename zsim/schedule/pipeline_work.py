@@ -59,6 +59,9 @@ from zsim.schedule.build import (
     Builder,
     TpBoundary,
     activation_sizes,
+    block_shard_elems,
+    ep_bytes,
+    ep_calls,
     logits_bytes,
     tp_bytes,
     tp_dtype,
@@ -136,6 +139,11 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
     tp_b = _tp_time_s(b, "backward", both, 2) + (tp_f if p.recompute == "full" else 0.0)
     if p.async_tp:  # overlapped with the block's kernels: only the excess shows
         tp_f, tp_b = max(0.0, tp_f - block_f), max(0.0, tp_b - block_b)
+    # Expert parallelism's blocking all-to-alls (zsim.schedule.build.expert_parallel).
+    if p.ep > 1 and model.moe is not None:
+        a2a = collective_time_s("all_to_all", ep_bytes(b), b.ep, hw, p.param_dtype)
+        tp_f += len(ep_calls(p, "forward")) * a2a
+        tp_b += len(ep_calls(p, "backward")) * a2a
     kw = dict(micro_batch=p.micro_batch, seq_len=p.seq_len, act_bytes=b.param_elem_bytes)
     head_f = b.compute(head_forward_flops(model, **kw))
     head_b = sum(b.compute(part) for part in head_backward_flops(model, **kw))
@@ -164,12 +172,24 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
     # planner's one-stage pipeline, and may have CP).
     shard, repl = placement.group("dp_shard_cp"), placement.group("dp_replicate")
     block_shapes = [s for _, s in model.block_tensors()]
-    unit_shard = p.unit_size * shard_elems(block_shapes, p.dp_shard_cp)
-    unit_gathered = unit_shard * p.dp_shard_cp
+    block_shard, expert_shard = block_shard_elems(model, p.dp_shard_cp, p.ep, shard_elems)
+    unit_shard = p.unit_size * block_shard
+    # Under expert parallelism the routed experts are gathered and reduced over their
+    # own group (expert_shard: dp_shard x cp / ep ranks), after the dense part.
+    block_gathered = ((block_shard - expert_shard) * p.dp_shard_cp
+                      + expert_shard * (p.dp_shard_cp // p.ep))
+    dense_gathered = p.unit_size * (block_shard - expert_shard) * p.dp_shard_cp
+    expert_gathered = p.unit_size * block_gathered - dense_gathered
+    experts = placement.group("expert_shard")
     a, r = b.param_elem_bytes, dtype_bytes(p.reduce_dtype)
     at_rest = dtype_bytes(p.master_dtype if p.has_master_copy else p.param_dtype)
-    first_ag = collective_time_s("all_gather", unit_gathered * a, shard, hw) if fsdp else 0.0
-    last_rs = (collective_time_s("reduce_scatter", unit_gathered * r, shard, hw, p.reduce_dtype)
+    first_ag = (collective_time_s("all_gather", dense_gathered * a, shard, hw)
+                + collective_time_s("all_gather", expert_gathered * a, experts, hw)
+                if fsdp else 0.0)
+    last_rs = (collective_time_s("reduce_scatter", dense_gathered * r, shard, hw,
+                                 p.reduce_dtype)
+               + collective_time_s("reduce_scatter", expert_gathered * r, experts, hw,
+                                   p.reduce_dtype)
                + collective_time_s("all_reduce", unit_shard * r, repl, hw, p.reduce_dtype))
     head_s, tail_s, memory, in_flight, state = [], [], [], [], []
     tp_bus = 0.0
@@ -180,7 +200,8 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
                  if (0 in stages and "embeddings" in t[0])
                  or (n_stages - 1 in stages and "embeddings" not in t[0])]
         shapes += [s for _, s in roots]
-        local = shard_elems(shapes, p.dp_shard_cp)
+        here = rank_layers(p, model.num_layers, rank)
+        local = shard_elems([s for _, s in roots], p.dp_shard_cp) + here * block_shard
         params = sum(math.prod(s) for s in shapes)
         # Foreach AdamW over the rank's shard (zsim.analytic.compute.optimizer_flops).
         opt = b.compute(optimizer_flops(
@@ -208,7 +229,8 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
             mem["comm_buffers"] = recv * p.grad_accum * send_bytes
         state.append(sum(mem.values()))
         if fsdp:
-            mem["gathered_params"] = float(local * p.dp_shard_cp * a)
+            mem["gathered_params"] = float(
+                ((local - here * block_shard) * p.dp_shard_cp + here * block_gathered) * a)
             mem["gathered_grads"] = float(params * (a if p.grad_accum == 1 else r))
         else:
             mem["grads"] = float(params * at_rest)

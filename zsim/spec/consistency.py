@@ -32,6 +32,8 @@ def check_plan(model: ModelSpec, hw: HardwareProfile, plan: Plan, *,
     """Check that `plan` can run `model` on `gpus` GPUs of `hw`.
 
     Rules: world size (dp_shard * dp_replicate * cp * tp * pp) equals `gpus` when given,
+    expert parallelism only on an MoE model whose experts it divides (without a pipeline or
+    TP),
     and the shard group divides it (an HSDP shard group may span nodes); attention heads
     and kv heads divide by tp; an HSDP shard group (with the model-parallel ranks
     inside it) divides a node or is whole nodes; a TP group fits in a node and divides it
@@ -78,6 +80,15 @@ def _check_world(plan: Plan, gpus: int) -> None:
 
 
 def _check_model_split(model: ModelSpec, plan: Plan) -> None:
+    if plan.ep > 1 and model.moe is None:
+        raise ConfigError("plan.ep", plan.ep, f"expert parallelism needs a mixture-of-"
+                          f"experts model; {model.name or 'this model'} is dense")
+    if model.moe is not None and model.moe.experts % plan.ep:
+        raise ConfigError("plan.ep", plan.ep,
+                          f"must divide the model's {model.moe.experts} experts")
+    if plan.ep > 1 and (plan.pp > 1 or plan.tp > 1):
+        raise ConfigError("plan.ep", plan.ep, "expert parallelism with a pipeline or with "
+                          "tensor parallelism is not modelled yet")
     if model.num_heads % plan.tp:
         raise ConfigError("plan.tp", plan.tp,
                           f"must divide model.num_heads={model.num_heads}")

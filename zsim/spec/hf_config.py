@@ -24,6 +24,19 @@ and configuration_<type>.py):
 - gpt2: Conv1D c_attn (q, k, v), attention c_proj, mlp c_fc (n_inner, default 4 x n_embd)
   and c_proj, all with biases; LayerNorm with bias; learned positions (wpe, n_positions
   rows); lm_head tied to wte (PretrainedConfig's tie_word_embeddings default true).
+- mixtral: mistral's block with a MixtralSparseMoeBlock MLP on every layer: a router
+  (gate, hidden -> num_local_experts, no bias) and num_local_experts SwiGLU experts of
+  intermediate_size, num_experts_per_tok of them per token.
+- qwen2_moe: qwen2's attention; on every layer (decoder_sparse_step 1, no mlp_only_layers)
+  a router (num_experts), experts of moe_intermediate_size, num_experts_per_tok per token,
+  a shared expert of shared_expert_intermediate_size and its sigmoid gate (hidden -> 1).
+- deepseek_v3: multi-head latent attention (q_lora_rank, kv_lora_rank, qk_nope_head_dim,
+  qk_rope_head_dim, v_head_dim); the first first_k_dense_replace layers dense (MLP of
+  intermediate_size), the others a router of n_routed_experts with its
+  e_score_correction_bias, experts of moe_intermediate_size, num_experts_per_tok per
+  token, and n_shared_experts shared experts; the multi-token-prediction module
+  (num_nextn_predict_layers) is not built by transformers and not modelled; the
+  checkpoint's fp8 quantization_config describes the released weights, not training.
 - gpt_neox: query_key_value and dense with bias=attention_bias (default true), MLP
   dense_h_to_4h / dense_4h_to_h with biases, LayerNorm with bias, embed_out untied
   (default); RoPE over rotary_pct of each head (default 0.25); parallel residual
@@ -46,6 +59,7 @@ from typing import Any
 from zsim.errors import ConfigError
 from zsim.spec.json_file import read_json
 from zsim.spec.model import ModelSpec
+from zsim.spec.moe import MlaSpec, MoeSpec
 
 DEFAULT_SEQ_LEN = 4096
 """Sequence length of a config that does not give its training length (capped at its
@@ -57,13 +71,19 @@ EXPERT_KEYS: tuple[str, ...] = (
     "shared_expert_intermediate_size", "moe_layer_freq", "first_k_dense_replace",
     "decoder_sparse_step")
 """Mixture-of-experts keys (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3, DBRX's
-spelling): a config holding one with a value is refused, whatever its model_type."""
+spelling): a config holding one with a value is refused unless its model_type is one of
+MOE_TYPES, whose reader reads them."""
 
 REFUSED_KEYS: dict[str, str] = {
     "quantization_config": "quantised weights (GPTQ, AWQ, bitsandbytes) are not modelled",
     "auto_map": "the config loads custom modelling code, whose architecture zsim cannot read",
 }
 """Keys that change what is trained beyond what ModelSpec represents, with why."""
+
+READ_INSTEAD: dict[str, tuple[str, ...]] = {"deepseek_v3": ("auto_map", "quantization_config")}
+"""REFUSED_KEYS a model_type's reader reads itself: DeepSeek-V3's released config.json
+loads its own modelling code (auto_map), which transformers now has as deepseek_v3, and
+describes its fp8 release weights."""
 
 HARMLESS_KEYS: frozenset[str] = frozenset({
     "_name_or_path", "architectures", "model_type", "transformers_version", "torch_dtype",
@@ -204,10 +224,10 @@ def read_hf_config(path: Path) -> ModelSpec:
                           f"must name the architecture; zsim models {known}")
     r = HfConfigReader(path, cfg, model_type)
     for key in EXPERT_KEYS:
-        if cfg.get(key) not in (None, 0):
+        if cfg.get(key) not in (None, 0) and model_type not in MOE_TYPES:
             raise r.refuse(key, cfg[key], "a mixture of experts")
     for key, why in REFUSED_KEYS.items():
-        if cfg.get(key) is not None:
+        if cfg.get(key) is not None and key not in READ_INSTEAD.get(model_type, ()):
             raise r.error(key, cfg[key], f"{why} (model_type {model_type!r})")
     if model_type not in MODEL_TYPES:
         raise r.error("model_type", model_type, f"not modelled; zsim models {known} "
@@ -246,9 +266,10 @@ def _llama_family(r: HfConfigReader) -> dict[str, Any]:
         if slices > 1:
             r.not_modelled("pretraining_tp", slices, "each matmul simulated whole, not "
                            "in slices")
-    elif r.model_type == "mistral":
-        window = _sliding_window(r, default=4096)
-    else:  # qwen2: q/k/v biased, o and MLP not
+    elif r.model_type in ("mistral", "mixtral"):
+        # MistralConfig's sliding_window defaults to 4096, MixtralConfig's to none.
+        window = _sliding_window(r, default=4096 if r.model_type == "mistral" else 0)
+    else:  # qwen2, qwen2_moe: q/k/v biased, o and MLP not
         qkv_bias = True
         if r.flag("use_sliding_window", False):
             layers = r.count("num_hidden_layers")
@@ -321,8 +342,90 @@ def _gpt_neox(r: HfConfigReader) -> dict[str, Any]:
             "seq_len_source": source}
 
 
+def _mixtral(r: HfConfigReader) -> dict[str, Any]:
+    """Mixtral: mistral's attention, an MoE of intermediate_size experts on every layer."""
+    shape = _llama_family(r)
+    r.dropout("router_jitter_noise", default=0.0)
+    r.read |= {"output_router_logits", "router_aux_loss_coef"}
+    experts = r.count("num_local_experts")
+    return shape | {"moe": MoeSpec(experts=experts, top_k=r.count("num_experts_per_tok", 2),
+                                   expert_ffn_hidden=shape["ffn_hidden"])}
+
+
+def _qwen2_moe(r: HfConfigReader) -> dict[str, Any]:
+    """Qwen2-MoE: qwen2's attention, routed experts and a gated shared expert per layer."""
+    shape = _llama_family(r)
+    step = r.count("decoder_sparse_step", 1)
+    r.read.add("mlp_only_layers")
+    dense = r.cfg.get("mlp_only_layers") or []
+    if step != 1 or dense:
+        raise r.refuse("decoder_sparse_step" if step != 1 else "mlp_only_layers",
+                       step if step != 1 else dense, "dense layers between MoE layers")
+    r.read |= {"output_router_logits", "router_aux_loss_coef", "norm_topk_prob"}
+    shared = r.count("shared_expert_intermediate_size", 0) if \
+        r.cfg.get("shared_expert_intermediate_size") else 0
+    return shape | {"moe": MoeSpec(
+        experts=r.count("num_experts"), top_k=r.count("num_experts_per_tok"),
+        expert_ffn_hidden=r.count("moe_intermediate_size"), shared_ffn_hidden=shared,
+        shared_expert_gate=bool(shared))}
+
+
+def _deepseek_v3(r: HfConfigReader) -> dict[str, Any]:
+    """DeepSeek-V3: MLA attention, leading dense layers, then routed and shared experts."""
+    heads = r.count("num_attention_heads")
+    if r.count("num_key_value_heads", heads) != heads:
+        raise r.refuse("num_key_value_heads", r.cfg["num_key_value_heads"],
+                       "MLA with fewer key/value heads than query heads")
+    if r.count("moe_layer_freq", 1) != 1:
+        raise r.refuse("moe_layer_freq", r.cfg["moe_layer_freq"],
+                       "dense layers between MoE layers")
+    if r.flag("attention_bias", False):
+        raise r.refuse("attention_bias", True, "MLA projections with biases")
+    mtp = r.count("num_nextn_predict_layers", 0) if r.cfg.get("num_nextn_predict_layers") \
+        else 0
+    if mtp:
+        r.not_modelled("num_nextn_predict_layers", mtp, "the multi-token-prediction module "
+                       "is not simulated (transformers does not build it)")
+    r.read.add("auto_map")
+    if isinstance(r.cfg.get("auto_map"), dict):
+        r.not_modelled("auto_map", r.cfg["auto_map"].get("AutoModelForCausalLM"),
+                       "read as transformers' own deepseek_v3 architecture")
+    dense = r.count("first_k_dense_replace", 0) if r.cfg.get("first_k_dense_replace") else 0
+    if dense:
+        r.not_modelled("first_k_dense_replace", dense, "the dense layers are counted "
+                       "exactly; the simulator runs every layer as an MoE layer")
+    quant = r.cfg.get("quantization_config")
+    r.read.add("quantization_config")
+    if quant is not None:
+        r.not_modelled("quantization_config", quant, "the released weights' format: "
+                       "trained in the plan's precision (--fp8 for fp8 linears)")
+    r.read |= {"n_group", "topk_group", "topk_method", "scoring_func", "norm_topk_prob",
+               "routed_scaling_factor", "ep_size", "aux_loss_alpha", "seq_aux"}
+    r.activation("hidden_act", "silu", gated=True)
+    r.dropout("attention_dropout", default=0.0)
+    seq, source = _rope_seq_len(r)
+    fe = r.count("moe_intermediate_size")
+    shared = r.count("n_shared_experts", 0) if r.cfg.get("n_shared_experts") else 0
+    return {"num_layers": r.count("num_hidden_layers"), "d_model": r.count("hidden_size"),
+            "num_heads": heads, "num_kv_heads": heads,
+            "ffn_hidden": r.count("intermediate_size"), "mlp": "swiglu", "norm": "rmsnorm",
+            "vocab_size": r.count("vocab_size"),
+            "tied_embeddings": r.flag("tie_word_embeddings", False), "max_seq_len": seq,
+            "seq_len_source": source,
+            "mla": MlaSpec(q_lora_rank=r.count("q_lora_rank", 0) if r.cfg.get("q_lora_rank")
+                           else 0, kv_lora_rank=r.count("kv_lora_rank"),
+                           qk_nope_head_dim=r.count("qk_nope_head_dim"),
+                           qk_rope_head_dim=r.count("qk_rope_head_dim"),
+                           v_head_dim=r.count("v_head_dim")),
+            "moe": MoeSpec(experts=r.count("n_routed_experts"),
+                           top_k=r.count("num_experts_per_tok"), expert_ffn_hidden=fe,
+                           shared_ffn_hidden=shared * fe, router_bias=True,
+                           dense_layers=dense)}
+
+
 MODEL_TYPES: dict[str, Callable[[HfConfigReader], dict[str, Any]]] = {
     "llama": _llama_family, "mistral": _llama_family, "qwen2": _llama_family,
+    "mixtral": _mixtral, "qwen2_moe": _qwen2_moe, "deepseek_v3": _deepseek_v3,
     "gpt2": _gpt2, "gpt_neox": _gpt_neox,
 }
 """The model_types zsim models exactly, each with the reader of its keys."""
@@ -331,8 +434,11 @@ _LLAMA_KEYS = {"num_layers": "num_hidden_layers", "d_model": "hidden_size",
                "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
                "ffn_hidden": "intermediate_size", "vocab_size": "vocab_size",
                "max_seq_len": "max_position_embeddings"}
+MOE_TYPES: frozenset[str] = frozenset({"mixtral", "qwen2_moe", "deepseek_v3"})
+"""The model_types whose readers read the mixture-of-experts keys."""
 _CONFIG_KEYS: dict[str, dict[str, str]] = {
     "llama": _LLAMA_KEYS, "mistral": _LLAMA_KEYS, "qwen2": _LLAMA_KEYS,
+    "mixtral": _LLAMA_KEYS, "qwen2_moe": _LLAMA_KEYS, "deepseek_v3": _LLAMA_KEYS,
     "gpt_neox": _LLAMA_KEYS,
     "gpt2": {"num_layers": "n_layer", "d_model": "n_embd", "num_heads": "n_head",
              "num_kv_heads": "n_head", "ffn_hidden": "n_inner", "vocab_size": "vocab_size",

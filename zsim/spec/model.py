@@ -21,6 +21,7 @@ from dataclasses import MISSING, asdict, dataclass, fields, replace
 from typing import Any, Literal
 
 from zsim.errors import ConfigError
+from zsim.spec.moe import MlaSpec, MoeSpec
 
 Mlp = Literal["swiglu", "gelu"]
 Norm = Literal["rmsnorm", "layernorm"]
@@ -120,6 +121,14 @@ class ModelSpec:
     """Context-parallel degree this spec computes one rank's share of: its sequence is
     1/cp of the whole, and each of its queries attends to cp times as many keys (ring
     attention); 1 means none."""
+    moe: MoeSpec | None = None
+    """Mixture-of-experts feed-forward (zsim.spec.moe.MoeSpec): the MoE layers' MLP is a
+    router, routed experts and optional shared experts; None for a dense model. zsim
+    simulates every block as an MoE block (the `moe.dense_layers` leading dense layers
+    are counted exactly in num_params and flops_per_token, simulated as MoE blocks)."""
+    mla: MlaSpec | None = None
+    """Multi-head latent attention (zsim.spec.moe.MlaSpec) in place of the q/k/v/o
+    projections; None for (grouped-query) multi-head attention."""
 
     def __post_init__(self) -> None:
         for f in ("num_layers", "d_model", "num_heads", "num_kv_heads", "ffn_hidden",
@@ -144,7 +153,8 @@ class ModelSpec:
         if not isinstance(self.warnings, tuple) or not all(
                 isinstance(w, str) for w in self.warnings):
             raise ConfigError("model.warnings", self.warnings, "must be a tuple of strings")
-        if self.d_model % self.num_heads:
+        self._check_variants()
+        if self.mla is None and self.d_model % self.num_heads:
             raise ConfigError("model.num_heads", self.num_heads,
                               f"must divide d_model={self.d_model}")
         if self.num_heads % self.num_kv_heads:
@@ -160,7 +170,33 @@ class ModelSpec:
                 raise ConfigError(f"model.{f}", getattr(self, f),
                                   f"must be one of {', '.join(choices)}")
 
+    def _check_variants(self) -> None:
+        """The MoE and MLA sections: of their types, and consistent with the rest."""
+        if self.moe is not None:
+            if not isinstance(self.moe, MoeSpec):
+                raise ConfigError("model.moe", self.moe, "must be an MoE section")
+            if self.moe.dense_layers >= self.num_layers:
+                raise ConfigError("model.moe.dense_layers", self.moe.dense_layers,
+                                  f"must be < num_layers={self.num_layers}")
+            if self.mlp != "swiglu" or self.bias:
+                raise ConfigError("model.mlp", self.mlp,
+                                  "MoE experts are modelled as SwiGLU without biases")
+        if self.mla is not None:
+            if not isinstance(self.mla, MlaSpec):
+                raise ConfigError("model.mla", self.mla, "must be an MLA section")
+            if self.num_kv_heads != self.num_heads or self.bias or self.qkv_bias:
+                raise ConfigError("model.num_kv_heads", self.num_kv_heads,
+                                  "MLA gives every head its own key and value: must equal "
+                                  f"num_heads={self.num_heads}, without biases")
+
     # ---------------------------------------------------------------- shapes
+    def ep_share(self, ep: int) -> ModelSpec:
+        """This spec as one rank of an expert-parallel group of `ep` holds it: experts / ep
+        of each MoE layer's routed experts (`ep` 1 or a dense model: itself)."""
+        if ep == 1 or self.moe is None:
+            return self
+        return replace(self, moe=replace(self.moe, ep=ep))
+
     def cp_share(self, cp: int) -> ModelSpec:
         """This spec as one rank of a context-parallel group of `cp` computes it: the
         sequence it is given is its 1/cp share, attending to the whole (`cp` 1: itself)."""
@@ -177,7 +213,10 @@ class ModelSpec:
         model itself."""
         if tp == 1:
             return self
-        return replace(self, num_heads=self.num_heads // tp,
+        moe = self.moe and replace(self.moe,
+                                   expert_ffn_hidden=-(-self.moe.expert_ffn_hidden // tp),
+                                   shared_ffn_hidden=-(-self.moe.shared_ffn_hidden // tp))
+        return replace(self, moe=moe, num_heads=self.num_heads // tp,
                        num_kv_heads=self.num_kv_heads // tp,
                        ffn_hidden=-(-self.ffn_hidden // tp), vocab_size=-(-self.vocab_size // tp),
                        loss_vocab_size=self.loss_vocab, tp=tp,
@@ -190,7 +229,34 @@ class ModelSpec:
 
     @property
     def head_dim(self) -> int:
+        """Per-head query and key width (with MLA its no-position and RoPE parts)."""
+        if self.mla is not None:
+            return self.mla.qk_head_dim
         return self.d_model // (self.num_heads * self.tp)
+
+    @property
+    def v_dim(self) -> int:
+        """Width of the value projection's heads and of attention's output (the output
+        projection's input): q_dim, or with MLA the heads' v_head_dim."""
+        return self.q_dim if self.mla is None else self.num_heads * self.mla.v_head_dim
+
+    @property
+    def mlp_width(self) -> int:
+        """Inner width one token's MLP computes and saves: ffn_hidden, or in an MoE
+        block its top_k routed experts' and the shared experts' widths."""
+        if self.moe is None:
+            return self.ffn_hidden
+        return self.moe.top_k * self.moe.expert_ffn_hidden + self.moe.shared_ffn_hidden
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers whose MLP is an MoE (0 for a dense model)."""
+        return 0 if self.moe is None else self.num_layers - self.moe.dense_layers
+
+    @property
+    def expert_params(self) -> int:
+        """Parameters of one routed expert (SwiGLU: three d x expert_ffn_hidden)."""
+        return 0 if self.moe is None else 3 * self.d_model * self.moe.expert_ffn_hidden
 
     @property
     def q_dim(self) -> int:
@@ -209,22 +275,21 @@ class ModelSpec:
         """Width of the key (and of the value) projection output."""
         return self.num_kv_heads * self.head_dim
 
-    def block_tensors(self) -> list[tuple[str, tuple[int, ...]]]:
-        """Every parameter tensor of one transformer block, (name, shape), in module order."""
-        d, q, kv, f = self.d_model, self.q_dim, self.kv_dim, self.ffn_hidden
+    def block_tensors(self, *, dense: bool = False) -> list[tuple[str, tuple[int, ...]]]:
+        """Every parameter tensor of one transformer block, (name, shape), in module order:
+        the simulated block (an MoE block in an MoE model), or with `dense` a dense layer
+        of an MoE model (its moe.dense_layers)."""
+        d = self.d_model
         t: list[tuple[str, tuple[int, ...]]] = [("attention_norm.weight", (d,))]
         if self.norm == "layernorm" and self.bias:
             t.append(("attention_norm.bias", (d,)))
-        for proj, out in (("wq", q), ("wk", kv), ("wv", kv)):
-            t.append((f"attention.{proj}.weight", (out, d)))
-            if self.bias or self.qkv_bias:
-                t.append((f"attention.{proj}.bias", (out,)))
-        t.append(("attention.wo.weight", (d, q)))
-        if self.bias:
-            t.append(("attention.wo.bias", (d,)))
+        t += self._attention_tensors()
         t.append(("ffn_norm.weight", (d,)))
         if self.norm == "layernorm" and self.bias:
             t.append(("ffn_norm.bias", (d,)))
+        if self.moe is not None and not dense:
+            return t + self._moe_tensors(self.moe)
+        f = self.ffn_hidden
         ups = ("w1", "w3") if self.mlp == "swiglu" else ("w1",)
         for proj in ups:
             t.append((f"feed_forward.{proj}.weight", (f, d)))
@@ -235,11 +300,88 @@ class ModelSpec:
             t.append(("feed_forward.w2.bias", (d,)))
         return t
 
+    def _attention_tensors(self) -> list[tuple[str, tuple[int, ...]]]:
+        """The attention's projections (as torchtitan's Llama and DeepSeek-V3 name them)."""
+        d, q, kv = self.d_model, self.q_dim, self.kv_dim
+        t: list[tuple[str, tuple[int, ...]]] = []
+        if self.mla is not None:
+            m, h = self.mla, self.num_heads
+            if m.q_lora_rank:
+                t += [("attention.wq_a.weight", (m.q_lora_rank, d)),
+                      ("attention.q_norm.weight", (m.q_lora_rank,)),
+                      ("attention.wq_b.weight", (q, m.q_lora_rank))]
+            else:
+                t.append(("attention.wq.weight", (q, d)))
+            t += [
+                ("attention.wkv_a.weight", (m.kv_lora_rank + m.qk_rope_head_dim, d)),
+                ("attention.kv_norm.weight", (m.kv_lora_rank,)),
+                ("attention.wkv_b.weight", (h * (m.qk_nope_head_dim + m.v_head_dim),
+                                            m.kv_lora_rank)),
+                ("attention.wo.weight", (d, self.v_dim))]
+            return t
+        for proj, out in (("wq", q), ("wk", kv), ("wv", kv)):
+            t.append((f"attention.{proj}.weight", (out, d)))
+            if self.bias or self.qkv_bias:
+                t.append((f"attention.{proj}.bias", (out,)))
+        t.append(("attention.wo.weight", (d, q)))
+        if self.bias:
+            t.append(("attention.wo.bias", (d,)))
+        return t
+
+    def _moe_tensors(self, moe: MoeSpec) -> list[tuple[str, tuple[int, ...]]]:
+        """The router, this rank's routed experts (torchtitan's GroupedExperts: one
+        [experts, ...] tensor per projection) and the shared experts (one MLP)."""
+        d, fe, fs, e = self.d_model, moe.expert_ffn_hidden, moe.shared_ffn_hidden, \
+            moe.local_experts
+        t: list[tuple[str, tuple[int, ...]]] = [("moe.router.gate.weight", (moe.experts, d))]
+        if moe.router_bias:
+            t.append(("moe.router.expert_bias", (moe.experts,)))
+        # GroupedExperts' [experts, fe, d] tensors, written with their first two dims
+        # flattened: FSDP2 shards them on dim 0, or, as torchtitan's apply_fsdp places
+        # them when the shard group outnumbers the experts, on dim 1 (Shard(1)): either
+        # way about experts x fe / n rows of d per rank, not a whole expert each.
+        t += [("moe.experts.w1", (e * fe, d)), ("moe.experts.w2", (e * d, fe)),
+              ("moe.experts.w3", (e * fe, d))]
+        if fs:
+            t += [("moe.shared_experts.w1.weight", (fs, d)),
+                  ("moe.shared_experts.w2.weight", (d, fs)),
+                  ("moe.shared_experts.w3.weight", (fs, d))]
+        if moe.shared_expert_gate:
+            t.append(("moe.shared_expert_gate.weight", (1, d)))
+        return t
+
     def block_matmuls(self) -> list[tuple[str, int, int]]:
-        """The weight matmuls of one block in call order: (module, in_features, out_features)."""
-        d, q, kv, f = self.d_model, self.q_dim, self.kv_dim, self.ffn_hidden
-        mms = [("attention.wq", d, q), ("attention.wk", d, kv), ("attention.wv", d, kv),
-               ("attention.wo", q, d), ("feed_forward.w1", d, f)]
+        """The weight matmuls of one block in call order: (module, in_features,
+        out_features), each over every token of the micro-batch. An MoE block's routed
+        experts appear as the top_k experts a token passes through, side by side (in
+        x top_k * expert_ffn_hidden): the FLOPs of the grouped GEMMs, whose rows are the
+        routed tokens."""
+        d, q, kv, v = self.d_model, self.q_dim, self.kv_dim, self.v_dim
+        if self.mla is not None:
+            m = self.mla
+            mms = ([("attention.wq_a", d, m.q_lora_rank), ("attention.wq_b", m.q_lora_rank, q)]
+                   if m.q_lora_rank else [("attention.wq", d, q)])
+            mms += [("attention.wkv_a", d, m.kv_lora_rank + m.qk_rope_head_dim),
+                    ("attention.wkv_b", m.kv_lora_rank,
+                     self.num_heads * (m.qk_nope_head_dim + m.v_head_dim)),
+                    ("attention.wo", v, d)]
+        else:
+            mms = [("attention.wq", d, q), ("attention.wk", d, kv), ("attention.wv", d, kv),
+                   ("attention.wo", q, d)]
+        if self.moe is not None:
+            moe = self.moe
+            routed = moe.top_k * moe.expert_ffn_hidden
+            mms += [("moe.router.gate", d, moe.experts), ("moe.experts.w1", d, routed),
+                    ("moe.experts.w3", d, routed), ("moe.experts.w2", routed, d)]
+            if moe.shared_ffn_hidden:
+                fs = moe.shared_ffn_hidden
+                mms += [("moe.shared_experts.w1", d, fs), ("moe.shared_experts.w3", d, fs),
+                        ("moe.shared_experts.w2", fs, d)]
+            if moe.shared_expert_gate:
+                mms.append(("moe.shared_expert_gate", d, 1))
+            return mms
+        f = self.ffn_hidden
+        mms.append(("feed_forward.w1", d, f))
         if self.mlp == "swiglu":
             mms.append(("feed_forward.w3", d, f))
         mms.append(("feed_forward.w2", f, d))
@@ -261,30 +403,64 @@ class ModelSpec:
         return t
 
     def parameter_tensors(self) -> list[tuple[str, tuple[int, ...]]]:
-        """All parameter tensors: root tensors first, then each block's, prefixed."""
+        """All parameter tensors: root tensors first, then each block's, prefixed (an MoE
+        model's leading dense layers with their dense MLP)."""
         out = self.root_tensors()
+        dense = self.moe.dense_layers if self.moe is not None else 0
         for i in range(self.num_layers):
-            out += [(f"layers.{i}.{n}", s) for n, s in self.block_tensors()]
+            out += [(f"layers.{i}.{n}", s) for n, s in self.block_tensors(dense=i < dense)]
         return out
 
     # ---------------------------------------------------------------- closed forms
     @property
     def params_per_block(self) -> int:
-        """Closed form: attention 2d^2 + 2d*kv (q, o; k, v), MLP (3 if SwiGLU else 2)*d*f,
-        norms 2d; with biases add d + 2kv + d for attention, f-per-up + d for the MLP and
-        2d for LayerNorm biases (Narayanan et al. 2021, Sec. 5.1 for the GPT case); with
-        q/k/v biases only, d + 2kv. A TP shard (`tp_shard`) has q = d/tp query width in
-        place of d in q and o."""
-        d, q, kv, f = self.d_model, self.q_dim, self.kv_dim, self.ffn_hidden
-        n_up = 2 if self.mlp == "swiglu" else 1
-        n = 2 * d * q + 2 * d * kv + (n_up + 1) * d * f + 2 * d
+        """Closed form of the simulated block: attention, MLP and norms 2d. Attention
+        2d*q + 2d*kv (q, o; k, v); with MLA the latent projections (q: d*rq + rq +
+        rq*q, or d*q full-rank; kv: d*(rkv + rope) + rkv + rkv*h*(nope + v); o: v*d).
+        MLP (3 if SwiGLU else 2)*d*f, or an MoE's router d*E (+ E with its bias), its
+        experts/ep local experts of 3*d*fe, shared experts 3*d*fs and their gate d.
+        With biases add d + 2kv + d for attention, f-per-up + d for the MLP and 2d for
+        LayerNorm biases (Narayanan et al. 2021, Sec. 5.1 for the GPT case); with q/k/v
+        biases only, d + 2kv. A TP shard (`tp_shard`) has q = d/tp query width in place
+        of d in q and o."""
+        return self._attention_params + self._mlp_params(dense=False) + self._norm_params
+
+    @property
+    def dense_block_params(self) -> int:
+        """Closed form of an MoE model's dense layer (its MLP of ffn_hidden); the block
+        itself in a dense model."""
+        return self._attention_params + self._mlp_params(dense=True) + self._norm_params
+
+    @property
+    def _norm_params(self) -> int:
+        d = self.d_model
+        return 2 * d + (2 * d if self.bias and self.norm == "layernorm" else 0)
+
+    @property
+    def _attention_params(self) -> int:
+        d, q, kv = self.d_model, self.q_dim, self.kv_dim
+        if self.mla is not None:
+            m = self.mla
+            wq = m.q_lora_rank * (d + 1 + q) if m.q_lora_rank else d * q
+            wkv = (d * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
+                   + m.kv_lora_rank * self.num_heads * (m.qk_nope_head_dim + m.v_head_dim))
+            return wq + wkv + self.v_dim * d
+        n = 2 * d * q + 2 * d * kv
         if self.bias:
-            n += q + d + 2 * kv + n_up * f + d
-            if self.norm == "layernorm":
-                n += 2 * d
+            n += q + d + 2 * kv
         elif self.qkv_bias:
             n += q + 2 * kv
         return n
+
+    def _mlp_params(self, *, dense: bool) -> int:
+        d = self.d_model
+        if self.moe is None or dense:
+            n_up, f = (2 if self.mlp == "swiglu" else 1), self.ffn_hidden
+            return (n_up + 1) * d * f + ((n_up * f + d) if self.bias else 0)
+        moe = self.moe
+        return (moe.experts * d + (moe.experts if moe.router_bias else 0)
+                + moe.local_experts * self.expert_params + 3 * d * moe.shared_ffn_hidden
+                + (d if moe.shared_expert_gate else 0))
 
     @property
     def embedding_params(self) -> int:
@@ -312,8 +488,34 @@ class ModelSpec:
 
     @property
     def num_params(self) -> int:
-        """Total parameter count."""
-        return self.num_layers * self.params_per_block + self.root_params
+        """Total parameter count (of the rank's share under tp_shard or ep_share)."""
+        dense = self.num_layers - self.moe_layers
+        return (self.moe_layers * self.params_per_block + dense * self.dense_block_params
+                if self.moe is not None else self.num_layers * self.params_per_block
+                ) + self.root_params
+
+    @property
+    def inactive_params(self) -> int:
+        """Parameters a token does not pass through: in every MoE layer, the routed
+        experts beyond its top_k (counted over the whole model, whatever ep_share);
+        0 for a dense model."""
+        if self.moe is None:
+            return 0
+        return self.moe_layers * (self.moe.experts - self.moe.top_k) * self.expert_params
+
+    @property
+    def total_params(self) -> int:
+        """Parameters of the whole model: num_params with every EP rank's experts."""
+        if self.moe is None:
+            return self.num_params
+        return self.num_params + self.moe_layers * (
+            self.moe.experts - self.moe.local_experts) * self.expert_params
+
+    @property
+    def active_params(self) -> int:
+        """Parameters each token passes through (all of a dense model's; an MoE model's
+        "activated" parameters, embeddings included, as its papers count them)."""
+        return self.total_params - self.inactive_params
 
     @property
     def non_embedding_params(self) -> int:
@@ -323,16 +525,26 @@ class ModelSpec:
             self.d_model * self.learned_pos_emb
         return self.num_params - lookups - self.extra_params
 
+    @property
+    def active_non_embedding_params(self) -> int:
+        """Of the matmul parameters (non_embedding_params, the whole model's experts), those
+        one token passes through: what its FLOPs are six times."""
+        return self.non_embedding_params + self.total_params - self.num_params \
+            - self.inactive_params
+
     def attention_flops_per_token(self, seq_len: int, *, causal: bool = True) -> float:
         """Forward + backward attention score/value FLOPs per token: 12 * L * s * d
-        (PaLM App. B), halved when the causal mask lets the kernel skip half the scores."""
-        flops = 12.0 * self.num_layers * seq_len * self.context_parallel * self.q_dim
+        (PaLM App. B; 6 * L * s * (q + v) with MLA's wider query/key heads), halved when
+        the causal mask lets the kernel skip half the scores."""
+        flops = 6.0 * self.num_layers * seq_len * self.context_parallel * (
+            self.q_dim + self.v_dim)
         return flops / 2 if causal else flops
 
     def flops_per_token(self, seq_len: int, *, causal: bool = True) -> float:
         """Model FLOPs per trained token (forward + backward, no recomputation):
-        6 * N_matmul + attention. N_matmul excludes lookup tables, as they do no matmul."""
-        return 6.0 * self.non_embedding_params + self.attention_flops_per_token(
+        6 * N_matmul + attention. N_matmul excludes lookup tables, as they do no matmul,
+        and an MoE's experts a token is not routed to (active_non_embedding_params)."""
+        return 6.0 * self.active_non_embedding_params + self.attention_flops_per_token(
             seq_len, causal=causal)
 
     # ---------------------------------------------------------------- conversions
@@ -351,6 +563,9 @@ class ModelSpec:
         missing = [k for k in required if k not in data]
         if missing:
             raise ConfigError(f"{where}.{missing[0]}", None, "missing required key")
+        sections = {"moe": MoeSpec, "mla": MlaSpec}
+        data = {k: (sections[k].from_dict(v, where=f"{where}.{k}")
+                    if k in sections and v is not None else v) for k, v in data.items()}
         return cls(**data)
 
 

@@ -98,6 +98,22 @@ class Plan:
     cp: int = 1
     """Context-parallel degree: ring attention over cp ranks, each holding 1/cp of every
     sequence (1 means disabled)."""
+    ep: int = 1
+    """Expert-parallel degree (MoE models): each MoE layer's routed experts split over ep
+    ranks carved from the dp_shard x cp ranks, as torchtitan's ParallelDims borrows them
+    (the innermost ep of dp_shard_cp); tokens reach their experts by an all-to-all
+    dispatch and return by an all-to-all combine. The experts' state is sharded by FSDP
+    over the dp_shard x cp / ep ranks holding the same experts (torchtitan's
+    dp_shard_mod_ep), the dense part over all of dp_shard x cp. 1 means none."""
+    capacity_factor: float = 0.0
+    """Tokens an expert takes, as a multiple of its even share (tokens x top_k / experts),
+    the rest dropped, all-to-all buffers padded to it (DeepSpeed-MoE, GShard); 0 means
+    dropless (torchtitan: each all-to-all carries the tokens routed)."""
+    expert_imbalance: float = 1.0
+    """Routed tokens the busiest EP rank receives over the mean (>= 1): its grouped GEMMs
+    and its all-to-all set the step's pace (the slowest rank sets the step). 1 is
+    perfectly balanced routing; dropless routing sends imbalance x the mean to that rank,
+    a capacity factor caps it at the capacity."""
     sp: bool = False
     """Sequence parallelism with TP (Korthikanti et al. 2022): the norms and residual
     stream sharded on the sequence over the TP group, all-gather before and
@@ -174,7 +190,8 @@ class Plan:
         if self.strategy not in STRATEGIES:
             raise ConfigError("plan.strategy", self.strategy,
                               f"must be one of {', '.join(STRATEGIES)}")
-        for f in ("dp_shard", "dp_replicate", "tp", "pp", "cp", "micro_batch", "grad_accum",
+        for f in ("dp_shard", "dp_replicate", "tp", "pp", "cp", "ep", "micro_batch",
+                  "grad_accum",
                   "seq_len", "unit_size", "bucket_bytes", "virtual_stages"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
@@ -210,6 +227,7 @@ class Plan:
             raise ConfigError("plan.impl", self.impl,
                               f"{self.strategy} runs as {' or '.join(e.name for e in runs)}")
         self._check_options()
+        self._check_expert_parallel()
         program = self.program
         if self.grad_sync not in GRAD_SYNCS:
             raise ConfigError("plan.grad_sync", self.grad_sync,
@@ -236,6 +254,20 @@ class Plan:
         elif not isinstance(self.options, kind):
             raise ConfigError(f"plan.{key}", self.options,
                               f"must be {self.program.title} settings ({kind.__name__})")
+
+    def _check_expert_parallel(self) -> None:
+        """The EP degree fits the ranks it is carved from; the routing knobs are sane."""
+        for f, low in (("capacity_factor", 0.0), ("expert_imbalance", 1.0)):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < low:
+                raise ConfigError(f"plan.{f}", v, f"must be a number >= {low:g}")
+        if self.dp_shard_cp % self.ep:
+            raise ConfigError("plan.ep", self.ep, "expert parallelism is carved from the "
+                              f"dp_shard x cp = {self.dp_shard_cp} ranks: must divide them")
+        if self.ep > 1 and not self.program.expert_parallel:
+            able = " and ".join(e.title for e in programs() if e.expert_parallel)
+            raise ConfigError("plan.ep", self.ep,
+                              f"expert parallelism is modelled with {able}, not {self.impl}")
 
     def _check_model_parallel(self) -> None:
         """The TP, SP and pipeline-schedule fields that must agree with each other."""
@@ -296,6 +328,16 @@ class Plan:
     def dp_degree(self) -> int:
         """Data-parallel ranks: each sees different data."""
         return self.dp_shard * self.dp_replicate
+
+    @property
+    def routed_load(self) -> float:
+        """Routed tokens the busiest rank computes and receives, over the mean share: the
+        capacity factor when one is set (every expert's buffer padded to its capacity),
+        else expert_imbalance under expert parallelism (without it every rank computes
+        the experts of its own tokens: 1)."""
+        if self.capacity_factor:
+            return self.capacity_factor
+        return self.expert_imbalance if self.ep > 1 else 1.0
 
     @property
     def dp_shard_cp(self) -> int:
@@ -447,7 +489,8 @@ class Plan:
 
     @property
     def parallel_label(self) -> str:
-        """The model-parallel axes in a label, e.g. " tp=8+sp pp=4(interleaved x2) cp=2";
+        """The model-parallel axes in a label, e.g. " tp=8+sp pp=4(interleaved x2) cp=2",
+        " ep=8 cf=1.25";
         empty for a purely data-parallel plan."""
         out = ""
         if self.tp > 1:
@@ -458,6 +501,10 @@ class Plan:
             out += f" pp={self.pp}({sched})"
         if self.cp > 1:
             out += f" cp={self.cp}"
+        if self.ep > 1:
+            out += f" ep={self.ep}"
+        if self.capacity_factor:
+            out += f" cf={self.capacity_factor:g}"
         return out
 
     def with_(self, **changes: Any) -> Plan:

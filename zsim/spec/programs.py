@@ -134,6 +134,8 @@ class ProgramEntry:
     """The strategies under which it composes with tensor and pipeline parallelism."""
     context_parallel: bool = False
     """It composes with context parallelism (its state sharded over dp_shard x cp)."""
+    expert_parallel: bool = False
+    """It composes with expert parallelism (Plan.ep: torchtitan's EP with fully_shard)."""
     superseded_by: str | None = None
     """The program that replaces it; a plan running it asks a team for an older library
     (zsim.recommend.complications)."""
@@ -152,7 +154,7 @@ REGISTRY: tuple[ProgramEntry, ...] = (
         name="fsdp2", title="FSDP2", strategies=_FSDP, defaults=_FSDP, ranked=_FSDP,
         lowering="zsim.schedule.programs.fsdp2", backend="zsim.backend.fsdp2", comm="fsdp",
         casts_block_inputs=True, grad_sync_every=True, model_parallel=_FSDP,
-        context_parallel=True),
+        context_parallel=True, expert_parallel=True),
     ProgramEntry(
         name="deepspeed", title="DeepSpeed ZeRO", strategies=_ZERO, defaults=_ZERO,
         ranked=_ZERO, options=DeepSpeedZero, options_key="ds",

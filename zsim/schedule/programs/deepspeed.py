@@ -587,27 +587,22 @@ def _with_frees(op: Op, name: str) -> Op:
 # ---------------------------------------------------------------------- stage 3
 def _submodules(model: ModelSpec) -> tuple[list[tuple[str, list[tuple[int, ...]]]], ...]:
     """(embedding, block, head) submodules in call order, each (name, parameter shapes):
-    what DeepSpeed hooks and fetches one at a time (modules with direct parameters)."""
-    d, kv, f = model.d_model, model.kv_dim, model.ffn_hidden
-
-    def linear(name: str, out: int, inp: int, *, bias: bool = model.bias
-               ) -> tuple[str, list[tuple[int, ...]]]:
-        return name, [(out, inp), *([(out,)] if bias else [])]
-
-    def norm(name: str) -> tuple[str, list[tuple[int, ...]]]:
-        with_bias = model.norm == "layernorm" and model.bias
-        return name, [(d,), *([(d,)] if with_bias else [])]
-
+    what DeepSpeed hooks and fetches one at a time (modules with direct parameters). A
+    block's are its tensors (ModelSpec.block_tensors) grouped by the module that holds
+    them (the name without its last part: attention.wq, moe.experts)."""
+    d = model.d_model
     emb: list[tuple[str, list[tuple[int, ...]]]] = [("tok_embeddings", [(model.vocab_size, d)])]
     if model.learned_pos_emb:
         emb.append(("pos_embeddings", [(model.max_seq_len, d)]))
-    mlp = [linear("w1", f, d), *([linear("w3", f, d)] if model.mlp == "swiglu" else []),
-           linear("w2", d, f)]
-    qkv_bias = model.bias or model.qkv_bias
-    block = [norm("attention_norm"), linear("wq", d, d, bias=qkv_bias),
-             linear("wk", kv, d, bias=qkv_bias), linear("wv", kv, d, bias=qkv_bias),
-             linear("wo", d, d), norm("ffn_norm"), *mlp]
-    head = [norm("norm")]
+    block: list[tuple[str, list[tuple[int, ...]]]] = []
+    for name, shape in model.block_tensors():
+        module = name.rsplit(".", 1)[0]
+        if block and block[-1][0] == module:
+            block[-1][1].append(shape)
+        else:
+            block.append((module, [shape]))
+    head: list[tuple[str, list[tuple[int, ...]]]] = [
+        ("norm", [(d,), *([(d,)] if model.norm == "layernorm" and model.bias else [])])]
     head.append(("output", [(model.vocab_size, d)]) if not model.tied_embeddings
                 else ("output", []))
     return emb, block, head

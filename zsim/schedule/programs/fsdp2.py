@@ -66,8 +66,10 @@ from zsim.schedule.build import (
     Unit,
     block_backward,
     block_forward,
+    block_shard_elems,
     context_parallel,
     device_optimizer,
+    expert_parallel,
     gather_logits,
     head_backward,
     head_forward,
@@ -91,10 +93,12 @@ def shard_elems(shapes: Shapes, n: int) -> int:
     return sum(-(-shape[0] // n) * math.prod(shape[1:]) for shape in shapes)
 
 
-def state_shard_elems(model: ModelSpec, n: int) -> int:
-    """Elements of one rank's shard of the whole model on `n` ranks."""
+def state_shard_elems(model: ModelSpec, n: int, ep: int = 1) -> int:
+    """Elements of one rank's shard of the whole model on `n` ranks, its routed experts
+    under expert parallelism of degree `ep` over theirs
+    (zsim.schedule.build.block_shard_elems)."""
     return (shard_elems([s for _, s in model.root_tensors()], n)
-            + model.num_layers * shard_elems([s for _, s in model.block_tensors()], n))
+            + model.num_layers * block_shard_elems(model, n, ep, shard_elems)[0])
 
 
 def _at_rest_bytes(plan: Plan) -> int:
@@ -111,7 +115,7 @@ def state_at_rest_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
     if plan.offload != "none":
         closed = model_state_bytes(model.num_params, _reshard_view(plan)).as_dict()
         return {c: v for c, v in closed.items() if c != "grads"}
-    shard = float(state_shard_elems(model, plan.dp_shard_cp))
+    shard = float(state_shard_elems(model, plan.dp_shard_cp, plan.ep))
     params_cat = "master_params" if plan.has_master_copy else "params"
     return {params_cat: shard * _at_rest_bytes(plan),
             "optimizer_states": shard * optimizer_bytes_per_param(plan)}
@@ -126,6 +130,8 @@ def state_pieces(model: ModelSpec, plan: Plan) -> dict[str, tuple[int, ...]]:
     if plan.offload != "none" or copies != int(copies):
         return {}
     shapes, n = tuple(module_order(model)), plan.dp_shard_cp
+    if plan.ep > 1:  # the experts' shards are of their own group: one tensor each
+        return {}
     return {"master_params" if plan.has_master_copy else "params":
             sharded_pieces(shapes, n, _at_rest_bytes(plan)),
             "optimizer_states": sharded_pieces(shapes, n, state_bytes, int(copies))}
@@ -175,7 +181,7 @@ def host_state_bytes(model: ModelSpec, plan: Plan) -> float:
     GPU."""
     if plan.offload == "none":
         return 0.0
-    return host_step_bytes(plan, float(state_shard_elems(model, plan.dp_shard)),
+    return host_step_bytes(plan, float(state_shard_elems(model, plan.dp_shard, plan.ep)),
                            _grad_bytes(plan))
 
 
@@ -284,6 +290,8 @@ class _Step:
                                         host_s=self.block_host_s("backward", u))
                 context_parallel(b, after=bwd[k], phase="backward", blocks=u.blocks,
                                  name=u.name, mb=mb, unit=u.index)
+                expert_parallel(b, after=bwd[k], phase="backward", blocks=u.blocks,
+                                name=u.name, mb=mb, unit=u.index)
                 if p.recompute == "full":  # the re-run forward's collectives
                     tensor_parallel(b, after=bwd[k], phase="forward", regions=2 * u.blocks,
                                     name=f"{u.name} recompute", mb=mb, unit=u.index)
@@ -330,6 +338,8 @@ class _Step:
                                      host_s=self.block_host_s("forward", u)))
             context_parallel(b, after=fwd[-1], phase="forward", blocks=u.blocks, name=u.name,
                              mb=mb, unit=u.index)
+            expert_parallel(b, after=fwd[-1], phase="forward", blocks=u.blocks, name=u.name,
+                            mb=mb, unit=u.index)
             tensor_parallel(b, after=fwd[-1], phase="forward", regions=2 * u.blocks,
                             name=u.name, mb=mb, unit=u.index)
         return fwd
@@ -391,10 +401,22 @@ class _Step:
                                          u.shard * b.param_elem_bytes if p.has_master_copy
                                          and p.offload == "none" else 0, size)),),
                       **deps)
-        return b.collective(
-            kind="all_gather", size_bytes=size, group=b.shard, gname="shard",
+        if not u.expert_shard:
+            return b.collective(
+                kind="all_gather", size_bytes=size, group=b.shard, gname="shard",
+                name=f"{u.name} all-gather {phase} (mb {mb})", unit=u.index, microbatch=mb,
+                after=(first,), frees=frees)
+        # Expert parallelism: the routed experts are their own fully_shard, gathered over
+        # the ranks holding the same experts right after the dense part.
+        dense = u.dense_gathered_elems(p) * b.param_elem_bytes
+        first = b.collective(
+            kind="all_gather", size_bytes=dense, group=b.shard, gname="shard",
             name=f"{u.name} all-gather {phase} (mb {mb})", unit=u.index, microbatch=mb,
-            after=(first,), frees=frees)
+            after=(first,))
+        return b.collective(
+            kind="all_gather", size_bytes=size - dense, group=b.expert_shard,
+            gname="expert_shard", name=f"{u.name} experts all-gather {phase} (mb {mb})",
+            unit=u.index, microbatch=mb, after=(first,), frees=frees)
 
     def copy_out(self, u: Unit, mb: int, gathered: dict[int, str], *, phase: str,
                  gather: int, hooks: bool = False) -> int:
@@ -482,10 +504,16 @@ class _Step:
             allocs.append(Buffer(name=rs_out, category="comm_buffers",
                                  bytes=u.shard * r_bytes))
         allocs.append(Buffer(name=shard_grad, category="grads", bytes=u.shard * g_bytes))
+        dense = u.dense_gathered_elems(p) * r_bytes
         last = b.collective(
-            kind="reduce_scatter", size_bytes=rs_in_bytes, group=b.shard, gname="shard",
+            kind="reduce_scatter", size_bytes=dense, group=b.shard, gname="shard",
             name=f"{u.name} reduce-scatter", unit=u.index, microbatch=mb, after=(first,),
-            allocs=tuple(allocs), frees=(rs_in,) if final else ())
+            allocs=tuple(allocs), frees=(rs_in,) if final and dense == rs_in_bytes else ())
+        if dense != rs_in_bytes:  # expert parallelism: the experts' own reduce-scatter
+            last = b.collective(
+                kind="reduce_scatter", size_bytes=rs_in_bytes - dense, group=b.expert_shard,
+                gname="expert_shard", name=f"{u.name} experts reduce-scatter",
+                unit=u.index, microbatch=mb, after=(last,), frees=(rs_in,) if final else ())
         if r_bytes != g_bytes:
             cast = Flops(matmul=0.0, attention=0.0,
                          memory_bytes=u.shard * (r_bytes + g_bytes), kernels=1)
@@ -530,7 +558,7 @@ class _Step:
                            dtensor=True)
             return
         device_optimizer(b, after=after, frees=frees,
-                         local_params=state_shard_elems(b.model, p.dp_shard_cp),
+                         local_params=state_shard_elems(b.model, p.dp_shard_cp, p.ep),
                          tensors=tensors, master_bytes=_at_rest_bytes(p),
                          grad_bytes=_grad_bytes(p), dtensor=True,
                          tensor_elems=tuple(shard_rows(s, p.dp_shard_cp)

@@ -1,0 +1,138 @@
+"""Expert parallelism (Plan.ep) lowered with FSDP2 as torchtitan runs it, checked against
+closed forms worked out here: the all-to-alls per step and their bytes, the expert state
+sharded over dp_shard / ep ranks, the gathered parameters EP saves, where each group sits
+on the nodes, and the busiest rank's share under imbalance or a capacity factor."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from zsim.analytic.collectives import collective_time_s
+from zsim.analytic.placement import place
+from zsim.cli import app
+from zsim.errors import ConfigError
+from zsim.schedule.lower import lower
+from zsim.simulate import simulate
+from zsim.spec.consistency import check_plan
+from zsim.spec.model import ModelSpec
+from zsim.spec.moe import MoeSpec
+from zsim.spec.plan import Plan
+from zsim.spec.registry import resolve_hardware
+
+HW = resolve_hardware("hgx-h200")
+D, LAYERS, EXPERTS, TOP_K, FE, SEQ = 1024, 4, 8, 2, 3584, 1024
+MOE = ModelSpec(name="tiny-moe", num_layers=LAYERS, d_model=D, num_heads=8, num_kv_heads=8,
+                ffn_hidden=FE, vocab_size=32000, max_seq_len=SEQ,
+                moe=MoeSpec(experts=EXPERTS, top_k=TOP_K, expert_ffn_hidden=FE))
+EXPERT = 3 * D * FE
+"""Parameters of one routed expert."""
+
+
+def _plan(gpus: int, **knobs: object) -> Plan:
+    return Plan.for_strategy("fsdp", gpus=gpus, seq_len=SEQ, **knobs)
+
+
+def test_all_to_alls_per_step_and_their_bytes() -> None:
+    """Four all-to-alls per MoE block (dispatch and combine, forward and backward), two
+    more with full recomputation; each carries tokens x top_k x d in bf16, 7/8 of it to
+    other ranks on a group of 8."""
+    for ac, calls in (("none", 4), ("selective", 4), ("full", 6)):
+        ops = [o for o in lower(MOE, HW, _plan(8, ep=8, recompute=ac)).ops
+               if o.kind == "all_to_all"]
+        assert len(ops) == calls * LAYERS, ac
+        size = SEQ * TOP_K * D * 2
+        assert {o.size_bytes for o in ops} == {size}
+        assert {o.bus_bytes for o in ops} == {size * 7 / 8}
+        assert {o.group for o in ops} == {"ep"}
+
+
+def test_all_to_all_time_alone_is_its_bytes_over_the_links() -> None:
+    """Inside a node: NCCL's base and one NVLink step, then 7/8 of the bytes over NVLink.
+    Over two nodes (ep 16, 8 a node): 8 of 15 peers' slices leave through the NIC, which
+    is the slower link, so the NIC sets the time."""
+    size = SEQ * TOP_K * D * 2.0
+    link = HW.intra_node
+    one = place(_plan(8, ep=8), HW).group("ep")
+    expected = (8.4e-6 + link.latency_s + size * 7 / 8 / link.achievable_bytes_per_s
+                / link.kind_efficiency["all_gather"])
+    assert collective_time_s("all_to_all", size, one, HW) == pytest.approx(expected)
+    two = place(_plan(16, ep=16), HW).group("ep")
+    nic = HW.inter_node
+    expected = (8.4e-6 + link.latency_s + nic.latency_s + size * 15 / 16 * 8 / 15
+                / nic.achievable_bytes_per_s / nic.kind_efficiency["all_gather"])
+    assert collective_time_s("all_to_all", size, two, HW) == pytest.approx(expected)
+
+
+def test_ep_groups_are_carved_innermost_from_the_shard_group() -> None:
+    placement = place(_plan(64, ep=8), HW)
+    ep, experts = placement.group("ep"), placement.group("expert_shard")
+    assert (ep.ranks, ep.spans_nodes) == (8, False)
+    # The ranks holding the same experts, 8 apart: one a node.
+    assert (experts.ranks, experts.ranks_per_node) == (8, 1)
+
+
+def test_expert_state_is_sharded_over_the_ranks_holding_those_experts() -> None:
+    """The rank holds experts/ep of them, sharded over dp_shard/ep ranks: as many
+    elements as without EP (the same state spread otherwise), and its gathered unit
+    holds the dense part and only its own experts."""
+    plain = lower(MOE, HW, _plan(16))
+    ep = lower(MOE, HW, _plan(16, ep=8))
+    state = {b.name: b.bytes for b in plain.baseline}
+    assert {b.name: b.bytes for b in ep.baseline} == state
+    # Two norms, q/k/v/o, and the router's 8 rows padded to one row on each of 16 ranks.
+    dense = 2 * D + 4 * D * D + 16 * D
+    gathers = [o for o in ep.ops if o.kind == "all_gather" and o.unit == 0
+               and "forward" in o.name and o.microbatch == 0]
+    dense_ag, expert_ag = gathers
+    assert dense_ag.group == "shard" and expert_ag.group == "expert_shard"
+    assert dense_ag.size_bytes == dense * 2
+    assert expert_ag.size_bytes == EXPERTS // 8 * EXPERT * 2
+    whole = next(o for o in plain.ops if o.kind == "all_gather" and o.unit == 0)
+    assert whole.size_bytes == pytest.approx(MOE.params_per_block * 2, rel=1e-3)
+
+
+def test_imbalance_and_capacity_set_the_busiest_ranks_share() -> None:
+    """Dropless routing with imbalance 1.5 sends the busiest rank 1.5x the mean tokens
+    and gives it 1.5x the expert GEMMs; a capacity factor pads every buffer to it."""
+    base = lower(MOE, HW, _plan(8, ep=8))
+    skewed = lower(MOE, HW, _plan(8, ep=8, expert_imbalance=1.5))
+    capped = lower(MOE, HW, _plan(8, ep=8, expert_imbalance=1.5, capacity_factor=1.25))
+    size = SEQ * TOP_K * D * 2
+    a2a = {name: {o.size_bytes for o in s.ops if o.kind == "all_to_all"}
+           for name, s in (("base", base), ("skewed", skewed), ("capped", capped))}
+    assert a2a == {"base": {size}, "skewed": {1.5 * size}, "capped": {1.25 * size}}
+    expert_flops = 2 * SEQ * TOP_K * EXPERT  # the forward of one block's routed GEMMs
+    fwd = {name: next(o.flops for o in s.ops if o.name == "unit 0 forward (mb 0)")
+           for name, s in (("base", base), ("skewed", skewed))}
+    assert fwd["skewed"] - fwd["base"] == pytest.approx(0.5 * expert_flops)
+
+
+def test_ep_shrinks_the_all_gathers_and_adds_all_to_alls_in_the_simulation() -> None:
+    """What EP trades, as the engine plays it: the per-step all-gather bytes fall from
+    every expert to the rank's own, and all-to-all bytes appear."""
+    plain = simulate(MOE, HW, _plan(8))
+    ep = simulate(MOE, HW, _plan(8, ep=8))
+    assert "ep" not in plain.comm_bus_bytes and ep.comm_bus_bytes["ep"] > 0
+    assert ep.comm_bus_bytes["all_gather"] < 0.5 * plain.comm_bus_bytes["all_gather"]
+    assert ep.exposed_by_kind_s.get("all_to_all", 0.0) > 0
+
+
+@pytest.mark.parametrize(("model", "knobs", "field"), [
+    (MOE.__class__(**{**MOE.to_dict(), "moe": None}), {"ep": 2}, "plan.ep"),
+    (MOE, {"ep": 16}, "plan.ep"),  # does not divide the 8 experts (dp 16 allows it)
+])
+def test_impossible_ep_plans_name_the_field(model: ModelSpec, knobs: dict,
+                                            field: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        check_plan(model, HW, _plan(16, **knobs), gpus=16)
+    assert e.value.field == field
+
+
+def test_ep_with_a_program_that_does_not_run_it_is_refused_in_one_line() -> None:
+    with pytest.raises(ConfigError, match="expert parallelism is modelled with FSDP2"):
+        Plan.for_strategy("zero3", gpus=8, seq_len=SEQ, ep=2)
+    result = CliRunner().invoke(app, ["simulate", "--model", "7b", "--gpus", "8",
+                                      "--strategy", "fsdp", "--ep", "2"])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines()[-1].startswith("error: plan.ep=2")
