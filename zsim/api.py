@@ -238,7 +238,7 @@ def _parallel_search(spec: ModelSpec, hw: Any, *, gpus: int, seq_len: int, seque
     # parameters alone (compute dtype) outgrow one GPU.
     params_bytes = spec.num_params * dtype_bytes(precision_knobs(precision or "bf16")[
         "param_dtype"])
-    needed = gpus > hw.gpus_per_node and params_bytes > hw.hbm_bytes
+    needed = gpus > hw.domain_gpus and params_bytes > hw.hbm_bytes
     if not asked and not parallel and not needed:
         return None
     plans = [p for p in pp.parallel_plans(spec, hw, gpus=gpus, seq_len=seq_len,
@@ -392,7 +392,7 @@ def simulate(*, model: str, gpus: int, strategy: str | None, shard_group: int | 
                               "give --strategy (or a --ds-config or --fsdp-config)")
         if strategy == "hsdp" and shard_group is None:
             # Shard within a node, the usual HSDP.
-            shard_group = default_shard_group(hw.gpus_per_node, gpus, parallel or {})
+            shard_group = default_shard_group(hw.domain_gpus, gpus, parallel or {})
         plan = build_plan(spec, gpus=gpus, strategy=strategy, shard_group=shard_group,
                           seq=seq, micro_batch=1 if micro_batch is None else micro_batch,
                           grad_accum=1 if grad_accum is None else grad_accum, ac=ac,

@@ -109,7 +109,7 @@ def parallel_plans(model: ModelSpec, hw: HardwareProfile, *, gpus: int, seq_len:
     pipelining, whose stages reduce on the last, and with DDP, run with no_sync until the
     last. Invalid combinations are left out."""
     out: list[Plan] = []
-    for tp in range(1, hw.gpus_per_node + 1):
+    for tp in range(1, hw.domain_gpus + 1):
         for cp in CP_DEGREES:
             for pp in range(1, MAX_PP + 1):
                 if degree_problem(model, hw, gpus=gpus, seq_len=seq_len, tp=tp, cp=cp, pp=pp):
@@ -142,9 +142,9 @@ def degree_problem(model: ModelSpec, hw: HardwareProfile, *, gpus: int, seq_len:
         degrees = " x ".join(fixed)
         what = f"{degrees} = {product}" if len(fixed) > 1 else f"{degrees}={product}"
         return f"{gpus} is not divisible by {what}"
-    if hw.gpus_per_node % tp:
-        return (f"tp={tp} does not divide a {hw.name} node's {hw.gpus_per_node} GPUs (tensor "
-                "parallelism stays inside a node)")
+    if hw.domain_gpus % tp:
+        return (f"tp={tp} does not divide a {hw.name} {hw.domain_name}'s {hw.domain_gpus} GPUs "
+                f"(tensor parallelism stays inside a {hw.domain_name})")
     if model.num_heads % tp or model.num_kv_heads % tp:
         return (f"tp={tp} does not divide {model.name}'s {model.num_heads} attention heads "
                 f"and {model.num_kv_heads} key/value heads")

@@ -45,12 +45,13 @@ def test_validated_worlds_are_the_published_clusters(
     """The largest world with communication inside the profile's domain: MosaicML's 128 A100
     (dgx-a100), the CPU validation's 4 ranks; none where the runs had no communication
     (hgx-h200: a fake process group; dgx-h100: the H200 runs, torchtitan's 8 H100 being out
-    of its domain) or ran on other links (pcie-a100)."""
+    of its domain) or ran on other links (pcie-a100), or on other hardware altogether
+    (dgx-b200, gb200-nvl72, mi300x: hgx-h200's runs)."""
     worlds = {n: _committed(n)["step_time_s"]["world_size"] for n in PROFILES}
     mpt = max(r["gpus"] for r in published_cases[
         "MOS-MPT7B-FSDP-scaling-A100-40-RoCE"]["measured"]["rows"])
     assert worlds == {"dgx-h100": 1, "dgx-a100": mpt, "local-cpu": 4, "hgx-h200": 1,
-                      "pcie-a100": 1}
+                      "pcie-a100": 1, "dgx-b200": 1, "gb200-nvl72": 1, "mi300x": 1}
 
 
 def test_hgx_h200_bands_are_the_figures_the_readme_quotes() -> None:

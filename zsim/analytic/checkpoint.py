@@ -290,7 +290,7 @@ def _gather_s(hw: HardwareProfile, plan: Plan, total: float) -> float:
     n = plan.dp_shard_cp if plan.shards_params else 1
     if n == 1:
         return 0.0
-    link = hw.inter_node if n > hw.gpus_per_node else hw.intra_node
+    link = hw.inter_node if n > hw.domain_gpus else hw.intra_node
     return total * (n - 1) / n / (link.bandwidth_bytes_per_s * link.efficiency)
 
 
@@ -298,7 +298,7 @@ def _broadcast_s(hw: HardwareProfile, plan: Plan, local: float) -> float:
     """Rank 0 sends each rank its part (set_state_dict broadcast_from_rank0)."""
     if plan.world_size == 1:
         return 0.0
-    link = hw.inter_node if plan.world_size > hw.gpus_per_node else hw.intra_node
+    link = hw.inter_node if plan.world_size > hw.domain_gpus else hw.intra_node
     return local * plan.world_size / (link.bandwidth_bytes_per_s * link.efficiency)
 
 

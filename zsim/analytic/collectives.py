@@ -11,6 +11,12 @@ byte counts stay comparable across algorithms.
 Choice (profile `collectives.model`):
 - "ring" (gloo, textbook): every call is a ring paying the link's per-step latency, or,
   for the group size a calibration timed, the measured time of its size (interpolated).
+- "rccl": the same tuning model with RCCL's constants (ROCm/rccl src/graph/tuning.cc at
+  0023b9b0, RCCL_BASE_LATENCY_S and RCCL_FACTORS below): its base latencies, its ring
+  LL bandwidth (1/5 of Simple's), its tree (0.27 of the ring's links, LL 1/2.3 of that);
+  no NVLS (the profile gives it no NVLS bandwidth) and no PAT (RCCL's table has none).
+  Its medium-size correction factors (tree and ring) are left out, so rings are charged
+  their asymptotic bandwidth at every size.
 - "nccl": NCCL's tuning model (NVIDIA/nccl src/graph/tuning.cc, ncclTopoTuneModel and
   ncclTopoGetAlgoTime, as of 2026): each (algorithm, protocol) it may run the call with
   gets a latency (a base, plus per-step hardware latencies times its step count) and a
@@ -52,6 +58,17 @@ BASE_LATENCY_S: dict[tuple[str, str], float] = {
     (NVLS, "Simple"): 0.0, (NVLS_TREE, "Simple"): 0.0, (PAT, "Simple"): 8.0 * US,
 }
 """NCCL's baseLatencies: a call's fixed cost before its steps, by (algorithm, protocol)."""
+
+RCCL_BASE_LATENCY_S: dict[tuple[str, str], float] = {
+    (TREE, "LL"): 37.9 * US, (TREE, "LL128"): 37.9 * US, (TREE, "Simple"): 40.4 * US,
+    (RING, "LL"): 20.5 * US, (RING, "LL128"): 20.5 * US, (RING, "Simple"): 27.9 * US,
+}
+"""RCCL's baseLat (ROCm/rccl src/graph/tuning.cc at 0023b9b0), by (algorithm, protocol)."""
+
+RCCL_FACTORS: dict[str, float] = {"ring_LL": 1 / 5, "tree": 0.27, "tree_LL": 1 / 2.3}
+"""RCCL's bandwidth refinements (the same file): ring LL busBw * 1/5, tree busBw * .27,
+tree LL a further * 1/2.3 (NCCL's are RING_PROTOCOL_BANDWIDTH["LL"], TREE_BANDWIDTH,
+TREE_PROTOCOL_BANDWIDTH)."""
 
 NVLS_LATENCY_S = 25.0 * US
 """NCCL's hwLatencies for NVLS on NVLink (Simple): the whole latency of an NVLS call, and
@@ -209,8 +226,14 @@ def link_loads(kind: str, group: CommGroup, hw: HardwareProfile
                ) -> tuple[tuple[str, float], ...]:
     """ring_link_loads of a `kind` collective, each load divided by that link's
     collective_efficiency for the kind: a backend that moves more bytes for it (or moves
-    them slower) loads the link more per bus byte."""
-    return tuple((link, load / getattr(hw, link).kind_efficiency[kind])
+    them slower) loads the link more per bus byte. On a fully connected mesh (a profile's
+    intra_node.mesh_link_gb_per_s) a group with r members in the node reaches its peers
+    over r - 1 direct links only: its NVLink-class load is scaled by the link's line rate
+    over those links' (Link.group_bytes_per_s)."""
+    mesh = hw.intra_node.bandwidth_bytes_per_s / hw.intra_node.group_bytes_per_s(
+        group.ranks_per_node)
+    return tuple((link, load / getattr(hw, link).kind_efficiency[kind]
+                  * (mesh if link == "intra_node" else 1.0))
                  for link, load in ring_link_loads(group))
 
 
@@ -280,22 +303,26 @@ def candidates(kind: str, size_bytes: float, group: CommGroup, hw: HardwareProfi
     def scaled(factor: float) -> tuple[tuple[str, float], ...]:
         return tuple((link, load / factor) for link, load in ring)
 
+    rccl = hw.collectives == "rccl"
+    base = RCCL_BASE_LATENCY_S if rccl else BASE_LATENCY_S
     if kind == "all_reduce":
         size_index = int(math.log2(max(size_bytes, 64) / 64))
         for p in protocols:
             correction = TREE_CORRECTION[p][size_index] if size_index < 24 else 1.0
             factor = (TREE_BANDWIDTH * (n - 1) / n * correction
                       * TREE_PROTOCOL_BANDWIDTH[(p, group.spans_nodes)])
+            if rccl:
+                factor = (RCCL_FACTORS["tree"] * (n - 1) / n
+                          * (RCCL_FACTORS["tree_LL"] if p == "LL" else 1.0))
             hops = (per_node - 1) * hw.intra_node.latency_for(p)
             if group.spans_nodes:
                 hops += math.floor(math.log2(nodes)) * hw.inter_node.latency_for(p)
             out.append(Algorithm(algorithm=TREE, protocol=p, link_loads=scaled(factor),
-                                 latency_s=BASE_LATENCY_S[(TREE, p)] + 2 * hops))
+                                 latency_s=base[(TREE, p)] + 2 * hops))
     for p in protocols:
-        out.append(Algorithm(algorithm=RING, protocol=p,
-                             link_loads=scaled(RING_PROTOCOL_BANDWIDTH[p]),
-                             latency_s=BASE_LATENCY_S[(RING, p)]
-                             + ring_latency_s(kind, group, hw, p)))
+        factor = RCCL_FACTORS["ring_LL"] if rccl and p == "LL" else RING_PROTOCOL_BANDWIDTH[p]
+        out.append(Algorithm(algorithm=RING, protocol=p, link_loads=scaled(factor),
+                             latency_s=base[(RING, p)] + ring_latency_s(kind, group, hw, p)))
     if kind == "all_reduce" and not group.spans_nodes and hw.nvls_bus_bytes_per_s > 0:
         out.append(Algorithm(
             algorithm=NVLS, protocol="Simple", latency_s=NVLS_LATENCY_S,
@@ -304,7 +331,7 @@ def candidates(kind: str, size_bytes: float, group: CommGroup, hw: HardwareProfi
     if (kind == "all_reduce" and group.spans_nodes and per_node > 1
             and hw.nvls_bus_bytes_per_s > 0):
         out.append(_nvls_tree(group, hw))
-    if kind != "all_reduce" and per_node == 1 and nodes > 1:
+    if kind != "all_reduce" and per_node == 1 and nodes > 1 and not rccl:
         latency = (BASE_LATENCY_S[(PAT, "Simple")]
                    + math.floor(math.log2(nodes)) * hw.inter_node.latency_for("Simple") / 3.5
                    + n * PAT_LATENCY_PER_RANK_S)

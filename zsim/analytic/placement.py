@@ -1,12 +1,13 @@
 """Placement: where a plan's ranks sit on the machine, and so which links each of its
 process groups runs on. Owns the mapping of the plan's mesh axes to ranks and nodes:
-row-major over consecutive global ranks, `gpus_per_node` consecutive ranks to a node,
+row-major over consecutive global ranks, `domain_gpus` consecutive ranks to a node (an
+NVLink domain: one host's GPUs, or a GB200 NVL72 rack's 72),
 tensor parallelism innermost (inside a node), then context, then pipeline, then data
 parallelism (shard, then replicate). torchtitan's
 ParallelDims._build_mesh puts pp outermost instead (pp, dp_replicate, dp_shard, cp, tp);
 the two differ only in which of the pipeline and the data-parallel groups is packed into
 a node first. A group along an axis of stride `stride` (the product of the inner
-degrees) and `ranks` members keeps min(ranks, max(1, gpus_per_node // stride)) members
+degrees) and `ranks` members keeps min(ranks, max(1, domain_gpus // stride)) members
 in a node: its collectives run on NVLink when that is all of them, else on the inter-
 node fabric for the hops between nodes (zsim.analytic.collectives.ring_link_loads). A
 world that is not a whole number of nodes (12 ranks on 8-GPU nodes) leaves its last node
@@ -66,10 +67,10 @@ def place(plan: Plan, hw: HardwareProfile) -> Placement:
     """Each axis's group on `hw`'s nodes (see the module docstring): pipeline stages
     sit tp * cp ranks apart, data-parallel shard groups tp * cp * pp apart."""
     world = plan.world_size
-    left = world % hw.gpus_per_node if world > hw.gpus_per_node else 0
+    left = world % hw.domain_gpus if world > hw.domain_gpus else 0
 
     def group(stride: int, ranks: int) -> CommGroup:
-        per_node = min(ranks, max(1, hw.gpus_per_node // stride))
+        per_node = min(ranks, max(1, hw.domain_gpus // stride))
         # Only the groups of the axis that spans the world reach its partial last node.
         last = max(1, left // stride) if left and stride * ranks == world else 0
         return CommGroup(ranks=ranks, ranks_per_node=per_node,
@@ -96,13 +97,13 @@ def place(plan: Plan, hw: HardwareProfile) -> Placement:
 def partial_node_warning(gpus: int, hw: HardwareProfile) -> str | None:
     """One line saying that `gpus` GPUs are not a whole number of `hw`'s nodes, and how
     zsim places them; None when they are (or fit in one node)."""
-    per_node = hw.gpus_per_node
+    per_node, node = hw.domain_gpus, hw.domain_name
     if gpus <= per_node or gpus % per_node == 0:
         return None
     full, left = divmod(gpus, per_node)
-    return (f"{gpus} GPUs are {gpus / per_node:g} nodes of {per_node} ({hw.name}): placed in "
-            f"rank order on {full} full node{'s' if full > 1 else ''} and one of {left}, "
-            f"whose {left} NICs carry a larger share of each collective across nodes")
+    return (f"{gpus} GPUs are {gpus / per_node:g} {node}s of {per_node} ({hw.name}): placed in "
+            f"rank order on {full} full {node}{'s' if full > 1 else ''} and one of {left}, "
+            f"whose {left} NICs carry a larger share of each collective across {node}s")
 
 
 def pipeline_hop_crosses_nodes(plan: Plan, hw: HardwareProfile) -> bool:
@@ -110,4 +111,4 @@ def pipeline_hop_crosses_nodes(plan: Plan, hw: HardwareProfile) -> bool:
     node: the stages sit `stride` ranks apart, so the worst hop crosses a node boundary
     once the stride reaches the node or the stages do not all fit in one node."""
     stride = place(plan, hw).strides["pp"]
-    return stride >= hw.gpus_per_node or stride * plan.pp > hw.gpus_per_node
+    return stride >= hw.domain_gpus or stride * plan.pp > hw.domain_gpus

@@ -109,25 +109,26 @@ def _check_model_split(model: ModelSpec, plan: Plan) -> None:
 
 
 def _check_placement(hw: HardwareProfile, plan: Plan) -> None:
-    per_node = hw.gpus_per_node
+    per_node, node, key = hw.domain_gpus, hw.domain_name, "nvlink_domain_gpus"
     span = plan.tp * plan.cp * plan.pp * plan.dp_shard
     if plan.dp_replicate > 1 and plan.dp_shard > 1 and per_node % span and span % per_node:
         # Consecutive groups of `span` ranks: some would hold ranks of two nodes.
         named = "" if span == plan.dp_shard else " (tp x cp x pp x dp_shard)"
         raise ConfigError("plan.dp_shard", plan.dp_shard,
                           f"an HSDP shard group spans {span} GPUs{named}, {span / per_node:g} "
-                          f"nodes of {per_node} ({hw.name}): groups would straddle nodes; it "
-                          f"must divide a node or be whole nodes")
+                          f"{node}s of {per_node} ({hw.name}): groups would straddle {node}s; "
+                          f"it must divide a {node} or be whole {node}s")
     if plan.tp_across_nodes:
         return
-    if plan.tp > hw.gpus_per_node:
+    if plan.tp > per_node:
         raise ConfigError("plan.tp", plan.tp,
-                          f"exceeds the {hw.gpus_per_node} GPUs of a {hw.name} node: TP across "
-                          "nodes needs plan.tp_across_nodes")
-    if hw.gpus_per_node % plan.tp:
+                          f"exceeds the {per_node} GPUs of a {hw.name} {node}: TP across "
+                          f"{node}s needs plan.tp_across_nodes")
+    if per_node % plan.tp:
         raise ConfigError("plan.tp", plan.tp,
-                          f"must divide gpus_per_node={hw.gpus_per_node} (a TP group would "
-                          "straddle nodes; plan.tp_across_nodes allows it)")
+                          f"must divide {'gpus_per_node' if node == 'node' else key}"
+                          f"={per_node} (a TP group would straddle {node}s; "
+                          "plan.tp_across_nodes allows it)")
 
 
 def _check_pipeline(plan: Plan) -> None:

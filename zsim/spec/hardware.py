@@ -46,7 +46,8 @@ _SCHEMA: dict[str, tuple[str, ...]] = {
 
 OPTIONAL: dict[str, tuple[str, ...]] = {
     "": ("kernels", "error_bands", "storage"), "gpu": ("blas_workspace_mib",),
-    "node": ("cpu_cores", "pageable_pcie_gb_per_s"),
+    "node": ("cpu_cores", "pageable_pcie_gb_per_s", "nvlink_domain_gpus"),
+    "intra_node": ("mesh_link_gb_per_s",),
     "collectives": ("measured_us",),
     "efficiency": ("host_adam_threads", "host_adam_serial_fraction",
                    "deepspeed_adam_params_per_s", "foreach_kernels"),
@@ -67,7 +68,7 @@ its own copy, as it imports only the standard library."""
 REDUCING_COLLECTIVES: tuple[str, ...] = ("reduce_scatter", "all_reduce")
 """The kinds that add their inputs, whose time may depend on the dtype they add in."""
 
-COLLECTIVE_MODELS: tuple[str, ...] = ("nccl", "ring")
+COLLECTIVE_MODELS: tuple[str, ...] = ("nccl", "rccl", "ring")
 """Values of collectives.model (see HardwareProfile.collectives)."""
 
 PROTOCOLS: tuple[str, ...] = ("LL", "LL128", "Simple")
@@ -153,6 +154,20 @@ class Link:
     protocol_latency_s: dict[str, float] = field(default_factory=dict)
     """Per-step latency of the other protocols the collective library may use over this
     link (YAML latency_us as a mapping: NCCL's LL and LL128); none: Simple only."""
+    mesh_link_bytes_per_s: float = 0.0
+    """Line rate per direction of one direct GPU-to-GPU link where the node's GPUs are
+    fully connected by point-to-point links rather than through a switch (YAML
+    intra_node.mesh_link_gb_per_s, optional; 0: a switch). A group of r ranks in the node
+    then reaches its peers over r - 1 links: min(bandwidth, (r - 1) x this) per GPU
+    (zsim.analytic.collectives.link_loads)."""
+
+    def group_bytes_per_s(self, ranks_in_node: int) -> float:
+        """Line rate per GPU per direction a group with `ranks_in_node` members in the
+        node can use: the whole link on a switch, r - 1 direct links on a mesh."""
+        if not self.mesh_link_bytes_per_s or ranks_in_node < 2:
+            return self.bandwidth_bytes_per_s
+        return min(self.bandwidth_bytes_per_s,
+                   (ranks_in_node - 1) * self.mesh_link_bytes_per_s)
 
     @property
     def achievable_bytes_per_s(self) -> float:
@@ -230,6 +245,7 @@ class HardwareProfile:
     peak_flop_per_s: dict[str, float]
     """Dense peak per dtype ("bf16", "fp16", "fp32", "tf32"), FLOP/s."""
     gpus_per_node: int
+    """GPUs per host (the CPUs, DRAM, NVMe and storage NICs they share)."""
     host_memory_bytes: float
     """Host DRAM per node, bytes."""
     pcie_bytes_per_s: float
@@ -324,6 +340,12 @@ class HardwareProfile:
     forward and again when it is recomputed. On the step's timeline only when launch is
     "synchronous"."""
 
+    nvlink_domain_gpus: int = 0
+    """GPUs that reach each other over intra_node (the NVLink domain), a multiple of
+    gpus_per_node (YAML node.nvlink_domain_gpus, optional; 0: one host's GPUs): 72 on a
+    GB200 NVL72 rack of 18 hosts of 4. Placement (zsim.analytic.placement) puts
+    `domain_gpus` consecutive ranks on one domain, so a group inside it runs on
+    intra_node; host memory, cores and NVMe stay per host."""
     cpu_cores: int = 0
     """Host CPU cores per node (YAML node.cpu_cores, optional; 0 = not given): each of
     the node's ranks gets cpu_cores // gpus_per_node threads for an offloaded step."""
@@ -381,6 +403,18 @@ class HardwareProfile:
 
         threads = max(1, self.cpu_cores // self.gpus_per_node)
         return node * speedup(threads) / speedup(self.host_adam_threads)
+
+    @property
+    def domain_gpus(self) -> int:
+        """GPUs per NVLink domain (nvlink_domain_gpus, or a host's GPUs): the "node" of
+        placement and of the collectives' link choice."""
+        return self.nvlink_domain_gpus or self.gpus_per_node
+
+    @property
+    def domain_name(self) -> str:
+        """What messages call a domain: "node" where it is one host, else "NVLink
+        domain"."""
+        return "NVLink domain" if self.domain_gpus != self.gpus_per_node else "node"
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for a compute dtype.
@@ -458,6 +492,7 @@ class HardwareProfile:
             fsdp_unit_overhead_s=_non_negative(host, "host", "fsdp_unit_overhead_us") * US,
             checkpoint_overhead_s=_checkpoint_overhead(host["checkpoint_overhead_us"]),
             cpu_cores=_count(node, "node", "cpu_cores") if "cpu_cores" in node else 0,
+            nvlink_domain_gpus=_domain(node),
             pageable_pcie_bytes_per_s=_pageable(node.get("pageable_pcie_gb_per_s")),
             host_adam_threads=(_count(eff, "efficiency", "host_adam_threads")
                                if "host_adam_threads" in eff else 0),
@@ -600,6 +635,18 @@ def _checkpoint_overhead(d: Any) -> dict[str, dict[str, float]]:
                               f"must map exactly {', '.join(PHASES)} to numbers")
         out[mode] = {ph: _non_negative(phases, f"{where}.{mode}", ph) * US for ph in PHASES}
     return out
+
+
+def _domain(node: dict[str, Any]) -> int:
+    """node.nvlink_domain_gpus: a positive multiple of gpus_per_node (absent: 0)."""
+    if "nvlink_domain_gpus" not in node:
+        return 0
+    gpus = _count(node, "node", "nvlink_domain_gpus")
+    if gpus % node["gpus_per_node"]:
+        raise ConfigError("node.nvlink_domain_gpus", gpus,
+                          f"must be a multiple of gpus_per_node={node['gpus_per_node']} "
+                          "(a domain is whole hosts)")
+    return gpus
 
 
 def _pageable(d: Any) -> dict[str, float]:
@@ -747,6 +794,8 @@ def _link(d: dict[str, Any], section: str) -> Link:
                               f"times efficiency {eff} exceeds the line rate")
     return Link(name=str(d["name"]),
                 bandwidth_bytes_per_s=_pos(d, section, "bandwidth_gb_per_s") * GB,
+                mesh_link_bytes_per_s=(_pos(d, section, "mesh_link_gb_per_s") * GB
+                                       if "mesh_link_gb_per_s" in d else 0.0),
                 latency_s=per_protocol.pop("Simple"), protocol_latency_s=per_protocol,
                 efficiency=float(eff),
                 kind_efficiency={k: float(kinds[k]) for k in COLLECTIVES})

@@ -8,7 +8,8 @@ residuals, and the `error_bands:` section they give:
   local-cpu: the CPU validation's batches); otherwise the runs of the nearest validated
   hardware replayed on the profile with what differs substituted (dgx-h100: the H200 runs
   with the H200's memory; dgx-a100: MosaicML's A100 runs), or
-  borrowed as they are (pcie-a100: dgx-a100's, its own links unvalidated). The peak
+  borrowed as they are (pcie-a100: dgx-a100's, its own links unvalidated; dgx-b200,
+  gb200-nvl72 and mi300x, which have no runs at all: hgx-h200's). The peak
   allocated memory of a GPU profile without memory figures of its own comes from the
   H200 runs replayed on it with the H200's memory and cuBLAS workspace;
 - out of domain: a run on a variant of the profile's hardware that the profile does not
@@ -204,9 +205,28 @@ def _local_cpu(src: Sources, hw: HardwareProfile) -> Evidence:
         f"({_count(coll)})"])
 
 
+def _unmeasured(src: Sources, hw: HardwareProfile) -> Evidence:
+    """A profile with no runs of its own (dgx-b200, gb200-nvl72, mi300x): hgx-h200's runs
+    as hgx-h200 predicts them (its efficiencies are the H200's, carried as fractions), the
+    H200 runs replayed on the profile with the H200's memory for peak memory, and every
+    collective case's range. World size 1: any multi-GPU plan is extrapolated."""
+    steps = src.h200_runs(resolve_hardware("hgx-h200"), ("step_time_s",))
+    memory = src.h200_runs(_with_h200_memory(hw, bandwidth=False), ("peak_memory_bytes",))
+    coll = _every_collective(src)
+    return Evidence(steps=steps + memory, world_size=1, collectives=coll, parts=[
+        f"no run on this hardware: {len(steps)} runs of {H200_RUNS} as hgx-h200 predicts "
+        f"them, whose measured efficiencies {hw.name} carries as fractions of its own peaks "
+        "(step time only; its own GPU, links and host are not validated)",
+        f"{len(memory)} runs of {H200_RUNS} replayed on {hw.name} with the H200's HBM "
+        "capacity and cuBLAS workspace (peak memory only)",
+        f"collectives: no nccl-tests or rccl-tests case on this hardware; every case's range "
+        f"({_count(coll)})"])
+
+
 PROFILES: dict[str, Callable[[Sources, HardwareProfile], Evidence]] = {
     "dgx-h100": _dgx_h100, "hgx-h200": _hgx_h200, "dgx-a100": _dgx_a100,
-    "pcie-a100": _pcie_a100, "local-cpu": _local_cpu}
+    "pcie-a100": _pcie_a100, "local-cpu": _local_cpu, "dgx-b200": _unmeasured,
+    "gb200-nvl72": _unmeasured, "mi300x": _unmeasured}
 """Every shipped profile and the evidence that covers it."""
 
 
