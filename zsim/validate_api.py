@@ -252,3 +252,19 @@ def checkpoint(*, out: Path, profile: str = "local-cpu", nproc: int = 2) -> dict
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 2:
         raise ConfigError("nproc", nproc, "must be an integer >= 2")
     return validate_checkpoints(resolve_hardware(profile), out, nproc=nproc)
+
+
+def moe_ep(*, out: Path, steps: int = 5, command: str = "") -> dict[str, Any]:
+    """The expert-parallel MoE backend measured on gloo (zsim.validation.moe_ep): its
+    cases at world 2 and 4, each rank's all-to-all bytes and calls, routing imbalance,
+    state, peak memory and step time into `out`/ep.csv, with provenance.yaml.
+
+    Raises:
+        ConfigError: steps is not a positive integer.
+        RankFailed: a run crashed or hung.
+    """
+    from zsim.validation.moe_ep import measure_batch
+
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ConfigError("steps", steps, "must be a positive integer")
+    return measure_batch(Path(out), steps=steps, command=command)

@@ -408,6 +408,16 @@ def check_routing(routing: Routing, tokens: int, moe: MoeConfig) -> None:
                                               f"in [0, {moe.num_experts})")
 
 
+def skewed_routing(tokens: int, moe: MoeConfig, hot_share: float) -> Routing:
+    """A table sending the first round(hot_share x tokens) tokens to experts 0..k-1 and
+    the rest round-robin over all experts (torchtitan's _debug_force_load_balance order:
+    slot j of token t to expert (t k + j) mod E); hot_share 0 is the balanced table."""
+    hot = round(hot_share * tokens)
+    k, n_e = moe.top_k, moe.num_experts
+    return tuple(tuple(range(k)) if t < hot else tuple((t * k + j) % n_e for j in range(k))
+                 for t in range(tokens))
+
+
 def ep_mesh(world_size: int, ep: int, device: str = "cpu") -> DeviceMesh:
     """torchtitan's ("dp_shard_mod_ep", "ep") mesh: EP groups of ep consecutive ranks.
 
