@@ -9,7 +9,8 @@ cases into the evidence folder, zsim.validation.evidence, or every batch's re-pr
 `published-runs` (zsim.validation.published_runs: the published H200 runs replayed),
 `error-budget` (zsim.validation.error_budget: where the CPU batches' step-time error comes
 from), `checkpoint` (zsim.validation.checkpoints: real checkpoint saves and loads against
-the checkpoint model).
+the checkpoint model), `moe-ep` (zsim.validation.moe_ep: the expert-parallel MoE
+backend measured).
 Imports no torch (an optional extra of zsim): the modules it calls, inside its
 functions, do.
 """
