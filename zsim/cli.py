@@ -665,6 +665,22 @@ def validate_checkpoint(
         typer.echo(f"wrote {path}", err=True)
 
 
+@validate_app.command("moe-ep")
+def validate_moe_ep(
+    out: Annotated[Path, typer.Option(help="Folder for ep.csv and provenance.yaml.")],
+    steps: Annotated[int, typer.Option(help="Timed steps per run.")] = 5,
+) -> None:
+    """The expert-parallel MoE layer for real on gloo (world 2 and 4): all-to-all bytes
+    and calls, routing imbalance, state, peak memory and step time per rank."""
+    r = _run(lambda: validate_api.moe_ep(out=out, steps=steps,
+                                         command=" ".join(["zsim", *sys.argv[1:]])))
+    typer.echo(text_table(r["rows"], ("case", "rank", "a2a_sent_bytes_per_step",
+                                      "a2a_calls_per_step", "imbalance_experts_max_over_mean",
+                                      "peak_memory_bytes", "step_time_s")))
+    for path in r["written"]:
+        typer.echo(f"wrote {path}", err=True)
+
+
 @validate_app.command("published-runs")
 def validate_published_runs(
     cases: Annotated[Path, typer.Option(

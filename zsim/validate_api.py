@@ -9,7 +9,8 @@ cases into the evidence folder, zsim.validation.evidence, or every batch's re-pr
 `published-runs` (zsim.validation.published_runs: the published H200 runs replayed),
 `error-budget` (zsim.validation.error_budget: where the CPU batches' step-time error comes
 from), `checkpoint` (zsim.validation.checkpoints: real checkpoint saves and loads against
-the checkpoint model).
+the checkpoint model), `moe-ep` (zsim.validation.moe_ep: the expert-parallel MoE
+backend measured).
 Imports no torch (an optional extra of zsim): the modules it calls, inside its
 functions, do.
 """
@@ -252,3 +253,19 @@ def checkpoint(*, out: Path, profile: str = "local-cpu", nproc: int = 2) -> dict
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 2:
         raise ConfigError("nproc", nproc, "must be an integer >= 2")
     return validate_checkpoints(resolve_hardware(profile), out, nproc=nproc)
+
+
+def moe_ep(*, out: Path, steps: int = 5, command: str = "") -> dict[str, Any]:
+    """The expert-parallel MoE backend measured on gloo (zsim.validation.moe_ep): its
+    cases at world 2 and 4, each rank's all-to-all bytes and calls, routing imbalance,
+    state, peak memory and step time into `out`/ep.csv, with provenance.yaml.
+
+    Raises:
+        ConfigError: steps is not a positive integer.
+        RankFailed: a run crashed or hung.
+    """
+    from zsim.validation.moe_ep import measure_batch
+
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ConfigError("steps", steps, "must be a positive integer")
+    return measure_batch(Path(out), steps=steps, command=command)

@@ -149,3 +149,92 @@ def offload_host_bytes(ctx: RankContext, payload: Any) -> dict[str, int]:
     out["optimizer.state"] = storage_bytes(
         [t for state in zero.optimizer.state.values() for t in tensors_of(state)])
     return out
+
+
+def moe_layer_vs_reference(ctx: RankContext, payload: Any) -> dict[str, float]:
+    """One MoE layer with expert parallelism and the same layer without (ep 1, every
+    expert local, no collective) on this rank's tokens; the largest absolute difference,
+    relative to the reference's largest magnitude, of the output, the input's gradient,
+    the router's and shared expert's gradients, and this rank's experts' gradients (the
+    reference's summed over the EP group, whose tokens they all saw). `payload`:
+    (MoeConfig, tokens per rank)."""
+    from dataclasses import replace
+
+    from zsim.backend.moe_ep import A2aLog, MoE, ep_mesh
+
+    cfg, tokens = payload
+    mesh = ep_mesh(ctx.world_size, cfg.ep)
+    ep_rank = mesh.get_local_rank("ep")
+    group = mesh["ep"].get_group()
+    layers = {}
+    for name, c, g in (("ep", cfg, group), ("ref", replace(cfg, ep=1), None)):
+        torch.manual_seed(0)
+        layer = MoE(c, layer=0, group=g, log=A2aLog())
+        with torch.no_grad():
+            for n, p in layer.named_parameters():
+                if "experts" not in n:
+                    p.normal_(0.0, 0.5)
+            gen = torch.Generator().manual_seed(7)
+            mine = slice(ep_rank * c.local_experts, (ep_rank + 1) * c.local_experts)
+            for w in (layer.experts.w1, layer.experts.w2, layer.experts.w3):
+                whole = torch.randn((cfg.num_experts, *w.shape[1:]), generator=gen) * 0.5
+                w.copy_(whole if g is None else whole[mine])
+        layers[name] = layer
+    gen = torch.Generator().manual_seed(ctx.rank)
+    x0 = torch.randn(1, tokens, cfg.d_model, generator=gen)
+    g_out = torch.randn(1, tokens, cfg.d_model, generator=gen)
+    outs, xs = {}, {}
+    for name, layer in layers.items():
+        xs[name] = x0.clone().requires_grad_(True)
+        outs[name] = layer(xs[name])
+        (outs[name] * g_out).sum().backward()
+    ep, ref = layers["ep"], layers["ref"]
+    mine = slice(ep_rank * cfg.local_experts, (ep_rank + 1) * cfg.local_experts)
+
+    def rel(got: torch.Tensor, want: torch.Tensor) -> float:
+        return float((got - want).abs().max() / want.abs().max())
+
+    expert_diff = 0.0
+    for w in ("w1", "w2", "w3"):
+        summed = getattr(ref.experts, w).grad.clone()
+        dist.all_reduce(summed, group=group)
+        expert_diff = max(expert_diff, rel(getattr(ep.experts, w).grad, summed[mine]))
+    dense = [rel(a.grad, b.grad) for (n, a), b in
+             zip(ep.named_parameters(), ref.parameters(), strict=True) if "experts" not in n]
+    return {"output": rel(outs["ep"].detach(), outs["ref"].detach()),
+            "input_grad": rel(xs["ep"].grad, xs["ref"].grad),
+            "dense_grad": max(dense), "expert_grad": expert_diff}
+
+
+def moe_model_vs_reference(ctx: RankContext, job: Any) -> dict[str, float]:
+    """The MoE decoder under EP and FSDP2 against the same decoder on one process (ep 1,
+    no FSDP) trained on every rank's batch (loss: their mean): the largest absolute
+    difference of the mean loss and of every gradient, this rank's experts' included."""
+    from dataclasses import replace
+
+    from zsim.backend.moe_ep import A2aLog, batch, build_model, ep_mesh, parallelize
+
+    mesh = ep_mesh(ctx.world_size, job.moe.ep)
+    ep_rank = mesh.get_local_rank("ep")
+    model = build_model(job, group=mesh["ep"].get_group(), ep_rank=ep_rank, log=A2aLog())
+    parallelize(model, job, mesh)
+    loss = model(*batch(job, ctx.rank, 0))
+    loss.backward()
+    mean_loss = loss.detach().clone()
+    dist.all_reduce(mean_loss)
+    mean_loss /= ctx.world_size
+    ref = build_model(replace(job, moe=replace(job.moe, ep=1)), group=None, ep_rank=0,
+                      log=A2aLog())
+    ref_loss = sum(ref(*batch(job, r, 0)) for r in range(ctx.world_size)) / ctx.world_size
+    ref_loss.backward()
+    mine = slice(ep_rank * job.moe.local_experts, (ep_rank + 1) * job.moe.local_experts)
+    ref_grads = dict(ref.named_parameters())
+    worst = 0.0
+    for name, p in model.named_parameters():
+        got = p.grad.full_tensor()
+        want = ref_grads[name].grad
+        if ".experts." in name:
+            want = want[mine]
+        worst = max(worst, float((got - want).abs().max()))
+    return {"loss": float((mean_loss - ref_loss).abs()), "grad": worst,
+            "grad_norm": float(max(p.grad.abs().max() for p in ref.parameters()))}

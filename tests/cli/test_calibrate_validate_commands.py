@@ -36,6 +36,7 @@ COMMANDS: dict[str, dict[str, tuple[str, ...]]] = {
         "published-runs": ("--cases", "--hardware"),
         "error-budget": ("--report", "--out", "--bound-pct"),
         "checkpoint": ("--out", "--profile", "--nproc"),
+        "moe-ep": ("--out", "--steps"),
     },
 }
 """The two command groups, their commands and each command's options (error-budget also
