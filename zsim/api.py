@@ -107,6 +107,11 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
                                             is rec.fastest)
 
     def place(row: Ranked) -> tuple[str, str]:
+        tier, why = judge(row)
+        note = "" if isinstance(row, planner.Choice) else pp.expert_note(row)  # type: ignore[arg-type]
+        return tier, f"{why}; {note}" if note else why
+
+    def judge(row: Ranked) -> tuple[str, str]:
         c = contenders.get(id(row))
         if rec is not None and c is rec.pick:
             return "recommended", f"recommended: {rec.reason()}"
@@ -222,6 +227,10 @@ def _no_fit_hint(rows: Sequence[Ranked], hw: Any, seq_len: int, searched: bool) 
             f"{', '.join(moves[:-1])} or {moves[-1]}")
 
 
+ROUTING_FIELDS: tuple[str, ...] = ("expert_imbalance", "capacity_factor")
+"""MoE routing knobs `zsim plan` takes (--expert-imbalance, --capacity-factor)."""
+
+
 def _parallel_search(spec: ModelSpec, hw: Any, *, gpus: int, seq_len: int, sequences: int,
                      micro_batch: int | None, precision: str | None, asked: bool,
                      parallel: dict[str, Any], one_d: list[Plan]) -> list[Any] | None:
@@ -232,26 +241,37 @@ def _parallel_search(spec: ModelSpec, hw: Any, *, gpus: int, seq_len: int, seque
     from zsim import parallel_planner as pp
 
     for key in parallel:
-        if key not in ("tp", "pp", "cp"):
-            raise ConfigError(key, parallel[key], "zsim plan fixes only tp, pp and cp")
+        if key not in ("tp", "pp", "cp", "ep", *ROUTING_FIELDS):
+            raise ConfigError(key, parallel[key], "zsim plan fixes only tp, pp, cp, ep, "
+                              "expert_imbalance and capacity_factor")
+    # The routing knobs describe every MoE plan rather than select some.
+    routing = {k: parallel[k] for k in ROUTING_FIELDS if k in parallel}
+    parallel = {k: v for k, v in parallel.items() if k not in ROUTING_FIELDS}
     # Asked for, or the usual case for TP and PP: a multi-node world whose model's
-    # parameters alone (compute dtype) outgrow one GPU.
+    # parameters alone (compute dtype) outgrow one GPU; or an MoE model on several GPUs,
+    # whose experts may be split (expert parallelism).
     params_bytes = spec.num_params * dtype_bytes(precision_knobs(precision or "bf16")[
         "param_dtype"])
-    needed = gpus > hw.domain_gpus and params_bytes > hw.hbm_bytes
+    needed = ((gpus > hw.domain_gpus and params_bytes > hw.hbm_bytes)
+              or (spec.moe is not None and gpus > 1))
     if not asked and not parallel and not needed:
         return None
     plans = [p for p in pp.parallel_plans(spec, hw, gpus=gpus, seq_len=seq_len,
                                           global_batch=sequences, micro_batch=micro_batch,
-                                          **precision_knobs(precision or "bf16"))
+                                          **precision_knobs(precision or "bf16"), **routing)
              if all(getattr(p, k) == v for k, v in parallel.items())
-             and (p.model_parallel > 1 or not one_d)]
+             and (p.model_parallel > 1 or p.ep > 1 or not one_d)]
     if not plans:
         if not parallel:
             return None
         named = [f"{k}={v}" for k, v in parallel.items()]
         fixed = " and ".join([", ".join(named[:-1]), named[-1]] if len(named) > 1 else named)
-        why = pp.degree_problem(spec, hw, gpus=gpus, seq_len=seq_len, **parallel)
+        why = pp.degree_problem(spec, hw, gpus=gpus, seq_len=seq_len,
+                                **{k: v for k, v in parallel.items() if k != "ep"})
+        if why is None and "ep" in parallel:
+            why = (f"{spec.name} is dense: expert parallelism needs a mixture of experts"
+                   if spec.moe is None else "expert parallelism runs with FSDP2 without TP "
+                   "or PP, on an EP degree that divides the experts and dp_shard x cp")
         raise ConfigError("gpus", gpus, f"no 2-D or 3-D factorization of {gpus} GPUs runs "
                           f"a global batch of {sequences} sequences of {spec.name}"
                           + (f" with {fixed}" if fixed else "") + (f": {why}" if why else ""))

@@ -65,6 +65,12 @@ SeqOpt = Annotated[int | None, typer.Option(
     help="Sequence length, tokens (default: the model's training length, else 4096).")]
 MicroBatchOpt = Annotated[int, typer.Option(help="Sequences per micro-batch per GPU.")]
 FormatOpt = Annotated[Format, typer.Option(help="Output format.")]
+EpOpt = Annotated[int, typer.Option(
+    help="Expert-parallel degree (MoE models), carved from the data-parallel ranks.")]
+CapacityOpt = Annotated[float, typer.Option(
+    help="Expert capacity factor (MoE; 0: dropless, as torchtitan).")]
+ImbalanceOpt = Annotated[float, typer.Option(
+    help="Routed tokens the busiest EP rank receives over the mean (MoE; 1: balanced).")]
 
 
 
@@ -94,6 +100,10 @@ def plan(
     tp: Annotated[int | None, typer.Option(help="Only 2-D/3-D plans with this TP.")] = None,
     pp: Annotated[int | None, typer.Option(help="Only 2-D/3-D plans with this PP.")] = None,
     cp: Annotated[int | None, typer.Option(help="Only 2-D/3-D plans with this CP.")] = None,
+    ep: Annotated[int | None, typer.Option(
+        help="Only plans with this expert-parallel degree (MoE models).")] = None,
+    expert_imbalance: ImbalanceOpt = 1.0,
+    capacity_factor: CapacityOpt = 0.0,
     run_days: Annotated[float | None, typer.Option(
         help="Also what each plan delivers over this many days: tokens per day, goodput, "
              "its best checkpoint (checkpoints, failures and restarts simulated).")] = None,
@@ -102,9 +112,14 @@ def plan(
     format: FormatOpt = Format.table,
 ) -> None:
     """Rank candidate plans: memory per GPU, fit, communication, step time, and why each
-    loses; for a model larger than one GPU on several nodes (or with --global-batch, --tp,
-    --pp, --cp) also the 2-D and 3-D plans."""
-    fixed = {k: v for k, v in (("tp", tp), ("pp", pp), ("cp", cp)) if v is not None}
+    loses; for a model larger than one GPU on several nodes, an MoE model (expert
+    parallelism), or with --global-batch, --tp, --pp, --cp, --ep, also the 2-D and 3-D
+    plans."""
+    fixed = {k: v for k, v in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep))
+             if v is not None}
+    fixed |= {k: v for k, v, default in (("expert_imbalance", expert_imbalance, 1.0),
+                                         ("capacity_factor", capacity_factor, 0.0))
+              if v != default}
     result = _run(lambda: api.plan(model=model, params=params, gpus=gpus, hardware=hardware,
                                    seq=seq, micro_batch=micro_batch, grad_accum=grad_accum,
                                    precision=precision, ds_config=ds_config,
@@ -169,12 +184,6 @@ ImplOpt = Annotated[Impl | None, typer.Option(
 TpOpt = Annotated[int, typer.Option(help="Tensor-parallel degree (inside a node).")]
 PpOpt = Annotated[int, typer.Option(help="Pipeline-parallel degree (stages).")]
 CpOpt = Annotated[int, typer.Option(help="Context-parallel degree (ring attention).")]
-EpOpt = Annotated[int, typer.Option(
-    help="Expert-parallel degree (MoE models), carved from the data-parallel ranks.")]
-CapacityOpt = Annotated[float, typer.Option(
-    help="Expert capacity factor (MoE; 0: dropless, as torchtitan).")]
-ImbalanceOpt = Annotated[float, typer.Option(
-    help="Routed tokens the busiest EP rank receives over the mean (MoE; 1: balanced).")]
 SpOpt = Annotated[bool, typer.Option(help="Sequence parallelism with TP.")]
 AsyncTpOpt = Annotated[bool, typer.Option(help="Async TP: TP collectives overlap the matmuls "
                                                 "(needs --sp).")]

@@ -353,14 +353,27 @@ def explain_parallel(choice: ParallelChoice, fastest: Ranked | None) -> str:
         work, best_work = _compute_per_token_s(r), _compute_per_token_s(rb)
         if work > best_work * 1.01:
             causes.append(f"{work / best_work - 1:.0%} more compute per token")
-        a2a = r.exposed_by_kind_s.get("all_to_all", 0.0)
-        if a2a > 0.001 * (r.step_time_s or 0.0):
-            causes.append(f"all-to-all exposed {a2a:.3f} s")
-    if p.ep > 1 and p.routed_load > 1:
-        causes.append(f"the busiest EP rank routed {p.routed_load:g}x the mean")
+
     where = "simulated" if choice.result is not None else "estimated"
     return (f"slower than the fastest by {slower:.1%} ({where})"
             + (f": {', '.join(causes)}" if causes else ""))
+
+
+def expert_note(choice: ParallelChoice) -> str:
+    """What expert parallelism costs the plan, for its reason: the all-to-all's exposed
+    time (simulated plans) and the busiest EP rank's share of routed tokens (the
+    imbalance assumed, or the capacity padding); "" without EP."""
+    p, r = choice.plan, choice.result
+    if p.ep == 1:
+        return ""
+    load = (f"buffers padded to capacity factor {p.capacity_factor:g}" if p.capacity_factor
+            else f"busiest EP rank routed {p.expert_imbalance:g}x the mean tokens"
+            + (" (assumed balanced: --expert-imbalance)" if p.expert_imbalance == 1 else ""))
+    if r is None:
+        return f"EP {p.ep}: {load}"
+    a2a = r.exposed_by_kind_s.get("all_to_all", 0.0)
+    share = a2a / r.step_time_s if r.step_time_s else 0.0
+    return f"EP {p.ep}: all-to-all exposed {a2a:.3f} s ({share:.0%} of the step), {load}"
 
 
 def _compute_per_token_s(r: Result) -> float:

@@ -254,6 +254,8 @@ def test_the_installed_calibrate_writes_a_loadable_profile_with_provenance(
     assert set(hw.intra_node.kind_efficiency) == {"all_gather", "reduce_scatter", "all_reduce"}
     assert hw.intra_node.kind_efficiency["all_gather"] == 1.0
     # Selective recomputation runs every op of a block through SAC's Python dispatch
-    # mode in forward: microseconds per kernel, far above nothing, far below a millisecond.
-    assert 1e-6 < hw.checkpoint_overhead_s["selective"]["forward"] < 1e-3
+    # mode in forward: microseconds per kernel, far below a millisecond. A one-round
+    # quick calibration beside the other test worker's load can floor the difference of
+    # two timings at 0 (seen on 2026-12-05, as with the unit overhead above).
+    assert 0.0 <= hw.checkpoint_overhead_s["selective"]["forward"] < 1e-3
     assert all(v >= 0 for phases in hw.checkpoint_overhead_s.values() for v in phases.values())

@@ -203,3 +203,46 @@ def test_heads_must_divide() -> None:
     with pytest.raises(ConfigError) as e:
         dataclasses.replace(PRESETS["llama2-7b"], num_kv_heads=5)
     assert e.value.field == "model.num_kv_heads"
+
+
+# ------------------------------------------------------------ mixture of experts, MLA
+def _moe_spec(**moe: object) -> ModelSpec:
+    from zsim.spec.moe import MoeSpec
+
+    return ModelSpec(name="m", num_layers=4, d_model=256, num_heads=4, num_kv_heads=4,
+                     ffn_hidden=512, vocab_size=1000, max_seq_len=128,
+                     moe=MoeSpec(**{"experts": 8, "top_k": 2, "expert_ffn_hidden": 128, **moe}))
+
+
+def test_an_moe_spec_round_trips_through_its_dict_and_names_a_bad_key() -> None:
+    spec = _moe_spec(shared_ffn_hidden=256, dense_layers=1)
+    assert ModelSpec.from_dict(spec.to_dict()) == spec
+    data = spec.to_dict()
+    data["moe"]["topk"] = 2
+    with pytest.raises(ConfigError) as e:
+        ModelSpec.from_dict(data)
+    assert e.value.field == "model.moe.topk"
+
+
+@pytest.mark.parametrize(("moe", "field"), [
+    ({"top_k": 9}, "model.moe.top_k"),            # more than the experts
+    ({"ep": 3}, "model.moe.ep"),                  # does not divide 8 experts
+    ({"dense_layers": 4}, "model.moe.dense_layers"),  # every layer dense
+])
+def test_impossible_moe_sections_name_the_field(moe: dict, field: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        _moe_spec(**moe)
+    assert e.value.field == field
+
+
+def test_dense_layers_count_as_dense_blocks_and_active_params_are_top_k() -> None:
+    """One dense layer (MLP 3 x 256 x 512) and three MoE layers (router 8 x 256, 8
+    experts of 3 x 256 x 128): totals and the per-token share worked by hand."""
+    spec = _moe_spec(dense_layers=1)
+    attention, norms = 4 * 256 * 256, 2 * 256
+    dense = attention + norms + 3 * 256 * 512
+    moe = attention + norms + 8 * 256 + 8 * 3 * 256 * 128
+    root = 2 * 1000 * 256 + 256
+    assert spec.num_params == dense + 3 * moe + root
+    assert spec.active_params == spec.num_params - 3 * 6 * 3 * 256 * 128
+    assert spec.mlp_width == 2 * 128

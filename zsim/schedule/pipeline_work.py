@@ -74,7 +74,7 @@ from zsim.schedule.pipeline_order import (
     rank_layers,
     rank_stages,
 )
-from zsim.schedule.programs import torch_ddp
+from zsim.schedule.programs import fsdp2, torch_ddp
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
@@ -135,6 +135,9 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
     layers = model.num_layers // n_stages
     both = (TP_ENTER, TP_EXIT)
     block_f, block_b = b.compute(b.block_fwd), b.compute(b.block_bwd)
+    if p.impl == "fsdp2":  # the device waits for a host slower than the block's kernels
+        block_f = max(block_f, fsdp2.block_host_s(hw, p, "forward"))
+        block_b = max(block_b, fsdp2.block_host_s(hw, p, "backward"))
     tp_f = _tp_time_s(b, "forward", both, 2)
     tp_b = _tp_time_s(b, "backward", both, 2) + (tp_f if p.recompute == "full" else 0.0)
     if p.async_tp:  # overlapped with the block's kernels: only the excess shows

@@ -3,7 +3,7 @@ of a ModelSpec's blocks, with their single-field checks.
 
 Owns the description of the two block variants that are not the dense Llama block;
 ModelSpec (zsim.spec.model) turns them into tensors, matmuls and closed-form counts.
-Imports only zsim.errors.
+Imports only zsim.errors and zsim.spec.strict.
 
 References:
 - Mixtral: Jiang et al. 2024, "Mixtral of Experts", Sec. 2 (8 experts, top-2, every layer).
@@ -19,10 +19,10 @@ References:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
 from zsim.errors import ConfigError
+from zsim.spec.strict import check_keys
 
 
 def _positive(where: str, value: object, *, zero: bool = False) -> None:
@@ -31,18 +31,6 @@ def _positive(where: str, value: object, *, zero: bool = False) -> None:
     if not ok:
         raise ConfigError(where, value, "must be an integer >= 0" if zero
                           else "must be a positive integer")
-
-
-def _strict(cls: type, data: object, where: str) -> dict[str, Any]:
-    """`data` as keyword arguments of `cls`: a mapping of its field names only."""
-    if not isinstance(data, dict):
-        raise ConfigError(where, data, "must be a mapping")
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ConfigError(f"{where}.{unknown[0]}", data[unknown[0]],
-                          f"unknown key; known keys: {', '.join(sorted(known))}")
-    return data
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,7 +81,7 @@ class MoeSpec:
 
     @classmethod
     def from_dict(cls, data: object, *, where: str = "model.moe") -> MoeSpec:
-        return cls(**_strict(cls, data, where))
+        return cls(**check_keys(cls, data, where=where))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,4 +114,4 @@ class MlaSpec:
 
     @classmethod
     def from_dict(cls, data: object, *, where: str = "model.mla") -> MlaSpec:
-        return cls(**_strict(cls, data, where))
+        return cls(**check_keys(cls, data, where=where))

@@ -3,9 +3,9 @@ few cases at world 2 and 4, each rank's all-to-all bytes and calls, routing, sta
 peak memory and step time into ep.csv (units in every column name), with
 provenance.yaml (host, torch, date, command).
 
-Owns the cases and the table's columns; the measurement is the backend's. Nothing here
-is predicted yet: the simulator has no MoE (issue 39), so the rows are evidence for its
-predictor to be held to. Imports torch (through the backend).
+Owns the cases, the table's columns and zsim's prediction of each case (`predicted`: the
+same plan lowered for the local-cpu profile, its all-to-alls and its expert and dense
+state); the measurement is the backend's. Imports torch (through the backend).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import csv
 import statistics
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,13 @@ import yaml
 from zsim.backend.moe_ep import EpJob, MoeConfig, measure_rank, median_step_s, skewed_routing
 from zsim.backend.runner import run_ranks
 from zsim.calibration.machine import environment
+from zsim.schedule.build import units
+from zsim.schedule.lower import lower
+from zsim.schedule.programs import fsdp2
+from zsim.spec.model import ModelSpec
+from zsim.spec.moe import MoeSpec
+from zsim.spec.plan import Plan
+from zsim.spec.registry import resolve_hardware
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,6 +69,43 @@ def default_cases(steps: int) -> list[EpCase]:
     return [_case(2, 2, steps=steps), _case(2, 2, hot_share=0.5, steps=steps),
             _case(4, 2, steps=steps), _case(4, 2, recompute="full", steps=steps),
             _case(4, 4, steps=steps), _case(4, 4, cf=1.25, hot_share=0.5, steps=steps)]
+
+
+def case_model(case: EpCase) -> ModelSpec:
+    """The case's model as zsim describes it: the backend's decoder with an MoE of its
+    experts and shared expert in every block, fp32."""
+    moe = case.job.moe
+    return replace(case.job.spec(), moe=MoeSpec(
+        experts=moe.num_experts, top_k=moe.top_k, expert_ffn_hidden=moe.expert_ffn,
+        shared_ffn_hidden=moe.shared_expert_ffn))
+
+
+def case_plan(case: EpCase) -> Plan:
+    """The case's plan: FSDP2 over the world, EP of the backend's degree, fp32 throughout
+    (the backend trains without mixed precision), balanced dropless routing or the case's
+    capacity factor."""
+    job = case.job
+    return Plan(strategy="fsdp", dp_shard=case.world_size, ep=job.moe.ep,
+                capacity_factor=job.moe.capacity_factor, seq_len=job.seq_len,
+                micro_batch=job.micro_batch, recompute=job.recompute, param_dtype="fp32",
+                grad_dtype="fp32", reduce_dtype="fp32", master_dtype="fp32")
+
+
+def predicted(case: EpCase) -> dict[str, float]:
+    """zsim's figures for one rank of `case` (zsim.schedule.lower on the local-cpu
+    profile), under the columns the measurement has: all-to-all calls and bytes sent to
+    other ranks per step (routing taken as balanced: what a rank sends on average), and
+    the rank's expert and dense parameter bytes (FSDP2's padded shards)."""
+    model, plan = case_model(case), case_plan(case)
+    schedule = lower(model, resolve_hardware("local-cpu"), plan)
+    a2a = [op for op in schedule.ops if op.kind == "all_to_all"]
+    local = model.ep_share(plan.ep)
+    root, blocks = units(local, plan, fsdp2.shard_elems)
+    expert = sum(u.expert_shard for u in blocks)
+    dense = root.shard + sum(u.shard for u in blocks) - expert
+    return {"a2a_calls_per_step": float(len(a2a)),
+            "a2a_sent_bytes_per_step": sum(op.bus_bytes for op in a2a),
+            "expert_param_bytes": float(expert * 4), "dense_param_bytes": float(dense * 4)}
 
 
 def rows_of(case: EpCase, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -79,6 +79,7 @@ from zsim.schedule.build import (
 )
 from zsim.schedule.ops import Buffer
 from zsim.schedule.programs import Program, host_step_bytes
+from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 from zsim.units import dtype_bytes
@@ -194,6 +195,20 @@ def _unsharded_grad_dtype(plan: Plan) -> str:
 def _unsharded_grad_bytes(plan: Plan) -> int:
     """Bytes per element of a unit's unsharded gradient."""
     return dtype_bytes(_unsharded_grad_dtype(plan))
+
+
+def block_host_s(hw: HardwareProfile, plan: Plan, phase: str) -> float:
+    """Host time to issue one block in `phase` on an async host (the profile's
+    fsdp2_block_host: a checkpointed block adds its extra in forward, and its backward
+    issues the forward again); 0 on a synchronous host or without the figures."""
+    host = hw.fsdp2_block_host
+    if hw.launch != "async" or host is None:
+        return 0.0
+    forward = host.issue_s("forward", plan.dp_shard_cp)
+    checkpointed = plan.recompute != "none"
+    if phase == "forward":
+        return forward + (host.checkpoint_s if checkpointed else 0.0)
+    return host.issue_s("backward", plan.dp_shard_cp) + (forward if checkpointed else 0.0)
 
 
 class _Step:
@@ -345,21 +360,8 @@ class _Step:
         return fwd
 
     def block_host_s(self, phase: str, u: Unit) -> float:
-        """Host time to issue unit `u`'s blocks in `phase` on an async host (the profile's
-        fsdp2_block_host, per block: a checkpointed block adds its extra in forward, and
-        its backward issues the forward again); 0 on a synchronous host or without the
-        figures."""
-        hw, p = self.builder.hw, self.plan
-        host = hw.fsdp2_block_host
-        if hw.launch != "async" or host is None:
-            return 0.0
-        forward = host.issue_s("forward", p.dp_shard_cp)
-        checkpointed = p.recompute != "none"
-        if phase == "forward":
-            per_block = forward + (host.checkpoint_s if checkpointed else 0.0)
-        else:
-            per_block = host.issue_s("backward", p.dp_shard_cp) + (forward if checkpointed else 0.0)
-        return per_block * u.blocks
+        """Host time to issue unit `u`'s blocks in `phase` (block_host_s)."""
+        return block_host_s(self.builder.hw, self.plan, phase) * u.blocks
 
     # ------------------------------------------------------------------ gathers
     def all_gather(self, u: Unit, mb: int, gathered: dict[int, str], *, phase: str,
