@@ -189,6 +189,8 @@ MOE_PUBLISHED = {
     "Mixtral-8x7B-v0.1": (46.7e9, 12.9e9, 0.002),
     # Qwen team 2024, Qwen1.5-MoE-A2.7B model card: 14.3B total, 2.7B activated.
     "Qwen1.5-MoE-A2.7B": (14.3e9, 2.7e9, 0.01),
+    # Qwen team 2025, Qwen3-30B-A3B model card: 30.5B total, 3.3B activated.
+    "Qwen3-30B-A3B": (30.5e9, 3.3e9, 0.005),
     # DeepSeek-AI 2024, DeepSeek-V3 Technical Report, Sec. 2: 671B total, 37B activated
     # per token (without the 14B multi-token-prediction module).
     "DeepSeek-V3": (671e9, 37e9, 0.02),
@@ -228,9 +230,19 @@ def _qwen15_moe_by_hand() -> tuple[int, int]:
             layers * (other + k * expert) + root)
 
 
+def _qwen3_moe_by_hand() -> tuple[int, int]:
+    d, q, kv, layers, vocab, experts, k = 2048, 32 * 128, 4 * 128, 48, 151936, 128, 8
+    attention = 2 * d * q + 2 * d * kv + 2 * 128  # q/k/v/o, q_norm and k_norm
+    expert = 3 * d * 768
+    other = attention + 2 * d + experts * d  # norms, router
+    root = 2 * vocab * d + d
+    return (layers * (other + experts * expert) + root,
+            layers * (other + k * expert) + root)
+
+
 @pytest.mark.parametrize(("folder", "by_hand"), [
     ("Mixtral-8x7B-v0.1", _mixtral_by_hand), ("Qwen1.5-MoE-A2.7B", _qwen15_moe_by_hand),
-    ("DeepSeek-V3", _deepseek_v3_by_hand)])
+    ("Qwen3-30B-A3B", _qwen3_moe_by_hand), ("DeepSeek-V3", _deepseek_v3_by_hand)])
 def test_moe_configs_count_total_and_activated_parameters(folder: str, by_hand) -> None:
     spec = read_hf_config(CONFIGS / folder / "config.json")
     total, active = by_hand()
@@ -250,6 +262,14 @@ def test_moe_flops_per_token_count_the_routed_experts_only() -> None:
     assert spec.flops_per_token(4096) == pytest.approx(
         6 * matmul_active + spec.attention_flops_per_token(4096))
     assert spec.flops_per_token(4096) < 6 * 14e9
+
+
+def test_a_head_width_other_than_hidden_over_heads_is_read(tmp_path: Path) -> None:
+    """Mistral-Nemo's 32 heads of 128 on a 5120-wide model: q and o are 4096 wide."""
+    spec = read_hf_config(_write(tmp_path, {**LLAMA2_7B_CONFIG, "hidden_size": 5120,
+                                            "head_dim": 128}))
+    assert (spec.head_dim, spec.q_dim) == (128, 4096)
+    assert dict(spec.block_tensors())["attention.wo.weight"] == (5120, 4096)
 
 
 def test_expert_parallel_share_keeps_the_whole_model_counts() -> None:
@@ -278,7 +298,6 @@ def test_deepseek_v3_notes_what_it_does_not_simulate() -> None:
     ({"auto_map": {"AutoModelForCausalLM": "modeling_x.XForCausalLM"}}, "auto_map"),
     ({"architectures": ["LlamaForSequenceClassification"]}, "architectures"),
     ({"attention_bias": True}, "attention_bias"),  # with mlp_bias false
-    ({"hidden_size": 5120, "head_dim": 128}, "head_dim"),  # Mistral-Nemo's head width
 ])
 def test_unmodelled_keys_are_refused_through_the_cli(tmp_path: Path, extra: dict,
                                                      key: str) -> None:
@@ -296,7 +315,7 @@ def test_unmodelled_model_type_is_refused(tmp_path: Path, model_type: str, cfg: 
     path = _write(tmp_path, cfg)
     line = error_line(["plan", "--model", str(path), "--gpus", "8"])
     assert line.startswith(f"error: {path}:model_type='{model_type}': not modelled")
-    assert "llama, mistral, qwen2, mixtral, qwen2_moe, deepseek_v3, gpt2, gpt_neox" in line
+    assert "llama, mistral, qwen2, mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt2, gpt_neox" in line
 
 
 def test_missing_model_type_is_refused(tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ of its model_type (what `AutoModelForCausalLM.from_config` would build); the sha
 Each family as transformers builds it (src/transformers/models/<type>/modeling_<type>.py
 and configuration_<type>.py):
 - llama: q/k/v/o projections with bias=attention_bias, gate/up/down with bias=mlp_bias
-  (both default false), RMSNorm, head_dim = config.head_dim or hidden/heads, untied output
-  by default (tie_word_embeddings false).
+  (both default false), RMSNorm, head_dim = config.head_dim or hidden/heads (the family
+  alike: ModelSpec.head_width), untied output by default (tie_word_embeddings false).
 - mistral: llama's block with no biases at all; `sliding_window` (default 4096, null for
   none) on every layer.
 - qwen2: q/k/v with biases, o and the MLP without; a sliding window only with
@@ -30,6 +30,10 @@ and configuration_<type>.py):
 - qwen2_moe: qwen2's attention; on every layer (decoder_sparse_step 1, no mlp_only_layers)
   a router (num_experts), experts of moe_intermediate_size, num_experts_per_tok per token,
   a shared expert of shared_expert_intermediate_size and its sigmoid gate (hidden -> 1).
+- qwen3_moe: q/k/v/o with bias=attention_bias (default false), an RMSNorm over each
+  head's query and key (q_norm, k_norm), head_dim given; every layer an MoE (router of
+  num_experts, experts of moe_intermediate_size, num_experts_per_tok per token), no
+  shared expert.
 - deepseek_v3: multi-head latent attention (q_lora_rank, kv_lora_rank, qk_nope_head_dim,
   qk_rope_head_dim, v_head_dim); the first first_k_dense_replace layers dense (MLP of
   intermediate_size), the others a router of n_routed_experts with its
@@ -252,9 +256,7 @@ def _llama_family(r: HfConfigReader) -> dict[str, Any]:
     """llama, mistral and qwen2: RMSNorm, a gated MLP, GQA, RoPE."""
     heads, hidden = r.count("num_attention_heads"), r.count("hidden_size")
     head_dim = r.optional_count("head_dim")
-    if head_dim is not None and head_dim * heads != hidden:
-        raise r.refuse("head_dim", head_dim, f"a head width other than hidden_size / "
-                       f"num_attention_heads = {hidden}/{heads}")
+    width = head_dim if head_dim is not None and head_dim * heads != hidden else 0
     bias = qkv_bias = False
     window = 0
     if r.model_type == "llama":
@@ -266,6 +268,11 @@ def _llama_family(r: HfConfigReader) -> dict[str, Any]:
         if slices > 1:
             r.not_modelled("pretraining_tp", slices, "each matmul simulated whole, not "
                            "in slices")
+    elif r.model_type == "qwen3_moe":
+        bias = r.flag("attention_bias", False)
+        if r.flag("use_sliding_window", False):
+            raise r.refuse("use_sliding_window", True, "sliding-window attention")
+        r.read |= {"sliding_window", "max_window_layers", "layer_types"}
     elif r.model_type in ("mistral", "mixtral"):
         # MistralConfig's sliding_window defaults to 4096, MixtralConfig's to none.
         window = _sliding_window(r, default=4096 if r.model_type == "mistral" else 0)
@@ -292,7 +299,7 @@ def _llama_family(r: HfConfigReader) -> dict[str, Any]:
             "ffn_hidden": r.count("intermediate_size"), "mlp": "swiglu", "norm": "rmsnorm",
             "bias": bias, "qkv_bias": qkv_bias, "vocab_size": r.count("vocab_size"),
             "tied_embeddings": r.flag("tie_word_embeddings", False), "max_seq_len": seq,
-            "seq_len_source": source, "sliding_window": window}
+            "seq_len_source": source, "sliding_window": window, "head_width": width}
 
 
 def _gpt2(r: HfConfigReader) -> dict[str, Any]:
@@ -370,6 +377,22 @@ def _qwen2_moe(r: HfConfigReader) -> dict[str, Any]:
         shared_expert_gate=bool(shared))}
 
 
+def _qwen3_moe(r: HfConfigReader) -> dict[str, Any]:
+    """Qwen3-MoE: attention with per-head q/k RMSNorm and an explicit head width, an MoE
+    of moe_intermediate_size experts on every layer, no shared expert."""
+    shape = _llama_family(r)
+    step = r.count("decoder_sparse_step", 1)
+    r.read.add("mlp_only_layers")
+    dense = r.cfg.get("mlp_only_layers") or []
+    if step != 1 or dense:
+        raise r.refuse("decoder_sparse_step" if step != 1 else "mlp_only_layers",
+                       step if step != 1 else dense, "dense layers between MoE layers")
+    r.read |= {"output_router_logits", "router_aux_loss_coef", "norm_topk_prob"}
+    return shape | {"qk_norm": True, "moe": MoeSpec(
+        experts=r.count("num_experts"), top_k=r.count("num_experts_per_tok"),
+        expert_ffn_hidden=r.count("moe_intermediate_size"))}
+
+
 def _deepseek_v3(r: HfConfigReader) -> dict[str, Any]:
     """DeepSeek-V3: MLA attention, leading dense layers, then routed and shared experts."""
     heads = r.count("num_attention_heads")
@@ -425,7 +448,8 @@ def _deepseek_v3(r: HfConfigReader) -> dict[str, Any]:
 
 MODEL_TYPES: dict[str, Callable[[HfConfigReader], dict[str, Any]]] = {
     "llama": _llama_family, "mistral": _llama_family, "qwen2": _llama_family,
-    "mixtral": _mixtral, "qwen2_moe": _qwen2_moe, "deepseek_v3": _deepseek_v3,
+    "mixtral": _mixtral, "qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe,
+    "deepseek_v3": _deepseek_v3,
     "gpt2": _gpt2, "gpt_neox": _gpt_neox,
 }
 """The model_types zsim models exactly, each with the reader of its keys."""
@@ -434,11 +458,12 @@ _LLAMA_KEYS = {"num_layers": "num_hidden_layers", "d_model": "hidden_size",
                "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
                "ffn_hidden": "intermediate_size", "vocab_size": "vocab_size",
                "max_seq_len": "max_position_embeddings"}
-MOE_TYPES: frozenset[str] = frozenset({"mixtral", "qwen2_moe", "deepseek_v3"})
+MOE_TYPES: frozenset[str] = frozenset({"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3"})
 """The model_types whose readers read the mixture-of-experts keys."""
 _CONFIG_KEYS: dict[str, dict[str, str]] = {
     "llama": _LLAMA_KEYS, "mistral": _LLAMA_KEYS, "qwen2": _LLAMA_KEYS,
-    "mixtral": _LLAMA_KEYS, "qwen2_moe": _LLAMA_KEYS, "deepseek_v3": _LLAMA_KEYS,
+    "mixtral": _LLAMA_KEYS, "qwen2_moe": _LLAMA_KEYS, "qwen3_moe": _LLAMA_KEYS,
+    "deepseek_v3": _LLAMA_KEYS,
     "gpt_neox": _LLAMA_KEYS,
     "gpt2": {"num_layers": "n_layer", "d_model": "n_embd", "num_heads": "n_head",
              "num_kv_heads": "n_head", "ffn_hidden": "n_inner", "vocab_size": "vocab_size",

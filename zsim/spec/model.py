@@ -69,6 +69,13 @@ class ModelSpec:
     seq_len_source: str = ""
     """Where max_seq_len came from, for headers ("config n_positions", "default 4,096
     (the config allows up to 131,072)"); empty for a spec built in code."""
+    head_width: int = 0
+    """Per-head query/key/value width where it is not d_model / num_heads (Qwen3: 128
+    with d_model 2048 and 32 heads, Mistral-Nemo: 128 with 5120 and 32); 0 means
+    d_model / num_heads."""
+    qk_norm: bool = False
+    """An RMSNorm of head_dim weights on each head's query and key (Qwen3's q_norm and
+    k_norm): two head_dim parameters per block; their activations are not modelled."""
     sliding_window: int = 0
     """Tokens each query attends back over (Mistral-7B-v0.1's sliding-window attention).
     zsim simulates full causal attention, so `check_plan` (zsim.spec.consistency) refuses
@@ -154,7 +161,12 @@ class ModelSpec:
                 isinstance(w, str) for w in self.warnings):
             raise ConfigError("model.warnings", self.warnings, "must be a tuple of strings")
         self._check_variants()
-        if self.mla is None and self.d_model % self.num_heads:
+        if not isinstance(self.head_width, int) or isinstance(self.head_width, bool) \
+                or self.head_width < 0:
+            raise ConfigError("model.head_width", self.head_width, "must be an integer >= 0")
+        if not isinstance(self.qk_norm, bool):
+            raise ConfigError("model.qk_norm", self.qk_norm, "must be true or false")
+        if self.mla is None and not self.head_width and self.d_model % self.num_heads:
             raise ConfigError("model.num_heads", self.num_heads,
                               f"must divide d_model={self.d_model}")
         if self.num_heads % self.num_kv_heads:
@@ -232,7 +244,7 @@ class ModelSpec:
         """Per-head query and key width (with MLA its no-position and RoPE parts)."""
         if self.mla is not None:
             return self.mla.qk_head_dim
-        return self.d_model // (self.num_heads * self.tp)
+        return self.head_width or self.d_model // (self.num_heads * self.tp)
 
     @property
     def v_dim(self) -> int:
@@ -323,6 +335,9 @@ class ModelSpec:
             t.append((f"attention.{proj}.weight", (out, d)))
             if self.bias or self.qkv_bias:
                 t.append((f"attention.{proj}.bias", (out,)))
+        if self.qk_norm:
+            t += [("attention.q_norm.weight", (self.head_dim,)),
+                  ("attention.k_norm.weight", (self.head_dim,))]
         t.append(("attention.wo.weight", (d, q)))
         if self.bias:
             t.append(("attention.wo.bias", (d,)))
@@ -445,7 +460,7 @@ class ModelSpec:
             wkv = (d * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
                    + m.kv_lora_rank * self.num_heads * (m.qk_nope_head_dim + m.v_head_dim))
             return wq + wkv + self.v_dim * d
-        n = 2 * d * q + 2 * d * kv
+        n = 2 * d * q + 2 * d * kv + (2 * self.head_dim if self.qk_norm else 0)
         if self.bias:
             n += q + d + 2 * kv
         elif self.qkv_bias:
