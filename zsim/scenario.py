@@ -82,7 +82,8 @@ RUN_KEYS: tuple[str, ...] = (
     "grad_accum", "recompute", "unit_size", "prefetch", "bucket_mib", "optimizer", "offload",
     "param_dtype", "grad_dtype", "reduce_dtype", "master_dtype", "optimizer_state_dtype",
     "ds_config", "fsdp_config", "inter_node_gb_per_s", "tp", "pp", "cp", "sp", "async_tp",
-    "tp_across_nodes", "pp_schedule", "virtual_stages", "grad_sync",
+    "tp_across_nodes", "pp_schedule", "virtual_stages", "grad_sync", "ep", "capacity_factor",
+    "expert_imbalance",
 )
 """Keys that describe one run. `bucket_mib` is Plan.bucket_bytes in MiB; `precision` sets
 the five dtype fields (zsim.spec.plan.PRECISIONS), which explicit dtype keys override.

@@ -315,7 +315,8 @@ def test_unmodelled_model_type_is_refused(tmp_path: Path, model_type: str, cfg: 
     path = _write(tmp_path, cfg)
     line = error_line(["plan", "--model", str(path), "--gpus", "8"])
     assert line.startswith(f"error: {path}:model_type='{model_type}': not modelled")
-    assert "llama, mistral, qwen2, mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt2, gpt_neox" in line
+    assert ("llama, mistral, qwen2, mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt2, "
+            "gpt_neox") in line
 
 
 def test_missing_model_type_is_refused(tmp_path: Path) -> None:
@@ -489,3 +490,31 @@ def test_hf_config_biases_everywhere_are_counted(tmp_path: Path) -> None:
     m = read_hf_config(_write(tmp_path, cfg))
     d, f = 4096, 11008
     assert m.num_params == 6_738_415_616 + 32 * (4 * d + 2 * f + d)
+
+
+@pytest.mark.parametrize(("preset", "folder"), [
+    ("mixtral-8x7b", "Mixtral-8x7B-v0.1"), ("qwen3-30b-a3b", "Qwen3-30B-A3B"),
+    ("deepseek-v3", "DeepSeek-V3")])
+def test_moe_presets_are_their_released_configs(preset: str, folder: str) -> None:
+    """The preset and the config.json give the same architecture (their names, where
+    the sequence length came from and the notes aside)."""
+    ignore = {"name", "seq_len_source", "warnings"}
+    a = {k: v for k, v in resolve_model(preset).to_dict().items() if k not in ignore}
+    b = {k: v for k, v in read_hf_config(CONFIGS / folder / "config.json").to_dict().items()
+         if k not in ignore}
+    assert a == b
+
+
+def test_a_scenario_sweeps_the_expert_parallel_degree(tmp_path: Path) -> None:
+    (tmp_path / "s.yaml").write_text(
+        f"name: s\nmodel: mixtral\nhardware: {HARDWARE}\nseq_len: 1024\n"
+        "plans: {fsdp: {strategy: fsdp, gpus: 16, expert_imbalance: 1.2}}\n"
+        "sweep: {ep: [1, 8]}\n")
+    plans = [run.plan for run in load_scenario(tmp_path / "s.yaml").runs]
+    assert [(p.ep, p.routed_load) for p in plans] == [(1, 1.0), (8, 1.2)]
+    (tmp_path / "bad.yaml").write_text(
+        f"name: s\nmodel: 7b\nhardware: {HARDWARE}\n"
+        "plans: {fsdp: {strategy: fsdp, gpus: 16, ep: 2}}\n")
+    with pytest.raises(ConfigError) as e:
+        load_scenario(tmp_path / "bad.yaml")
+    assert e.value.field.endswith("ep") and "mixture-of-experts" in e.value.reason

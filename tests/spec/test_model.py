@@ -49,7 +49,13 @@ def enumerated_params(m: ModelSpec) -> int:
     return sum(math.prod(shape) for _, shape in m.parameter_tensors())
 
 
-@pytest.mark.parametrize("name", sorted(PRESETS))
+DENSE = sorted(name for name, m in PRESETS.items() if m.moe is None)
+"""The dense presets: this file's closed form and per-matmul count are of dense blocks;
+the MoE presets are counted by hand in tests/spec/test_hf_config.py (and equal their
+released configs there)."""
+
+
+@pytest.mark.parametrize("name", DENSE)
 def test_every_preset_counts_agree_three_ways(name: str) -> None:
     m = PRESETS[name]
     assert enumerated_params(m) == m.num_params == closed_form_params(m)
@@ -152,7 +158,7 @@ def non_matmul_params(m: ModelSpec) -> int:
                if len(s) == 1 and n != "extra")
 
 
-@pytest.mark.parametrize("name", sorted(PRESETS))
+@pytest.mark.parametrize("name", DENSE)
 def test_flops_per_token_matches_per_matmul_count(name: str) -> None:
     m = PRESETS[name]
     s = m.max_seq_len

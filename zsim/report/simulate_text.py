@@ -39,6 +39,15 @@ def _precision(p: dict[str, Any]) -> str:
     return compute + (f" ({master} master)" if master != p["param_dtype"] else "")
 
 
+def _expert_parallel(p: dict[str, Any]) -> str:
+    """", ep 8 (busiest rank 1.2x the mean tokens)" for an expert-parallel plan."""
+    if p["ep"] == 1:
+        return ""
+    load = (f"capacity factor {p['capacity_factor']:g}" if p["capacity_factor"]
+            else f"busiest rank {p['expert_imbalance']:g}x the mean tokens")
+    return f", ep {p['ep']} ({load})"
+
+
 def _plan_lines(r: dict[str, Any]) -> list[str]:
     p = r["plan"]
     dp = p["dp_shard"] * p["dp_replicate"]
@@ -49,7 +58,8 @@ def _plan_lines(r: dict[str, Any]) -> list[str]:
         f"{_nodes(r['world_size'], r['gpus_per_node'])} x {r['hardware']}: "
         f"{p['strategy']} ({p['impl']}){offload}, ac={p['recompute']}, {_precision(p)}",
         f"plan            data parallel {dp} (shard {p['dp_shard']} x replicate "
-        f"{p['dp_replicate']}), tp {p['tp']}, cp {p['cp']}, pp {p['pp']}; micro-batch "
+        f"{p['dp_replicate']}), tp {p['tp']}, cp {p['cp']}, pp {p['pp']}"
+        f"{_expert_parallel(p)}; micro-batch "
         f"{p['micro_batch']} x {p['grad_accum']} accumulated",
         f"batch           {sequences:,} sequences x {p['seq_len']:,} tokens = "
         f"{sequences * p['seq_len']:,} tokens per step",

@@ -4,6 +4,7 @@ parameter counts are derived by ModelSpec, never written here."""
 from __future__ import annotations
 
 from zsim.spec.model import ModelSpec
+from zsim.spec.moe import MlaSpec, MoeSpec
 
 
 def _gpt3(name: str, layers: int, d: int, heads: int) -> ModelSpec:
@@ -54,6 +55,31 @@ PRESETS: dict[str, ModelSpec] = {
         _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, _LLAMA3_CONTEXT),
         _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, _LLAMA3_CONTEXT),
         _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192, _LLAMA3_CONTEXT),
+        # Mixture of experts, as their released config.json files build them (the copies
+        # in tests/data/hf_configs, read by zsim.spec.hf_config, must give the same spec).
+        # Jiang et al. 2024 and mistralai/Mixtral-8x7B-v0.1: 8 experts, top-2.
+        ModelSpec(name="mixtral-8x7b", num_layers=32, d_model=4096, num_heads=32,
+                  num_kv_heads=8, ffn_hidden=14336, vocab_size=32000, max_seq_len=4096,
+                  seq_len_source="default 4,096 (the config allows up to 32,768)",
+                  moe=MoeSpec(experts=8, top_k=2, expert_ffn_hidden=14336)),
+        # Qwen/Qwen3-30B-A3B: 128 experts of 768, top-8, q/k norms, 32 heads of 128.
+        ModelSpec(name="qwen3-30b-a3b", num_layers=48, d_model=2048, num_heads=32,
+                  num_kv_heads=4, head_width=128, qk_norm=True, ffn_hidden=6144,
+                  vocab_size=151936, max_seq_len=4096,
+                  seq_len_source="default 4,096 (the config allows up to 40,960)",
+                  moe=MoeSpec(experts=128, top_k=8, expert_ffn_hidden=768)),
+        # DeepSeek-AI 2024 (DeepSeek-V3 report, Sec. 2 and 4.2) and deepseek-ai/DeepSeek-V3:
+        # MLA, 256 routed experts of 2048 and one shared, top-8, the first 3 layers dense,
+        # pre-trained at 4K tokens.
+        ModelSpec(name="deepseek-v3", num_layers=61, d_model=7168, num_heads=128,
+                  num_kv_heads=128, ffn_hidden=18432, vocab_size=129280, max_seq_len=4096,
+                  seq_len_source="DeepSeek-V3's pre-training context (DeepSeek-AI 2024)",
+                  warnings=("deepseek-v3: its 3 dense layers are counted exactly; the "
+                            "simulator runs every layer as an MoE layer",),
+                  mla=MlaSpec(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
+                              qk_rope_head_dim=64, v_head_dim=128),
+                  moe=MoeSpec(experts=256, top_k=8, expert_ffn_hidden=2048,
+                              shared_ffn_hidden=2048, router_bias=True, dense_layers=3)),
     )
 }
 
@@ -71,6 +97,9 @@ ALIASES: dict[str, str] = {
     "8b": "llama3-8b",
     "70b-3": "llama3-70b",
     "405b": "llama3-405b",
+    "mixtral": "mixtral-8x7b",
+    "qwen3-moe": "qwen3-30b-a3b",
+    "dsv3": "deepseek-v3",
 }
 
 

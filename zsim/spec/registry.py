@@ -58,7 +58,9 @@ def _unknown_model(name: str) -> str:
     """Why `name` resolves to nothing: the nearest preset by spelling (difflib, over
     names, aliases and hub ids) where one is near, and what else works."""
     known = [*model_names(), *HF_IDS]
-    near = difflib.get_close_matches(name.lower(), known, n=1, cutoff=0.75)
+    # 0.85: a typo of a name (llama-2-13 for llama2-13b, 0.9), not another model spelt
+    # alike (mistral-7b is 0.82 from mixtral-8x7b).
+    near = difflib.get_close_matches(name.lower(), known, n=1, cutoff=0.85)
     hint = ""
     if near:
         preset = ALIASES.get(near[0], HF_IDS.get(near[0], near[0]))
