@@ -54,7 +54,7 @@ import sys
 from pathlib import Path
 from zsim.calibration.bench_figures import BenchConfig
 from zsim.calibration.profile_writer import calibrate
-quick = BenchConfig(sizes_bytes=(4096, 65536, 1 << 20, 4 << 20), iters_small=3,
+quick = BenchConfig(sizes_bytes=(4096, 1 << 20, 8 << 20, 32 << 20), iters_small=3,
                     iters_large=2, matmul_shapes=((256, 256, 256), (512, 256, 512)),
                     gemm_linears=((512, 256, 512),), cache_flush_bytes=8 << 20,
                     copy_bytes=8 << 20, adam_params=1 << 18, attention_shape=(1, 2, 128, 64),
@@ -65,7 +65,10 @@ calibrate("gloo", 2, Path(sys.argv[1]), config=quick, timeout_s=300)
 """`zsim calibrate profile` with a short benchmark (the command's own takes minutes): the same
 function the command calls, in the installed package. The library programs' timing is
 left out: DeepSpeed would build its C++ ops afresh in this test's empty cache, minutes on
-2 cores (tests/calibration/test_program_overhead.py times them on real ranks)."""
+2 cores (tests/calibration/test_program_overhead.py times them on real ranks). Sizes up to
+32 MiB: with 4 MiB at most, one round beside the other test worker's load once timed no
+growth with size (no bandwidth to fit; CI of 2026-12-05); tens of milliseconds of
+transfer stand above the scheduler's noise."""
 
 
 def _tree(root: Path) -> set[str]:
