@@ -215,10 +215,11 @@ class Builder:
         under autocast, which leaves the embedding, norms and residual adds alone."""
         self.shard = shard_group(plan, hw)
         self.repl = replicate_group(plan, hw)
-        self.tp = place(plan, hw).group("tp")
-        self.cp = place(plan, hw).group("cp")
-        self.ep = place(plan, hw).group("ep")
-        self.expert_shard = place(plan, hw).group("expert_shard")
+        placement = place(plan, hw)
+        self.tp = placement.group("tp")
+        self.cp = placement.group("cp")
+        self.ep = placement.group("ep")
+        self.expert_shard = placement.group("expert_shard")
         """The ranks that hold the same routed experts and shard their state (torchtitan's
         dp_shard_mod_ep); all of the shard group without expert parallelism."""
         self.waits: list[int] = []

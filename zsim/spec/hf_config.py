@@ -362,25 +362,22 @@ def _mixtral(r: HfConfigReader) -> dict[str, Any]:
 def _qwen2_moe(r: HfConfigReader) -> dict[str, Any]:
     """Qwen2-MoE: qwen2's attention, routed experts and a gated shared expert per layer."""
     shape = _llama_family(r)
-    step = r.count("decoder_sparse_step", 1)
-    r.read.add("mlp_only_layers")
-    dense = r.cfg.get("mlp_only_layers") or []
-    if step != 1 or dense:
-        raise r.refuse("decoder_sparse_step" if step != 1 else "mlp_only_layers",
-                       step if step != 1 else dense, "dense layers between MoE layers")
-    r.read |= {"output_router_logits", "router_aux_loss_coef", "norm_topk_prob"}
     shared = r.count("shared_expert_intermediate_size", 0) if \
         r.cfg.get("shared_expert_intermediate_size") else 0
-    return shape | {"moe": MoeSpec(
-        experts=r.count("num_experts"), top_k=r.count("num_experts_per_tok"),
-        expert_ffn_hidden=r.count("moe_intermediate_size"), shared_ffn_hidden=shared,
-        shared_expert_gate=bool(shared))}
+    return shape | {"moe": _qwen_experts(r, shared_ffn_hidden=shared,
+                                         shared_expert_gate=bool(shared))}
 
 
 def _qwen3_moe(r: HfConfigReader) -> dict[str, Any]:
     """Qwen3-MoE: attention with per-head q/k RMSNorm and an explicit head width, an MoE
     of moe_intermediate_size experts on every layer, no shared expert."""
-    shape = _llama_family(r)
+    return _llama_family(r) | {"qk_norm": True, "moe": _qwen_experts(r)}
+
+
+def _qwen_experts(r: HfConfigReader, **shared: Any) -> MoeSpec:
+    """The Qwen MoE families' experts (num_experts of moe_intermediate_size, top
+    num_experts_per_tok) on every layer: dense layers between them (decoder_sparse_step
+    other than 1, mlp_only_layers) are refused."""
     step = r.count("decoder_sparse_step", 1)
     r.read.add("mlp_only_layers")
     dense = r.cfg.get("mlp_only_layers") or []
@@ -388,9 +385,8 @@ def _qwen3_moe(r: HfConfigReader) -> dict[str, Any]:
         raise r.refuse("decoder_sparse_step" if step != 1 else "mlp_only_layers",
                        step if step != 1 else dense, "dense layers between MoE layers")
     r.read |= {"output_router_logits", "router_aux_loss_coef", "norm_topk_prob"}
-    return shape | {"qk_norm": True, "moe": MoeSpec(
-        experts=r.count("num_experts"), top_k=r.count("num_experts_per_tok"),
-        expert_ffn_hidden=r.count("moe_intermediate_size"))}
+    return MoeSpec(experts=r.count("num_experts"), top_k=r.count("num_experts_per_tok"),
+                   expert_ffn_hidden=r.count("moe_intermediate_size"), **shared)
 
 
 def _deepseek_v3(r: HfConfigReader) -> dict[str, Any]:
