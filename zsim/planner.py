@@ -57,6 +57,28 @@ def candidate_plans(hw: HardwareProfile, *, gpus: int, **knobs: object) -> list[
             for rc in RECOMPUTE_ORDER]
 
 
+def expert_parallel_variants(model: ModelSpec, hw: HardwareProfile,
+                             shapes: list[Plan]) -> list[Plan]:
+    """For an MoE model, each candidate of a program that runs expert parallelism in
+    this table (DeepSpeed-MoE under ZeRO-1/2: ProgramEntry.expert_parallel, the FSDP2
+    ones being the 2-D table's) again with EP inside one NVLink domain, as DeepSpeed-MoE
+    is usually run: the largest power of two dividing the experts, the data-parallel
+    ranks and the domain; none for a dense model."""
+    if model.moe is None:
+        return []
+    out = []
+    for plan in shapes:
+        if plan.program.comm != "zero" or plan.strategy not in plan.program.expert_parallel:
+            continue
+        ep = 1
+        while (ep * 2 <= hw.domain_gpus and model.moe.experts % (ep * 2) == 0
+               and plan.dp_shard % (ep * 2) == 0):
+            ep *= 2
+        if ep > 1 and plan.offload == "none":
+            out.append(plan.with_(ep=ep))
+    return out
+
+
 def config_variations(base: Plan, hw: HardwareProfile) -> list[Plan]:
     """The user's own plan first, then the same program with every strategy it is ranked
     under (DeepSpeed: ZeRO stages 1-3; FSDP1/FSDP2: resharding, no resharding, HSDP within
@@ -234,6 +256,7 @@ def choose(model: ModelSpec, hw: HardwareProfile, *, gpus: int, sequences_per_ra
     splits = batch_splits(sequences_per_rank, micro_batch=micro_batch, grad_accum=grad_accum)
     shapes = candidate_plans(hw, gpus=gpus, micro_batch=splits[0][0],
                              grad_accum=splits[0][1], **knobs)
+    shapes += expert_parallel_variants(model, hw, shapes)
     ladders = [[s.with_(micro_batch=m, grad_accum=a) for m, a in splits] for s in shapes]
     # FSDP2 with accumulation either reduces once per step (the default here: unsharded
     # gradients accumulate) or every micro-batch (fully_shard's own default, torchtitan's

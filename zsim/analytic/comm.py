@@ -14,6 +14,7 @@ References:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from zsim.analytic.collectives import CommGroup, bus_bytes, collective_time_s
@@ -108,12 +109,12 @@ def step_comm(model: ModelSpec, plan: Plan, hw: HardwareProfile) -> StepComm:
       dp_shard x cp ranks (shard_group), as torchtitan's FSDP over dp_shard_cp, and the
       replicas all-reduce the P/(dp_shard x cp) shard.
     """
-    n_params = model.num_params
     a, r = dtype_bytes(plan.param_dtype), dtype_bytes(plan.reduce_dtype)
     mbs = plan.grad_accum
-    sizes: dict[str, float] = dict.fromkeys(COLLECTIVES, 0.0)
-    bus: dict[str, float] = dict.fromkeys(COLLECTIVES, 0.0)
-    time: dict[str, float] = dict.fromkeys(COLLECTIVES, 0.0)
+    kinds = (*COLLECTIVES, "all_to_all") if plan.ep > 1 else COLLECTIVES
+    sizes: dict[str, float] = dict.fromkeys(kinds, 0.0)
+    bus: dict[str, float] = dict.fromkeys(kinds, 0.0)
+    time: dict[str, float] = dict.fromkeys(kinds, 0.0)
 
     def add(kind: str, size: float, group: CommGroup, dtype: str, times: int = 1) -> None:
         if group.ranks <= 1 or size == 0:
@@ -123,6 +124,13 @@ def step_comm(model: ModelSpec, plan: Plan, hw: HardwareProfile) -> StepComm:
         time[kind] += times * collective_time_s(kind, size, group, hw, dtype)
 
     shard, repl = shard_group(plan, hw), replicate_group(plan, hw)
+    # Expert parallelism: the rank's routed experts are reduced and gathered over their
+    # own group (the ranks holding the same experts), the rest over the shard group.
+    experts = expert_elems(model, plan)
+    n_params = model.ep_share(plan.ep).num_params - experts
+    expert_group = place(plan, hw).group("expert_shard")
+    if experts:
+        _expert_parallel_comm(model, plan, hw, experts, expert_group, add)
     if plan.program.comm == "ddp":
         bucket = ddp_bucket_dtype(plan)
         g = n_params * dtype_bytes(bucket)
@@ -148,14 +156,49 @@ def step_comm(model: ModelSpec, plan: Plan, hw: HardwareProfile) -> StepComm:
     else:
         blocks = n_params - model.root_params
         gathers = 2 if plan.reshard_after_forward else 1
+        if experts:
+            add("all_gather", experts * a, expert_group, plan.param_dtype,
+                times=gathers * mbs)
         add("all_gather", blocks * a, shard, plan.param_dtype, times=gathers * mbs)
         add("all_gather", model.root_params * a, shard, plan.param_dtype, times=mbs)
         reductions = (mbs if plan.program.reduces_each_micro_batch or plan.grad_sync == "every"
                       else 1)
         add("reduce_scatter", n_params * r, shard, plan.reduce_dtype, times=reductions)
-        add("all_reduce", n_params * r / plan.dp_shard_cp, repl, plan.reduce_dtype,
-            times=reductions)
+        if experts:
+            add("reduce_scatter", experts * r, expert_group, plan.reduce_dtype,
+                times=reductions)
+        shard_elems = n_params / plan.dp_shard_cp + experts / (plan.dp_shard_cp // plan.ep)
+        add("all_reduce", shard_elems * r, repl, plan.reduce_dtype, times=reductions)
     return StepComm(size_bytes=sizes, bus_bytes=bus, time_s=time)
+
+
+def expert_elems(model: ModelSpec, plan: Plan) -> int:
+    """Elements of the routed experts one rank holds under expert parallelism (every
+    block's: the simulator runs each as an MoE block); 0 without EP."""
+    if plan.ep == 1 or model.moe is None:
+        return 0
+    return model.num_layers * model.moe.experts // plan.ep * model.expert_params
+
+
+def _expert_parallel_comm(model: ModelSpec, plan: Plan, hw: HardwareProfile, experts: int,
+                          group: CommGroup, add: Callable[..., None]) -> None:
+    """What expert parallelism adds, as zsim.schedule.build.expert_parallel and the
+    programs issue it: the all-to-alls (four per MoE block and micro-batch, six with full
+    recomputation; tokens x top_k x d_model x the busiest rank's load each), and for
+    DeepSpeed-MoE (ZeRO-1/2) its expert group's gradient all-reduce and parameter
+    all-gather (FSDP2's expert collectives are added with its own)."""
+    assert model.moe is not None
+    a, r = dtype_bytes(plan.param_dtype), dtype_bytes(plan.reduce_dtype)
+    calls = 4 + (2 if plan.recompute == "full" else 0)
+    size = (plan.micro_batch * plan.seq_len * model.moe.top_k * model.d_model * a
+            * plan.routed_load)
+    add("all_to_all", size, place(plan, hw).group("ep"), plan.param_dtype,
+        times=calls * model.num_layers * plan.grad_accum)
+    if plan.program.comm == "zero":
+        stage = ZERO_STAGES[plan.strategy]
+        add("all_reduce", experts * r, group, plan.reduce_dtype,
+            times=plan.grad_accum if stage == 2 else 1)
+        add("all_gather", experts * a, group, plan.param_dtype)
 
 
 def _zero3_gathered_elems(model: ModelSpec, plan: Plan) -> tuple[float, float]:

@@ -264,10 +264,14 @@ class Plan:
         if self.dp_shard_cp % self.ep:
             raise ConfigError("plan.ep", self.ep, "expert parallelism is carved from the "
                               f"dp_shard x cp = {self.dp_shard_cp} ranks: must divide them")
-        if self.ep > 1 and not self.program.expert_parallel:
-            able = " and ".join(e.title for e in programs() if e.expert_parallel)
-            raise ConfigError("plan.ep", self.ep,
-                              f"expert parallelism is modelled with {able}, not {self.impl}")
+        if self.ep > 1 and self.strategy not in self.program.expert_parallel:
+            able = " and ".join(f"{e.title} ({', '.join(e.expert_parallel)})"
+                                for e in programs() if e.expert_parallel)
+            raise ConfigError("plan.ep", self.ep, f"expert parallelism is modelled with "
+                              f"{able}, not {self.strategy} run by {self.impl}")
+        if self.ep > 1 and self.offload != "none":
+            raise ConfigError("plan.offload", self.offload,
+                              "offload with expert parallelism is not modelled yet")
 
     def _check_model_parallel(self) -> None:
         """The TP, SP and pipeline-schedule fields that must agree with each other."""

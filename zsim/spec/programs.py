@@ -134,8 +134,10 @@ class ProgramEntry:
     """The strategies under which it composes with tensor and pipeline parallelism."""
     context_parallel: bool = False
     """It composes with context parallelism (its state sharded over dp_shard x cp)."""
-    expert_parallel: bool = False
-    """It composes with expert parallelism (Plan.ep: torchtitan's EP with fully_shard)."""
+    expert_parallel: tuple[str, ...] = ()
+    """The strategies under which it composes with expert parallelism (Plan.ep):
+    torchtitan's EP with fully_shard, DeepSpeed-MoE with ZeRO-1/2 (DeepSpeed runs no MoE
+    under ZeRO-3)."""
     superseded_by: str | None = None
     """The program that replaces it; a plan running it asks a team for an older library
     (zsim.recommend.complications)."""
@@ -154,7 +156,7 @@ REGISTRY: tuple[ProgramEntry, ...] = (
         name="fsdp2", title="FSDP2", strategies=_FSDP, defaults=_FSDP, ranked=_FSDP,
         lowering="zsim.schedule.programs.fsdp2", backend="zsim.backend.fsdp2", comm="fsdp",
         casts_block_inputs=True, grad_sync_every=True, model_parallel=_FSDP,
-        context_parallel=True, expert_parallel=True),
+        context_parallel=True, expert_parallel=_FSDP),
     ProgramEntry(
         name="deepspeed", title="DeepSpeed ZeRO", strategies=_ZERO, defaults=_ZERO,
         ranked=_ZERO, options=DeepSpeedZero, options_key="ds",
@@ -166,7 +168,8 @@ REGISTRY: tuple[ProgramEntry, ...] = (
                         fallback="deepspeed-zero2")),
         lowering="zsim.schedule.programs.deepspeed", backend="zsim.backend.deepspeed_zero",
         requires="deepspeed", comm="zero", wraps_units=False,
-        offload_variations=("none", "optimizer", "params")),
+        offload_variations=("none", "optimizer", "params"),
+        expert_parallel=("zero1", "zero2")),
     ProgramEntry(
         name="fsdp1", title="FSDP1", strategies=_FSDP, ranked=_FSDP, options=Fsdp1Options,
         options_key="fsdp1",

@@ -78,6 +78,8 @@ from zsim.schedule.build import (
     block_backward,
     block_forward,
     device_optimizer,
+    expert_parallel,
+    expert_shapes,
     head_backward,
     head_forward,
     host_optimizer,
@@ -105,10 +107,34 @@ def _stage(plan: Plan) -> int:
     return ZERO_STAGES[plan.strategy]
 
 
-def _flat_elems(model: ModelSpec, n: int) -> int:
-    """Stages 1/2: elements of the flat 16-bit buffer, padded to 2 x N."""
-    align = NCCL_START_ALIGNMENT * n
-    return -(-model.num_params // align) * align
+def _flat_groups(model: ModelSpec, plan: Plan) -> tuple[tuple[int, int], ...]:
+    """Stages 1/2: each parameter group's flat 16-bit buffer, (elements padded to 2 x its
+    ranks, the ranks it is partitioned over): the model over dp_shard; under expert
+    parallelism (DeepSpeed-MoE) the rank's routed experts are a group of their own,
+    partitioned over the expert-data-parallel ranks, dp_shard / ep
+    (_configure_moe_settings: partition_count of an MoE group)."""
+    n = plan.dp_shard
+    experts = _expert_elems(model) if plan.ep > 1 else 0
+    groups = [(model.num_params - experts, n)]
+    if experts:
+        groups.append((experts, n // plan.ep))
+    return tuple((-(-elems // (NCCL_START_ALIGNMENT * r)) * NCCL_START_ALIGNMENT * r, r)
+                 for elems, r in groups)
+
+
+def _flat_elems(model: ModelSpec, plan: Plan) -> int:
+    """Stages 1/2: elements of the flat 16-bit buffers (_flat_groups)."""
+    return sum(elems for elems, _ in _flat_groups(model, plan))
+
+
+def _expert_elems(model: ModelSpec) -> int:
+    """Elements of the rank's routed experts over every block (its EP share's)."""
+    return model.num_layers * sum(math.prod(s) for s in expert_shapes(model))
+
+
+def _expert_flags(model: ModelSpec, blocks: int) -> tuple[bool, ...]:
+    """Which of `blocks` blocks' tensors (module order) are routed experts."""
+    return tuple(n.startswith("moe.experts.") for n, _ in model.block_tensors()) * blocks
 
 
 def _persistent(numel: int, plan: Plan) -> bool:
@@ -124,7 +150,7 @@ def _partition_elems(model: ModelSpec, plan: Plan) -> int:
     """Elements of the rank's partition of the model: the fp32 master and moment size."""
     if _stage(plan) == 3:
         return _stage3_elems(model, plan.dp_shard, _zero(plan).param_persistence_threshold)[0]
-    return _flat_elems(model, plan.dp_shard) // plan.dp_shard
+    return sum(elems // r for elems, r in _flat_groups(model, plan))
 
 
 @lru_cache(maxsize=64)
@@ -201,7 +227,7 @@ def _accumulated_grads_elems(model: ModelSpec, plan: Plan) -> int:
     None without accumulation (a lone backward skips them)."""
     if plan.grad_accum == 1:
         return 0
-    part = _flat_elems(model, plan.dp_shard) // plan.dp_shard
+    part = _flat_elems(model, plan) // plan.dp_shard
     # A rank holds every parameter it overlaps. A parameter's first and last ranks may
     # hold others too; a rank strictly between them holds only it.
     held: dict[int, int] = {}
@@ -233,7 +259,7 @@ def state_at_rest_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
         # stage_1_and_2.py with cpu_offload: the flat 16-bit parameters stay, and one
         # device staging buffer of the largest parameter's size for its gradient
         # (temp_grad_buffer_for_gpu_offload); the rest is host state.
-        return {"params": float(_flat_elems(model, plan.dp_shard)) * a,
+        return {"params": float(_flat_elems(model, plan)) * a,
                 "comm_buffers": float(_largest_param(model)) * a}
     part = float(_partition_elems(model, plan))
     out: dict[str, float] = {}
@@ -242,7 +268,7 @@ def state_at_rest_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
         if plan.has_master_copy:
             out["master_params"] = part * _master_bytes(plan)
     if _stage(plan) < 3:
-        out["params"] = float(_flat_elems(model, plan.dp_shard)) * a
+        out["params"] = float(_flat_elems(model, plan)) * a
         return out
     _, params, persistent = _stage3_elems(model, plan.dp_shard,
                                           _zero(plan).param_persistence_threshold)
@@ -276,12 +302,15 @@ class _Stage1And2Step:
         self.part = _partition_elems(b.model, p)
         self.buckets = 0
         self.bucket_elems = 0
+        self.bucket_expert_elems = 0
+        """Of bucket_elems, routed experts' (expert parallelism): reduced over their own
+        expert-data-parallel group."""
         self.bucket_grads: list[str] = []
         """Stage 1: the gradients in the open bucket, freed when it is reduced."""
         self.last_reduce: int | None = None
         self.partition_grads = "grads_in_partition"
         self.have_partition = False
-        self.held: list[tuple[tuple[int, ...], str | None]] = []
+        self.held: list[tuple[tuple[int, ...], str | None, tuple[bool, ...]]] = []
         """Stage 1: the gradients held until the last micro-batch's reduction."""
         self.boundary = True
         """The backward being lowered is the last micro-batch's."""
@@ -295,7 +324,11 @@ class _Stage1And2Step:
             reduces = self.stage == 2 or self.boundary
             emb = b.add(name=f"embedding forward (mb {mb})", kind="forward", stream="compute",
                         microbatch=mb)
-            fwd = [block_forward(b, u, mb) for u in blocks]
+            fwd = []
+            for u in blocks:
+                fwd.append(block_forward(b, u, mb))
+                expert_parallel(b, after=fwd[-1], phase="forward", blocks=u.blocks,
+                                name=u.name, mb=mb, unit=u.index)
             head_forward(b, mb, after=(fwd[-1] if fwd else emb,))
             buckets = self.bucket_buffers(mb) if reduces else ()
             grads = self.grads(head_numels, mb, "head")
@@ -309,8 +342,8 @@ class _Stage1And2Step:
             self.ready(emb_numels, grads, op)
             if reduces:
                 if self.stage == 1:  # reduce_gradients at the end of the last backward
-                    for numels, name in self.held:
-                        self.bucket_add(numels, name, op)
+                    for numels, name, experts in self.held:
+                        self.bucket_add(numels, name, op, experts)
                 self.flush(op)
             epilogues.append(b.add(
                 name=f"backward epilogue (mb {mb})", kind="backward", stream="compute",
@@ -329,10 +362,12 @@ class _Stage1And2Step:
         grads = self.grads(u.tensors, mb, u.name)
         op = block_backward(b, u, mb, after=self.waits(), grads=grads)
         if self.stage == 1:
-            self.ready(u.tensors, grads, op)
+            self.ready(u.tensors, grads, op, _expert_flags(b.model, u.blocks))
+            expert_parallel(b, after=op, phase="backward", blocks=u.blocks, name=u.name,
+                            mb=mb, unit=u.index)
             return
         whole, done = b.ops[op], 0.0
-        for numel, produced in _backward_order(b.model, u.blocks):
+        for numel, produced, expert in _backward_order(b.model, u.blocks):
             if self.bucket_elems and self.bucket_elems + numel > _zero(b.plan).reduce_bucket_size:
                 share = produced - done
                 b.ops[op] = b.ops[op]._replace(compute_s=whole.compute_s * share,
@@ -344,8 +379,11 @@ class _Stage1And2Step:
                            flops=whole.flops * (1.0 - produced), frees=whole.frees)
                 done = produced
             self.bucket_elems += numel
+            self.bucket_expert_elems += numel if expert else 0
         if grads:  # copied into the bucket by the hooks: the gradients go
             b.ops[op] = _with_frees(b.ops[op], grads[0].name)
+        expert_parallel(b, after=op, phase="backward", blocks=u.blocks, name=u.name, mb=mb,
+                        unit=u.index)
 
     def waits(self) -> tuple[int, ...]:
         """Without overlap_comm the reduction ran on the compute stream: what follows
@@ -361,25 +399,30 @@ class _Stage1And2Step:
         return (Buffer(name=f"mb{mb}/{part}/grad", category="gathered_grads",
                        bytes=sum(numels) * self.builder.param_elem_bytes),)
 
-    def ready(self, numels: tuple[int, ...], grads: tuple[Buffer, ...], op: int) -> None:
-        """`op` produced gradients of these sizes (module order)."""
+    def ready(self, numels: tuple[int, ...], grads: tuple[Buffer, ...], op: int,
+              experts: tuple[bool, ...] = ()) -> None:
+        """`op` produced gradients of these sizes (module order; `experts` flags the
+        routed experts' among them)."""
         name = grads[0].name if grads else None
         if self.stage == 1:
             if name is not None:
-                self.held.append((numels, name))
+                self.held.append((numels, name, experts))
             return
-        self.bucket_add(numels, None, op)
+        self.bucket_add(numels, None, op, experts)
         if name is not None:  # copied into the bucket by the hook: the gradient goes
             self.builder.ops[op] = _with_frees(self.builder.ops[op], name)
 
-    def bucket_add(self, numels: tuple[int, ...], grad: str | None, op: int) -> None:
+    def bucket_add(self, numels: tuple[int, ...], grad: str | None, op: int,
+                   experts: tuple[bool, ...] = ()) -> None:
         """Gradients join the bucket in reverse module order; a bucket that would
-        overflow is reduced first."""
-        for numel in reversed(numels):
+        overflow is reduced first. `experts` flags the routed experts' (none: no flags)."""
+        flags = experts or (False,) * len(numels)
+        for numel, expert in zip(reversed(numels), reversed(flags), strict=True):
             if (self.bucket_elems
                     and self.bucket_elems + numel > _zero(self.builder.plan).reduce_bucket_size):
                 self.flush(op)
             self.bucket_elems += numel
+            self.bucket_expert_elems += numel if expert else 0
         if grad is not None:
             self.bucket_grads.append(grad)
 
@@ -426,9 +469,17 @@ class _Stage1And2Step:
                                               bytes=elements * r)))
         # dist.all_reduce without async_op (allreduce_bucket): overlap_comm overlaps it
         # through the reduction stream, so a synchronous host blocks in it either way.
-        coll = b.collective(kind="all_reduce", size_bytes=elements * r, group=b.shard,
-                            gname="shard", name=f"bucket {i} all-reduce", unit=i,
-                            microbatch=p.grad_accum - 1, after=(first,))
+        # Under expert parallelism the routed experts' slices go in a second all-reduce
+        # over their expert-data-parallel group (average_tensor's buckets by group).
+        dense, experts = elements - self.bucket_expert_elems, self.bucket_expert_elems
+        coll = first
+        for part, group, gname in ((dense, b.shard, "shard"),
+                                   (experts, b.expert_shard, "expert_shard")):
+            if part:
+                coll = b.collective(kind="all_reduce", size_bytes=part * r, group=group,
+                                    gname=gname, name=f"bucket {i} all-reduce"
+                                    + (" (experts)" if gname == "expert_shard" else ""),
+                                    unit=i, microbatch=p.grad_accum - 1, after=(coll,))
         if offload and not self.boundary:
             self.last_reduce = b.copy(kind="d2h",
                                       nbytes=math.ceil(elements / p.dp_shard) * b.param_elem_bytes,
@@ -455,7 +506,7 @@ class _Stage1And2Step:
                                      stream=stream, unit=i, microbatch=p.grad_accum - 1,
                                      after=(coll,), compute_s=b.compute(scatter),
                                      frees=(flat,))
-        self.bucket_elems = 0
+        self.bucket_elems = self.bucket_expert_elems = 0
         self.bucket_grads = []
 
     def optimizer(self, after: tuple[int, ...]) -> None:
@@ -505,10 +556,14 @@ class _Stage1And2Step:
             prev = device_optimizer(b, after=(first,), frees=(fp32_grad.name,),
                                     local_params=self.part, tensors=1, master_bytes=m,
                                     grad_bytes=m, fused=True, unscales=False)
-        b.collective(kind="all_gather",
-                     size_bytes=_flat_elems(b.model, p.dp_shard) * b.param_elem_bytes,
-                     group=b.shard, gname="shard", name="param all-gather", unit=0,
-                     microbatch=p.grad_accum - 1, after=(prev,))
+        # One all_gather_into_tensor per parameter group: the experts' over theirs.
+        for (elems, _), group, gname in zip(_flat_groups(b.model, p),
+                                            (b.shard, b.expert_shard),
+                                            ("shard", "expert_shard"), strict=False):
+            prev = b.collective(kind="all_gather", size_bytes=elems * b.param_elem_bytes,
+                                group=group, gname=gname, name=f"param all-gather ({gname})"
+                                if gname != "shard" else "param all-gather", unit=0,
+                                microbatch=p.grad_accum - 1, after=(prev,))
 
 
 def _pass(nbytes: float, kernels: float) -> Flops:
@@ -943,21 +998,23 @@ def _block_shares(model: ModelSpec, block: list[tuple[str, list[tuple[int, ...]]
 
 
 @lru_cache(maxsize=64)
-def _backward_order(model: ModelSpec, blocks: int) -> tuple[tuple[int, float], ...]:
+def _backward_order(model: ModelSpec, blocks: int) -> tuple[tuple[int, float, bool], ...]:
     """The parameter tensors of `blocks` blocks in the order their gradients appear in
     backward (submodules last to first, a submodule's tensors together), each as
     (elements, share of the blocks' backward work done once it exists: the matmul shares
-    of _block_shares, summed over its submodule and those after it)."""
+    of _block_shares, summed over its submodule and those after it, whether it is a
+    routed expert's)."""
     block = _submodules(model)[1]
     shares = _block_shares(model, block)
     out, done = [], 0.0
     for _ in range(blocks):
         for name, shapes in reversed(block):
             done += shares[name]
-            out += [(math.prod(shape), done) for shape in reversed(shapes)]
+            out += [(math.prod(shape), done, name == "moe.experts")
+                    for shape in reversed(shapes)]
     # As fractions of the whole, the last exactly 1: no sliver of work after it. Every
     # block backward of a plan asks: worked out once per model and unit size.
-    return tuple((numel, share / done) for numel, share in out)
+    return tuple((numel, share / done, expert) for numel, share, expert in out)
 
 
 def _lower(b: Builder, root: Unit, blocks: list[Unit]) -> None:
