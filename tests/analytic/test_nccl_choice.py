@@ -120,6 +120,29 @@ def test_nvls_needs_nvlink_sharp() -> None:
     assert all(a.algorithm != "nvls" for a in candidates("all_reduce", 1e9, across, h100))
 
 
+def test_nvls_all_gather_by_hand() -> None:
+    """NCCL's NVLS all_gather/reduce_scatter in one NVLink domain: algorithm bandwidth
+    X (r-1)/r with X half the NVLS all-reduce bus bandwidth (830 GB/s on gb200-nvl72), 25
+    us in all. Over the 72-GPU domain a 64 MiB all_gather takes 25 us + 64 MiB / (415 GB/s
+    x 71/72) and NVLS beats the ring's 71 steps; 1 GiB goes back to the ring (738 GB/s of
+    bus bandwidth against NVLS's 404); on 8-GPU H200 nodes the ring wins at every size."""
+    hw = resolve_hardware("gb200-nvl72")
+    rack = CommGroup(ranks=72, ranks_per_node=72)
+    (nvls,) = [a for a in candidates("all_gather", 64 * MIB, rack, hw) if a.algorithm == "nvls"]
+    assert nvls.latency_s == pytest.approx(25e-6)
+    algbw = 830e9 / 2 * 71 / 72
+    assert nvls.time_s(bus_bytes("all_gather", 64 * MIB, 72), hw) == pytest.approx(
+        25e-6 + 64 * MIB / algbw)
+    for kind in ("all_gather", "reduce_scatter"):
+        assert choose(kind, 64 * MIB, rack, hw).name == "nvls/Simple"
+        assert choose(kind, 2**30, rack, hw).algorithm == "ring"
+        for size in (MIB, 64 * MIB, 2**30):
+            assert choose(kind, size, NODE, resolve_hardware("hgx-h200")).algorithm == "ring"
+    # Across NVLink domains NCCL runs NVLS all_gather only with CollNet: not offered.
+    two_racks = CommGroup(ranks=144, ranks_per_node=72)
+    assert all(a.algorithm != "nvls" for a in candidates("all_gather", 64 * MIB, two_racks, hw))
+
+
 def test_nvls_tree_by_hand() -> None:
     """NVLSTree (dgx-h100, 2 nodes x 8): 25 us on NVLink + 2 x log2(2) x 14 us on the
     network. Bandwidth: each GPU's NIC carries its 1/8 of the buffer once (0.94 x 50 =

@@ -25,11 +25,12 @@ Choice (profile `collectives.model`):
   that file); the per-step latency of each link and protocol, the links' bandwidths and
   the NVLS bandwidth come from the hardware profile. Modelled: ring (all kinds, protocols
   LL, LL128, Simple as the profile offers them), tree (all_reduce, with NCCL's size
-  correction), NVLS (all_reduce inside one node on NVSwitch systems with NVLink SHARP),
+  correction), NVLS (all_reduce, all_gather and reduce_scatter inside one NVLink domain
+  on NVSwitch systems with NVLink SHARP; `_nvls`),
   NVLS tree (all_reduce across such nodes, several ranks on each), PAT (all_gather and
   reduce_scatter with one rank per node), pairwise all_to_all (expert parallelism's
-  dispatch and combine; `_pairwise`). Left out: CollNet/SHARP in-network reduction,
-  NVLS all_gather/reduce_scatter, the
+  dispatch and combine; `_pairwise`). Left out: CollNet/SHARP in-network reduction
+  (and so NVLS all_gather/reduce_scatter across nodes, which NCCL runs only with it), the
   ring all_reduce's latency plateau factor, per-channel bandwidth caps, the latency
   grouped calls share, the tree's own per-hop latencies (a tree hop is charged the
   ring's) and the tree network latency NCCL charges rings with one rank per node.
@@ -323,11 +324,8 @@ def candidates(kind: str, size_bytes: float, group: CommGroup, hw: HardwareProfi
         factor = RCCL_FACTORS["ring_LL"] if rccl and p == "LL" else RING_PROTOCOL_BANDWIDTH[p]
         out.append(Algorithm(algorithm=RING, protocol=p, link_loads=scaled(factor),
                              latency_s=base[(RING, p)] + ring_latency_s(kind, group, hw, p)))
-    if kind == "all_reduce" and not group.spans_nodes and hw.nvls_bus_bytes_per_s > 0:
-        out.append(Algorithm(
-            algorithm=NVLS, protocol="Simple", latency_s=NVLS_LATENCY_S,
-            link_loads=(("intra_node",
-                         hw.intra_node.achievable_bytes_per_s / hw.nvls_bus_bytes_per_s),)))
+    if not group.spans_nodes and hw.nvls_bus_bytes_per_s > 0:
+        out.append(_nvls(kind, group, hw))
     if (kind == "all_reduce" and group.spans_nodes and per_node > 1
             and hw.nvls_bus_bytes_per_s > 0):
         out.append(_nvls_tree(group, hw))
@@ -338,6 +336,23 @@ def candidates(kind: str, size_bytes: float, group: CommGroup, hw: HardwareProfi
         out.append(Algorithm(algorithm=PAT, protocol="Simple", latency_s=latency,
                              link_loads=scaled(PAT_BANDWIDTH * (n - 1) / n)))
     return out
+
+
+def _nvls(kind: str, group: CommGroup, hw: HardwareProfile) -> Algorithm:
+    """NCCL's NVLS inside one NVLink domain (tuning.cc): a per-GPU NVLS bandwidth X
+    (channels x bwIntra x nvlsEfficiency), doubled for an all_reduce, which pipelines a
+    reduce-scatter and an all-gather, so the profile's NVLS all-reduce bus bandwidth is
+    2X. An all_gather or reduce_scatter runs at an algorithm bandwidth of X (r-1)/r, which
+    NCCL does not convert to bus bandwidth as it does a ring's: per bus byte ((r-1)/r of
+    the buffer), X ((r-1)/r)^2. So at large sizes it runs at about half NVLS's all-reduce
+    rate, below an NVSwitch ring's, and wins where its one 25 us latency beats the ring's
+    r-1 steps: medium calls over many GPUs (a 72-GPU NVLink domain)."""
+    bus_per_s = hw.nvls_bus_bytes_per_s
+    if kind != "all_reduce":
+        share = (group.ranks - 1) / group.ranks
+        bus_per_s = bus_per_s / 2.0 * share * share
+    return Algorithm(algorithm=NVLS, protocol="Simple", latency_s=NVLS_LATENCY_S,
+                     link_loads=(("intra_node", hw.intra_node.achievable_bytes_per_s / bus_per_s),))
 
 
 def _nvls_tree(group: CommGroup, hw: HardwareProfile) -> Algorithm:
