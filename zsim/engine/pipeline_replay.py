@@ -9,11 +9,13 @@ Owns `run_pipeline`. Sends are asynchronous (isend/irecv batched by
 torch.distributed.pipelining): the sender does not wait, the receiver waits for the
 arrival. Sends do not share links with each other (one activation per hop at a time).
 Deterministic, pure Python, no simpy needed: every rank's order is fixed, so the replay
-is a sweep over ranks that starts each action once its dependencies have ended.
+is a worklist over ranks that starts each action once its dependencies have ended.
 """
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from zsim.errors import ConfigError
@@ -40,7 +42,7 @@ class PipelineTimeline:
         return 0.0 if step <= 0 else 1.0 - self.busy_s(rank) / step
 
 
-def run_pipeline(actions: list[list[Action]], *, forward_s: list[float],
+def run_pipeline(actions: Sequence[Sequence[Action]], *, forward_s: list[float],
                  backward_s: list[float], send_s: float) -> PipelineTimeline:
     """Replay the pipeline.
 
@@ -60,25 +62,33 @@ def run_pipeline(actions: list[list[Action]], *, forward_s: list[float],
     free = [0.0] * pp
     spans: list[list[tuple[Action, float, float]]] = [[] for _ in range(pp)]
     remaining = sum(len(a) for a in actions)
-    while remaining:
-        progressed = False
-        for r in range(pp):
-            while pos[r] < len(actions[r]):
-                a = actions[r][pos[r]]
-                ready = _ready_s(a, done, last, send_s)
-                if ready is None:
-                    break
-                start = max(free[r], ready)
-                end = start + (forward_s if a.phase == "F" else backward_s)[a.stage]
-                done[(a.stage, a.phase, a.microbatch)] = end
-                spans[r].append((a, start, end))
-                free[r] = end
-                pos[r] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            stuck = next(actions[r][pos[r]] for r in range(pp) if pos[r] < len(actions[r]))
-            raise ConfigError("plan.pp_schedule", f"{stuck}", "the pipeline order deadlocks")
+    # Ranks to try, each once at a time: a rank runs its actions until one waits on
+    # another rank's; the action that ends that wait (a forward feeds the next stage's
+    # rank, a backward the previous stage's) puts the waiting rank back.
+    todo = deque(range(pp))
+    queued = [True] * pp
+    while todo:
+        r = todo.popleft()
+        queued[r] = False
+        while pos[r] < len(actions[r]):
+            a = actions[r][pos[r]]
+            ready = _ready_s(a, done, last, send_s)
+            if ready is None:
+                break
+            start = max(free[r], ready)
+            end = start + (forward_s if a.phase == "F" else backward_s)[a.stage]
+            done[(a.stage, a.phase, a.microbatch)] = end
+            spans[r].append((a, start, end))
+            free[r] = end
+            pos[r] += 1
+            remaining -= 1
+            fed = (a.stage + (1 if a.phase == "F" else -1)) % pp
+            if not queued[fed]:
+                todo.append(fed)
+                queued[fed] = True
+    if remaining:
+        stuck = next(actions[r][pos[r]] for r in range(pp) if pos[r] < len(actions[r]))
+        raise ConfigError("plan.pp_schedule", f"{stuck}", "the pipeline order deadlocks")
     return PipelineTimeline(spans=tuple(tuple(s) for s in spans))
 
 

@@ -22,7 +22,8 @@ Read from torch/distributed/pipelining/schedules.py (torch 2.13):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from zsim.spec.plan import Plan
@@ -54,14 +55,20 @@ def rank_layers(plan: Plan, num_layers: int, rank: int) -> int:
     return num_layers // num_stages(plan) * len(rank_stages(plan, rank))
 
 
-def rank_actions(plan: Plan, rank: int) -> list[Action]:
+def rank_actions(plan: Plan, rank: int) -> tuple[Action, ...]:
     """Rank `rank`'s forwards and backwards in the order its schedule runs them; the
     micro-batches are plan.grad_accum."""
-    m, pp = plan.grad_accum, plan.pp
-    if plan.pp_schedule == "gpipe":
-        return ([Action(rank, "F", i) for i in range(m)]
-                + [Action(rank, "B", i) for i in range(m)])
-    if plan.pp_schedule == "1f1b":
+    return _actions(plan.pp_schedule, plan.grad_accum, plan.pp, plan.virtual_stages, rank)
+
+
+@functools.cache
+def _actions(schedule: str, m: int, pp: int, v: int, rank: int) -> tuple[Action, ...]:
+    """rank_actions by what decides them (a planner asks for the same orders across
+    thousands of plans)."""
+    if schedule == "gpipe":
+        return (*(Action(rank, "F", i) for i in range(m)),
+                *(Action(rank, "B", i) for i in range(m)))
+    if schedule == "1f1b":
         warmup = min(m, pp - rank)
         out = [Action(rank, "F", i) for i in range(warmup)]
         f = warmup
@@ -70,13 +77,12 @@ def rank_actions(plan: Plan, rank: int) -> list[Action]:
             if f < m:
                 out.append(Action(rank, "F", f))
                 f += 1
-        return out
-    return _interleaved(plan, rank)
+        return tuple(out)
+    return tuple(_interleaved(m, pp, v, rank))
 
 
-def _interleaved(plan: Plan, rank: int) -> list[Action]:
+def _interleaved(m: int, pp: int, v: int, rank: int) -> list[Action]:
     """ScheduleInterleaved1F1B._calculate_single_rank_operations without its no-ops."""
-    m, pp, v = plan.grad_accum, plan.pp, plan.virtual_stages
     per_round = m // max(1, m // pp)
     warmup = min((v - 1) * per_round + 2 * (pp - 1 - rank), m * v)
     total = m * v
@@ -110,7 +116,7 @@ def _interleaved(plan: Plan, rank: int) -> list[Action]:
     return out
 
 
-def peak_in_flight(actions: list[Action], weight: Callable[[int], float] | None = None
+def peak_in_flight(actions: Sequence[Action], weight: Callable[[int], float] | None = None
                    ) -> float:
     """The most micro-batches whose activations the rank holds at once: a forward saves
     them until its backward frees them, in the rank's order. With `weight`, each stage's
