@@ -1,6 +1,8 @@
 """Benchmark of zsim's 2-D and 3-D planning speed (not a timed test):
-the 405B plan search over every factorization on 16,384 GPUs (target under 10 s), and
-one interleaved pipeline with pp = 16 and 128 micro-batches simulated (target under 2 s).
+the 405B plan search over every factorization on 16,384 GPUs (target under 10 s), one
+interleaved pipeline with pp = 16 and 128 micro-batches simulated (target under 2 s), and
+the MoE search of Mixtral 8x7B on 64 GPUs, EP crossed with TP, CP and PP (no target: a
+figure to compare across changes).
 
 Run: python bench/bench_parallel.py
 """
@@ -45,6 +47,15 @@ def main() -> None:
           f"step {result.step_time_s:.2f} s, worst bubble "
           f"{max(st.bubble_fraction for st in result.pipeline_stages):.1%}, "
           f"{result.events:,} pipeline actions")
+    mixtral, h200 = resolve_model("mixtral-8x7b"), resolve_hardware("hgx-h200")
+    t0 = time.perf_counter()
+    plans = parallel_plans(mixtral, h200, gpus=64, seq_len=4096, global_batch=512)
+    ranked = choose_parallel(mixtral, h200, plans)
+    took = time.perf_counter() - t0
+    crossed = sum(p.ep > 1 and (p.tp > 1 or p.pp > 1) for p in plans)
+    print(f"mixtral-8x7b on 64 x hgx-h200, global batch 512: {len(plans):,} factorizations "
+          f"({crossed:,} with EP and TP or PP) estimated and ranked in {took:.2f} s "
+          f"({took / len(plans) * 1e3:.1f} ms each); best: {ranked[0].plan.label}")
 
 
 if __name__ == "__main__":

@@ -108,7 +108,7 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
 
     def place(row: Ranked) -> tuple[str, str]:
         tier, why = judge(row)
-        note = "" if isinstance(row, planner.Choice) else pp.expert_note(row)  # type: ignore[arg-type]
+        note = pp.expert_note(row.plan, row.result)
         return tier, f"{why}; {note}" if note else why
 
     def judge(row: Ranked) -> tuple[str, str]:

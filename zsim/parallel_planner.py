@@ -38,7 +38,7 @@ from zsim.schedule.lower import (
 )
 from zsim.schedule.pipeline_order import rank_actions
 from zsim.schedule.pipeline_work import pipeline_work
-from zsim.simulate import simulate
+from zsim.simulate import pipeline_result, with_bands
 from zsim.spec.consistency import check_plan
 from zsim.spec.error_bands import band_pct
 from zsim.spec.hardware import HardwareProfile
@@ -177,7 +177,7 @@ def _variants(model: ModelSpec, hw: HardwareProfile, *, tp: int, cp: int, pp: in
     out = []
     for strategy, shard, repl in shardings:
         eps = ([fixed_ep] if fixed_ep is not None
-               else ep_degrees(model, shard * cp) if strategy != "ddp" else [1])
+               else ep_degrees(model, shard * cp * tp) if strategy != "ddp" else [1])
         for ep in eps:
             for schedule, virtual in schedules:
                 for rc in RECOMPUTE:
@@ -199,9 +199,9 @@ def _variants(model: ModelSpec, hw: HardwareProfile, *, tp: int, cp: int, pp: in
 
 
 def ep_degrees(model: ModelSpec, ranks: int) -> list[int]:
-    """The expert-parallel degrees enumerated for an MoE model whose state is sharded
-    over `ranks` (dp_shard x cp): 1 and every power of two dividing both them and the
-    experts, up to EP_MAX; [1] for a dense model."""
+    """The expert-parallel degrees enumerated for an MoE model carved from `ranks`
+    (Plan.expert_region, dp_shard x cp x tp): 1 and every power of two dividing both
+    them and the experts, up to EP_MAX; [1] for a dense model."""
     if model.moe is None:
         return [1]
     return [ep for ep in (2 ** i for i in range(EP_MAX.bit_length()))
@@ -218,6 +218,8 @@ class Estimate:
     hbm_bytes: float
     bubble_fraction: float
     """Share of the step the slowest pipeline rank is idle (0 without PP)."""
+    result: Result | None = None
+    """With PP, the replay's Result (its simulation: zsim.simulate.pipeline_result)."""
 
     @property
     def fits(self) -> bool:
@@ -257,7 +259,9 @@ def estimate(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Estimate:
                                     if plan.accumulates_unsharded_grads else 0)
         peak = sum(memory_floor_bytes(model, plan, hw).values()) + grads
     return Estimate(plan=plan, step_time_s=step, peak_bytes=peak, hbm_bytes=hw.hbm_bytes,
-                    bubble_fraction=t.bubble_fraction(slowest) if plan.pp > 1 else 0.0)
+                    bubble_fraction=t.bubble_fraction(slowest) if plan.pp > 1 else 0.0,
+                    result=(with_bands(pipeline_result(local, hw, plan, work, t), hw, plan)
+                            if plan.pp > 1 else None))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -299,9 +303,9 @@ def choose_parallel(model: ModelSpec, hw: HardwareProfile, plans: list[Plan], *,
     by peak. Ties keep the order of `plans`."""
     estimates = [estimate(model, hw, p) for p in plans]
     # A pipeline's simulation is the replay its estimate already ran: every fitting PP
-    # plan gets its Result. Without PP the engine runs the fastest fitting estimates.
+    # plan keeps its Result. Without PP the engine runs the fastest fitting estimates.
     results: dict[int, Result] = {
-        id(e): simulate(model, hw, e.plan) for e in estimates if e.plan.pp > 1 and e.fits}
+        id(e): e.result for e in estimates if e.result is not None and e.fits}
     fitting = sorted((e for e in estimates if e.fits and e.plan.pp == 1),
                      key=lambda e: -e.tokens_per_s_per_gpu)
     # The floor is a lower bound: simulate in rounds of `top` until `top` fit (at most
@@ -359,17 +363,16 @@ def explain_parallel(choice: ParallelChoice, fastest: Ranked | None) -> str:
             + (f": {', '.join(causes)}" if causes else ""))
 
 
-def expert_note(choice: ParallelChoice) -> str:
-    """What expert parallelism costs the plan, for its reason: the all-to-all's exposed
-    time (simulated plans) and the busiest EP rank's share of routed tokens (the
+def expert_note(p: Plan, r: Result | None) -> str:
+    """What expert parallelism costs plan `p`, for its reason: the all-to-all's exposed
+    time (simulated plans that fit) and the busiest EP rank's share of routed tokens (the
     imbalance assumed, or the capacity padding); "" without EP."""
-    p, r = choice.plan, choice.result
     if p.ep == 1:
         return ""
     load = (f"buffers padded to capacity factor {p.capacity_factor:g}" if p.capacity_factor
             else f"busiest EP rank routed {p.expert_imbalance:g}x the mean tokens"
             + (" (assumed balanced: --expert-imbalance)" if p.expert_imbalance == 1 else ""))
-    if r is None:
+    if r is None or not r.step_time_s:
         return f"EP {p.ep}: {load}"
     a2a = r.exposed_by_kind_s.get("all_to_all", 0.0)
     share = a2a / r.step_time_s if r.step_time_s else 0.0

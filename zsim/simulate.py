@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from zsim.analytic.compute import step_flops
-from zsim.engine.pipeline_replay import run_pipeline
+from zsim.engine.pipeline_replay import PipelineTimeline, run_pipeline
 from zsim.engine.replay import Jitter, run
 from zsim.engine.trace import chrome_trace_events
 from zsim.errors import ConfigError
@@ -27,7 +27,7 @@ from zsim.schedule.lower import (
 )
 from zsim.schedule.ops import COPY_KINDS, Schedule
 from zsim.schedule.pipeline_order import rank_actions, rank_stages
-from zsim.schedule.pipeline_work import pipeline_work
+from zsim.schedule.pipeline_work import PipelineWork, pipeline_work
 from zsim.spec.consistency import check_plan
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
@@ -171,6 +171,13 @@ def simulate_pipeline(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Resu
     actions = [rank_actions(plan, r) for r in range(plan.pp)]
     timeline = run_pipeline(actions, forward_s=work.forward_s, backward_s=work.backward_s,
                             send_s=work.send_s)
+    return pipeline_result(local, hw, plan, work, timeline)
+
+
+def pipeline_result(local: ModelSpec, hw: HardwareProfile, plan: Plan, work: PipelineWork,
+                    timeline: PipelineTimeline) -> Result:
+    """The Result of a pipeline replay: `timeline`, the replay of `work` (the stages of
+    `plan` on the rank's model `local`), and each rank's work before and after it."""
     head = max(work.head_s)
     ends = [head + timeline.spans[r][-1][2] + work.tail_s[r] for r in range(plan.pp)]
     step = max(ends)
@@ -199,11 +206,13 @@ def simulate_pipeline(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Resu
     bubble = step - busy
     state = math.ceil(work.state_bytes[worst_mem]) + fixed
     return Result(
-        model=model.name, hardware=hw.name, plan_label=plan.label, step_time_s=step,
+        model=local.name, hardware=hw.name, plan_label=plan.label, step_time_s=step,
         compute_time_s=busy, exposed_comm_s=head, exposed_by_reason_s={
             "pipeline_bubble": max(0.0, bubble - head)},
-        exposed_by_kind_s={}, exposed_host_s=0.0, host_busy_s=0.0, waits=(),
-        comm_busy_s={}, comm_busy_total_s=None, comm_bus_bytes={"tp": work.tp_bytes_per_rank},
+        exposed_by_kind_s=({"all_to_all": work.all_to_all_s[slowest]} if plan.ep > 1 else {}),
+        exposed_host_s=0.0, host_busy_s=0.0, waits=(), comm_busy_s={}, comm_busy_total_s=None,
+        comm_bus_bytes={"tp": work.tp_bytes_per_rank}
+        | ({"ep": work.ep_bytes_per_rank} if plan.ep > 1 else {}),
         peak_memory_bytes=peaks[worst_mem], reserved_memory_bytes=None, memory_at_peak=at_peak,
         peak_time_s=None, peak_op=f"pipeline rank {worst_mem}", baseline_memory_bytes=state,
         end_memory_bytes=state, hbm_bytes=hw.hbm_bytes, phase_time_s={}, phase_peak_bytes={},
@@ -211,7 +220,7 @@ def simulate_pipeline(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Resu
         tokens_per_s=tokens_per_gpu * plan.world_size / step,
         tokens_per_s_per_gpu=tokens_per_gpu / step, tflops_per_gpu=tflops,
         mfu=tflops * 1e12 / peak, hfu=hw_flops / plan.pp / step / peak,
-        world_size=plan.world_size, events=sum(len(a) for a in actions), num_ops=0,
+        world_size=plan.world_size, events=sum(len(sp) for sp in timeline.spans), num_ops=0,
         pipeline_stages=stages,
         notes=("pipeline replayed per rank (zsim.engine.pipeline_replay); data-parallel "
                "collectives other than FSDP2's first all-gather and last reduce-scatter "

@@ -20,7 +20,7 @@ LABEL_KEYS = {"plan", "layout", "strategy", "impl", "recompute", "evaluated", "t
               "step_time_band_pct", "step_time_band_extrapolated", "step_time_band_source"}
 """Text columns (no unit; the error band as text, e.g. "-5%..+13%", in percent, why it is
 widened and where it comes from)."""
-DIMENSIONLESS_KEYS = {"dp_shard", "dp_replicate", "micro_batch", "grad_accum", "fits", "mfu",
+DIMENSIONLESS_KEYS = {"dp_shard", "dp_replicate", "ep", "micro_batch", "grad_accum", "fits", "mfu",
                       "yours"}
 """Counts, a flag and a fraction: no unit to name."""
 UNITS = ("gib", "gb", "bytes", "s", "flops", "model_sizes")

@@ -205,3 +205,102 @@ def test_the_closed_form_counts_what_the_schedule_sends(strategy: str,
     assert closed["all_to_all"] == lowered["all_to_all"]
     for kind in ("all_gather", "reduce_scatter", "all_reduce"):
         assert closed[kind] == pytest.approx(lowered.get(kind, 0.0), rel=1e-3), kind
+
+
+# ------------------------------------------------------------ EP with pipeline stages
+def test_ep_inside_pipeline_stages_by_hand() -> None:
+    """EP with PP (DeepSeek-V3's layout): each stage's experts split over the EP group
+    carved from its data-parallel ranks. 16 GPUs, pp 2 (2 blocks a stage), dp_shard 8,
+    ep 8, 4 micro-batches: a rank sends 2 blocks x 4 micro-batches x 4 all-to-alls of
+    tokens x top_k x d in bf16, 7/8 of each to its peers, and they block its stages for
+    as many calls alone; its state is the same as without EP and its gathered stage
+    (FSDP2 keeps it gathered across micro-batches under PP) lacks 7 of each block's 8
+    experts."""
+    def pp_plan(ep: int) -> Plan:
+        return Plan.for_strategy("fsdp", gpus=16, seq_len=SEQ, pp=2, grad_accum=4, ep=ep)
+
+    plain, ep = simulate(MOE, HW, pp_plan(1)), simulate(MOE, HW, pp_plan(8))
+    calls = 2 * 4 * 4
+    size = SEQ * TOP_K * D * 2
+    assert ep.comm_bus_bytes["ep"] == calls * size * 7 / 8
+    assert "ep" not in plain.comm_bus_bytes
+    a2a = collective_time_s("all_to_all", size, place(pp_plan(8), HW).group("ep"), HW, "bf16")
+    assert ep.exposed_by_kind_s["all_to_all"] == pytest.approx(calls * a2a)
+    assert ep.baseline_memory_bytes == plain.baseline_memory_bytes
+    gathered = {r.plan_label: r.memory_at_peak["gathered_params"] for r in (plain, ep)}
+    assert gathered[plain.plan_label] - gathered[ep.plan_label] == pytest.approx(
+        2 * (EXPERTS - EXPERTS // 8) * EXPERT * 2)
+    assert ep.step_time_s > plain.step_time_s  # the all-to-alls block; no gathers to save
+
+
+def test_the_planner_searches_ep_with_pipeline_stages() -> None:
+    """The 2-D/3-D search enumerates EP degrees inside pipeline stages, and every such
+    plan's replay names its all-to-all time."""
+    from zsim.parallel_planner import choose_parallel, parallel_plans
+
+    plans = parallel_plans(MOE, HW, gpus=16, seq_len=SEQ, global_batch=64)
+    both = [p for p in plans if p.pp > 1 and p.ep > 1]
+    assert {p.ep for p in both} == {2, 4, 8}
+    choices = choose_parallel(MOE, HW, [p for p in both if p.pp_schedule == "1f1b"])
+    assert all(c.result is not None and c.result.exposed_by_kind_s["all_to_all"] > 0
+               for c in choices if c.fits)
+
+
+# ------------------------------------------------------------ EP with tensor parallelism
+def _tp_plan(ep: int, **knobs: object) -> Plan:
+    return Plan.for_strategy("fsdp", gpus=16, seq_len=SEQ, tp=2, sp=True, ep=ep, **knobs)
+
+
+def test_ep_with_tp_routes_each_tp_ranks_sequence_shard() -> None:
+    """EP with TP and SP as torchtitan's moe_sharding runs it: EP carved from dp_shard x
+    tp (16 ranks: ep 8 innermost, the experts' state over the 2 ranks 8 apart that hold
+    the same expert); experts whole, not TP-sharded; the MoE's input left
+    sequence-sharded, so each TP rank routes its half of the tokens and, with no shared
+    experts, the MLP has no TP collectives. By hand: all-to-alls of SEQ/2 x top_k x d in
+    bf16, four a block; TP calls only the attention's all-gather and reduce-scatter."""
+    placement = place(_tp_plan(8), HW)
+    ep, experts = placement.group("ep"), placement.group("expert_shard")
+    assert (ep.ranks, ep.spans_nodes) == (8, False)
+    assert (experts.ranks, experts.ranks_per_node) == (2, 1)
+    with_ep, tp_only = lower(MOE, HW, _tp_plan(8)), lower(MOE, HW, _tp_plan(1))
+    a2a = [o for o in with_ep.ops if o.kind == "all_to_all"]
+    assert len(a2a) == 4 * LAYERS
+    assert {o.size_bytes for o in a2a} == {SEQ // 2 * TOP_K * D * 2}
+
+    def tp_calls(s: object, phase: str) -> int:
+        return sum(o.group == "tp" and o.unit == 0 and f" {phase} " in o.name
+                   for o in s.ops)  # type: ignore[attr-defined]
+
+    assert (tp_calls(with_ep, "forward"), tp_calls(tp_only, "forward")) == (2, 4)
+    # One whole expert gathered per block (over its 2 ranks), against all 8 experts'
+    # TP halves without EP.
+    gathered = {o.size_bytes for o in with_ep.ops
+                if o.kind == "all_gather" and o.group == "expert_shard"}
+    assert gathered == {EXPERT * 2}
+    # The same state: each rank holds 1/16 of the experts either way.
+    assert ({b.name: b.bytes for b in with_ep.baseline}
+            == {b.name: b.bytes for b in tp_only.baseline})
+
+
+def test_ep_with_tp_keeps_the_routed_work_and_shrinks_what_it_saves() -> None:
+    """Half the tokens at the whole width is the same routed work as all of them at half
+    the width; the routing tensors saved for backward are of the rank's half."""
+    from zsim.analytic.activations import block_saved_tensors
+    from zsim.analytic.compute import routed_expert_flops
+    from zsim.schedule.lower import rank_model
+
+    shard_ep, shard_tp = rank_model(MOE, _tp_plan(8)), rank_model(MOE, _tp_plan(1))
+    work = {name: routed_expert_flops(m, micro_batch=1, seq_len=SEQ, phase="forward").matmul
+            for name, m in (("ep", shard_ep), ("tp", shard_tp))}
+    assert work["ep"] == work["tp"] == 2 * SEQ // 2 * TOP_K * EXPERT
+    saved = {t.name: t.bytes for t in block_saved_tensors(shard_ep, micro_batch=1,
+                                                          seq_len=SEQ, recompute="none")}
+    assert saved["moe.routed_input"] == SEQ // 2 * TOP_K * D * 2
+    assert saved["moe.router.gate.input"] == SEQ // 2 * D * 2
+
+
+def test_ep_with_tp_needs_sequence_parallelism() -> None:
+    plan = Plan.for_strategy("fsdp", gpus=16, seq_len=SEQ, tp=2, ep=8)
+    with pytest.raises(ConfigError) as e:
+        check_plan(MOE, HW, plan, gpus=16)
+    assert e.value.field == "plan.sp"

@@ -132,8 +132,14 @@ def _block_all(model: ModelSpec, b: int, s: int, a: int, autocast: bool) -> list
             SavedTensor(name="attention.wo.input", bytes=bs * q * a),
         ]
     norm("ffn_norm")
-    matmul_inputs("feed_forward.w1", ("feed_forward.w1", "feed_forward.w3")
-                  if model.mlp == "swiglu" else ("feed_forward.w1",))
+    if model.moe is not None and model.moe.token_shard > 1 and not model.moe.shared_ffn_hidden:
+        # EP with TP and SP, no shared experts: the MoE's input stays sequence-sharded
+        # (no all-gather), and the router saves the rank's shard of it.
+        out.append(SavedTensor(name="moe.router.gate.input",
+                               bytes=bs // model.moe.token_shard * d * a))
+    else:
+        matmul_inputs("feed_forward.w1", ("feed_forward.w1", "feed_forward.w3")
+                      if model.mlp == "swiglu" else ("feed_forward.w1",))
     if model.moe is not None:
         out += _moe_routing_saved(model, bs, a)
     out.append(SavedTensor(name="feed_forward.w1.output", bytes=bs * f * a))
@@ -150,9 +156,11 @@ def _moe_routing_saved(model: ModelSpec, bs: int, a: int) -> list[SavedTensor]:
     """What an MoE layer saves beyond an MLP of its width (torchtitan's MoE): the router's
     fp32 scores over every expert, the token copies permuted to their top_k experts (the
     grouped GEMMs' input) and the experts' outputs before the weighted combine (its
-    backward needs them for the scores' gradient)."""
+    backward needs them for the scores' gradient). Of the rank's 1/token_shard of the
+    tokens under EP with TP."""
     assert model.moe is not None
     k = model.moe.top_k
+    bs = bs // model.moe.token_shard
     return [SavedTensor(name="moe.router.scores", bytes=bs * model.moe.experts * FP32_BYTES),
             SavedTensor(name="moe.routed_input", bytes=bs * k * model.d_model * a),
             SavedTensor(name="moe.experts.output", bytes=bs * k * model.d_model * a)]

@@ -167,7 +167,8 @@ def step_comm(model: ModelSpec, plan: Plan, hw: HardwareProfile) -> StepComm:
         if experts:
             add("reduce_scatter", experts * r, expert_group, plan.reduce_dtype,
                 times=reductions)
-        shard_elems = n_params / plan.dp_shard_cp + experts / (plan.dp_shard_cp // plan.ep)
+        shard_elems = (n_params / plan.dp_shard_cp
+                       + (experts / plan.expert_shard_ranks if experts else 0.0))
         add("all_reduce", shard_elems * r, repl, plan.reduce_dtype, times=reductions)
     return StepComm(size_bytes=sizes, bus_bytes=bus, time_s=time)
 
@@ -190,7 +191,8 @@ def _expert_parallel_comm(model: ModelSpec, plan: Plan, hw: HardwareProfile, exp
     assert model.moe is not None
     a, r = dtype_bytes(plan.param_dtype), dtype_bytes(plan.reduce_dtype)
     calls = 4 + (2 if plan.recompute == "full" else 0)
-    size = (plan.micro_batch * plan.seq_len * model.moe.top_k * model.d_model * a
+    # Each TP rank routes its sequence shard (zsim.schedule.build.ep_bytes).
+    size = (plan.micro_batch * plan.seq_len // plan.tp * model.moe.top_k * model.d_model * a
             * plan.routed_load)
     add("all_to_all", size, place(plan, hw).group("ep"), plan.param_dtype,
         times=calls * model.num_layers * plan.grad_accum)

@@ -184,9 +184,11 @@ def _block_forward_kernels(model: ModelSpec, *, micro_batch: int, seq_len: int,
     if model.moe is not None:
         # Token copies gathered into expert order, then the experts' outputs scattered
         # back and summed with their scores (torchtitan's MoE permute and combine).
-        routed = t * model.moe.top_k * d * a
+        # Of the rank's 1/token_shard of the tokens under EP with TP.
+        mine = t // model.moe.token_shard
+        routed = mine * model.moe.top_k * d * a
         out += [Kernel(name="moe.permute", read_bytes=routed, write_bytes=routed),
-                Kernel(name="moe.combine", read_bytes=routed, write_bytes=t * d * a)]
+                Kernel(name="moe.combine", read_bytes=routed, write_bytes=mine * d * a)]
     out.append(Kernel(name="feed_forward.gelu" if model.mlp == "gelu" else "feed_forward.silu",
                       read_bytes=t * f * a, write_bytes=t * f * a))
     if model.mlp == "swiglu":

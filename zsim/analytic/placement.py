@@ -14,9 +14,10 @@ world that is not a whole number of nodes (12 ranks on 8-GPU nodes) leaves its l
 partly filled (8 + 4): the outermost axis's groups, which reach it, hold fewer members
 there (CommGroup.last_node_ranks), and partial_node_warning says so. A flattened group
 (FLATTENED: FSDP's dp_shard_cp) spans every rank of its axes, placed as one axis of their
-degrees' product at the innermost one's stride. Expert parallelism splits dp_shard_cp:
-its "ep" group is the innermost Plan.ep of those ranks, its "expert_shard" group (the
-ranks that hold the same experts and shard their state) the rest, ep apart. Pure
+degrees' product at the innermost one's stride. Expert parallelism splits dp_shard x cp
+x tp (Plan.expert_region): its "ep" group is the innermost Plan.ep of those ranks, its
+"expert_shard" group (the ranks that hold the same experts and shard their state) the
+rest, ep apart. Pure
 arithmetic; imports only zsim.analytic.collectives and zsim.spec. Mesh axes, not tensor
 dims: see "axis vs dim" in zsim/__init__.py.
 """
@@ -85,12 +86,11 @@ def place(plan: Plan, hw: HardwareProfile) -> Placement:
         stride *= ranks
     for name, axes in FLATTENED.items():
         groups[name] = group(strides[axes[0]], math.prod(groups[a].ranks for a in axes))
-    # Expert parallelism: the innermost ep ranks of dp_shard_cp, and the ranks holding
-    # the same experts, ep apart within it (torchtitan's ep and dp_shard_mod_ep).
-    inner = strides["cp"]
-    groups["ep"] = group(inner, plan.ep)
-    groups["expert_shard"] = group(inner * plan.ep, plan.dp_shard_cp // plan.ep)
-    strides |= {"ep": inner, "expert_shard": inner * plan.ep}
+    # Expert parallelism: the innermost ep ranks of dp_shard x cp x tp, and the ranks
+    # holding the same experts, ep apart within them (torchtitan's ep and efsdp).
+    groups["ep"] = group(1, plan.ep)
+    groups["expert_shard"] = group(plan.ep, plan.expert_region // plan.ep)
+    strides |= {"ep": 1, "expert_shard": plan.ep}
     return Placement(groups=groups, strides=strides)
 
 

@@ -75,7 +75,7 @@ class Unit:
     """Elements of one rank's shard of the unit, padded as the program pads it."""
     expert_shard: int = 0
     """Of `shard`, the elements of the rank's routed experts under expert parallelism,
-    sharded over the expert_shard group (dp_shard x cp / ep ranks) where the rest is
+    sharded over the expert_shard group (Plan.expert_shard_ranks) where the rest is
     sharded over dp_shard x cp; 0 without EP."""
 
     @property
@@ -85,9 +85,9 @@ class Unit:
 
     def gathered_elems(self, plan: Plan) -> int:
         """Elements of the unit's gathered parameters: dp_shard x cp padded shards (the
-        routed experts' dp_shard x cp / ep of theirs under expert parallelism)."""
+        routed experts' Plan.expert_shard_ranks of theirs under expert parallelism)."""
         return ((self.shard - self.expert_shard) * plan.dp_shard_cp
-                + self.expert_shard * (plan.dp_shard_cp // plan.ep))
+                + self.expert_shard * plan.expert_shard_ranks)
 
     def dense_gathered_elems(self, plan: Plan) -> int:
         """Of gathered_elems, those gathered over dp_shard x cp (all without EP)."""
@@ -107,7 +107,8 @@ def units(model: ModelSpec, plan: Plan, shard_elems: ShardElems) -> tuple[Unit, 
                           f"must be <= num_layers={model.num_layers}")
     n = plan.dp_shard_cp
     block = tuple(s for _, s in model.block_tensors())
-    block_shard, expert_shard = block_shard_elems(model, n, plan.ep, shard_elems)
+    block_shard, expert_shard = block_shard_elems(model, n, plan.expert_shard_ranks,
+                                                  shard_elems)
     root_shapes = tuple(s for _, s in model.root_tensors())
     root = Unit(name="root", index=None, params=model.root_params, blocks=0,
                 shapes=root_shapes, shard=shard_elems(root_shapes, n))
@@ -125,17 +126,18 @@ def expert_shapes(model: ModelSpec) -> tuple[tuple[int, ...], ...]:
     return tuple(s for name, s in model.block_tensors() if name.startswith("moe.experts."))
 
 
-def block_shard_elems(model: ModelSpec, n: int, ep: int, shard_elems: ShardElems
+def block_shard_elems(model: ModelSpec, n: int, expert_ranks: int, shard_elems: ShardElems
                       ) -> tuple[int, int]:
     """Elements of one rank's shard of one block on `n` ranks, and of those its routed
-    experts' under expert parallelism of degree `ep`: the rank's experts/ep of them
-    sharded over the n / ep ranks that hold the same ones (torchtitan's
-    dp_shard_mod_ep), the rest over all n; (whole shard, 0) without EP."""
+    experts' under expert parallelism: the rank's share of them (`model` is its share,
+    ModelSpec.ep_share) sharded over the `expert_ranks` ranks that hold the same ones
+    (Plan.expert_shard_ranks, torchtitan's efsdp), the rest over all n; (whole shard, 0)
+    without EP (`expert_ranks` 0)."""
     whole = shard_elems([s for _, s in model.block_tensors()], n)
-    if ep == 1:
+    if not expert_ranks:
         return whole, 0
     experts = expert_shapes(model)
-    expert = shard_elems(experts, n // ep)
+    expert = shard_elems(experts, expert_ranks)
     return whole - shard_elems(experts, n) + expert, expert
 
 
@@ -388,6 +390,16 @@ TP_EMBEDDING_EXIT = TpBoundary(calls=TP_EXIT.calls, stream=True)
 under autocast, which leaves embeddings alone), the residual stream's start."""
 
 
+def tp_regions(model: ModelSpec) -> int:
+    """TP regions per block, each entered and left through TpBoundary collectives: the
+    attention and the MLP. Under expert parallelism with TP (MoeSpec.token_shard) an MoE
+    without shared experts has no MLP region: its input stays sequence-sharded, the
+    router and the routed experts work on the rank's shard and its output is that shard
+    (torchtitan's moe_sharding); with shared experts their TP MLP is one."""
+    moe = model.moe
+    return 1 if moe is not None and moe.token_shard > 1 and not moe.shared_ffn_hidden else 2
+
+
 def tensor_parallel(b: Builder, *, after: int, phase: str, regions: int, name: str,
                     mb: int, unit: int | None = None,
                     boundaries: tuple[TpBoundary, ...] = (TP_ENTER, TP_EXIT)) -> None:
@@ -504,12 +516,12 @@ def expert_parallel(b: Builder, *, after: int, phase: str, blocks: int, name: st
 
 def ep_bytes(b: Builder) -> float:
     """What one rank sends in each of expert parallelism's all-to-alls: its micro-batch's
-    tokens x top_k x d_model in the compute dtype, times Plan.routed_load (the busiest
-    rank's share)."""
+    tokens (its sequence shard under TP, MoeSpec.token_shard) x top_k x d_model in the
+    compute dtype, times Plan.routed_load (the busiest rank's share)."""
     p, m = b.plan, b.model
     assert m.moe is not None
-    return (p.micro_batch * p.seq_len * m.moe.top_k * m.d_model * b.param_elem_bytes
-            * p.routed_load)
+    return (p.micro_batch * p.seq_len // m.moe.token_shard * m.moe.top_k * m.d_model
+            * b.param_elem_bytes * p.routed_load)
 
 
 def ep_calls(plan: Plan, phase: str) -> tuple[str, ...]:

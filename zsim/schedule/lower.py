@@ -168,7 +168,8 @@ def rank_model(model: ModelSpec, plan: Plan) -> ModelSpec:
     (ModelSpec.tp_shard), its expert-parallel share of the experts (ModelSpec.ep_share),
     computing its context-parallel share (ModelSpec.cp_share); the model itself without
     TP, EP and CP."""
-    return model.tp_shard(plan.tp, sequence_parallel=plan.sp).ep_share(plan.ep).cp_share(
+    return model.tp_shard(plan.tp, sequence_parallel=plan.sp,
+                          expert_parallel=plan.ep > 1).ep_share(plan.ep).cp_share(
         plan.cp)
 
 

@@ -21,6 +21,9 @@ pipeline_parallel.py, parallelize.py):
   reduce-scatter (after the last backward), then the optimizer step, are on the rank's
   critical path here; the other units' collectives are taken as hidden behind the
   pipeline's compute (not replayed on shared links).
+- Expert parallelism inside a stage: the experts' own gathers and reductions over
+  expert_shard, and the blocking all-to-alls per MoE block (zsim.schedule.build
+  expert_parallel) added to the stage's forward and backward, each alone on the EP group.
 - Activations: each forward keeps its micro-batch's saved tensors until the backward
   (zsim.schedule.pipeline_order.peak_in_flight weighs each stage's micro-batch by them); a
   backward's working set on top.
@@ -65,6 +68,7 @@ from zsim.schedule.build import (
     logits_bytes,
     tp_bytes,
     tp_dtype,
+    tp_regions,
 )
 from zsim.schedule.lower import program
 from zsim.schedule.pipeline_order import (
@@ -105,6 +109,10 @@ class PipelineWork:
     """Per rank, the most micro-batches (in stages' worth of its layers) it holds."""
     tp_bytes_per_rank: float
     """TP collective bytes (bus) one rank moves per step."""
+    all_to_all_s: list[float]
+    """Per rank, the time its expert-parallel all-to-alls block its stages in a step."""
+    ep_bytes_per_rank: float
+    """Expert parallelism's all-to-all bytes (bus) the first rank moves per step."""
     gather_s: float
     """One all-gather of all of a rank's units over the shard group, each running alone
     (what FSDP2 re-gathers per micro-batch without PP, per pass)."""
@@ -138,15 +146,19 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
     if p.impl == "fsdp2":  # the device waits for a host slower than the block's kernels
         block_f = max(block_f, fsdp2.block_host_s(hw, p, "forward"))
         block_b = max(block_b, fsdp2.block_host_s(hw, p, "backward"))
-    tp_f = _tp_time_s(b, "forward", both, 2)
-    tp_b = _tp_time_s(b, "backward", both, 2) + (tp_f if p.recompute == "full" else 0.0)
+    regions = tp_regions(model)
+    tp_f = _tp_time_s(b, "forward", both, regions)
+    tp_b = _tp_time_s(b, "backward", both, regions) + (tp_f if p.recompute == "full" else 0.0)
     if p.async_tp:  # overlapped with the block's kernels: only the excess shows
         tp_f, tp_b = max(0.0, tp_f - block_f), max(0.0, tp_b - block_b)
     # Expert parallelism's blocking all-to-alls (zsim.schedule.build.expert_parallel).
+    a2a_calls = a2a_s = a2a_bus = 0.0
     if p.ep > 1 and model.moe is not None:
-        a2a = collective_time_s("all_to_all", ep_bytes(b), b.ep, hw, p.param_dtype)
-        tp_f += len(ep_calls(p, "forward")) * a2a
-        tp_b += len(ep_calls(p, "backward")) * a2a
+        a2a_calls = len(ep_calls(p, "forward")) + len(ep_calls(p, "backward"))
+        a2a_s = collective_time_s("all_to_all", ep_bytes(b), b.ep, hw, p.param_dtype)
+        a2a_bus = bus_bytes("all_to_all", ep_bytes(b), p.ep)
+        tp_f += len(ep_calls(p, "forward")) * a2a_s
+        tp_b += len(ep_calls(p, "backward")) * a2a_s
     kw = dict(micro_batch=p.micro_batch, seq_len=p.seq_len, act_bytes=b.param_elem_bytes)
     head_f = b.compute(head_forward_flops(model, **kw))
     head_b = sum(b.compute(part) for part in head_backward_flops(model, **kw))
@@ -175,12 +187,13 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
     # planner's one-stage pipeline, and may have CP).
     shard, repl = placement.group("dp_shard_cp"), placement.group("dp_replicate")
     block_shapes = [s for _, s in model.block_tensors()]
-    block_shard, expert_shard = block_shard_elems(model, p.dp_shard_cp, p.ep, shard_elems)
+    block_shard, expert_shard = block_shard_elems(model, p.dp_shard_cp, p.expert_shard_ranks,
+                                                  shard_elems)
     unit_shard = p.unit_size * block_shard
     # Under expert parallelism the routed experts are gathered and reduced over their
-    # own group (expert_shard: dp_shard x cp / ep ranks), after the dense part.
+    # own group (expert_shard: Plan.expert_shard_ranks), after the dense part.
     block_gathered = ((block_shard - expert_shard) * p.dp_shard_cp
-                      + expert_shard * (p.dp_shard_cp // p.ep))
+                      + expert_shard * p.expert_shard_ranks)
     dense_gathered = p.unit_size * (block_shard - expert_shard) * p.dp_shard_cp
     expert_gathered = p.unit_size * block_gathered - dense_gathered
     experts = placement.group("expert_shard")
@@ -194,7 +207,7 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
                + collective_time_s("reduce_scatter", expert_gathered * r, experts, hw,
                                    p.reduce_dtype)
                + collective_time_s("all_reduce", unit_shard * r, repl, hw, p.reduce_dtype))
-    head_s, tail_s, memory, in_flight, state = [], [], [], [], []
+    head_s, tail_s, memory, in_flight, state, all_to_all = [], [], [], [], [], []
     tp_bus = 0.0
     for rank in range(p.pp):
         stages = rank_stages(p, rank)
@@ -204,6 +217,7 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
                  or (n_stages - 1 in stages and "embeddings" not in t[0])]
         shapes += [s for _, s in roots]
         here = rank_layers(p, model.num_layers, rank)
+        all_to_all.append(here * p.grad_accum * a2a_calls * a2a_s)
         local = shard_elems([s for _, s in roots], p.dp_shard_cp) + here * block_shard
         params = sum(math.prod(s) for s in shapes)
         # Foreach AdamW over the rank's shard (zsim.analytic.compute.optimizer_flops).
@@ -243,12 +257,15 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
                               + (acts.loss_working if n_stages - 1 in stages else 0))
         memory.append(mem)
     if p.tp > 1:
-        calls = 2 * rank_layers(p, model.num_layers, 0) * p.grad_accum
+        calls = regions * rank_layers(p, model.num_layers, 0) * p.grad_accum
         tp_bus = calls * sum(bus_bytes(k, tp_bytes(b, bd), p.tp)
                              for phase in ("forward", "backward") for bd in both
                              for k in bd.calls[(p.sp, phase)])
     units = max(1, rank_layers(p, model.num_layers, 0) // p.unit_size)
     return PipelineWork(forward_s=forward, backward_s=backward, send_s=send_s, head_s=head_s,
                         tail_s=tail_s, memory_bytes=memory, state_bytes=state,
-                        in_flight=in_flight,
-                        tp_bytes_per_rank=tp_bus, gather_s=units * first_ag)
+                        in_flight=in_flight, tp_bytes_per_rank=tp_bus,
+                        all_to_all_s=all_to_all,
+                        ep_bytes_per_rank=(rank_layers(p, model.num_layers, 0) * p.grad_accum
+                                           * a2a_calls * a2a_bus),
+                        gather_s=units * first_ag)

@@ -86,9 +86,10 @@ def _check_model_split(model: ModelSpec, plan: Plan) -> None:
     if model.moe is not None and model.moe.experts % plan.ep:
         raise ConfigError("plan.ep", plan.ep,
                           f"must divide the model's {model.moe.experts} experts")
-    if plan.ep > 1 and (plan.pp > 1 or plan.tp > 1):
-        raise ConfigError("plan.ep", plan.ep, "expert parallelism with a pipeline or with "
-                          "tensor parallelism is not modelled yet")
+    if plan.ep > 1 and plan.tp > 1 and not plan.sp:
+        raise ConfigError("plan.sp", plan.sp, "expert parallelism with tensor parallelism "
+                          "is modelled with sequence parallelism (torchtitan routes each TP "
+                          "rank's sequence shard): set sp")
     if model.num_heads % plan.tp:
         raise ConfigError("plan.tp", plan.tp,
                           f"must divide model.num_heads={model.num_heads}")

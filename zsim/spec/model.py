@@ -214,20 +214,25 @@ class ModelSpec:
         sequence it is given is its 1/cp share, attending to the whole (`cp` 1: itself)."""
         return self if cp == 1 else replace(self, context_parallel=cp)
 
-    def tp_shard(self, tp: int, *, sequence_parallel: bool = False) -> ModelSpec:
+    def tp_shard(self, tp: int, *, sequence_parallel: bool = False,
+                 expert_parallel: bool = False) -> ModelSpec:
         """One rank's shard of the model under tensor parallelism of degree `tp`, as
         torchtitan's Llama plan divides it (parallelize_module with ColwiseParallel on
         wq, wk, wv, w1, w3 and the output, RowwiseParallel on wo, w2 and the token
         embedding; norms replicated; Megatron-LM divides a block alike): heads and kv
         heads, the MLP's inner size and the vocabulary divided by tp (the last two
         rounded up: DTensor shards unevenly); d_model and the norms whole; the loss over
-        the whole vocabulary (loss_vocab_size: the logits are replicated). `tp` 1 is the
-        model itself."""
+        the whole vocabulary (loss_vocab_size: the logits are replicated). An MoE's
+        shared experts are divided alike; its routed experts too without EP, while with
+        `expert_parallel` (torchtitan's moe_sharding: experts Shard(0) over the EP group,
+        the MoE's input left sequence-sharded) they stay whole and route the rank's
+        1/tp of the tokens (MoeSpec.token_shard). `tp` 1 is the model itself."""
         if tp == 1:
             return self
-        moe = self.moe and replace(self.moe,
-                                   expert_ffn_hidden=-(-self.moe.expert_ffn_hidden // tp),
-                                   shared_ffn_hidden=-(-self.moe.shared_ffn_hidden // tp))
+        moe = self.moe and replace(
+            self.moe, shared_ffn_hidden=-(-self.moe.shared_ffn_hidden // tp),
+            **({"token_shard": tp} if expert_parallel
+               else {"expert_ffn_hidden": -(-self.moe.expert_ffn_hidden // tp)}))
         return replace(self, moe=moe, num_heads=self.num_heads // tp,
                        num_kv_heads=self.num_kv_heads // tp,
                        ffn_hidden=-(-self.ffn_hidden // tp), vocab_size=-(-self.vocab_size // tp),
@@ -258,7 +263,7 @@ class ModelSpec:
         block its top_k routed experts' and the shared experts' widths."""
         if self.moe is None:
             return self.ffn_hidden
-        return self.moe.top_k * self.moe.expert_ffn_hidden + self.moe.shared_ffn_hidden
+        return self.moe.routed_width + self.moe.shared_ffn_hidden
 
     @property
     def moe_layers(self) -> int:
@@ -385,8 +390,11 @@ class ModelSpec:
                    ("attention.wo", q, d)]
         if self.moe is not None:
             moe = self.moe
-            routed = moe.top_k * moe.expert_ffn_hidden
-            mms += [("moe.router.gate", d, moe.experts), ("moe.experts.w1", d, routed),
+            # The router and routed experts on 1/token_shard of the tokens: charged as
+            # that share of their width (MoeSpec.routed_width; equal FLOPs).
+            routed = moe.routed_width
+            mms += [("moe.router.gate", d, -(-moe.experts // moe.token_shard)),
+                    ("moe.experts.w1", d, routed),
                     ("moe.experts.w3", d, routed), ("moe.experts.w2", routed, d)]
             if moe.shared_ffn_hidden:
                 fs = moe.shared_ffn_hidden

@@ -58,9 +58,13 @@ class MoeSpec:
     ep: int = 1
     """Expert-parallel degree this spec is one rank's share of (ModelSpec.ep_share): the
     rank holds experts / ep of them; 1 means all."""
+    token_shard: int = 1
+    """The routed path of this rank's share runs on 1/token_shard of the block's tokens:
+    under expert parallelism with tensor and sequence parallelism each TP rank routes
+    its own sequence shard, its experts whole (ModelSpec.tp_shard); 1 otherwise."""
 
     def __post_init__(self) -> None:
-        for f in ("experts", "top_k", "expert_ffn_hidden", "ep"):
+        for f in ("experts", "top_k", "expert_ffn_hidden", "ep", "token_shard"):
             _positive(f"model.moe.{f}", getattr(self, f))
         for f in ("shared_ffn_hidden", "dense_layers"):
             _positive(f"model.moe.{f}", getattr(self, f), zero=True)
@@ -78,6 +82,13 @@ class MoeSpec:
     def local_experts(self) -> int:
         """Routed experts one EP rank holds."""
         return self.experts // self.ep
+
+    @property
+    def routed_width(self) -> int:
+        """Inner width the routed experts compute per token of the block: top_k experts'
+        widths, over token_shard when the routed path sees that share of the tokens
+        (equal work: a 1/token_shard of the tokens at the whole width)."""
+        return -(-self.top_k * self.expert_ffn_hidden // self.token_shard)
 
     @classmethod
     def from_dict(cls, data: object, *, where: str = "model.moe") -> MoeSpec:

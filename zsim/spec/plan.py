@@ -261,9 +261,10 @@ class Plan:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < low:
                 raise ConfigError(f"plan.{f}", v, f"must be a number >= {low:g}")
-        if self.dp_shard_cp % self.ep:
+        if self.expert_region % self.ep:
             raise ConfigError("plan.ep", self.ep, "expert parallelism is carved from the "
-                              f"dp_shard x cp = {self.dp_shard_cp} ranks: must divide them")
+                              f"dp_shard x cp x tp = {self.expert_region} ranks: must "
+                              "divide them")
         if self.ep > 1 and self.strategy not in self.program.expert_parallel:
             able = " and ".join(f"{e.title} ({', '.join(e.expert_parallel)})"
                                 for e in programs() if e.expert_parallel)
@@ -352,6 +353,18 @@ class Plan:
         sequence hold the same parameters and so shard them, and their gradients are
         reduced together). dp_shard without context parallelism."""
         return self.dp_shard * self.cp
+
+    @property
+    def expert_region(self) -> int:
+        """Ranks expert parallelism is carved from: dp_shard x cp x tp (torchtitan's
+        ParallelDims: ep divides them; its sparse mesh is (pp, dp_replicate, efsdp, ep))."""
+        return self.dp_shard_cp * self.tp
+
+    @property
+    def expert_shard_ranks(self) -> int:
+        """Ranks that hold the same experts and shard their state: expert_region / ep
+        (torchtitan's efsdp); 0 without expert parallelism."""
+        return self.expert_region // self.ep if self.ep > 1 else 0
 
     @property
     def shards_params(self) -> bool:

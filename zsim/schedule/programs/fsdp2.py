@@ -75,6 +75,7 @@ from zsim.schedule.build import (
     head_forward,
     host_optimizer,
     tensor_parallel,
+    tp_regions,
     units,
 )
 from zsim.schedule.ops import Buffer
@@ -94,12 +95,12 @@ def shard_elems(shapes: Shapes, n: int) -> int:
     return sum(-(-shape[0] // n) * math.prod(shape[1:]) for shape in shapes)
 
 
-def state_shard_elems(model: ModelSpec, n: int, ep: int = 1) -> int:
+def state_shard_elems(model: ModelSpec, n: int, expert_ranks: int = 0) -> int:
     """Elements of one rank's shard of the whole model on `n` ranks, its routed experts
-    under expert parallelism of degree `ep` over theirs
+    under expert parallelism over the `expert_ranks` that share them
     (zsim.schedule.build.block_shard_elems)."""
     return (shard_elems([s for _, s in model.root_tensors()], n)
-            + model.num_layers * block_shard_elems(model, n, ep, shard_elems)[0])
+            + model.num_layers * block_shard_elems(model, n, expert_ranks, shard_elems)[0])
 
 
 def _at_rest_bytes(plan: Plan) -> int:
@@ -116,7 +117,7 @@ def state_at_rest_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
     if plan.offload != "none":
         closed = model_state_bytes(model.num_params, _reshard_view(plan)).as_dict()
         return {c: v for c, v in closed.items() if c != "grads"}
-    shard = float(state_shard_elems(model, plan.dp_shard_cp, plan.ep))
+    shard = float(state_shard_elems(model, plan.dp_shard_cp, plan.expert_shard_ranks))
     params_cat = "master_params" if plan.has_master_copy else "params"
     return {params_cat: shard * _at_rest_bytes(plan),
             "optimizer_states": shard * optimizer_bytes_per_param(plan)}
@@ -182,8 +183,8 @@ def host_state_bytes(model: ModelSpec, plan: Plan) -> float:
     GPU."""
     if plan.offload == "none":
         return 0.0
-    return host_step_bytes(plan, float(state_shard_elems(model, plan.dp_shard, plan.ep)),
-                           _grad_bytes(plan))
+    local = state_shard_elems(model, plan.dp_shard, plan.expert_shard_ranks)
+    return host_step_bytes(plan, float(local), _grad_bytes(plan))
 
 
 def _unsharded_grad_dtype(plan: Plan) -> str:
@@ -308,9 +309,11 @@ class _Step:
                 expert_parallel(b, after=bwd[k], phase="backward", blocks=u.blocks,
                                 name=u.name, mb=mb, unit=u.index)
                 if p.recompute == "full":  # the re-run forward's collectives
-                    tensor_parallel(b, after=bwd[k], phase="forward", regions=2 * u.blocks,
+                    tensor_parallel(b, after=bwd[k], phase="forward",
+                                    regions=tp_regions(b.model) * u.blocks,
                                     name=f"{u.name} recompute", mb=mb, unit=u.index)
-                tensor_parallel(b, after=bwd[k], phase="backward", regions=2 * u.blocks,
+                tensor_parallel(b, after=bwd[k], phase="backward",
+                                regions=tp_regions(b.model) * u.blocks,
                                 name=u.name, mb=mb, unit=u.index)
                 if reduces:
                     self.reduce(u, bwd[k], mb, final=False)
@@ -355,7 +358,8 @@ class _Step:
                              mb=mb, unit=u.index)
             expert_parallel(b, after=fwd[-1], phase="forward", blocks=u.blocks, name=u.name,
                             mb=mb, unit=u.index)
-            tensor_parallel(b, after=fwd[-1], phase="forward", regions=2 * u.blocks,
+            tensor_parallel(b, after=fwd[-1], phase="forward",
+                            regions=tp_regions(b.model) * u.blocks,
                             name=u.name, mb=mb, unit=u.index)
         return fwd
 
@@ -560,7 +564,8 @@ class _Step:
                            dtensor=True)
             return
         device_optimizer(b, after=after, frees=frees,
-                         local_params=state_shard_elems(b.model, p.dp_shard_cp, p.ep),
+                         local_params=state_shard_elems(b.model, p.dp_shard_cp,
+                                                        p.expert_shard_ranks),
                          tensors=tensors, master_bytes=_at_rest_bytes(p),
                          grad_bytes=_grad_bytes(p), dtensor=True,
                          tensor_elems=tuple(shard_rows(s, p.dp_shard_cp)

@@ -61,6 +61,7 @@ from zsim.schedule.build import (
     pack_whole_tensors,
     root_split,
     tensor_parallel,
+    tp_regions,
 )
 from zsim.schedule.ops import Buffer
 from zsim.schedule.programs import Program
@@ -190,7 +191,8 @@ def _lower(b: Builder, root: Unit, blocks: list[Unit]) -> None:
         fwd = []
         for u in blocks:
             fwd.append(block_forward(b, u, mb))
-            tensor_parallel(b, after=fwd[-1], phase="forward", regions=2 * u.blocks,
+            tensor_parallel(b, after=fwd[-1], phase="forward",
+                            regions=tp_regions(b.model) * u.blocks,
                             name=u.name, mb=mb, unit=u.index)
         # ColwiseParallel output projection: its input enters one.
         tensor_parallel(b, after=fwd[-1] if fwd else emb, phase="forward", regions=1,
@@ -208,9 +210,10 @@ def _lower(b: Builder, root: Unit, blocks: list[Unit]) -> None:
         for u in reversed(blocks):
             op = block_backward(b, u, mb, grads=grad_alloc(u))
             if p.recompute == "full":  # the re-run forward's collectives
-                tensor_parallel(b, after=op, phase="forward", regions=2 * u.blocks,
+                tensor_parallel(b, after=op, phase="forward",
+                                regions=tp_regions(b.model) * u.blocks,
                                 name=f"{u.name} recompute", mb=mb, unit=u.index)
-            tensor_parallel(b, after=op, phase="backward", regions=2 * u.blocks,
+            tensor_parallel(b, after=op, phase="backward", regions=tp_regions(b.model) * u.blocks,
                             name=u.name, mb=mb, unit=u.index)
             if buckets is not None:
                 buckets.ready(u.tensors, op)
