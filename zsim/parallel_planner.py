@@ -56,7 +56,8 @@ EP_MAX = 256
 TOP = 3
 """Fitting plans simulated in full (by estimated throughput)."""
 ROUNDS = 4
-"""Rounds of TOP simulations at most, while simulated plans turn out not to fit."""
+"""Rounds of TOP simulations at most, while simulated plans turn out not to fit or a plan
+estimated faster than the fastest simulated one is left."""
 
 
 def parse_global_batch(text: str, seq_len: int) -> int:
@@ -298,7 +299,8 @@ class ParallelChoice:
 def choose_parallel(model: ModelSpec, hw: HardwareProfile, plans: list[Plan], *,
                     top: int = TOP) -> list[ParallelChoice]:
     """Estimate every plan, simulate the fastest fitting estimates until `top` of them fit
-    (at most ROUNDS x `top` simulations), rank: the simulated fitting plans by simulated
+    and none left is estimated faster than the fastest simulated (at most ROUNDS x `top`
+    simulations), rank: the simulated fitting plans by simulated
     throughput, then the other fitting estimates by estimated throughput, then the rest
     by peak. Ties keep the order of `plans`."""
     estimates = [estimate(model, hw, p) for p in plans]
@@ -308,14 +310,18 @@ def choose_parallel(model: ModelSpec, hw: HardwareProfile, plans: list[Plan], *,
         id(e): e.result for e in estimates if e.result is not None and e.fits}
     fitting = sorted((e for e in estimates if e.fits and e.plan.pp == 1),
                      key=lambda e: -e.tokens_per_s_per_gpu)
-    # The floor is a lower bound: simulate in rounds of `top` until `top` fit (at most
-    # ROUNDS rounds), so the recommendation is a simulated plan.
+    # The floor is a lower bound: simulate in rounds of `top` until `top` fit and the
+    # fastest of them beats every estimate left (at most ROUNDS rounds), so the
+    # recommendation is a simulated plan and no plan estimated faster goes unsimulated.
     engine: dict[int, Result] = {}
     for start in range(0, min(len(fitting), ROUNDS * top), top):
         batch = fitting[start:start + top]
         engine.update(zip((id(e) for e in batch),
                           simulate_all(model, hw, [e.plan for e in batch]), strict=True))
-        if sum(r.fits for r in engine.values()) >= top:
+        done = [r for r in engine.values() if r.fits and r.tokens_per_s_per_gpu]
+        left = fitting[start + top:start + top + 1]
+        if len(done) >= top and (not left or max(r.tokens_per_s_per_gpu or 0.0 for r in done)
+                                 >= left[0].tokens_per_s_per_gpu):
             break
     results.update(engine)
     choices = [ParallelChoice(estimate=e, result=results.get(id(e))) for e in estimates]

@@ -98,6 +98,22 @@ def test_ranking_puts_a_simulated_fitting_plan_first() -> None:
     assert pipe.estimate.step_time_s == pytest.approx(again.step_time_s, rel=1e-12)
 
 
+def test_no_plan_estimated_faster_than_the_pick_goes_unsimulated() -> None:
+    """The engine runs more plans while one left is estimated faster than the fastest
+    simulated one (estimates are optimistic or pessimistic, never bounds): within the
+    simulation budget (ROUNDS x TOP), every unsimulated fitting plan is estimated no
+    faster than the pick."""
+    from zsim.parallel_planner import ROUNDS, TOP
+
+    plans = parallel_plans(LLAMA2_7B, H100, gpus=32, seq_len=4096, global_batch=64)
+    ranked = choose_parallel(LLAMA2_7B, H100, plans)
+    engine = [c for c in ranked if c.result is not None and c.plan.pp == 1]
+    unsimulated = [c for c in ranked if c.result is None and c.fits]
+    if len(engine) < ROUNDS * TOP:
+        assert all(c.estimate.tokens_per_s_per_gpu <= ranked[0].tokens_per_s_per_gpu
+                   for c in unsimulated)
+
+
 def test_zsim_plan_prints_the_2d_3d_table() -> None:
     result = CliRunner().invoke(app, ["plan", "--model", "7b", "--gpus", "16", "--seq",
                                       "4096", "--global-batch", "16", "--tp", "2",
