@@ -304,3 +304,15 @@ def test_ep_with_tp_needs_sequence_parallelism() -> None:
     with pytest.raises(ConfigError) as e:
         check_plan(MOE, HW, plan, gpus=16)
     assert e.value.field == "plan.sp"
+
+
+@pytest.mark.parametrize("knobs", [{"cp": 2}, {"tp": 2, "sp": True},
+                                   {"cp": 2, "tp": 2, "sp": True}])
+def test_the_closed_form_counts_each_ranks_sequence_shard(knobs: dict) -> None:
+    """Under CP and TP a rank routes its sequence shard: the closed form's all-to-all
+    bytes equal the schedule's."""
+    from zsim.analytic.comm import step_comm
+
+    plan = Plan.for_strategy("fsdp", gpus=16, seq_len=SEQ, ep=4, **knobs)
+    lowered = sum(o.bus_bytes for o in lower(MOE, HW, plan).ops if o.kind == "all_to_all")
+    assert step_comm(MOE, plan, HW).bus_bytes["all_to_all"] == lowered

@@ -191,9 +191,9 @@ def _expert_parallel_comm(model: ModelSpec, plan: Plan, hw: HardwareProfile, exp
     assert model.moe is not None
     a, r = dtype_bytes(plan.param_dtype), dtype_bytes(plan.reduce_dtype)
     calls = 4 + (2 if plan.recompute == "full" else 0)
-    # Each TP rank routes its sequence shard (zsim.schedule.build.ep_bytes).
-    size = (plan.micro_batch * plan.seq_len // plan.tp * model.moe.top_k * model.d_model * a
-            * plan.routed_load)
+    # Each CP and TP rank routes its sequence shard (zsim.schedule.build.ep_bytes).
+    tokens = plan.micro_batch * plan.seq_len // (plan.cp * plan.tp)
+    size = tokens * model.moe.top_k * model.d_model * a * plan.routed_load
     add("all_to_all", size, place(plan, hw).group("ep"), plan.param_dtype,
         times=calls * model.num_layers * plan.grad_accum)
     if plan.program.comm == "zero":
