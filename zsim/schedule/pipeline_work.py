@@ -152,7 +152,7 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
     if p.async_tp:  # overlapped with the block's kernels: only the excess shows
         tp_f, tp_b = max(0.0, tp_f - block_f), max(0.0, tp_b - block_b)
     # Expert parallelism's blocking all-to-alls (zsim.schedule.build.expert_parallel).
-    a2a_calls = a2a_s = a2a_bus = 0.0
+    a2a_calls, a2a_s, a2a_bus = 0, 0.0, 0.0
     if p.ep > 1 and model.moe is not None:
         a2a_calls = len(ep_calls(p, "forward")) + len(ep_calls(p, "backward"))
         a2a_s = collective_time_s("all_to_all", ep_bytes(b), b.ep, hw, p.param_dtype)
