@@ -132,9 +132,8 @@ def _block_all(model: ModelSpec, b: int, s: int, a: int, autocast: bool) -> list
             SavedTensor(name="attention.wo.input", bytes=bs * q * a),
         ]
     norm("ffn_norm")
-    if model.moe is not None and model.moe.token_shard > 1 and not model.moe.shared_ffn_hidden:
-        # EP with TP and SP, no shared experts: the MoE's input stays sequence-sharded
-        # (no all-gather), and the router saves the rank's shard of it.
+    if model.moe is not None and model.moe.input_sequence_sharded:
+        # The router saves the rank's sequence shard of the MoE's input (no all-gather).
         out.append(SavedTensor(name="moe.router.gate.input",
                                bytes=bs // model.moe.token_shard * d * a))
     else:

@@ -392,12 +392,10 @@ under autocast, which leaves embeddings alone), the residual stream's start."""
 
 def tp_regions(model: ModelSpec) -> int:
     """TP regions per block, each entered and left through TpBoundary collectives: the
-    attention and the MLP. Under expert parallelism with TP (MoeSpec.token_shard) an MoE
-    without shared experts has no MLP region: its input stays sequence-sharded, the
-    router and the routed experts work on the rank's shard and its output is that shard
-    (torchtitan's moe_sharding); with shared experts their TP MLP is one."""
-    moe = model.moe
-    return 1 if moe is not None and moe.token_shard > 1 and not moe.shared_ffn_hidden else 2
+    attention and the MLP; no MLP region where the MoE's input stays sequence-sharded
+    (MoeSpec.input_sequence_sharded: its router and routed experts work on the rank's
+    shard and its output is that shard); with shared experts their TP MLP is one."""
+    return 1 if model.moe is not None and model.moe.input_sequence_sharded else 2
 
 
 def tensor_parallel(b: Builder, *, after: int, phase: str, regions: int, name: str,

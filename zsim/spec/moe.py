@@ -84,6 +84,14 @@ class MoeSpec:
         return self.experts // self.ep
 
     @property
+    def input_sequence_sharded(self) -> bool:
+        """The MoE works on the rank's sequence shard alone, its input never all-gathered
+        over the TP group: under EP with TP (token_shard > 1) when no shared experts, the
+        one TP-sharded MLP in the layer, need the whole sequence (torchtitan's
+        moe_sharding)."""
+        return self.token_shard > 1 and not self.shared_ffn_hidden
+
+    @property
     def routed_width(self) -> int:
         """Inner width the routed experts compute per token of the block: top_k experts'
         widths, over token_shard when the routed path sees that share of the tokens

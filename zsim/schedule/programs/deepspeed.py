@@ -473,12 +473,12 @@ class _Stage1And2Step:
         # over their expert-data-parallel group (average_tensor's buckets by group).
         dense, experts = elements - self.bucket_expert_elems, self.bucket_expert_elems
         coll = first
-        for part, group, gname in ((dense, b.shard, "shard"),
-                                   (experts, b.expert_shard, "expert_shard")):
+        for part, group, gname, what in ((dense, b.shard, "shard", ""),
+                                         (experts, b.expert_shard, "expert_shard",
+                                          " (experts)")):
             if part:
                 coll = b.collective(kind="all_reduce", size_bytes=part * r, group=group,
-                                    gname=gname, name=f"bucket {i} all-reduce"
-                                    + (" (experts)" if gname == "expert_shard" else ""),
+                                    gname=gname, name=f"bucket {i} all-reduce{what}",
                                     unit=i, microbatch=p.grad_accum - 1, after=(coll,))
         if offload and not self.boundary:
             self.last_reduce = b.copy(kind="d2h",
@@ -557,13 +557,12 @@ class _Stage1And2Step:
                                     local_params=self.part, tensors=1, master_bytes=m,
                                     grad_bytes=m, fused=True, unscales=False)
         # One all_gather_into_tensor per parameter group: the experts' over theirs.
-        for (elems, _), group, gname in zip(_flat_groups(b.model, p),
-                                            (b.shard, b.expert_shard),
-                                            ("shard", "expert_shard"), strict=False):
+        for (elems, _), group, gname, what in zip(
+                _flat_groups(b.model, p), (b.shard, b.expert_shard),
+                ("shard", "expert_shard"), ("", " (experts)"), strict=False):
             prev = b.collective(kind="all_gather", size_bytes=elems * b.param_elem_bytes,
-                                group=group, gname=gname, name=f"param all-gather ({gname})"
-                                if gname != "shard" else "param all-gather", unit=0,
-                                microbatch=p.grad_accum - 1, after=(prev,))
+                                group=group, gname=gname, name=f"param all-gather{what}",
+                                unit=0, microbatch=p.grad_accum - 1, after=(prev,))
 
 
 def _pass(nbytes: float, kernels: float) -> Flops:
