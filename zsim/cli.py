@@ -664,10 +664,15 @@ def validate_checkpoint(
         help="The profile whose storage section is replaced by this host's, measured "
              "first.")] = "local-cpu",
     nproc: Annotated[int, typer.Option(help="Ranks (gloo processes).")] = 2,
+    directory: Annotated[Path | None, typer.Option(
+        "--dir", help="Folder the checkpoints go to (a temporary folder inside it); "
+                      "default the system's temporary folder. /dev/shm checks the model "
+                      "without the disk.")] = None,
 ) -> None:
     """Checkpoint saves and loads for real (DCP sync and async, full state dict,
-    DeepSpeed) against the checkpoint model, this host's storage measured first."""
-    r = _run(lambda: validate_api.checkpoint(out=out, profile=profile, nproc=nproc))
+    DeepSpeed) against the checkpoint model, the storage measured before each plan."""
+    r = _run(lambda: validate_api.checkpoint(out=out, profile=profile, nproc=nproc,
+                                             directory=directory))
     typer.echo(text_table(r["rows"], ("program", "strategy", "method", "metric", "predicted",
                                       "measured", "error_pct")))
     for path in r["written"]:

@@ -228,6 +228,7 @@ def _method_record(spec: ModelSpec, hw: HardwareProfile, plan: Plan, method: str
         "files": cost.files,
         "save_stall_s": cost.save_stall_s,
         "save_background_s": cost.save_background_s,
+        "state_dict_s": cost.state_dict_s,
         "first_save_planning_s": cost.plan_s,
         "load_s": cost.load_s,
         "convert_offline_s": cost.convert_offline_s,

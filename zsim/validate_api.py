@@ -239,20 +239,25 @@ def error_budget(*, folder: Path, report: str | None = None, out: Path | None = 
             "written": [str(p) for p in written]}
 
 
-def checkpoint(*, out: Path, profile: str = "local-cpu", nproc: int = 2) -> dict[str, Any]:
+def checkpoint(*, out: Path, profile: str = "local-cpu", nproc: int = 2,
+               directory: Path | None = None) -> dict[str, Any]:
     """Real checkpoint saves and loads on `nproc` gloo ranks against the checkpoint model,
-    with this host's storage measured first (zsim.validation.checkpoints); writes
-    checkpoints.csv and storage.yaml into `out`.
+    with the storage of `directory` (None: the system's temporary folder) measured before
+    each plan (zsim.validation.checkpoints); writes checkpoints.csv and storage.yaml into
+    `out`.
 
     Raises:
-        ConfigError: an unknown profile or a bad nproc.
+        ConfigError: an unknown profile, a bad nproc, or a directory that is not a folder.
         RankFailed: a real run crashed or hung.
     """
     from zsim.validation.checkpoints import validate_checkpoints
 
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 2:
         raise ConfigError("nproc", nproc, "must be an integer >= 2")
-    return validate_checkpoints(resolve_hardware(profile), out, nproc=nproc)
+    if directory is not None and not Path(directory).is_dir():
+        raise ConfigError("dir", str(directory), "no such folder")
+    return validate_checkpoints(resolve_hardware(profile), out, nproc=nproc,
+                                directory=directory)
 
 
 def moe_ep(*, out: Path, steps: int = 5, command: str = "") -> dict[str, Any]:

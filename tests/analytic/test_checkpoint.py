@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -10,12 +11,15 @@ import pytest
 import yaml
 
 from zsim.analytic.checkpoint import checkpoint_cost
+from zsim.analytic.collectives import BASE_LATENCY_S, CommGroup, ring_latency_s
 from zsim.api import build_plan
 from zsim.errors import ConfigError
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
 from zsim.spec.registry import resolve_hardware, resolve_model
+from zsim.spec.storage import FRESH_ITEM_MIB_DEFAULT
+from zsim.units import MiB
 
 CASES = Path(__file__).parents[1] / "data" / "cases" / "checkpoint-published.yaml"
 
@@ -28,7 +32,7 @@ def _case(case_id: str) -> dict[str, Any]:
 def _plan(spec: ModelSpec, gpus: int, strategy: str, **kw: Any) -> Plan:
     return build_plan(spec, gpus=gpus, strategy=strategy, shard_group=kw.pop("shard_group", None),
                       seq=4096, micro_batch=1, grad_accum=1, ac="full", precision="bf16",
-                      offload="none", parallel=kw or None)
+                      offload="none", impl=kw.pop("impl", None), parallel=kw or None)
 
 
 @pytest.fixture(scope="module")
@@ -160,6 +164,66 @@ def test_local_nvme_target_writes_at_the_node_rate(h100: HardwareProfile) -> Non
     local = checkpoint_cost(spec, h100, plan, method="dcp", target="local")
     per_node = 8 * local.bytes_total / 128
     assert local.save_stall_s >= per_node / h100.nvme_write_bytes_per_s
+
+
+def test_fsdp1_gathers_its_whole_state_to_build_a_sharded_state_dict(
+        h100: HardwareProfile) -> None:
+    # FSDP1's SHARDED_STATE_DICT all-gathers every flat parameter (fp32 under mixed
+    # precision) and both Adam moments over the shard group before DCP writes (read from
+    # torch/distributed/fsdp/_state_dict_utils.py and _optim_utils.py): 12 bytes a
+    # parameter, of which a ring over 128 GPUs on 16 nodes moves (n-1)/n per rank at a
+    # bus bandwidth of min(NVLink x 8/7, NIC x 8) (one channel per NIC: zsim's ring,
+    # ~376 GB/s on NDR nodes as the NCCL maintainers expect). FSDP2's DTensors are saved
+    # as they are held.
+    spec = resolve_model("13b")
+    fsdp1 = checkpoint_cost(spec, h100, _plan(spec, 128, "fsdp", impl="fsdp1"), method="dcp")
+    fsdp2 = checkpoint_cost(spec, h100, _plan(spec, 128, "fsdp"), method="dcp")
+    assert fsdp2.state_dict_s == 0.0
+    busbw = min(h100.intra_node.achievable_bytes_per_s * 8 / 7,
+                h100.inter_node.achievable_bytes_per_s * 8)
+    ring = 12 * spec.num_params * 127 / 128 / busbw
+    # Beyond the bytes, each call pays at most a Simple ring's latency over 127 steps
+    # (NCCL picks a cheaper protocol where there is one): one call per unit (40 blocks
+    # and the root) and state on a save.
+    group = CommGroup(ranks=128, ranks_per_node=8)
+    call_s = BASE_LATENCY_S[("ring", "Simple")] + ring_latency_s("all_gather", group, h100)
+    units, tensors = spec.num_layers + 1, len(spec.parameter_tensors())
+    assert ring <= fsdp1.state_dict_s <= ring + 3 * units * call_s + 0.01
+    assert fsdp1.save_stall_s == pytest.approx(fsdp2.save_stall_s + fsdp1.state_dict_s)
+    # A load builds that state dict to read into, then gathers every parameter (one call
+    # per tensor) and each unit again, and every moment (one call per tensor and state):
+    # 3 x 4 + 8 bytes a parameter.
+    load_side = fsdp1.load_s - fsdp2.load_s - fsdp1.state_dict_s
+    assert ring * 20 / 12 <= load_side <= ring * 20 / 12 + (3 * tensors + units) * call_s
+
+
+def test_a_load_first_touches_fresh_memory_for_its_large_items() -> None:
+    # 2 CPU ranks (local-cpu: tensors on the host, no copy to a device), FSDP2, a 117M
+    # model: the embedding and output (32,000 x 1,024 fp32) are 65.5 MB a rank and so are
+    # their two moments, above glibc's default mmap threshold (32 MiB): torch.load returns
+    # them in fresh pages, which cost a copy into fresh memory (the staging rate) besides
+    # the read stream; every other item reuses the heap.
+    local = resolve_hardware("local-cpu")
+    assert local.storage is not None
+    storage = replace(local.storage, fresh_item_bytes=FRESH_ITEM_MIB_DEFAULT * MiB)
+    hw = replace(local, storage=storage)
+    spec = ModelSpec(name="llama-117m", num_layers=4, d_model=1024, num_heads=8,
+                     num_kv_heads=8, ffn_hidden=2816, vocab_size=32000, max_seq_len=64)
+    plan = Plan.for_strategy("fsdp", gpus=2, seq_len=32, micro_batch=1)
+    cost = checkpoint_cost(spec, hw, plan, method="dcp")
+    large = 2 * 3 * 32000 * 1024 * 4 / 2
+    per_rank = cost.bytes_total / 2
+    read = max(per_rank / storage.stream_read_bytes_per_s,
+               cost.bytes_total / storage.client_read_bytes_per_s)
+    assert cost.load_s == pytest.approx(read + large / storage.stage_bytes_per_s, rel=1e-3)
+    # Split four ways no item is that large, nor under the backend ranks' 1 GiB threshold
+    # (local-cpu as shipped): the read alone.
+    quarter = checkpoint_cost(spec, hw, Plan.for_strategy("fsdp", gpus=4, seq_len=32,
+                                                          micro_batch=1), method="dcp")
+    assert quarter.load_s == pytest.approx(
+        max(quarter.bytes_total / 4 / storage.stream_read_bytes_per_s,
+            quarter.bytes_total / storage.client_read_bytes_per_s), rel=1e-3)
+    assert checkpoint_cost(spec, local, plan, method="dcp").load_s == pytest.approx(read)
 
 
 @pytest.mark.parametrize(("kw", "field"), [

@@ -35,7 +35,7 @@ COMMANDS: dict[str, dict[str, tuple[str, ...]]] = {
         "gpu-report": ("--out", "--quick", "--budget-s", "--only", "--hardware"),
         "published-runs": ("--cases", "--hardware"),
         "error-budget": ("--report", "--out", "--bound-pct"),
-        "checkpoint": ("--out", "--profile", "--nproc"),
+        "checkpoint": ("--out", "--profile", "--nproc", "--dir"),
         "moe-ep": ("--out", "--steps"),
     },
 }
@@ -194,6 +194,7 @@ def test_calibrate_commands_pass_flags(monkeypatch: pytest.MonkeyPatch, tmp_path
     (["validate", "gpu-report", "--out", "x", "--budget-s", "-5"], "budget_s"),
     (["validate", "published-runs", "--cases", "nowhere.yaml"], "cases"),
     (["validate", "error-budget", "nowhere"], "folder"),
+    (["validate", "checkpoint", "--out", "x", "--dir", "nowhere"], "dir"),
 ])
 def test_bad_input_is_one_line(args: list[str], named: str, tmp_path: Path,
                                monkeypatch: pytest.MonkeyPatch) -> None:

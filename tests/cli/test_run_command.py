@@ -62,6 +62,21 @@ def test_async_blocks_less_and_loses_less_than_a_full_state_dict(small: dict[str
     assert by["dcp-async"]["goodput"] > by["full"]["goodput"]
 
 
+def test_fsdp1_pays_its_state_dict_rebuild_on_every_save_and_says_so(
+        small: dict[str, Any]) -> None:
+    fsdp1 = _json([*SMALL, "--impl", "fsdp1"])
+    by1 = {m["method"]: m for m in fsdp1["methods"]}
+    by2 = {m["method"]: m for m in small["methods"]}
+    assert all(m["state_dict_s"] == 0 for m in small["methods"])
+    for method in ("dcp", "dcp-async"):
+        assert by1[method]["state_dict_s"] > 0
+        assert by1[method]["save_stall_s"] == pytest.approx(
+            by2[method]["save_stall_s"] + by1[method]["state_dict_s"], rel=1e-6)
+    assert by1["full"]["state_dict_s"] == 0  # FULL_STATE_DICT gathers as FSDP2's does
+    text = CliRunner().invoke(app, [*SMALL, "--impl", "fsdp1"]).stdout
+    assert "rebuild the sharded state dict" in text
+
+
 def test_the_run_is_deterministic() -> None:
     first = CliRunner().invoke(app, [*SMALL, "--format", "json"]).stdout
     assert first == CliRunner().invoke(app, [*SMALL, "--format", "json"]).stdout

@@ -24,6 +24,9 @@ def test_units_convert_once() -> None:
     assert s.stream_read_bytes_per_s == 2e9
     assert s.file_create_s == pytest.approx(2e-3)
     assert s.plan_item_s == pytest.approx(40e-6)
+    # Without fresh_item_mib a host keeps glibc's default threshold, 32 MiB.
+    assert s.fresh_item_bytes == 32 * 2**20
+    assert Storage.from_dict({**GOOD, "fresh_item_mib": 1024}).fresh_item_bytes == 2**30
 
 
 @pytest.mark.parametrize("name", hardware_names())
@@ -36,6 +39,7 @@ def test_every_shipped_profile_has_storage(name: str) -> None:
     ({"file_create_ms": "fast"}, "storage.file_create_ms"),
     ({"aggregate_write_gbps": 1}, "storage.aggregate_write_gbps"),
     ({"source": ""}, "storage.source"),
+    ({"fresh_item_mib": -1}, "storage.fresh_item_mib"),
 ])
 def test_bad_values_name_the_key(change: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError) as err:

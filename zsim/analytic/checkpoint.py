@@ -34,15 +34,22 @@ What is written (read from the libraries; the real-run tests count the bytes on 
 
 Times: a rank's bytes go through one writer stream (Storage.stream_*: serialization and
 the file system for one thread), a node's streams share its client link, and all nodes
-the file system's aggregate rate; the slowest of the three sets the write. DCP's
+the file system's aggregate rate; the slowest of the three sets the write. A load reads
+the same way; each item torch.load returns is a new allocation, and one of at least
+Storage.fresh_item_bytes is fresh pages the read first-touches (at the rate of a copy
+into fresh memory, Storage.stage_bytes_per_s; a one-off check of the rates is in
+docs/log.md). A program whose state dict is rebuilt from flat
+parameters (ProgramEntry.flat_state_dict: FSDP1) all-gathers its whole state on every
+sharded save and load (_flat_state_dict_s); FSDP2's and DeepSpeed's state is saved as the
+shards it is held in. DCP's
 coordinator pays a host cost per item of the global plan (Storage.plan_item_s x items x
 ranks) on a save whose plan is not cached; a cached plan (DefaultSavePlanner
 enable_plan_caching, the PyTorch team's fix at 1,856 GPUs) pays it on the first save only.
 Not modelled: the training slow-down while a thread-based async write contends for the
-GIL (a process-based async_save avoids it); FSDP1's conversion of its flat parameters and
-optimizer state to a sharded state dict (several times the write on the CPU host,
-reports/validation/checkpoint); the write-back after DeepSpeed's unsynced save (a
-failure before it loses the checkpoint); compression and storage tiering.
+GIL (a process-based async_save avoids it); the write-back after DeepSpeed's unsynced
+save (a failure before it loses the checkpoint; a page cache slower to fill than the
+measured buffered stream, as this host's disk is, makes the save slower); compression
+and storage tiering.
 """
 
 from __future__ import annotations
@@ -51,6 +58,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from zsim.analytic.collectives import collective_time_s
+from zsim.analytic.placement import place
 from zsim.errors import ConfigError
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
@@ -88,6 +97,10 @@ class CheckpointCost:
     bytes_per_rank_max: float
     """The most any rank writes (rank 0 under "full" and DeepSpeed ZeRO-1/2)."""
     files: int
+    state_dict_s: float
+    """Seconds the program spends turning its state into a sharded state dict before each
+    save (in the stall; FSDP1's all-gathers, _flat_state_dict_s); 0 where its state is
+    saved as the shards it is held in."""
     plan_s: float
     """DCP's coordinator planning time, seconds: in every save without a cached plan, in
     the first only with one (0 for the other methods)."""
@@ -117,6 +130,8 @@ class _Layout:
     local_per_rank: float
     items_per_rank: int
     files: int
+    fresh_fraction: float
+    """Share of the bytes a loader reads in items of at least Storage.fresh_item_bytes."""
 
 
 def checkpoint_cost(spec: ModelSpec, hw: HardwareProfile, plan: Plan, *, method: str,
@@ -135,7 +150,7 @@ def checkpoint_cost(spec: ModelSpec, hw: HardwareProfile, plan: Plan, *, method:
     _check(hw, plan, method, target, with_optimizer)
     storage = hw.storage
     assert storage is not None  # _check
-    lay = _layout(spec, plan, method, with_optimizer)
+    lay = _layout(spec, plan, method, with_optimizer, storage.fresh_item_bytes)
     ranks_per_node = min(plan.world_size, hw.gpus_per_node)
     write = _rates(hw, storage, target, write=True)
     read = _rates(hw, storage, target, write=False)
@@ -145,6 +160,11 @@ def checkpoint_cost(spec: ModelSpec, hw: HardwareProfile, plan: Plan, *, method:
     on_host = hw.launch == "synchronous"
     d2h = math.inf if on_host else hw.pageable_pcie_bytes_per_s.get("d2h", pcie)
     h2d = math.inf if on_host else hw.pageable_pcie_bytes_per_s.get("h2d", pcie)
+    fresh = storage.stage_bytes_per_s
+    flat_save, flat_load = (
+        _flat_state_dict_s(spec, hw, plan, with_optimizer, on_host=on_host,
+                           fresh_bytes_per_s=fresh)
+        if method in ("dcp", "dcp-async") and plan.program.flat_state_dict else (0.0, 0.0))
     create_s = storage.file_create_s * (2 if method == "full" else 1)
     plan_s = (storage.plan_item_s * lay.items_per_rank * plan.world_size
               if method in ("dcp", "dcp-async") else 0.0)
@@ -153,8 +173,8 @@ def checkpoint_cost(spec: ModelSpec, hw: HardwareProfile, plan: Plan, *, method:
         write_s = lay.total / write.stream
         stall = _gather_s(hw, plan, lay.total) + lay.total / stage + write_s + create_s
         background = 0.0
-        load_s = lay.total / read.stream + _broadcast_s(hw, plan, lay.local_per_rank) \
-            + lay.local_per_rank / h2d
+        load_s = _stream_read_s(lay.total, lay, read.stream, fresh) \
+            + _broadcast_s(hw, plan, lay.local_per_rank) + lay.local_per_rank / h2d
         host = lay.total
     else:
         busiest = lay.write_per_rank + lay.rank0_extra
@@ -168,20 +188,23 @@ def checkpoint_cost(spec: ModelSpec, hw: HardwareProfile, plan: Plan, *, method:
                           lay.total / write.aggregate * (1 if target == "shared" else 0))
         paid = 0.0 if cached_plan else plan_s
         if method == "dcp-async":
-            stall, background = lay.local_per_rank / stage, paid + write_s + create_s
+            stall = flat_save + lay.local_per_rank / stage
+            background = paid + write_s + create_s
             host = lay.local_per_rank * ranks_per_node
         else:  # the writer copies tensors out ahead of the writes (_OverlappingCpuLoader)
-            stall = paid + max(lay.local_per_rank / d2h, write_s) + create_s
+            stall = paid + flat_save + max(lay.local_per_rank / d2h, write_s) + create_s
             background, host = 0.0, 0.0
-        load_s = _load_s(lay, read, plan, ranks_per_node, target) \
-            + lay.local_per_rank / h2d
-    convert = (lay.total / read.stream + _converted_bytes(spec, method, lay)
-               / write.stream)
+        # A load first builds the state dict it reads into (get_state_dict), then sets it.
+        load_s = flat_save + _load_s(lay, read, plan, ranks_per_node, target, fresh) \
+            + lay.local_per_rank / h2d + flat_load
+    convert = (_stream_read_s(lay.total, lay, read.stream, fresh)
+               + _converted_bytes(spec, method, lay) / write.stream)
     return CheckpointCost(
         method=method, target=target, with_optimizer=with_optimizer, bytes_total=lay.total,
         bytes_per_rank_max=lay.total if method == "full"
         else lay.write_per_rank + lay.rank0_extra,
-        files=lay.files, plan_s=plan_s, save_stall_s=stall, save_background_s=background,
+        files=lay.files, state_dict_s=flat_save, plan_s=plan_s, save_stall_s=stall,
+        save_background_s=background,
         load_s=load_s, convert_offline_s=convert, host_bytes_per_node=host,
         fits_host=host <= hw.host_memory_bytes)
 
@@ -210,7 +233,8 @@ def _check(hw: HardwareProfile, plan: Plan, method: str, target: str,
                           "section (see hardware_profiles/dgx-h100.yaml)")
 
 
-def _layout(spec: ModelSpec, plan: Plan, method: str, with_optimizer: bool) -> _Layout:
+def _layout(spec: ModelSpec, plan: Plan, method: str, with_optimizer: bool,
+            fresh_item_bytes: float) -> _Layout:
     psi = float(spec.num_params)
     mp = plan.tp * plan.pp
     held_bytes = dtype_bytes(plan.master_dtype if plan.has_master_copy else plan.param_dtype)
@@ -227,13 +251,18 @@ def _layout(spec: ModelSpec, plan: Plan, method: str, with_optimizer: bool) -> _
         optim = psi * (master + opt_bpp)
         module = psi * dtype_bytes(plan.param_dtype)
         per_rank = optim / partitions
+        # Each optimizer file holds flat partitions: one tensor per state and group.
+        flat_fresh = per_rank if psi / partitions * master >= fresh_item_bytes else 0.0
         if plan.shards_params:  # ZeRO-3's model-states files hold empty placeholders
             return _Layout(total=optim, write_per_rank=per_rank, rank0_extra=0.0,
                            local_per_rank=per_rank, items_per_rank=items_per_rank,
-                           files=2 * world)
+                           files=2 * world, fresh_fraction=flat_fresh / per_rank)
+        module_fresh = module / mp * _fresh_fraction(
+            spec, [(dtype_bytes(plan.param_dtype), 1.0)], mp, fresh_item_bytes)
         return _Layout(total=optim + module, write_per_rank=per_rank, rank0_extra=module / mp,
                        local_per_rank=per_rank + module / mp, items_per_rank=items_per_rank,
-                       files=world + mp)
+                       files=world + mp,
+                       fresh_fraction=(flat_fresh + module_fresh) / (per_rank + module / mp))
     raw = psi * (held_bytes + opt_bpp)
     steps = tensors * (STEP_COUNTER_BYTES + DCP_ITEM_BYTES) if with_optimizer else 0
     sharded_items = (tensors * (1 + (state_copies if with_optimizer else 0))
@@ -242,9 +271,27 @@ def _layout(spec: ModelSpec, plan: Plan, method: str, with_optimizer: bool) -> _
     shards = (plan.dp_shard_cp if plan.shards_params else 1) * mp
     local = total / shards
     largest = max(_numel(s) for _, s in spec.parameter_tensors()) * held_bytes / shards
+    items = [(held_bytes, 1.0)] + ([(dtype_bytes(plan.optimizer_state_dtype), state_copies)]
+                                   if with_optimizer else [])
+    # A full state dict is loaded whole by rank 0; a sharded one as each rank's shards.
+    fresh = _fresh_fraction(spec, items, 1 if method == "full" else shards, fresh_item_bytes)
     return _Layout(total=total, write_per_rank=max(total / world, largest), rank0_extra=0.0,
                    local_per_rank=local, items_per_rank=items_per_rank,
-                   files=1 if method == "full" else world + 1)
+                   files=1 if method == "full" else world + 1, fresh_fraction=fresh)
+
+
+def _fresh_fraction(spec: ModelSpec, items: list[tuple[float, float]], shards: int,
+                    fresh_item_bytes: float) -> float:
+    """Share of the bytes of every parameter's items ((bytes per element, items per
+    parameter): the parameter, its optimizer states), each split `shards` ways, in items
+    of at least `fresh_item_bytes`."""
+    fresh = every = 0.0
+    for _, shape in spec.parameter_tensors():
+        for elem_bytes, count in items:
+            size = _numel(shape) * elem_bytes / shards
+            every += count * size
+            fresh += count * size if size >= fresh_item_bytes else 0.0
+    return fresh / every
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -274,14 +321,74 @@ def _rates(hw: HardwareProfile, storage: Storage, target: str, *, write: bool) -
                   aggregate=storage.aggregate_read_bytes_per_s)
 
 
-def _load_s(lay: _Layout, read: _Rates, plan: Plan, ranks_per_node: int, target: str) -> float:
+def _load_s(lay: _Layout, read: _Rates, plan: Plan, ranks_per_node: int, target: str,
+            fresh_bytes_per_s: float) -> float:
     """Every rank reads its local state (a replica reads what another wrote: DCP loads
     by the plan, not by who saved), DeepSpeed ranks also the module file under ZeRO-1/2."""
     per_rank = lay.local_per_rank
     node = per_rank * ranks_per_node
     everyone = per_rank * plan.world_size
-    return max(per_rank / read.stream, node / read.client,
+    return max(_stream_read_s(per_rank, lay, read.stream, fresh_bytes_per_s),
+               node / read.client,
                everyone / read.aggregate if target == "shared" else 0.0)
+
+
+def _stream_read_s(nbytes: float, lay: _Layout, stream_bytes_per_s: float,
+                   fresh_bytes_per_s: float) -> float:
+    """One reader thread's seconds for `nbytes` of the checkpoint: the read, and a first
+    touch of fresh memory for the share in items of at least Storage.fresh_item_bytes."""
+    return nbytes / stream_bytes_per_s + nbytes * lay.fresh_fraction / fresh_bytes_per_s
+
+
+def _flat_state_dict_s(spec: ModelSpec, hw: HardwareProfile, plan: Plan,
+                       with_optimizer: bool, *, on_host: bool,
+                       fresh_bytes_per_s: float) -> tuple[float, float]:
+    """(save, load) seconds of FSDP1's SHARDED_STATE_DICT (torch/distributed/fsdp/
+    _state_dict_utils.py and _optim_utils.py, use_orig_params or not), per rank.
+
+    Save: each unit's flat parameter is unsharded (one all-gather into a new buffer,
+    _sharded_pre_state_dict_hook) and each parameter's chunk cloned (_ext_chunk_tensor);
+    each unit's optimizer states are all-gathered into new buffers
+    (_communicate_optim_state) and chunked the same way. Load: every parameter is
+    all-gathered from its shards (_sharded_pre_load_state_dict_hook), then each unit
+    unsharded once more to take them (_enter_unshard_params_ctx, writeback); every
+    parameter's optimizer states are gathered (_gather_state_dict), flattened whole (a new
+    copy) and their shard cloned (_flatten_optim_state_dict). The all-gathers cost the
+    profile's collectives over the shard group (a unit is a block, the rest one root
+    unit). On a host device every new buffer is fresh memory (`fresh_bytes_per_s`, a copy
+    into fresh memory); on a GPU the caching allocator reuses device memory and only the
+    clones and the flattening are copies in HBM."""
+    n = plan.dp_shard_cp if plan.shards_params else 1
+    if n == 1:
+        return 0.0, 0.0
+    group = place(plan, hw).groups["dp_shard_cp"]
+    held = dtype_bytes(plan.master_dtype if plan.has_master_copy else plan.param_dtype)
+    copies = OPTIMIZER_STATE_COPIES.get(plan.optimizer, 2) if with_optimizer else 0
+    state = dtype_bytes(plan.optimizer_state_dtype)
+
+    def gather(nbytes: float) -> float:
+        return collective_time_s("all_gather", nbytes, group, hw)
+
+    units: dict[str, float] = {}
+    per_tensor = 0.0
+    for name, shape in spec.parameter_tensors():  # a rank holds 1/tp of each
+        numel = _numel(shape) / plan.tp
+        unit = ".".join(name.split(".")[:2]) if name.startswith("layers.") else ""
+        units[unit] = units.get(unit, 0.0) + numel
+        per_tensor += gather(numel * held) + copies * gather(numel * state)
+    per_unit = sum(gather(u * held) + copies * gather(u * state) for u in units.values())
+    params = sum(units.values()) * held
+    states = sum(units.values()) * copies * state
+    if on_host:
+        save_copy = (params + states) * (1 + 1 / n) / fresh_bytes_per_s
+        load_copy = (2 * params + 2 * states + states / n) / fresh_bytes_per_s
+    else:
+        hbm = hw.hbm_bandwidth_bytes_per_s * hw.memory_bound_efficiency / 2  # read + write
+        save_copy = (params + states) / n / hbm
+        load_copy = (states + states / n) / hbm
+    unsharded = sum(gather(u * held) for u in units.values())
+    # A rank holds its pipeline stage's units only.
+    return (per_unit + save_copy) / plan.pp, (per_tensor + unsharded + load_copy) / plan.pp
 
 
 def _gather_s(hw: HardwareProfile, plan: Plan, total: float) -> float:

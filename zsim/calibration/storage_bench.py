@@ -16,17 +16,21 @@ fsync'd (clean) pages, which asks the kernel to drop them; some file systems (tm
 overlay upper layers on tmpfs) keep them anyway, so it is a best-effort figure, and
 equals a cached read where the advice is ignored.
 
-`measure_streams` times what one checkpoint writer or reader thread does with a tensor,
-the serialization included: torch.save into a file then fsync (FileSystemWriter's
-_write_item and a full state dict's torch.save: a zip archive whose records are CRC-32'd
-as they are copied), torch.save to a path without fsync (DeepSpeed's checkpoint
-engine), torch.load from the open file and a copy into the destination
-(FileSystemReader's read_data), and a clone into freshly allocated memory (async_save's
-default stager). Only it imports torch.
+`measure_streams` times what one checkpoint writer or reader thread does with a
+checkpoint's items, the serialization included: items torch.save'd one after another
+into one file, then fsync (FileSystemWriter's _write_item: each a zip archive whose
+records are CRC-32'd as they are copied), torch.save of one tensor to a path without fsync
+(DeepSpeed's checkpoint engine), torch.load of each item from its slice of the file and a
+copy into an existing tensor (FileSystemReader's read_data, into the model's state), and
+a copy into freshly mapped memory (async_save's default stager's new tensors). The items are
+smaller than glibc's default mmap threshold (zsim.spec.storage.FRESH_ITEM_MIB_DEFAULT),
+so the load reuses freed heap: the cost of a larger item's fresh pages is the stage's,
+which the checkpoint model adds itself. Only it imports torch.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import statistics
 import threading
@@ -117,58 +121,75 @@ class StreamFigures:
     """One thread's checkpoint stream rates (medians), bytes/s."""
 
     save_bytes_per_s: float
-    """torch.save of one tensor into a file, then fsync."""
+    """torch.save of each item into one file, then fsync."""
     buffered_save_bytes_per_s: float
     """torch.save of one tensor to a file path, no fsync (DeepSpeed's checkpoint engine)."""
     load_bytes_per_s: float
-    """torch.load from the open file, copy into an existing tensor."""
+    """torch.load of each item from its slice of the file, copied into an existing
+    tensor."""
     stage_bytes_per_s: float
-    """Clone the tensor into freshly allocated memory (first-touch page faults)."""
+    """Copy the tensor into freshly mapped memory (first-touch page faults)."""
     tensor_bytes: int
+    item_bytes: int
     repeats: int
 
 
 def measure_streams(directory: str | Path, *, tensor_bytes: int = 256 * MiB,
-                    repeats: int = 3) -> StreamFigures:
-    """Time torch.save, torch.load and a fresh clone of a `tensor_bytes` fp32 tensor in
-    `directory` (module docstring), each the median of `repeats`.
+                    item_bytes: int = 16 * MiB, repeats: int = 3) -> StreamFigures:
+    """Time the save, load, buffered save and fresh copy of `tensor_bytes` of fp32 in
+    `directory` (module docstring), saved and loaded as items of `item_bytes`, each
+    figure the median of `repeats`.
 
     Raises:
-        ValueError: a size under 4 bytes or repeats below 1.
+        ValueError: a size under 4 bytes, an item larger than the tensor, or repeats
+            below 1.
     """
 
     import torch
+    from torch.distributed.checkpoint.utils import _create_file_view
 
-    if tensor_bytes < 4 or repeats < 1:
-        raise ValueError("tensor_bytes must be >= 4 and repeats >= 1")
+    if item_bytes < 4 or tensor_bytes < item_bytes or repeats < 1:
+        raise ValueError("need 4 <= item_bytes <= tensor_bytes and repeats >= 1")
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     t = torch.rand(tensor_bytes // 4)
-    path = root / "storage_bench_stream.pt"
+    # Own storages: torch.save of a view would write the whole tensor's storage.
+    items = [c.clone() for c in t.split(item_bytes // 4)]
+    dests = [torch.zeros_like(i) for i in items]  # touched: the model's existing state
+    path = root / "storage_bench_stream.distcp"
     saves, buffered, loads, stages = [], [], [], []
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as a backend rank runs (zsim.backend.runner)
     try:
         for _ in range(repeats):
+            offsets = []
             t0 = time.perf_counter()
             with open(path, "wb") as f:
-                torch.save(t, f)
+                for item in items:
+                    start = f.tell()
+                    torch.save(item, f)
+                    offsets.append((start, f.tell() - start))
                 f.flush()
                 os.fsync(f.fileno())
             saves.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            with open(path, "rb") as f:  # as FileSystemReader.read_data
+                for (start, length), dest in zip(offsets, dests, strict=True):
+                    view = _create_file_view(f, start, length)
+                    dest.copy_(torch.load(view, map_location="cpu", weights_only=True))
+            loads.append(time.perf_counter() - t0)
             path.unlink()
             t0 = time.perf_counter()
             torch.save(t, path)
             buffered.append(time.perf_counter() - t0)
-            dest = torch.empty_like(t)
-            t0 = time.perf_counter()
-            with open(path, "rb") as f:  # as FileSystemReader.read_data: from the file
-                dest.copy_(torch.load(f, map_location="cpu", weights_only=True))
-            loads.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            staged = t.clone()
-            stages.append(time.perf_counter() - t0)
-            del dest, staged
+            path.unlink()
+            # Fresh pages whatever the process's malloc settings: an anonymous mapping.
+            with mmap.mmap(-1, t.numel() * 4) as fresh:
+                staged = torch.frombuffer(fresh, dtype=torch.float32)
+                t0 = time.perf_counter()
+                staged.copy_(t)
+                stages.append(time.perf_counter() - t0)
+                del staged
     finally:
         torch.set_num_threads(threads)
         path.unlink(missing_ok=True)
@@ -177,17 +198,32 @@ def measure_streams(directory: str | Path, *, tensor_bytes: int = 256 * MiB,
                          buffered_save_bytes_per_s=n / statistics.median(buffered),
                          load_bytes_per_s=n / statistics.median(loads),
                          stage_bytes_per_s=n / statistics.median(stages),
-                         tensor_bytes=n, repeats=repeats)
+                         tensor_bytes=n, item_bytes=items[0].numel() * 4, repeats=repeats)
+
+
+def slowest_streams(figures: list[StreamFigures]) -> StreamFigures:
+    """Each rate the slowest of `figures` gives (streams measured in every rank at once:
+    a checkpoint's time is its slowest rank's)."""
+    if not figures:
+        raise ValueError("no stream figures")
+    return StreamFigures(
+        save_bytes_per_s=min(f.save_bytes_per_s for f in figures),
+        buffered_save_bytes_per_s=min(f.buffered_save_bytes_per_s for f in figures),
+        load_bytes_per_s=min(f.load_bytes_per_s for f in figures),
+        stage_bytes_per_s=min(f.stage_bytes_per_s for f in figures),
+        tensor_bytes=figures[0].tensor_bytes, item_bytes=figures[0].item_bytes,
+        repeats=figures[0].repeats)
 
 
 def storage_section(disk: StorageFigures, streams: StreamFigures, *, plan_item_us: float,
-                    source: str) -> dict[str, object]:
+                    fresh_item_mib: float, name: str, source: str) -> dict[str, object]:
     """The `storage:` section of a profile for this host (zsim.spec.storage): one disk
     behind every rank, so a node's and the aggregate rate are the disk's (measured with
-    as many writer threads as ranks), a stream's the serializing thread's."""
+    as many writer threads as ranks), a stream's the serializing thread's;
+    `fresh_item_mib` the ranks' malloc threshold."""
     gb = 1e9
     return {
-        "name": "this host's disk",
+        "name": name,
         "aggregate_write_gb_per_s": round(disk.write_bytes_per_s / gb, 3),
         "aggregate_read_gb_per_s": round(disk.read_bytes_per_s / gb, 3),
         "client_write_gb_per_s": round(disk.write_bytes_per_s / gb, 3),
@@ -197,6 +233,7 @@ def storage_section(disk: StorageFigures, streams: StreamFigures, *, plan_item_u
         "stream_read_gb_per_s": round(streams.load_bytes_per_s / gb, 3),
         "stage_gb_per_s": round(streams.stage_bytes_per_s / gb, 3),
         "file_create_ms": round(disk.file_create_s * 1e3, 3),
+        "fresh_item_mib": fresh_item_mib,
         "plan_item_us": plan_item_us,
         "source": source,
     }

@@ -105,6 +105,11 @@ def _notes(r: dict[str, Any]) -> list[str]:
                        f"{m['save_background_s']:.3g} s write; a thread-based async_save "
                        f"slows it meanwhile (GIL contention, not modelled: use the "
                        f"process-based one)")
+    rebuilt = [m for m in r["methods"] if m["state_dict_s"] > 0]
+    if rebuilt:
+        out.append(f"{', '.join(m['method'] for m in rebuilt)}: {rebuilt[0]['state_dict_s']:.3g}"
+                   f" s of each save rebuild the sharded state dict from flat parameters "
+                   f"(all-gathers of the whole state); FSDP2 saves its shards as held")
     if planning:
         out.append(f"{', '.join(m['method'] for m in planning)}: the first save plans for "
                    f"{planning[0]['first_save_planning_s']:,.0f} s more (DCP's coordinator; "

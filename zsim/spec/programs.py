@@ -138,6 +138,10 @@ class ProgramEntry:
     """The strategies under which it composes with expert parallelism (Plan.ep):
     torchtitan's EP with fully_shard, DeepSpeed-MoE with ZeRO-1/2 (DeepSpeed runs no MoE
     under ZeRO-3)."""
+    flat_state_dict: bool = False
+    """Its sharded state dict is rebuilt from flat parameters: a checkpoint save
+    all-gathers every parameter and optimizer state over the shard group, a load does it
+    again (FSDP1's SHARDED_STATE_DICT; zsim.analytic.checkpoint)."""
     superseded_by: str | None = None
     """The program that replaces it; a plan running it asks a team for an older library
     (zsim.recommend.complications)."""
@@ -178,7 +182,8 @@ REGISTRY: tuple[ProgramEntry, ...] = (
             OverheadKey(name="fsdp1-no-reshard", strategy="fsdp-no-reshard",
                         fallback="fsdp1")),
         lowering="zsim.schedule.programs.fsdp1", backend="zsim.backend.fsdp1", comm="fsdp",
-        offload=False, reduces_each_micro_batch=True, superseded_by="fsdp2"),
+        offload=False, reduces_each_micro_batch=True, flat_state_dict=True,
+        superseded_by="fsdp2"),
 )
 """Every program, in the order listings follow (the profile's overhead keys, the nano and
 validation plans). Tests extend it by replacing it (monkeypatch); nothing changes it at

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zsim.errors import ConfigError
-from zsim.units import GB, MS, US
+from zsim.units import GB, MS, US, MiB
 
 KEYS: tuple[str, ...] = (
     "name", "aggregate_write_gb_per_s", "aggregate_read_gb_per_s", "client_write_gb_per_s",
@@ -22,6 +22,16 @@ KEYS: tuple[str, ...] = (
     "stream_read_gb_per_s",
     "stage_gb_per_s", "file_create_ms", "plan_item_us", "source")
 """Keys of the storage section, all required."""
+
+OPTIONAL_KEYS: tuple[str, ...] = ("fresh_item_mib",)
+"""Keys of the storage section a profile may leave out (their defaults below)."""
+
+FRESH_ITEM_MIB_DEFAULT = 32
+"""glibc's malloc serves an allocation at or above its mmap threshold with freshly mapped
+pages, which the first write into them faults in; smaller ones reuse freed heap. The
+threshold rises with freed chunks up to DEFAULT_MMAP_THRESHOLD_MAX, 32 MiB on 64-bit
+hosts: a host process with glibc's defaults (a GPU node's trainer) maps every allocation
+of 32 MiB and more afresh."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,6 +59,11 @@ class Storage:
     bytes/s. Staging into cached pinned buffers runs at the pinned PCIe rate instead."""
     file_create_s: float
     """Creating, closing and syncing one file, seconds (metadata server round trips)."""
+    fresh_item_bytes: float
+    """Host allocations at least this large are fresh pages (FRESH_ITEM_MIB_DEFAULT;
+    zsim's CPU backend ranks raise glibc's threshold to 1 GiB): a checkpoint load's
+    items that large pay a copy into fresh memory (stage_bytes_per_s) besides the
+    read, bytes."""
     plan_item_s: float
     """Host time torch.distributed.checkpoint's coordinator spends per item of the global
     save plan (one tensor of one rank: unpickling the gathered local plans, deduplicating,
@@ -66,9 +81,9 @@ class Storage:
         if not isinstance(data, dict):
             raise ConfigError("storage", data, "must be a mapping")
         for key in data:
-            if key not in KEYS:
-                raise ConfigError(f"storage.{key}", data[key],
-                                  f"unknown key; expected one of {', '.join(KEYS)}")
+            if key not in KEYS + OPTIONAL_KEYS:
+                raise ConfigError(f"storage.{key}", data[key], "unknown key; expected one "
+                                  f"of {', '.join(KEYS + OPTIONAL_KEYS)}")
         for key in KEYS:
             if key not in data:
                 raise ConfigError(f"storage.{key}", None, "missing")
@@ -87,6 +102,8 @@ class Storage:
             stream_read_bytes_per_s=rate["stream_read_gb_per_s"] * GB,
             stage_bytes_per_s=rate["stage_gb_per_s"] * GB,
             file_create_s=_positive(data, "file_create_ms") * MS,
+            fresh_item_bytes=(_positive(data, "fresh_item_mib") if "fresh_item_mib" in data
+                              else FRESH_ITEM_MIB_DEFAULT) * MiB,
             plan_item_s=_positive(data, "plan_item_us") * US,
             source=data["source"])
 
