@@ -25,6 +25,17 @@ def test_bus_bytes_follow_nccl_tests_factors() -> None:
     assert bus_bytes("reduce_scatter", 800.0, 8) == 700.0
     assert bus_bytes("all_reduce", 800.0, 8) == 1400.0
     assert bus_bytes("all_reduce", 800.0, 1) == 0.0
+    # broadcast: the whole buffer through every rank (its bus bandwidth is its algbw)
+    assert bus_bytes("broadcast", 800.0, 8) == 800.0
+
+
+def test_broadcast_is_a_ring_at_the_link_rate(two_tier_hw: HardwareProfile) -> None:
+    # 4 ranks in a node: 3 steps of 1 us, then 1 GB at 100 GB/s x the toy's efficiency;
+    # no other algorithm is a candidate (NCCL runs broadcast as a ring).
+    inside = CommGroup(ranks=4, ranks_per_node=4)
+    rate = two_tier_hw.intra_node.achievable_bytes_per_s
+    assert collective_time_s("broadcast", 1e9, inside, two_tier_hw) == pytest.approx(
+        3e-6 + 1e9 / rate)
 
 
 def test_latency_term_inside_and_across_nodes(two_tier_hw: HardwareProfile) -> None:

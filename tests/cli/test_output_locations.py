@@ -254,8 +254,10 @@ def test_the_installed_calibrate_writes_a_loadable_profile_with_provenance(
     # GELU timed by pass, at a rate of bytes per second.
     assert hw.kernels is not None and hw.kernels.memory_rates("gelu") is not None
     assert all(v > 0 for v in hw.kernels.memory_rates("gelu").values())
-    assert set(hw.intra_node.kind_efficiency) == {"all_gather", "reduce_scatter", "all_reduce"}
+    assert set(hw.intra_node.kind_efficiency) == {"all_gather", "reduce_scatter", "all_reduce",
+                                                  "broadcast"}
     assert hw.intra_node.kind_efficiency["all_gather"] == 1.0
+    assert hw.intra_node.kind_efficiency["broadcast"] == 1.0  # not calibrated: the default
     # Selective recomputation runs every op of a block through SAC's Python dispatch
     # mode in forward: microseconds per kernel, far below a millisecond. A one-round
     # quick calibration beside the other test worker's load can floor the difference of

@@ -245,8 +245,16 @@ def test_collective_efficiency_names_the_kind_at_fault(write_yaml: Callable[...,
     assert (e.value.field, e.value.value) == ("intra_node.collective_efficiency.all_gather", 3)
     assert "line rate" in e.value.reason
     hw = HardwareProfile.from_yaml(write_yaml(TOY))
+    # broadcast is optional: absent, it moves its bus bytes as an all_gather does.
     assert hw.intra_node.kind_efficiency == {"all_gather": 1.0, "reduce_scatter": 0.5,
-                                             "all_reduce": 2.0}
+                                             "all_reduce": 2.0, "broadcast": 1.0}
+    data = _mutated(lambda d: d["intra_node"]["collective_efficiency"].update(broadcast=1.5))
+    assert HardwareProfile.from_yaml(write_yaml(data)).intra_node.kind_efficiency[
+        "broadcast"] == 1.5
+    data = _mutated(lambda d: d["intra_node"]["collective_efficiency"].update(gather=1))
+    with pytest.raises(ConfigError) as e:
+        HardwareProfile.from_yaml(write_yaml(data))
+    assert e.value.field == "intra_node.collective_efficiency"
 
 
 def test_latency_per_protocol(write_yaml: Callable[..., Path]) -> None:

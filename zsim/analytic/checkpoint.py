@@ -58,7 +58,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from zsim.analytic.collectives import collective_time_s
+from zsim.analytic.collectives import CommGroup, collective_time_s
 from zsim.analytic.placement import place
 from zsim.errors import ConfigError
 from zsim.spec.hardware import HardwareProfile
@@ -174,7 +174,7 @@ def checkpoint_cost(spec: ModelSpec, hw: HardwareProfile, plan: Plan, *, method:
         stall = _gather_s(hw, plan, lay.total) + lay.total / stage + write_s + create_s
         background = 0.0
         load_s = _stream_read_s(lay.total, lay, read.stream, fresh) \
-            + _broadcast_s(hw, plan, lay.local_per_rank) + lay.local_per_rank / h2d
+            + _broadcast_s(hw, plan, lay.total) + lay.local_per_rank / h2d
         host = lay.total
     else:
         busiest = lay.write_per_rank + lay.rank0_extra
@@ -401,12 +401,13 @@ def _gather_s(hw: HardwareProfile, plan: Plan, total: float) -> float:
     return total * (n - 1) / n / (link.bandwidth_bytes_per_s * link.efficiency)
 
 
-def _broadcast_s(hw: HardwareProfile, plan: Plan, local: float) -> float:
-    """Rank 0 sends each rank its part (set_state_dict broadcast_from_rank0)."""
-    if plan.world_size == 1:
-        return 0.0
-    link = hw.inter_node if plan.world_size > hw.domain_gpus else hw.intra_node
-    return local * plan.world_size / (link.bandwidth_bytes_per_s * link.efficiency)
+def _broadcast_s(hw: HardwareProfile, plan: Plan, total: float) -> float:
+    """Rank 0 broadcasts every full tensor to all ranks, each keeping its part
+    (set_state_dict broadcast_from_rank0: _broadcast_state_dict, one broadcast per
+    tensor), at the profile's broadcast cost over the world."""
+    world = CommGroup(ranks=plan.world_size,
+                      ranks_per_node=min(plan.world_size, hw.domain_gpus))
+    return collective_time_s("broadcast", total, world, hw)
 
 
 def _converted_bytes(spec: ModelSpec, method: str, lay: _Layout) -> float:

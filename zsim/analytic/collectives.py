@@ -2,8 +2,9 @@
 algorithm and protocol the collective library runs it with.
 
 Sizes follow nccl-tests (doc/PERFORMANCE.md): `size_bytes` is the full tensor (all_gather
-output, reduce_scatter input, all_reduce buffer); bus bytes per rank are (n-1)/n * size
-for all_gather and reduce_scatter, 2 (n-1)/n * size for all_reduce. A ring moves exactly
+output, reduce_scatter input, all_reduce buffer, broadcast buffer); bus bytes per rank are
+(n-1)/n * size for all_gather and reduce_scatter, 2 (n-1)/n * size for all_reduce, size
+for broadcast (a ring only: a checkpoint's full-state load). A ring moves exactly
 its bus bytes; every other algorithm is charged as the ring's bus bytes over the same
 links at its own bandwidth relative to the ring's (`Algorithm.link_loads`), so traces and
 byte counts stay comparable across algorithms.
@@ -172,9 +173,13 @@ class Algorithm:
 
 
 def bus_bytes(kind: str, size_bytes: float, n: int) -> float:
-    """Bytes each rank sends (and receives) in a ring collective over n ranks."""
+    """Bytes each rank sends (and receives) in a ring collective over n ranks; a
+    broadcast's chain passes the whole buffer through every rank (nccl-tests: its bus
+    bandwidth is its algorithm bandwidth)."""
     if n <= 1:
         return 0.0
+    if kind == "broadcast":
+        return size_bytes
     factor = 2.0 if kind == "all_reduce" else 1.0
     return factor * (n - 1) / n * size_bytes
 
@@ -324,6 +329,8 @@ def candidates(kind: str, size_bytes: float, group: CommGroup, hw: HardwareProfi
         factor = RCCL_FACTORS["ring_LL"] if rccl and p == "LL" else RING_PROTOCOL_BANDWIDTH[p]
         out.append(Algorithm(algorithm=RING, protocol=p, link_loads=scaled(factor),
                              latency_s=base[(RING, p)] + ring_latency_s(kind, group, hw, p)))
+    if kind == "broadcast":  # NCCL runs it as a ring only
+        return out
     if not group.spans_nodes and hw.nvls_bus_bytes_per_s > 0:
         out.append(_nvls(kind, group, hw))
     if (kind == "all_reduce" and group.spans_nodes and per_node > 1

@@ -65,6 +65,10 @@ parameters, DeepSpeed's partitions) or as DTensors (FSDP2)."""
 COLLECTIVES: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce")
 """The collective kinds (keys of a link's collective_efficiency); zsim.schedule.ops keeps
 its own copy, as it imports only the standard library."""
+OPTIONAL_COLLECTIVES: tuple[str, ...] = ("broadcast",)
+"""Kinds a link's collective_efficiency may also give (1 when absent: the ring moves a
+broadcast's bytes as an all_gather's, as NCCL's does); a checkpoint's full-state load
+broadcasts (zsim.analytic.checkpoint)."""
 REDUCING_COLLECTIVES: tuple[str, ...] = ("reduce_scatter", "all_reduce")
 """The kinds that add their inputs, whose time may depend on the dtype they add in."""
 
@@ -145,7 +149,7 @@ class Link:
     """Achievable fraction of line rate for large collectives (nccl-tests bus bandwidth /
     line rate)."""
     kind_efficiency: dict[str, float] = field(
-        default_factory=lambda: dict.fromkeys(COLLECTIVES, 1.0))
+        default_factory=lambda: dict.fromkeys(COLLECTIVES + OPTIONAL_COLLECTIVES, 1.0))
     """Bus bandwidth of each collective kind relative to `efficiency` (YAML
     collective_efficiency): 1 where the backend's rings move the same bytes for every
     kind (NCCL); below 1 for a kind its backend runs with more traffic (gloo's
@@ -784,10 +788,12 @@ def _link(d: dict[str, Any], section: str) -> Link:
     else:
         per_protocol = {"Simple": float(latency) * US}
     kinds = d["collective_efficiency"]
-    if not isinstance(kinds, dict) or sorted(kinds) != sorted(COLLECTIVES):
+    if (not isinstance(kinds, dict) or not set(COLLECTIVES) <= set(kinds)
+            or not set(kinds) <= set(COLLECTIVES + OPTIONAL_COLLECTIVES)):
         raise ConfigError(f"{section}.collective_efficiency", kinds,
-                          f"must map exactly {', '.join(COLLECTIVES)} to numbers")
-    for kind in COLLECTIVES:
+                          f"must map {', '.join(COLLECTIVES)} (and optionally "
+                          f"{', '.join(OPTIONAL_COLLECTIVES)}) to numbers")
+    for kind in kinds:
         v = _pos(kinds, f"{section}.collective_efficiency", kind)
         if v * eff > 1.0:
             raise ConfigError(f"{section}.collective_efficiency.{kind}", v,
@@ -798,4 +804,5 @@ def _link(d: dict[str, Any], section: str) -> Link:
                                        if "mesh_link_gb_per_s" in d else 0.0),
                 latency_s=per_protocol.pop("Simple"), protocol_latency_s=per_protocol,
                 efficiency=float(eff),
-                kind_efficiency={k: float(kinds[k]) for k in COLLECTIVES})
+                kind_efficiency={k: float(kinds.get(k, 1.0))
+                                 for k in COLLECTIVES + OPTIONAL_COLLECTIVES})
