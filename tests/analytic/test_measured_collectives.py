@@ -69,7 +69,7 @@ def test_the_measured_time_splits_into_latency_and_link_bytes(
 
 @pytest.mark.parametrize(("table", "field"), [
     ({"all_reduce": [[1, 1], [2, 2]]}, "collectives.measured_us"),
-    ({"ranks": 2, "broadcast": [[1, 1], [2, 2]]}, "collectives.measured_us"),
+    ({"ranks": 2, "all_to_all": [[1, 1], [2, 2]]}, "collectives.measured_us"),
     ({"ranks": 1, "all_reduce": [[1, 1], [2, 2]]}, "collectives.measured_us.ranks"),
     ({"ranks": 2, "all_reduce": [[1, 1]]}, "collectives.measured_us.all_reduce"),
     ({"ranks": 2, "all_reduce": [[2, 1], [1, 2]]}, "collectives.measured_us.all_reduce"),

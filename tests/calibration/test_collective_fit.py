@@ -69,6 +69,22 @@ def test_fit_gives_each_kind_its_own_bandwidth() -> None:
     assert fit.max_rel_error < 1e-9
 
 
+def test_a_broadcast_is_fitted_as_a_chain_of_the_whole_buffer() -> None:
+    # A broadcast moves the whole buffer through every rank: (n-1) alpha + S / B (its bus
+    # bandwidth is its algorithm bandwidth); gloo's runs at 4x the all-gather's rate here.
+    alpha_s, bw = 300e-6, 2e9
+    samples = [CollectiveSample(op="all_gather", size_bytes=size, world_size=n,
+                                time_s=_ring_time_s("all_gather", size, n, alpha_s, bw))
+               for size in (4096, 1 << 20, 64 << 20) for n in (2, 4)]
+    samples += [CollectiveSample(op="broadcast", size_bytes=size, world_size=n,
+                                 time_s=(n - 1) * alpha_s + size / (4 * bw))
+                for size in (4096, 1 << 20, 64 << 20) for n in (2, 4)]
+    fit = fit_alpha_beta(samples)
+    assert fit.kind_factor["broadcast"] == pytest.approx(4.0, rel=1e-6)
+    assert fit.latency_s == pytest.approx(alpha_s, rel=1e-6)
+    assert samples[-1].bus_bytes_per_s == pytest.approx(64 * 2**20 / samples[-1].time_s)
+
+
 def test_one_stalled_small_message_does_not_bend_the_fit() -> None:
     # Measured on this 2-core host under load (gloo, 2 ranks, 3 calls per size): a 64 KiB
     # call that waited a scheduler slice took 2.4 ms where the ring needs 0.3 ms. The fit

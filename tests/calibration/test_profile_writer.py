@@ -310,8 +310,8 @@ def test_sessions_merge_rank_by_rank_into_one_profile(monkeypatch: pytest.Monkey
 
 def test_reductions_are_timed_in_bf16_too_and_tabled_apart() -> None:
     """The reducing kinds are timed in bf16 right after fp32 at each size (up to
-    reduction_dtype_max_bytes), all-gathers in fp32 only; the profile's table keeps the
-    bf16 calls under bf16."""
+    reduction_dtype_max_bytes), all-gathers and broadcasts in fp32 only; the profile's
+    table keeps the bf16 calls under bf16."""
     from zsim.calibration.bench_figures import BenchConfig
     from zsim.calibration.comm_bench import collective_cases
 
@@ -332,7 +332,10 @@ def test_reductions_are_timed_in_bf16_too_and_tabled_apart() -> None:
     assert table["bf16"]["all_reduce"] == [[4096, 108.2], [1 << 20, 2197.0],
                                            [64 << 20, 134300.0]]
     assert table["all_reduce"][1] == [1 << 20, 1149.0]
-    assert set(table) == {"ranks", "all_gather", "reduce_scatter", "all_reduce", "bf16"}
+    assert [c for c in cases if c[0] == "broadcast"] == [
+        ("broadcast", "fp32", s) for s in cfg.sizes_bytes]
+    assert set(table) == {"ranks", "all_gather", "reduce_scatter", "all_reduce", "broadcast",
+                          "bf16"}
 
 
 def test_a_call_time_is_the_mean_with_its_stalls_less_the_slowest_tenth() -> None:

@@ -257,7 +257,8 @@ def test_the_installed_calibrate_writes_a_loadable_profile_with_provenance(
     assert set(hw.intra_node.kind_efficiency) == {"all_gather", "reduce_scatter", "all_reduce",
                                                   "broadcast"}
     assert hw.intra_node.kind_efficiency["all_gather"] == 1.0
-    assert hw.intra_node.kind_efficiency["broadcast"] == 1.0  # not calibrated: the default
+    # gloo's broadcast, timed too, within the line rate.
+    assert 0 < hw.intra_node.kind_efficiency["broadcast"] * hw.intra_node.efficiency <= 1
     # Selective recomputation runs every op of a block through SAC's Python dispatch
     # mode in forward: microseconds per kernel, far below a millisecond. A one-round
     # quick calibration beside the other test worker's load can floor the difference of

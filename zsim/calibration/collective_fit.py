@@ -3,10 +3,11 @@ nccl-tests does. Pure arithmetic (numpy); no torch, so it is testable on its own
 
 Model (ring algorithms, Thakur et al. 2005; docs/modelling.md "Communication"): an all-gather or
 reduce-scatter of S bytes (the full, unsharded buffer) over n ranks takes
-(n-1)·alpha + (n-1)/n · S / B; an all-reduce takes twice both terms. B is the achievable
-bandwidth per rank, alpha the per-step latency. Bus bandwidth = (S / t) · (n-1)/n for
-all-gather and reduce-scatter, · 2(n-1)/n for all-reduce (nccl-tests doc/PERFORMANCE.md),
-so busbw of a bandwidth-bound ring equals B.
+(n-1)·alpha + (n-1)/n · S / B; an all-reduce takes twice both terms; a broadcast (a
+chain) (n-1)·alpha + S / B. B is the achievable bandwidth per rank, alpha the per-step
+latency. Bus bandwidth = (S / t) · (n-1)/n for all-gather and reduce-scatter,
+· 2(n-1)/n for all-reduce, · 1 for broadcast (nccl-tests doc/PERFORMANCE.md), so busbw of
+a bandwidth-bound ring equals B.
 """
 
 from __future__ import annotations
@@ -18,8 +19,15 @@ import numpy as np
 
 from zsim.errors import ConfigError
 
-RING_PHASES: dict[str, int] = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2}
+RING_PHASES: dict[str, int] = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2,
+                               "broadcast": 1}
 """Ring passes per collective: all-reduce = reduce-scatter + all-gather."""
+
+
+def bus_factor(op: str, n: int) -> float:
+    """Bus bytes per buffer byte of a ring `op` over n ranks (zsim.analytic.collectives.
+    bus_bytes): k(n-1)/n, the whole buffer for a broadcast."""
+    return 1.0 if op == "broadcast" else RING_PHASES[op] * (n - 1) / n
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -27,7 +35,8 @@ class CollectiveSample:
     """One measured collective."""
 
     op: str
-    """"all_gather", "reduce_scatter" or "all_reduce" (torch.distributed spelling)."""
+    """"all_gather", "reduce_scatter", "all_reduce" or "broadcast" (torch.distributed
+    spelling)."""
     size_bytes: int
     """Full buffer size: all-gather output, reduce-scatter input, all-reduce buffer."""
     world_size: int
@@ -41,8 +50,7 @@ class CollectiveSample:
     @property
     def bus_bytes_per_s(self) -> float:
         """nccl-tests bus bandwidth: algorithm bandwidth times the ring's traffic factor."""
-        n = self.world_size
-        return self.size_bytes / self.time_s * RING_PHASES[self.op] * (n - 1) / n
+        return self.size_bytes / self.time_s * bus_factor(self.op, self.world_size)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,7 +71,7 @@ class AlphaBeta:
         """Ring time of one collective, seconds."""
         n, k = world_size, RING_PHASES[op]
         bandwidth = self.bandwidth_bytes_per_s * self.kind_factor.get(op, 1.0)
-        return k * (n - 1) * self.latency_s + k * (n - 1) / n * size_bytes / bandwidth
+        return k * (n - 1) * self.latency_s + bus_factor(op, n) * size_bytes / bandwidth
 
 
 IRLS_ROUNDS = 50
@@ -96,7 +104,7 @@ def fit_alpha_beta(samples: Sequence[CollectiveSample]) -> AlphaBeta:
     for s in samples:
         n, k = s.world_size, RING_PHASES[s.op]
         row = [k * (n - 1) / s.time_s] + [0.0] * len(kinds)
-        row[1 + kinds.index(s.op)] = k * (n - 1) / n * s.size_bytes / s.time_s
+        row[1 + kinds.index(s.op)] = bus_factor(s.op, n) * s.size_bytes / s.time_s
         rows.append(row)
     a, target = np.array(rows), np.ones(len(rows))
     weights = np.ones(len(rows))

@@ -24,15 +24,17 @@ from zsim.backend.runner import RankContext, sync_device
 from zsim.calibration.bench_figures import BenchConfig
 from zsim.calibration.collective_fit import CollectiveSample
 from zsim.calibration.timing import call_times_s, median_call_s, trimmed_mean
-from zsim.spec.hardware import COLLECTIVES, REDUCING_COLLECTIVES
+from zsim.spec.hardware import COLLECTIVES, OPTIONAL_COLLECTIVES, REDUCING_COLLECTIVES
 from zsim.units import MiB, dtype_bytes
 
 
 def collective_cases(cfg: BenchConfig) -> list[tuple[str, str, int]]:
     """(kind, dtype, size_bytes) of every timed collective, in the order timed: each kind
-    in fp32 at every size, the reducing kinds also in cfg.reduction_dtypes (right after
-    fp32 at the same size, so the two see the same host) up to its largest size."""
-    return [(op, dtype, size) for op in COLLECTIVES for size in cfg.sizes_bytes
+    (broadcast too) in fp32 at every size, the reducing kinds also in
+    cfg.reduction_dtypes (right after fp32 at the same size, so the two see the same host)
+    up to its largest size."""
+    return [(op, dtype, size) for op in COLLECTIVES + OPTIONAL_COLLECTIVES
+            for size in cfg.sizes_bytes
             for dtype in ("fp32", *(cfg.reduction_dtypes if op in REDUCING_COLLECTIVES else ()))
             if dtype == "fp32" or size <= cfg.reduction_dtype_max_bytes]
 
@@ -55,6 +57,9 @@ def collective_samples(ctx: RankContext, cfg: BenchConfig) -> list[CollectiveSam
         elif op == "reduce_scatter":
             def call(full: torch.Tensor = full, shard: torch.Tensor = shard) -> None:
                 dist.reduce_scatter_tensor(shard, full)
+        elif op == "broadcast":
+            def call(full: torch.Tensor = full) -> None:
+                dist.broadcast(full, 0)
         else:
             def call(full: torch.Tensor = full) -> None:
                 dist.all_reduce(full)

@@ -53,7 +53,7 @@ from zsim.calibration.machine import (
 from zsim.calibration.microbench import bench_rank, median_of_rounds
 from zsim.calibration.program_overhead import fit
 from zsim.errors import ConfigError
-from zsim.spec.hardware import COLLECTIVES, HardwareProfile
+from zsim.spec.hardware import COLLECTIVES, OPTIONAL_COLLECTIVES, HardwareProfile
 from zsim.spec.kernel_rates import PASSES
 from zsim.units import GB, GiB, MiB
 
@@ -171,16 +171,16 @@ def profile_dict(ranks: list[RankBench], *, name: str, backend: str, nproc: int,
     device = (torch.cuda.get_device_name(0) if backend == "nccl"
               else f"{cpu_name()}, one torch.distributed rank")
     link_name = "NCCL" if backend == "nccl" else "gloo over loopback TCP"
-    link_source = (f"{prov}; alpha-beta fit of all_gather_into_tensor, reduce_scatter_tensor "
-                   f"and all_reduce {_sizes(samples)} (one alpha, one bandwidth per kind: "
-                   f"efficiency is all_gather's, collective_efficiency each kind's relative "
-                   f"to it), max fit error {link.max_rel_error:.0%}; line rate = "
-                   f"send/recv 64 MiB; all_reduce best bus bandwidth "
-                   f"{ar_busbw / GB:.3g} GB/s")
+    link_source = (f"{prov}; alpha-beta fit of all_gather_into_tensor, "
+                   f"reduce_scatter_tensor, all_reduce and broadcast {_sizes(samples)} (one "
+                   f"alpha, one bandwidth per kind: efficiency is all_gather's, "
+                   f"collective_efficiency each kind's relative to it), max fit error "
+                   f"{link.max_rel_error:.0%}; line rate = send/recv 64 MiB; all_reduce "
+                   f"best bus bandwidth {ar_busbw / GB:.3g} GB/s")
     efficiency = _r(min(link.bandwidth_bytes_per_s / line_rate, 1.0))
     # A kind's rate may not pass the line rate (rounded down to stay within it).
     kinds = {k: min(_r(link.kind_factor.get(k, 1.0)), math.floor(1e3 / efficiency) / 1e3)
-             for k in COLLECTIVES}
+             for k in COLLECTIVES + OPTIONAL_COLLECTIVES}
     hbm_gib = (torch.cuda.get_device_properties(0).total_memory / GiB if backend == "nccl"
                else mem_gib)
     kernels = ({"kernels": _kernel_table(ranks, cfg, prov + shared)}

@@ -685,16 +685,17 @@ def _block_host(d: Any) -> BlockHost | None:
 
 def _measured_collectives(d: Any) -> MeasuredCollectives | None:
     """collectives.measured_us: {ranks: N >= 2, <kind>: [[size_bytes, us], ...]} for some
-    of COLLECTIVES (fp32), and optionally {<dtype>: {<kind>: [...]}} for some of
-    REDUCING_COLLECTIVES in another dtype; sizes ascending and > 0, times >= 0, two
-    points at least (absent: None)."""
+    of COLLECTIVES and OPTIONAL_COLLECTIVES (fp32), and optionally {<dtype>: {<kind>:
+    [...]}} for some of REDUCING_COLLECTIVES in another dtype; sizes ascending and > 0,
+    times >= 0, two points at least (absent: None)."""
     if d is None:
         return None
     where = "collectives.measured_us"
     other = ("bf16", "fp16")
+    kinds = COLLECTIVES + OPTIONAL_COLLECTIVES
     if not isinstance(d, dict) or "ranks" not in d or not set(d) - {"ranks"} <= {
-            *COLLECTIVES, *other}:
-        raise ConfigError(where, d, f"must map ranks and some of {', '.join(COLLECTIVES)} to "
+            *kinds, *other}:
+        raise ConfigError(where, d, f"must map ranks and some of {', '.join(kinds)} to "
                                     f"[[size_bytes, us], ...] (and a dtype among "
                                     f"{', '.join(other)} to reductions in it)")
     ranks = _count(d, where, "ranks")
@@ -716,9 +717,9 @@ def _measured_collectives(d: Any) -> MeasuredCollectives | None:
 
 
 def _call_tables(d: dict[str, Any], where: str) -> dict[str, tuple[tuple[float, float], ...]]:
-    """The [[size_bytes, us], ...] tables among d's COLLECTIVES keys, in seconds."""
+    """The [[size_bytes, us], ...] tables among d's collective kinds, in seconds."""
     points = {}
-    for kind in COLLECTIVES:
+    for kind in COLLECTIVES + OPTIONAL_COLLECTIVES:
         if kind not in d:
             continue
         rows = d[kind]
