@@ -107,9 +107,10 @@ def _notes(r: dict[str, Any]) -> list[str]:
                        f"process-based one)")
     rebuilt = [m for m in r["methods"] if m["state_dict_s"] > 0]
     if rebuilt:
-        out.append(f"{', '.join(m['method'] for m in rebuilt)}: {rebuilt[0]['state_dict_s']:.3g}"
-                   f" s of each save rebuild the sharded state dict from flat parameters "
-                   f"(all-gathers of the whole state); FSDP2 saves its shards as held")
+        out.append(f"{', '.join(m['method'] for m in rebuilt)}: each save spends "
+                   f"{rebuilt[0]['state_dict_s']:.3g} s rebuilding the sharded state dict "
+                   f"from flat parameters (all-gathers of the whole state); FSDP2 saves its "
+                   f"shards as held")
     if planning:
         out.append(f"{', '.join(m['method'] for m in planning)}: the first save plans for "
                    f"{planning[0]['first_save_planning_s']:,.0f} s more (DCP's coordinator; "
