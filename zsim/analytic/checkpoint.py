@@ -366,8 +366,12 @@ def _flat_state_dict_s(spec: ModelSpec, hw: HardwareProfile, plan: Plan,
     copies = OPTIMIZER_STATE_COPIES.get(plan.optimizer, 2) if with_optimizer else 0
     state = dtype_bytes(plan.optimizer_state_dtype)
 
+    times: dict[float, float] = {}  # a model's tensors come in a few sizes
+
     def gather(nbytes: float) -> float:
-        return collective_time_s("all_gather", nbytes, group, hw)
+        if nbytes not in times:
+            times[nbytes] = collective_time_s("all_gather", nbytes, group, hw)
+        return times[nbytes]
 
     units: dict[str, float] = {}
     per_tensor = 0.0
@@ -376,7 +380,8 @@ def _flat_state_dict_s(spec: ModelSpec, hw: HardwareProfile, plan: Plan,
         unit = ".".join(name.split(".")[:2]) if name.startswith("layers.") else ""
         units[unit] = units.get(unit, 0.0) + numel
         per_tensor += gather(numel * held) + copies * gather(numel * state)
-    per_unit = sum(gather(u * held) + copies * gather(u * state) for u in units.values())
+    unsharded = sum(gather(u * held) for u in units.values())
+    per_unit = unsharded + sum(copies * gather(u * state) for u in units.values())
     params = sum(units.values()) * held
     states = sum(units.values()) * copies * state
     if on_host:
@@ -386,7 +391,6 @@ def _flat_state_dict_s(spec: ModelSpec, hw: HardwareProfile, plan: Plan,
         hbm = hw.hbm_bandwidth_bytes_per_s * hw.memory_bound_efficiency / 2  # read + write
         save_copy = (params + states) / n / hbm
         load_copy = (states + states / n) / hbm
-    unsharded = sum(gather(u * held) for u in units.values())
     # A rank holds its pipeline stage's units only.
     return (per_unit + save_copy) / plan.pp, (per_tensor + unsharded + load_copy) / plan.pp
 

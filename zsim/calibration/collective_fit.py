@@ -1,5 +1,6 @@
 """Fit an alpha-beta model to collective timings, and report bus bandwidth the way
-nccl-tests does. Pure arithmetic (numpy); no torch, so it is testable on its own.
+nccl-tests does (bus bytes as zsim.analytic.collectives counts them). Pure arithmetic
+(numpy); no torch, so it is testable on its own.
 
 Model (ring algorithms, Thakur et al. 2005; docs/modelling.md "Communication"): an all-gather or
 reduce-scatter of S bytes (the full, unsharded buffer) over n ranks takes
@@ -17,17 +18,13 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from zsim.analytic.collectives import bus_bytes
 from zsim.errors import ConfigError
 
 RING_PHASES: dict[str, int] = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2,
                                "broadcast": 1}
 """Ring passes per collective: all-reduce = reduce-scatter + all-gather."""
 
-
-def bus_factor(op: str, n: int) -> float:
-    """Bus bytes per buffer byte of a ring `op` over n ranks (zsim.analytic.collectives.
-    bus_bytes): k(n-1)/n, the whole buffer for a broadcast."""
-    return 1.0 if op == "broadcast" else RING_PHASES[op] * (n - 1) / n
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,7 +47,7 @@ class CollectiveSample:
     @property
     def bus_bytes_per_s(self) -> float:
         """nccl-tests bus bandwidth: algorithm bandwidth times the ring's traffic factor."""
-        return self.size_bytes / self.time_s * bus_factor(self.op, self.world_size)
+        return self.size_bytes / self.time_s * bus_bytes(self.op, 1.0, self.world_size)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,7 +68,7 @@ class AlphaBeta:
         """Ring time of one collective, seconds."""
         n, k = world_size, RING_PHASES[op]
         bandwidth = self.bandwidth_bytes_per_s * self.kind_factor.get(op, 1.0)
-        return k * (n - 1) * self.latency_s + bus_factor(op, n) * size_bytes / bandwidth
+        return k * (n - 1) * self.latency_s + bus_bytes(op, size_bytes, n) / bandwidth
 
 
 IRLS_ROUNDS = 50
@@ -104,7 +101,7 @@ def fit_alpha_beta(samples: Sequence[CollectiveSample]) -> AlphaBeta:
     for s in samples:
         n, k = s.world_size, RING_PHASES[s.op]
         row = [k * (n - 1) / s.time_s] + [0.0] * len(kinds)
-        row[1 + kinds.index(s.op)] = bus_factor(s.op, n) * s.size_bytes / s.time_s
+        row[1 + kinds.index(s.op)] = bus_bytes(s.op, s.size_bytes, n) / s.time_s
         rows.append(row)
     a, target = np.array(rows), np.ones(len(rows))
     weights = np.ones(len(rows))
