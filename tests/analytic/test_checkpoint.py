@@ -35,6 +35,12 @@ def _plan(spec: ModelSpec, gpus: int, strategy: str, **kw: Any) -> Plan:
                       offload="none", impl=kw.pop("impl", None), parallel=kw or None)
 
 
+SPEC_117M = ModelSpec(name="llama-117m", num_layers=4, d_model=1024, num_heads=8,
+                      num_kv_heads=8, ffn_hidden=2816, vocab_size=32000, max_seq_len=64)
+"""The validation's model (zsim.validation.checkpoints), 116,925,440 parameters."""
+PLAN_117M = Plan.for_strategy("fsdp", gpus=2, seq_len=32, micro_batch=1)
+
+
 @pytest.fixture(scope="module")
 def h100() -> HardwareProfile:
     return resolve_hardware("dgx-h100")
@@ -197,6 +203,16 @@ def test_fsdp1_gathers_its_whole_state_to_build_a_sharded_state_dict(
     assert ring * 20 / 12 <= load_side <= ring * 20 / 12 + (3 * tensors + units) * call_s
 
 
+    # A full state dict arrives whole by broadcast; FSDP1 then unshards each unit to take
+    # the parameters (4 bytes a parameter on the ring, one call per unit) and flattens
+    # the moments and clones their shard in HBM (8 + 8/128 bytes a parameter).
+    full1 = checkpoint_cost(spec, h100, _plan(spec, 128, "fsdp", impl="fsdp1"), method="full")
+    full2 = checkpoint_cost(spec, h100, _plan(spec, 128, "fsdp"), method="full")
+    hbm = h100.hbm_bandwidth_bytes_per_s * h100.memory_bound_efficiency / 2
+    copies = (4 + 8 + 8 / 128) * spec.num_params / hbm
+    assert ring * 4 / 12 + copies <= full1.load_s - full2.load_s <= \
+        ring * 4 / 12 + copies + units * call_s
+    assert full1.save_stall_s == full2.save_stall_s
 def test_a_load_first_touches_fresh_memory_for_its_large_items() -> None:
     # 2 CPU ranks (local-cpu: tensors on the host, no copy to a device), FSDP2, a 117M
     # model: the embedding and output (32,000 x 1,024 fp32) are 65.5 MB a rank and so are
@@ -205,41 +221,87 @@ def test_a_load_first_touches_fresh_memory_for_its_large_items() -> None:
     # the read stream; every other item reuses the heap.
     local = resolve_hardware("local-cpu")
     assert local.storage is not None
-    storage = replace(local.storage, fresh_item_bytes=FRESH_ITEM_MIB_DEFAULT * MiB)
-    hw = replace(local, storage=storage)
-    spec = ModelSpec(name="llama-117m", num_layers=4, d_model=1024, num_heads=8,
-                     num_kv_heads=8, ffn_hidden=2816, vocab_size=32000, max_seq_len=64)
-    plan = Plan.for_strategy("fsdp", gpus=2, seq_len=32, micro_batch=1)
-    cost = checkpoint_cost(spec, hw, plan, method="dcp")
+
+    def with_threshold(mib: int) -> HardwareProfile:
+        assert local.storage is not None
+        return replace(local, storage=replace(local.storage, fresh_item_bytes=mib * MiB))
+
+    storage = with_threshold(FRESH_ITEM_MIB_DEFAULT).storage
+    assert storage is not None
+    spec, plan = SPEC_117M, PLAN_117M
+    cost = checkpoint_cost(spec, with_threshold(FRESH_ITEM_MIB_DEFAULT), plan, method="dcp")
     large = 2 * 3 * 32000 * 1024 * 4 / 2
     per_rank = cost.bytes_total / 2
     read = max(per_rank / storage.stream_read_bytes_per_s,
                cost.bytes_total / storage.client_read_bytes_per_s)
     assert cost.load_s == pytest.approx(read + large / storage.stage_bytes_per_s, rel=1e-3)
-    # Split four ways no item is that large, nor under the backend ranks' 1 GiB threshold
-    # (local-cpu as shipped): the read alone.
-    quarter = checkpoint_cost(spec, hw, Plan.for_strategy("fsdp", gpus=4, seq_len=32,
-                                                          micro_batch=1), method="dcp")
+    # Split four ways no item is that large, nor under a 1 GiB threshold (the backend's
+    # caching malloc settings): the read alone.
+    quarter = checkpoint_cost(spec, with_threshold(FRESH_ITEM_MIB_DEFAULT),
+                              Plan.for_strategy("fsdp", gpus=4, seq_len=32, micro_batch=1),
+                              method="dcp")
     assert quarter.load_s == pytest.approx(
         max(quarter.bytes_total / 4 / storage.stream_read_bytes_per_s,
             quarter.bytes_total / storage.client_read_bytes_per_s), rel=1e-3)
-    assert checkpoint_cost(spec, local, plan, method="dcp").load_s == pytest.approx(read)
+    assert checkpoint_cost(spec, with_threshold(1024), plan, method="dcp").load_s == \
+        pytest.approx(read)
 
 
 def test_a_full_state_dict_load_reads_on_rank_0_and_broadcasts_it_all() -> None:
-    # set_state_dict(broadcast_from_rank0): rank 0 torch.load's the one file, then
-    # broadcasts every full tensor; each rank keeps its part. local-cpu: gloo's broadcast
-    # at the send/recv line rate (3.273 GB/s), one step of 241.8 us; the ranks' 1 GiB
-    # malloc threshold leaves every item in reused heap.
+    # set_state_dict(broadcast_from_rank0): rank 0 torch.load's the one file into one dict
+    # (a restart's new process: every byte fresh pages, first-touched at the staging
+    # rate), then broadcasts every full tensor; each rank copies its part into its shards
+    # (a copy in host memory: 23.64 GB/s x 0.8448 / 2, read and written). local-cpu:
+    # gloo's broadcast at the send/recv line rate (3.273 GB/s), one step of 241.8 us.
     hw = resolve_hardware("local-cpu")
-    assert hw.storage is not None
-    spec = ModelSpec(name="llama-117m", num_layers=4, d_model=1024, num_heads=8,
-                     num_kv_heads=8, ffn_hidden=2816, vocab_size=32000, max_seq_len=64)
-    full = checkpoint_cost(spec, hw, Plan.for_strategy("fsdp", gpus=2, seq_len=32,
-                                                       micro_batch=1), method="full")
+    storage = hw.storage
+    assert storage is not None
+    full = checkpoint_cost(SPEC_117M, hw, PLAN_117M, method="full")
     line = 3.273e9 * 0.2324 * 4.3
-    assert full.load_s == pytest.approx(full.bytes_total / hw.storage.stream_read_bytes_per_s
-                                        + full.bytes_total / line + 241.8e-6, rel=1e-3)
+    total = full.bytes_total
+    assert full.load_s == pytest.approx(
+        total / storage.stream_read_bytes_per_s + total / storage.stage_bytes_per_s
+        + total / line + 241.8e-6 + total / 2 / (23.64e9 * 0.8448 / 2), rel=1e-3)
+
+
+def test_a_full_state_dict_load_on_gpus_moves_it_all_to_rank_0s_device(
+        h100: HardwareProfile) -> None:
+    # _broadcast_tensors: rank 0 copies each full tensor to its GPU before the broadcast,
+    # the whole state through one pageable host-to-device copy; a sharded load moves
+    # only each rank's shards.
+    spec = resolve_model("13b")
+    plan = _plan(spec, 128, "fsdp")
+    full = checkpoint_cost(spec, h100, plan, method="full")
+    h2d = h100.pageable_pcie_bytes_per_s.get("h2d", h100.pcie_bytes_per_s * h100.pcie_efficiency)
+    assert full.bytes_total / h2d > 5  # 156 GB of fp32 state and moments
+    unmoved = replace(h100, pageable_pcie_bytes_per_s={"h2d": float("inf"), "d2h": float("inf")},
+                      pcie_bytes_per_s=float("inf"))
+    assert full.load_s - checkpoint_cost(spec, unmoved, plan, method="full").load_s == \
+        pytest.approx(full.bytes_total / h2d, rel=1e-6)
+
+
+@pytest.mark.parametrize("strategy", ["zero2", "zero3"])
+def test_deepspeed_loads_its_files_whole_into_fresh_pages(strategy: str) -> None:
+    # load_checkpoint torch.load's each rank's optimizer file whole (new process: all of
+    # it fresh pages); under ZeRO-2 every rank also reads the bf16 module file twice
+    # (check_ckpt_list, then load), the second time into the first's freed heap: the
+    # backend ranks' 1 GiB malloc threshold reuses all of it, glibc's 32 MiB maps the
+    # embedding and output (32,000 x 1,024 x 2 B = 65.5 MB each) afresh again.
+    local = resolve_hardware("local-cpu")
+    storage = local.storage
+    assert storage is not None
+    psi = SPEC_117M.num_params
+    plan = Plan.for_strategy(strategy, gpus=2, seq_len=32, micro_batch=1, impl="deepspeed")
+    optim = 12 * psi / 2
+    module = 2 * psi if strategy == "zero2" else 0
+    stream, fresh = storage.stream_read_bytes_per_s, storage.stage_bytes_per_s
+    for threshold_mib, again_fresh in ((1024, 0.0), (32, 2 * 32000 * 1024 * 2)):
+        hw = replace(local, storage=replace(storage, fresh_item_bytes=threshold_mib * MiB))
+        cost = checkpoint_cost(SPEC_117M, hw, plan, method="deepspeed")
+        again = again_fresh if strategy == "zero2" else 0.0
+        read = (optim + 2 * module) / stream + (optim + module + again) / fresh
+        assert cost.load_s == pytest.approx(
+            max(read, 2 * (optim + 2 * module) / storage.client_read_bytes_per_s), rel=1e-6)
 
 
 @pytest.mark.parametrize(("kw", "field"), [

@@ -25,7 +25,9 @@ What is written (read from the libraries; the real-run tests count the bytes on 
   master weights and Adam moments (`*_optim_states.pt`); under ZeRO-1/2 data-parallel rank
   0 also writes the module's weights in their training dtype (`mp_rank_00_model_states.pt`),
   and on load every rank reads that file; ZeRO-3 writes a model-states file per rank
-  holding only empty placeholders (no 16-bit weights at all). Its checkpoint engine
+  holding only empty placeholders (no 16-bit weights at all). load_checkpoint reads the
+  module file twice (state_dict_factory.py: SDLoaderBase.check_ckpt_list torch.load's the
+  first file whole to check mp_world_size, then load reads it again). Its checkpoint engine
   torch.save's each file to its path without fsync: the save returns once the bytes are
   in the client's cache (Storage.stream_buffered_write), durable when written back.
 - Offline conversion to one torch file (dcp_to_torch_save; DeepSpeed's zero_to_fp32),
@@ -34,17 +36,24 @@ What is written (read from the libraries; the real-run tests count the bytes on 
 
 Times: a rank's bytes go through one writer stream (Storage.stream_*: serialization and
 the file system for one thread), a node's streams share its client link, and all nodes
-the file system's aggregate rate; the slowest of the three sets the write. A load reads
-the same way; each item torch.load returns is a new allocation, and one of at least
-Storage.fresh_item_bytes is fresh pages the read first-touches (at the rate of a copy
-into fresh memory, Storage.stage_bytes_per_s; a one-off check of the rates is in
-docs/log.md). A program whose state dict is rebuilt from flat
-parameters (ProgramEntry.flat_state_dict: FSDP1) all-gathers its whole state on every
-sharded save and load (_flat_state_dict_s); FSDP2's and DeepSpeed's state is saved as the
-shards it is held in. DCP's
-coordinator pays a host cost per item of the global plan (Storage.plan_item_s x items x
-ranks) on a save whose plan is not cached; a cached plan (DefaultSavePlanner
-enable_plan_caching, the PyTorch team's fix at 1,856 GPUs) pays it on the first save only.
+the file system's aggregate rate; the slowest of the three sets the write. A load is a
+restart's: a new process reads the same way, and what torch.load returns is new memory.
+DCP reads each item into a temporary and copies it into the state dict it loads
+(FileSystemReader.read_data), so the heap serves every item again except one of at least
+Storage.fresh_item_bytes, which malloc maps afresh: fresh pages the read first-touches
+(at the rate of a copy into fresh memory, Storage.stage_bytes_per_s; a one-off check of
+the rates is in docs/log.md). A whole file torch.load'ed into one dict (a full state dict
+on rank 0, DeepSpeed's files, an offline conversion) holds every tensor at once: in a new
+process all of it is fresh pages; DeepSpeed's second read of its module file reuses the
+first's freed heap below that threshold. Under "full", rank 0 moves every full tensor to
+its device before broadcasting it (_state_dict_utils._broadcast_tensors) and each rank
+copies its part into its shards (_distribute_tensors). A program whose state dict is
+rebuilt from flat parameters (ProgramEntry.flat_state_dict: FSDP1) all-gathers its whole
+state on every sharded save and load (_flat_state_dict_s); FSDP2's and DeepSpeed's state
+is saved as the shards it is held in. DCP's coordinator pays a host cost per item of the
+global plan (Storage.plan_item_s x items x ranks) on a save whose plan is not cached; a
+cached plan (DefaultSavePlanner enable_plan_caching, the PyTorch team's fix at 1,856
+GPUs) pays it on the first save only.
 Not modelled: the training slow-down while a thread-based async write contends for the
 GIL (a process-based async_save avoids it); the write-back after DeepSpeed's unsynced
 save (a failure before it loses the checkpoint; a page cache slower to fill than the
@@ -56,7 +65,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal, NamedTuple, get_args
 
 from zsim.analytic.collectives import CommGroup, collective_time_s
 from zsim.analytic.placement import place
@@ -130,8 +139,10 @@ class _Layout:
     local_per_rank: float
     items_per_rank: int
     files: int
-    fresh_fraction: float
-    """Share of the bytes a loader reads in items of at least Storage.fresh_item_bytes."""
+    read_per_rank: float
+    """Bytes the busiest rank reads on a restart's load (rank 0's whole file under "full")."""
+    fresh_per_rank: float
+    """Of read_per_rank, bytes that land in fresh pages (module docstring)."""
 
 
 def checkpoint_cost(spec: ModelSpec, hw: HardwareProfile, plan: Plan, *, method: str,
@@ -161,10 +172,12 @@ def checkpoint_cost(spec: ModelSpec, hw: HardwareProfile, plan: Plan, *, method:
     d2h = math.inf if on_host else hw.pageable_pcie_bytes_per_s.get("d2h", pcie)
     h2d = math.inf if on_host else hw.pageable_pcie_bytes_per_s.get("h2d", pcie)
     fresh = storage.stage_bytes_per_s
-    flat_save, flat_load = (
-        _flat_state_dict_s(spec, hw, plan, with_optimizer, on_host=on_host,
-                           fresh_bytes_per_s=fresh)
-        if method in ("dcp", "dcp-async") and plan.program.flat_state_dict else (0.0, 0.0))
+    copy = _device_copy_bytes_per_s(hw)
+    flat = (_flat_state_dict_s(spec, hw, plan, with_optimizer, on_host=on_host,
+                               fresh_bytes_per_s=fresh)
+            if plan.program.flat_state_dict else _FlatCost(0.0, 0.0, 0.0))
+    flat_save, flat_load = (flat.save_s, flat.load_s) if method in ("dcp", "dcp-async") \
+        else (0.0, 0.0)
     create_s = storage.file_create_s * (2 if method == "full" else 1)
     plan_s = (storage.plan_item_s * lay.items_per_rank * plan.world_size
               if method in ("dcp", "dcp-async") else 0.0)
@@ -173,8 +186,9 @@ def checkpoint_cost(spec: ModelSpec, hw: HardwareProfile, plan: Plan, *, method:
         write_s = lay.total / write.stream
         stall = _gather_s(hw, plan, lay.total) + lay.total / stage + write_s + create_s
         background = 0.0
-        load_s = _stream_read_s(lay.total, lay, read.stream, fresh) \
-            + _broadcast_s(hw, plan, lay.total) + lay.local_per_rank / h2d
+        load_s = _stream_read_s(lay, read.stream, fresh) + lay.total / h2d \
+            + _broadcast_s(hw, plan, lay.total) + lay.local_per_rank / copy \
+            + flat.full_load_s
         host = lay.total
     else:
         busiest = lay.write_per_rank + lay.rank0_extra
@@ -197,7 +211,8 @@ def checkpoint_cost(spec: ModelSpec, hw: HardwareProfile, plan: Plan, *, method:
         # A load first builds the state dict it reads into (get_state_dict), then sets it.
         load_s = flat_save + _load_s(lay, read, plan, ranks_per_node, target, fresh) \
             + lay.local_per_rank / h2d + flat_load
-    convert = (_stream_read_s(lay.total, lay, read.stream, fresh)
+    # One process loads the whole checkpoint into one state dict: all of it fresh.
+    convert = (lay.total / read.stream + lay.total / fresh
                + _converted_bytes(spec, method, lay) / write.stream)
     return CheckpointCost(
         method=method, target=target, with_optimizer=with_optimizer, bytes_total=lay.total,
@@ -251,18 +266,19 @@ def _layout(spec: ModelSpec, plan: Plan, method: str, with_optimizer: bool,
         optim = psi * (master + opt_bpp)
         module = psi * dtype_bytes(plan.param_dtype)
         per_rank = optim / partitions
-        # Each optimizer file holds flat partitions: one tensor per state and group.
-        flat_fresh = per_rank if psi / partitions * master >= fresh_item_bytes else 0.0
+        # A rank's optimizer file is loaded whole: all of it fresh in a new process.
         if plan.shards_params:  # ZeRO-3's model-states files hold empty placeholders
             return _Layout(total=optim, write_per_rank=per_rank, rank0_extra=0.0,
                            local_per_rank=per_rank, items_per_rank=items_per_rank,
-                           files=2 * world, fresh_fraction=flat_fresh / per_rank)
-        module_fresh = module / mp * _fresh_fraction(
+                           files=2 * world, read_per_rank=per_rank, fresh_per_rank=per_rank)
+        # The module file is read twice; the second read reuses the first's small items.
+        module_rank = module / mp
+        again_fresh = module_rank * _fresh_fraction(
             spec, [(dtype_bytes(plan.param_dtype), 1.0)], mp, fresh_item_bytes)
-        return _Layout(total=optim + module, write_per_rank=per_rank, rank0_extra=module / mp,
-                       local_per_rank=per_rank + module / mp, items_per_rank=items_per_rank,
-                       files=world + mp,
-                       fresh_fraction=(flat_fresh + module_fresh) / (per_rank + module / mp))
+        return _Layout(total=optim + module, write_per_rank=per_rank, rank0_extra=module_rank,
+                       local_per_rank=per_rank + module_rank, items_per_rank=items_per_rank,
+                       files=world + mp, read_per_rank=per_rank + 2 * module_rank,
+                       fresh_per_rank=per_rank + module_rank + again_fresh)
     raw = psi * (held_bytes + opt_bpp)
     steps = tensors * (STEP_COUNTER_BYTES + DCP_ITEM_BYTES) if with_optimizer else 0
     sharded_items = (tensors * (1 + (state_copies if with_optimizer else 0))
@@ -273,11 +289,14 @@ def _layout(spec: ModelSpec, plan: Plan, method: str, with_optimizer: bool,
     largest = max(_numel(s) for _, s in spec.parameter_tensors()) * held_bytes / shards
     items = [(held_bytes, 1.0)] + ([(dtype_bytes(plan.optimizer_state_dtype), state_copies)]
                                    if with_optimizer else [])
-    # A full state dict is loaded whole by rank 0; a sharded one as each rank's shards.
-    fresh = _fresh_fraction(spec, items, 1 if method == "full" else shards, fresh_item_bytes)
+    if method == "full":  # rank 0 loads the whole file into one dict
+        read, fresh = total, total
+    else:  # each rank its shards, item by item
+        read, fresh = local, local * _fresh_fraction(spec, items, shards, fresh_item_bytes)
     return _Layout(total=total, write_per_rank=max(total / world, largest), rank0_extra=0.0,
                    local_per_rank=local, items_per_rank=items_per_rank,
-                   files=1 if method == "full" else world + 1, fresh_fraction=fresh)
+                   files=1 if method == "full" else world + 1, read_per_rank=read,
+                   fresh_per_rank=fresh)
 
 
 def _fresh_fraction(spec: ModelSpec, items: list[tuple[float, float]], shards: int,
@@ -325,26 +344,33 @@ def _load_s(lay: _Layout, read: _Rates, plan: Plan, ranks_per_node: int, target:
             fresh_bytes_per_s: float) -> float:
     """Every rank reads its local state (a replica reads what another wrote: DCP loads
     by the plan, not by who saved), DeepSpeed ranks also the module file under ZeRO-1/2."""
-    per_rank = lay.local_per_rank
-    node = per_rank * ranks_per_node
-    everyone = per_rank * plan.world_size
-    return max(_stream_read_s(per_rank, lay, read.stream, fresh_bytes_per_s),
+    node = lay.read_per_rank * ranks_per_node
+    everyone = lay.read_per_rank * plan.world_size
+    return max(_stream_read_s(lay, read.stream, fresh_bytes_per_s),
                node / read.client,
                everyone / read.aggregate if target == "shared" else 0.0)
 
 
-def _stream_read_s(nbytes: float, lay: _Layout, stream_bytes_per_s: float,
-                   fresh_bytes_per_s: float) -> float:
-    """One reader thread's seconds for `nbytes` of the checkpoint: the read, and a first
-    touch of fresh memory for the share in items of at least Storage.fresh_item_bytes."""
-    return nbytes / stream_bytes_per_s + nbytes * lay.fresh_fraction / fresh_bytes_per_s
+def _stream_read_s(lay: _Layout, stream_bytes_per_s: float, fresh_bytes_per_s: float) -> float:
+    """One reader thread's seconds for the busiest rank's load: the read, and a first
+    touch of the fresh pages it lands in."""
+    return lay.read_per_rank / stream_bytes_per_s + lay.fresh_per_rank / fresh_bytes_per_s
+
+
+class _FlatCost(NamedTuple):
+    """Seconds a rank spends between flat parameters and a state dict (_flat_state_dict_s)."""
+
+    save_s: float
+    load_s: float
+    full_load_s: float
 
 
 def _flat_state_dict_s(spec: ModelSpec, hw: HardwareProfile, plan: Plan,
                        with_optimizer: bool, *, on_host: bool,
-                       fresh_bytes_per_s: float) -> tuple[float, float]:
-    """(save, load) seconds of FSDP1's SHARDED_STATE_DICT (torch/distributed/fsdp/
-    _state_dict_utils.py and _optim_utils.py, use_orig_params or not), per rank.
+                       fresh_bytes_per_s: float) -> _FlatCost:
+    """Seconds of FSDP1's SHARDED_STATE_DICT save and load, and of its FULL_STATE_DICT
+    load (torch/distributed/fsdp/_state_dict_utils.py and _optim_utils.py,
+    use_orig_params or not), per rank.
 
     Save: each unit's flat parameter is unsharded (one all-gather into a new buffer,
     _sharded_pre_state_dict_hook) and each parameter's chunk cloned (_ext_chunk_tensor);
@@ -353,14 +379,16 @@ def _flat_state_dict_s(spec: ModelSpec, hw: HardwareProfile, plan: Plan,
     all-gathered from its shards (_sharded_pre_load_state_dict_hook), then each unit
     unsharded once more to take them (_enter_unshard_params_ctx, writeback); every
     parameter's optimizer states are gathered (_gather_state_dict), flattened whole (a new
-    copy) and their shard cloned (_flatten_optim_state_dict). The all-gathers cost the
-    profile's collectives over the shard group (a unit is a block, the rest one root
-    unit). On a host device every new buffer is fresh memory (`fresh_bytes_per_s`, a copy
-    into fresh memory); on a GPU the caching allocator reuses device memory and only the
-    clones and the flattening are copies in HBM."""
+    copy) and their shard cloned (_flatten_optim_state_dict). A full load has every full
+    tensor already (broadcast from rank 0): each unit is unsharded to take the parameters
+    (_full_pre_load_state_dict_hook) and the states flattened and cloned as above. The
+    all-gathers cost the profile's collectives over the shard group (a unit is a block,
+    the rest one root unit). On a host device every new buffer is fresh memory
+    (`fresh_bytes_per_s`, a copy into fresh memory); on a GPU the caching allocator reuses
+    device memory and only the clones and the flattening are copies in HBM."""
     n = plan.dp_shard_cp if plan.shards_params else 1
     if n == 1:
-        return 0.0, 0.0
+        return _FlatCost(0.0, 0.0, 0.0)
     group = place(plan, hw).groups["dp_shard_cp"]
     held = dtype_bytes(plan.master_dtype if plan.has_master_copy else plan.param_dtype)
     copies = OPTIMIZER_STATE_COPIES.get(plan.optimizer, 2) if with_optimizer else 0
@@ -384,15 +412,27 @@ def _flat_state_dict_s(spec: ModelSpec, hw: HardwareProfile, plan: Plan,
     per_unit = unsharded + sum(copies * gather(u * state) for u in units.values())
     params = sum(units.values()) * held
     states = sum(units.values()) * copies * state
+    # The unsharded parameters, the flattened states and their shard's clone.
+    full_copied = params + states + states / n
     if on_host:
         save_copy = (params + states) * (1 + 1 / n) / fresh_bytes_per_s
-        load_copy = (2 * params + 2 * states + states / n) / fresh_bytes_per_s
+        load_copy = (params + states + full_copied) / fresh_bytes_per_s
+        full_copy = full_copied / fresh_bytes_per_s
     else:
-        hbm = hw.hbm_bandwidth_bytes_per_s * hw.memory_bound_efficiency / 2  # read + write
+        hbm = _device_copy_bytes_per_s(hw)
         save_copy = (params + states) / n / hbm
         load_copy = (states + states / n) / hbm
+        full_copy = full_copied / hbm
     # A rank holds its pipeline stage's units only.
-    return (per_unit + save_copy) / plan.pp, (per_tensor + unsharded + load_copy) / plan.pp
+    return _FlatCost(save_s=(per_unit + save_copy) / plan.pp,
+                     load_s=(per_tensor + unsharded + load_copy) / plan.pp,
+                     full_load_s=(unsharded + full_copy) / plan.pp)
+
+
+def _device_copy_bytes_per_s(hw: HardwareProfile) -> float:
+    """A copy within device memory (HBM; host memory on a host device): it reads and
+    writes every byte at the memory-bound rate."""
+    return hw.hbm_bandwidth_bytes_per_s * hw.memory_bound_efficiency / 2
 
 
 def _gather_s(hw: HardwareProfile, plan: Plan, total: float) -> float:
