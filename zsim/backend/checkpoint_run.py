@@ -4,8 +4,12 @@ conversions to one file. The simulator's checkpoint model is checked against the
 
 `measure_checkpoints` prepares the plan as the backend does (zsim.backend.programs.
 prepare), runs one training step so that the optimizer state exists, then for each method
-saves into a fresh subfolder of `directory` and loads into a freshly prepared model and
-optimizer of the same plan, each barrier-timed (max over ranks).
+saves into a fresh subfolder of `directory`; then, as a restart does, new rank processes
+prepare the same plan afresh and load it. Each is barrier-timed (max over ranks). The
+restart's ranks run under glibc's malloc defaults, as a GPU host's trainer's host memory
+does: the backend's caching settings (zsim.backend.runner.HOST_MALLOC_ENV) stand in for
+the CUDA caching allocator in training steps, and would hand a CPU rank's load the heap
+its own preparation freed, which a GPU host's load never finds.
 
 What each method writes, per rank (torch 2.13, DeepSpeed 0.19; the byte figures are the
 tiny reference model's at world 2, measured by tests/backend/test_checkpoint_run.py):
@@ -84,6 +88,7 @@ fp32 state dict, pytorch_model.bin). Imports torch; DeepSpeed only for DeepSpeed
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import os
 import re
@@ -137,10 +142,12 @@ class CheckpointMeasurement:
     background_s: float
     """"dcp-async": from async_save's return to future.result(); 0 otherwise."""
     load_s: float
-    """Load into a freshly prepared model/optimizer, barrier to barrier, max over ranks:
-    the second load of the process (first_load_s the first)."""
+    """Load into a freshly prepared model/optimizer in new rank processes (a restart's),
+    barrier to barrier, max over ranks. The optimizer's state is created before it
+    (torch programs: get_state_dict's _init_optim_state, an optimizer step with zero
+    gradients, milliseconds on a GPU)."""
     loaded_equal: bool
-    """Every rank's local parameter shards after load equal those saved."""
+    """Every rank's local parameter shards after load equal those saved (by digest)."""
     fresh_differed: bool
     """The fresh model's shards differed from those saved before the load (so the
     equality after it is the checkpoint's doing)."""
@@ -148,8 +155,6 @@ class CheckpointMeasurement:
     """The checkpoint's folder."""
     first_save_s: float = 0.0
     """The process's first save of this method, max over ranks."""
-    first_load_s: float = 0.0
-    """The first load into the fresh plan (load_s is the second), max over ranks."""
     convert_s: float | None = None
     """Offline conversion to one file (dcp_to_torch_save, zero_to_fp32), one process."""
     convert_bytes: int | None = None
@@ -169,9 +174,8 @@ def measure_checkpoints(spec: ModelSpec, plan: Plan, *, nproc: int, directory: s
             FSDP2 and FSDP1 plans).
         with_optimizer: save the optimizer state too (DeepSpeed always does).
         convert: also time the offline conversion of "dcp" and "deepspeed" checkpoints.
-        warmup: save once more before the timed save, and load twice, so that save_s and
-            load_s are the steady state (first_save_s, first_load_s the first); without,
-            one of each (half the time, for tests that count bytes).
+        warmup: save once more before the timed save, so that save_s is the steady state
+            (first_save_s the first); without, one save (for tests that count bytes).
 
     Raises:
         ConfigError: an unknown method, or one the plan's program does not run.
@@ -195,10 +199,13 @@ def measure_checkpoints(spec: ModelSpec, plan: Plan, *, nproc: int, directory: s
     jobs = [(m, str(p)) for m, p in zip(methods, paths, strict=True)]
     payload = (spec, plan, jobs, with_optimizer, warmup)
     ranks = run_ranks(checkpoint_rank, payload, nproc=nproc, timeout_s=timeout_s)
+    saved = [r["saved"] for r in ranks]
     rows = []
     for i, (m, p) in enumerate(zip(methods, paths, strict=True)):
         per_rank, total, files = checkpoint_bytes(m, p, nproc)
-        timings = [r[i] for r in ranks]
+        loads = run_ranks(restart_rank, (spec, plan, m, str(p), with_optimizer, saved),
+                          nproc=nproc, timeout_s=timeout_s, malloc_env={})
+        timings = [{**r["saves"][i], **load} for r, load in zip(ranks, loads, strict=True)]
         row = CheckpointMeasurement(
             method=m, program=plan.impl, with_optimizer=with_optimizer, world_size=nproc,
             bytes_per_rank=per_rank, bytes_total=total, files=files,
@@ -208,8 +215,7 @@ def measure_checkpoints(spec: ModelSpec, plan: Plan, *, nproc: int, directory: s
             load_s=max(t["load_s"] for t in timings),
             loaded_equal=all(t["loaded_equal"] for t in timings),
             fresh_differed=all(t["fresh_differed"] for t in timings), path=str(p),
-            first_save_s=max(t["first_save_s"] for t in timings),
-            first_load_s=max(t["first_load_s"] for t in timings))
+            first_save_s=max(t["first_save_s"] for t in timings))
         if convert and m in ("dcp", "deepspeed"):
             seconds, nbytes = convert_checkpoint(m, p, timeout_s=timeout_s)
             row = replace(row, convert_s=seconds, convert_bytes=nbytes)
@@ -252,18 +258,18 @@ def _writer(method: str, name: str) -> int | None:
     return 0 if re.match(r"mp_rank_\d+_model_states\.pt$", name) else None
 
 
-def checkpoint_rank(ctx: RankContext, payload: Any) -> list[dict[str, Any]]:
+def checkpoint_rank(ctx: RankContext, payload: Any) -> dict[str, Any]:
     """Rank function of measure_checkpoints: one training step, then for each (method,
-    folder) a timed save and a timed load into a freshly prepared plan.
+    folder) a timed save.
 
     Returns:
-        Per method: save_s, stall_s, background_s, load_s, loaded_equal, fresh_differed.
+        {"saved": the digests of this rank's local parameters (digests), "saves": per
+        method save_s, stall_s, background_s, first_save_s}.
     """
     spec, plan, jobs, with_optimizer, warmup = payload
     prep = programs.prepare(spec, plan, device=ctx.device, world_size=ctx.world_size)
     training.train_step(prep, training.batches(spec, plan, device=ctx.device,
                                                rank=ctx.rank, step=0))
-    saved = [t.detach().clone() for t in local_parameters(prep)]
     async_group = dist.new_group(backend="gloo") if any(
         m == "dcp-async" for m, _ in jobs) else None
     out = []
@@ -281,17 +287,27 @@ def checkpoint_rank(ctx: RankContext, payload: Any) -> list[dict[str, Any]]:
             training.barrier()
         row = _save(method, prep, path, with_optimizer, async_group)
         row["first_save_s"] = row["save_s"] if first_save_s is None else first_save_s
-        fresh = programs.prepare(spec, plan, device=ctx.device, world_size=ctx.world_size)
-        row["fresh_differed"] = not _equal(saved, local_parameters(fresh))
-        # As for saves, the process's first load of a method pays one-off costs: the
-        # second load into the same fresh plan is the steady state a restart's load is.
-        row["first_load_s"] = _load(method, fresh, path, with_optimizer)
-        row["load_s"] = (_load(method, fresh, path, with_optimizer) if warmup
-                         else row["first_load_s"])
-        row["loaded_equal"] = _equal(saved, local_parameters(fresh))
         out.append(row)
-        del fresh
-    return out
+    return {"saved": digests(local_parameters(prep)), "saves": out}
+
+
+def restart_rank(ctx: RankContext, payload: Any) -> dict[str, Any]:
+    """Rank function of measure_checkpoints: a restart's load, in a new process, into a
+    freshly prepared plan whose optimizer state exists (CheckpointMeasurement.load_s).
+
+    Returns:
+        load_s, fresh_differed, loaded_equal (against the saving ranks' digests).
+    """
+    spec, plan, method, path, with_optimizer, saved = payload
+    fresh = programs.prepare(spec, plan, device=ctx.device, world_size=ctx.world_size)
+    if not _is_deepspeed(fresh) and with_optimizer:  # DeepSpeed's exists from its init
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        get_optimizer_state_dict(fresh.model, optimizer_of(fresh))  # _init_optim_state
+    before = digests(local_parameters(fresh))
+    load_s = _load(method, fresh, path, with_optimizer)
+    return {"load_s": load_s, "fresh_differed": before != saved[ctx.rank],
+            "loaded_equal": digests(local_parameters(fresh)) == saved[ctx.rank]}
 
 
 def optimizer_of(prep: training.Prepared) -> torch.optim.Optimizer:
@@ -323,10 +339,12 @@ def _is_deepspeed(prep: training.Prepared) -> bool:
     return type(prep.model).__module__.startswith("deepspeed")
 
 
-def _equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
-    return len(a) == len(b) and all(
-        x.shape == y.shape and torch.allclose(x.float(), y.float(), rtol=0.0, atol=0.0)
-        for x, y in zip(a, b, strict=True))
+def digests(tensors: list[torch.Tensor]) -> list[tuple[tuple[int, ...], str]]:
+    """Each tensor's shape and a digest of its bytes: equal digests, equal tensors (a
+    rank's state passed between processes without its gigabytes)."""
+    return [(tuple(t.shape), hashlib.blake2b(
+        t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()).hexdigest())
+        for t in tensors]
 
 
 def _state(prep: training.Prepared, with_optimizer: bool) -> dict[str, Any]:

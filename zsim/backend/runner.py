@@ -9,7 +9,7 @@ reported with the ranks still running. In every case no process is left behind. 
 that works to a wall-clock Deadline can append its results to a JSON-lines file as they
 complete (append_jsonl), so that what it finished survives its crash (read_jsonl). Ranks
 start with glibc's malloc set to cache freed host memory (HOST_MALLOC_ENV), as PyTorch's
-CUDA caching allocator caches device memory. A single
+CUDA caching allocator caches device memory, unless asked for glibc's defaults. A single
 process can also play rank 0 of N on the fake backend
 (torch.testing._internal.distributed.fake_pg), which runs collectives as no-ops, for
 memory at world sizes this machine cannot host. Imports torch.
@@ -115,7 +115,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def run_ranks(fn: RankFn, payload: Any, *, nproc: int, backend: str = "gloo",
-              timeout_s: float = 300.0) -> list[Any]:
+              timeout_s: float = 300.0, malloc_env: dict[str, str] | None = None) -> list[Any]:
     """Run `fn(ctx, payload)` on ranks 0..nproc-1, each in its own process.
 
     Args:
@@ -124,6 +124,8 @@ def run_ranks(fn: RankFn, payload: Any, *, nproc: int, backend: str = "gloo",
         nproc: number of processes (world size).
         backend: "gloo" (CPU) or "nccl" (one CUDA device per rank).
         timeout_s: deadline for the whole job, seconds; collectives time out after it too.
+        malloc_env: glibc malloc settings of the ranks' processes; None: HOST_MALLOC_ENV,
+            {} glibc's defaults.
 
     Returns:
         The ranks' return values, in rank order.
@@ -144,7 +146,7 @@ def run_ranks(fn: RankFn, payload: Any, *, nproc: int, backend: str = "gloo",
                          daemon=True)
              for rank in range(nproc)]
     try:
-        _start(procs)
+        _start(procs, HOST_MALLOC_ENV if malloc_env is None else malloc_env)
         return _collect(procs, results, timeout_s)
     finally:
         _stop(procs)
@@ -165,16 +167,16 @@ def run_fake_rank(fn: RankFn, payload: Any, *, world_size: int,
                     args=(fn, payload, 0, world_size, "fake", 0, timeout_s, results),
                     daemon=True)
     try:
-        _start([p])
+        _start([p], HOST_MALLOC_ENV)
         return _collect([p], results, timeout_s)[0]
     finally:
         _stop([p])
 
 
-def _start(procs: list[Any]) -> None:
-    """Start spawned processes with HOST_MALLOC_ENV in their environment (glibc reads it
+def _start(procs: list[Any], malloc_env: dict[str, str]) -> None:
+    """Start spawned processes with `malloc_env` in their environment (glibc reads it
     when the process starts, so it cannot be set from inside a rank)."""
-    with _environment(HOST_MALLOC_ENV):
+    with _environment(malloc_env):
         for p in procs:
             p.start()
 

@@ -30,8 +30,7 @@ from zsim.atomic import write_files
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan
-from zsim.spec.storage import Storage
-from zsim.units import MiB
+from zsim.spec.storage import FRESH_ITEM_MIB_DEFAULT, Storage
 
 VALIDATION_MODEL = ModelSpec(name="llama-117m", num_layers=4, d_model=1024, num_heads=8,
                              num_kv_heads=8, ffn_hidden=2816, vocab_size=32000,
@@ -71,17 +70,18 @@ class Row:
 def measured_storage(directory: Path, *, ranks: int, name: str) -> dict[str, object]:
     """This host's storage section (zsim.calibration.storage_bench.storage_section): the
     disk with `ranks` writer threads, and the streams measured in `ranks` processes at
-    once, started as the backend's ranks are (their malloc settings, HOST_MALLOC_ENV,
-    set fresh_item_mib), the slowest rank's figures."""
-    from zsim.backend.runner import HOST_MALLOC_ENV, run_ranks
+    once, started as the backend's ranks are, the slowest rank's figures. fresh_item_mib
+    is glibc's default: the loads it predicts run in restart processes under glibc's
+    defaults (zsim.backend.checkpoint_run)."""
+    from zsim.backend.runner import run_ranks
     from zsim.calibration.storage_bench import measure_storage, slowest_streams, storage_section
 
     disk = measure_storage(directory / "disk", threads=ranks, files=4 * ranks)
     streams = slowest_streams(run_ranks(_streams_rank, str(directory / "streams"),
                                         nproc=ranks))
     return storage_section(disk, streams, plan_item_us=PLAN_ITEM_US,
-                           fresh_item_mib=int(HOST_MALLOC_ENV["MALLOC_MMAP_THRESHOLD_"])
-                           / MiB, name=name, source="zsim validate checkpoint on this host")
+                           fresh_item_mib=FRESH_ITEM_MIB_DEFAULT, name=name,
+                           source="zsim validate checkpoint on this host")
 
 
 def _streams_rank(ctx: Any, directory: str) -> Any:
