@@ -173,8 +173,8 @@ def checkpoint_cost(spec: ModelSpec, hw: HardwareProfile, plan: Plan, *, method:
     h2d = math.inf if on_host else hw.pageable_pcie_bytes_per_s.get("h2d", pcie)
     fresh = storage.stage_bytes_per_s
     copy = _device_copy_bytes_per_s(hw)
-    flat = (_flat_state_dict_s(spec, hw, plan, with_optimizer, on_host=on_host,
-                               fresh_bytes_per_s=fresh)
+    gathers = _gathers_s(spec, hw, plan, with_optimizer)
+    flat = (_flat_state_dict_s(hw, plan, gathers, on_host=on_host, fresh_bytes_per_s=fresh)
             if plan.program.flat_state_dict else _FlatCost(0.0, 0.0, 0.0))
     flat_save, flat_load = (flat.save_s, flat.load_s) if method in ("dcp", "dcp-async") \
         else (0.0, 0.0)
@@ -182,9 +182,11 @@ def checkpoint_cost(spec: ModelSpec, hw: HardwareProfile, plan: Plan, *, method:
     plan_s = (storage.plan_item_s * lay.items_per_rank * plan.world_size
               if method in ("dcp", "dcp-async") else 0.0)
     if method == "full":
-        # Gathered into fresh host memory on rank 0 (cpu_offload), then one torch.save.
+        # Gathered (unit by unit from flat parameters) into fresh host memory on rank 0
+        # (cpu_offload), then one torch.save.
         write_s = lay.total / write.stream
-        stall = _gather_s(hw, plan, lay.total) + lay.total / stage + write_s + create_s
+        gather_s = gathers.per_unit_s if plan.program.flat_state_dict else gathers.per_tensor_s
+        stall = gather_s + lay.total / stage + write_s + create_s
         background = 0.0
         load_s = _stream_read_s(lay, read.stream, fresh) + lay.total / h2d \
             + _broadcast_s(hw, plan, lay.total) + lay.local_per_rank / copy \
@@ -365,12 +367,61 @@ class _FlatCost(NamedTuple):
     full_load_s: float
 
 
-def _flat_state_dict_s(spec: ModelSpec, hw: HardwareProfile, plan: Plan,
-                       with_optimizer: bool, *, on_host: bool,
+class _Gathers(NamedTuple):
+    """Seconds a rank spends all-gathering its state over the shard group (_gathers_s)."""
+
+    per_tensor_s: float
+    """Every parameter and optimizer state, one call each."""
+    unit_params_s: float
+    """Every unit's flat parameter, one call each."""
+    per_unit_s: float
+    """Every unit's flat parameter and flat optimizer states, one call each."""
+    params_bytes: float
+    """A rank's parameters, unsharded, in the dtype they are held in."""
+    states_bytes: float
+    """A rank's optimizer states, unsharded."""
+
+
+def _gathers_s(spec: ModelSpec, hw: HardwareProfile, plan: Plan,
+               with_optimizer: bool) -> _Gathers:
+    """All-gathers of a rank's sharded state, tensor by tensor (FSDP2's full state dict,
+    DTensor.full_tensor in _gather_state_dict) or unit by unit (FSDP1's flat parameters; a
+    unit is a block, the rest one root unit), at the profile's collective cost over the
+    shard group. A rank holds 1/tp of each tensor and its pipeline stage's units only."""
+    n = plan.dp_shard_cp if plan.shards_params else 1
+    held = dtype_bytes(plan.master_dtype if plan.has_master_copy else plan.param_dtype)
+    copies = OPTIMIZER_STATE_COPIES.get(plan.optimizer, 2) if with_optimizer else 0
+    state = dtype_bytes(plan.optimizer_state_dtype)
+    units: dict[str, float] = {}
+    for name, shape in spec.parameter_tensors():
+        unit = ".".join(name.split(".")[:2]) if name.startswith("layers.") else ""
+        units[unit] = units.get(unit, 0.0) + _numel(shape) / plan.tp
+    numel = sum(units.values()) / plan.pp
+    if n == 1:
+        return _Gathers(0.0, 0.0, 0.0, numel * held, numel * copies * state)
+    group = place(plan, hw).groups["dp_shard_cp"]
+    times: dict[float, float] = {}  # a model's tensors come in a few sizes
+
+    def gather(nbytes: float) -> float:
+        if nbytes not in times:
+            times[nbytes] = collective_time_s("all_gather", nbytes, group, hw)
+        return times[nbytes]
+
+    per_tensor = sum(gather(_numel(shape) / plan.tp * held)
+                     + copies * gather(_numel(shape) / plan.tp * state)
+                     for _, shape in spec.parameter_tensors())
+    unit_params = sum(gather(u * held) for u in units.values())
+    unit_states = sum(copies * gather(u * state) for u in units.values())
+    return _Gathers(per_tensor_s=per_tensor / plan.pp, unit_params_s=unit_params / plan.pp,
+                    per_unit_s=(unit_params + unit_states) / plan.pp,
+                    params_bytes=numel * held, states_bytes=numel * copies * state)
+
+
+def _flat_state_dict_s(hw: HardwareProfile, plan: Plan, g: _Gathers, *, on_host: bool,
                        fresh_bytes_per_s: float) -> _FlatCost:
     """Seconds of FSDP1's SHARDED_STATE_DICT save and load, and of its FULL_STATE_DICT
     load (torch/distributed/fsdp/_state_dict_utils.py and _optim_utils.py,
-    use_orig_params or not), per rank.
+    use_orig_params or not), per rank, its all-gathers `g`.
 
     Save: each unit's flat parameter is unsharded (one all-gather into a new buffer,
     _sharded_pre_state_dict_hook) and each parameter's chunk cloned (_ext_chunk_tensor);
@@ -381,37 +432,14 @@ def _flat_state_dict_s(spec: ModelSpec, hw: HardwareProfile, plan: Plan,
     parameter's optimizer states are gathered (_gather_state_dict), flattened whole (a new
     copy) and their shard cloned (_flatten_optim_state_dict). A full load has every full
     tensor already (broadcast from rank 0): each unit is unsharded to take the parameters
-    (_full_pre_load_state_dict_hook) and the states flattened and cloned as above. The
-    all-gathers cost the profile's collectives over the shard group (a unit is a block,
-    the rest one root unit). On a host device every new buffer is fresh memory
-    (`fresh_bytes_per_s`, a copy into fresh memory); on a GPU the caching allocator reuses
-    device memory and only the clones and the flattening are copies in HBM."""
+    (_full_pre_load_state_dict_hook) and the states flattened and cloned as above. On a
+    host device every new buffer is fresh memory (`fresh_bytes_per_s`, a copy into fresh
+    memory); on a GPU the caching allocator reuses device memory and only the clones and
+    the flattening are copies in HBM."""
     n = plan.dp_shard_cp if plan.shards_params else 1
     if n == 1:
         return _FlatCost(0.0, 0.0, 0.0)
-    group = place(plan, hw).groups["dp_shard_cp"]
-    held = dtype_bytes(plan.master_dtype if plan.has_master_copy else plan.param_dtype)
-    copies = OPTIMIZER_STATE_COPIES.get(plan.optimizer, 2) if with_optimizer else 0
-    state = dtype_bytes(plan.optimizer_state_dtype)
-
-    times: dict[float, float] = {}  # a model's tensors come in a few sizes
-
-    def gather(nbytes: float) -> float:
-        if nbytes not in times:
-            times[nbytes] = collective_time_s("all_gather", nbytes, group, hw)
-        return times[nbytes]
-
-    units: dict[str, float] = {}
-    per_tensor = 0.0
-    for name, shape in spec.parameter_tensors():  # a rank holds 1/tp of each
-        numel = _numel(shape) / plan.tp
-        unit = ".".join(name.split(".")[:2]) if name.startswith("layers.") else ""
-        units[unit] = units.get(unit, 0.0) + numel
-        per_tensor += gather(numel * held) + copies * gather(numel * state)
-    unsharded = sum(gather(u * held) for u in units.values())
-    per_unit = unsharded + sum(copies * gather(u * state) for u in units.values())
-    params = sum(units.values()) * held
-    states = sum(units.values()) * copies * state
+    params, states = g.params_bytes, g.states_bytes
     # The unsharded parameters, the flattened states and their shard's clone.
     full_copied = params + states + states / n
     if on_host:
@@ -423,26 +451,15 @@ def _flat_state_dict_s(spec: ModelSpec, hw: HardwareProfile, plan: Plan,
         save_copy = (params + states) / n / hbm
         load_copy = (states + states / n) / hbm
         full_copy = full_copied / hbm
-    # A rank holds its pipeline stage's units only.
-    return _FlatCost(save_s=(per_unit + save_copy) / plan.pp,
-                     load_s=(per_tensor + unsharded + load_copy) / plan.pp,
-                     full_load_s=(unsharded + full_copy) / plan.pp)
+    return _FlatCost(save_s=g.per_unit_s + save_copy,
+                     load_s=g.per_tensor_s + g.unit_params_s + load_copy,
+                     full_load_s=g.unit_params_s + full_copy)
 
 
 def _device_copy_bytes_per_s(hw: HardwareProfile) -> float:
     """A copy within device memory (HBM; host memory on a host device): it reads and
     writes every byte at the memory-bound rate."""
     return hw.hbm_bandwidth_bytes_per_s * hw.memory_bound_efficiency / 2
-
-
-def _gather_s(hw: HardwareProfile, plan: Plan, total: float) -> float:
-    """All-gather of every sharded tensor over the shard group at the slower link's
-    achievable rate (ring: each rank receives (n-1)/n of the whole)."""
-    n = plan.dp_shard_cp if plan.shards_params else 1
-    if n == 1:
-        return 0.0
-    link = hw.inter_node if n > hw.domain_gpus else hw.intra_node
-    return total * (n - 1) / n / (link.bandwidth_bytes_per_s * link.efficiency)
 
 
 def _broadcast_s(hw: HardwareProfile, plan: Plan, total: float) -> float:
