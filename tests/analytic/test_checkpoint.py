@@ -224,8 +224,9 @@ def test_a_load_first_touches_fresh_memory_for_its_large_items() -> None:
     # 2 CPU ranks (local-cpu: tensors on the host, no copy to a device), FSDP2, a 117M
     # model: the embedding and output (32,000 x 1,024 fp32) are 65.5 MB a rank and so are
     # their two moments, above glibc's default mmap threshold (32 MiB): torch.load returns
-    # them in fresh pages, which cost a copy into fresh memory (the staging rate) besides
-    # the read stream; every other item reuses the heap.
+    # them in fresh pages, whose first touch costs a copy into fresh memory (the staging
+    # rate) less a copy into touched memory, besides the read stream; every other item
+    # reuses the heap.
     local = resolve_hardware("local-cpu")
     assert local.storage is not None
 
@@ -239,9 +240,11 @@ def test_a_load_first_touches_fresh_memory_for_its_large_items() -> None:
     cost = checkpoint_cost(spec, with_threshold(FRESH_ITEM_MIB_DEFAULT), plan, method="dcp")
     large = 2 * 3 * 32000 * 1024 * 4 / 2
     per_rank = cost.bytes_total / 2
-    read = max(per_rank / storage.stream_read_bytes_per_s,
-               cost.bytes_total / storage.client_read_bytes_per_s)
-    assert cost.load_s == pytest.approx(read + large / storage.stage_bytes_per_s, rel=1e-3)
+    client = cost.bytes_total / storage.client_read_bytes_per_s
+    read = max(per_rank / storage.stream_read_bytes_per_s, client)
+    touch = 1 / storage.stage_bytes_per_s - 1 / storage.copy_bytes_per_s
+    assert cost.load_s == pytest.approx(
+        max(per_rank / storage.stream_read_bytes_per_s + large * touch, client), rel=1e-3)
     # Split four ways no item is that large, nor under a 1 GiB threshold (the backend's
     # caching malloc settings): the read alone.
     quarter = checkpoint_cost(spec, with_threshold(FRESH_ITEM_MIB_DEFAULT),
@@ -256,18 +259,20 @@ def test_a_load_first_touches_fresh_memory_for_its_large_items() -> None:
 
 def test_a_full_state_dict_load_reads_on_rank_0_and_broadcasts_it_all() -> None:
     # set_state_dict(broadcast_from_rank0): rank 0 torch.load's the one file into one dict
-    # (a restart's new process: every byte fresh pages, first-touched at the staging
-    # rate), then broadcasts every full tensor; each rank copies its part into its shards
-    # (a copy in host memory: 23.64 GB/s x 0.8448 / 2, read and written). local-cpu:
-    # gloo's broadcast at the send/recv line rate (3.273 GB/s), one step of 241.8 us.
+    # (a restart's new process: every byte fresh pages, their first touch a staging copy
+    # less a copy; kept as loaded, so the read stream's copy on is not paid), then
+    # broadcasts every full tensor; each rank copies its part into its shards (a copy in
+    # host memory: 23.64 GB/s x 0.8448 / 2, read and written). local-cpu: gloo's
+    # broadcast at the send/recv line rate (3.273 GB/s), one step of 241.8 us.
     hw = resolve_hardware("local-cpu")
     storage = hw.storage
     assert storage is not None
     full = checkpoint_cost(SPEC_117M, hw, PLAN_117M, method="full")
     line = 3.273e9 * 0.2324 * 4.3
-    total = full.bytes_total
+    total, copy = full.bytes_total, storage.copy_bytes_per_s
     assert full.load_s == pytest.approx(
-        total / storage.stream_read_bytes_per_s + total / storage.stage_bytes_per_s
+        total / storage.stream_read_bytes_per_s - total / copy
+        + total * (1 / storage.stage_bytes_per_s - 1 / copy)
         + total / line + 241.8e-6 + total / 2 / (23.64e9 * 0.8448 / 2), rel=1e-3)
 
 
@@ -287,28 +292,37 @@ def test_a_full_state_dict_load_on_gpus_moves_it_all_to_rank_0s_device(
         pytest.approx(full.bytes_total / h2d, rel=1e-6)
 
 
+@pytest.mark.parametrize("copy_gb_per_s", [None, 8.0])
 @pytest.mark.parametrize("strategy", ["zero2", "zero3"])
-def test_deepspeed_loads_its_files_whole_into_fresh_pages(strategy: str) -> None:
+def test_deepspeed_loads_its_files_whole_into_fresh_pages(strategy: str,
+                                                         copy_gb_per_s: float | None) -> None:
     # load_checkpoint torch.load's each rank's optimizer file whole (new process: all of
     # it fresh pages); under ZeRO-2 every rank also reads the bf16 module file twice
-    # (check_ckpt_list, then load), the second time into the first's freed heap: the
-    # backend ranks' 1 GiB malloc threshold reuses all of it, glibc's 32 MiB maps the
-    # embedding and output (32,000 x 1,024 x 2 B = 65.5 MB each) afresh again.
+    # (check_ckpt_list, then load), the second time into the first's freed heap: a 1 GiB
+    # malloc threshold reuses all of it, glibc's 32 MiB maps the embedding and output
+    # (32,000 x 1,024 x 2 B = 65.5 MB each) afresh again. Only the fp32 master partition
+    # (4 of the 12 bytes) and the module are copied on; the moments are kept as loaded.
+    # With a measured host copy rate the read stream's own copy comes off what is not
+    # copied on, and off each fresh byte's staging copy.
     local = resolve_hardware("local-cpu")
-    storage = local.storage
-    assert storage is not None
+    assert local.storage is not None
+    copy = float("inf") if copy_gb_per_s is None else copy_gb_per_s * 1e9
+    storage = replace(local.storage, copy_bytes_per_s=copy)
     psi = SPEC_117M.num_params
     plan = Plan.for_strategy(strategy, gpus=2, seq_len=32, micro_batch=1, impl="deepspeed")
     optim = 12 * psi / 2
     module = 2 * psi if strategy == "zero2" else 0
-    stream, fresh = storage.stream_read_bytes_per_s, storage.stage_bytes_per_s
+    stream, stage = storage.stream_read_bytes_per_s, storage.stage_bytes_per_s
     for threshold_mib, again_fresh in ((1024, 0.0), (32, 2 * 32000 * 1024 * 2)):
         hw = replace(local, storage=replace(storage, fresh_item_bytes=threshold_mib * MiB))
         cost = checkpoint_cost(SPEC_117M, hw, plan, method="deepspeed")
         again = again_fresh if strategy == "zero2" else 0.0
-        read = (optim + 2 * module) / stream + (optim + module + again) / fresh
+        read = optim + 2 * module
+        kept = read - (optim / 3 + module)
+        fresh = optim + module + again
+        stream_s = read / stream - kept / copy + fresh * (1 / stage - 1 / copy)
         assert cost.load_s == pytest.approx(
-            max(read, 2 * (optim + 2 * module) / storage.client_read_bytes_per_s), rel=1e-6)
+            max(stream_s, 2 * read / storage.client_read_bytes_per_s), rel=1e-6)
 
 
 @pytest.mark.parametrize(("kw", "field"), [

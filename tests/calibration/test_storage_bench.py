@@ -41,7 +41,7 @@ def test_rejects_more_threads_than_files(tmp_path: Path) -> None:
 def test_streams_save_and_load_items_and_leave_nothing(tmp_path: Path) -> None:
     figures = measure_streams(tmp_path, tensor_bytes=8 * MiB, item_bytes=2 * MiB, repeats=1)
     for name in ("save_bytes_per_s", "buffered_save_bytes_per_s", "load_bytes_per_s",
-                 "stage_bytes_per_s"):
+                 "stage_bytes_per_s", "copy_bytes_per_s"):
         value = getattr(figures, name)
         assert math.isfinite(value) and value > 0, name
     assert (figures.tensor_bytes, figures.item_bytes) == (8 * MiB, 2 * MiB)

@@ -27,6 +27,9 @@ def test_units_convert_once() -> None:
     # Without fresh_item_mib a host keeps glibc's default threshold, 32 MiB.
     assert s.fresh_item_bytes == 32 * 2**20
     assert Storage.from_dict({**GOOD, "fresh_item_mib": 1024}).fresh_item_bytes == 2**30
+    # Without copy_gb_per_s a load's read and fresh pages are charged whole.
+    assert s.copy_bytes_per_s == float("inf")
+    assert Storage.from_dict({**GOOD, "copy_gb_per_s": 8}).copy_bytes_per_s == 8e9
 
 
 @pytest.mark.parametrize("name", hardware_names())
@@ -40,6 +43,7 @@ def test_every_shipped_profile_has_storage(name: str) -> None:
     ({"aggregate_write_gbps": 1}, "storage.aggregate_write_gbps"),
     ({"source": ""}, "storage.source"),
     ({"fresh_item_mib": -1}, "storage.fresh_item_mib"),
+    ({"copy_gb_per_s": 0}, "storage.copy_gb_per_s"),
 ])
 def test_bad_values_name_the_key(change: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError) as err:

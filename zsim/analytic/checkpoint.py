@@ -41,10 +41,12 @@ restart's: a new process reads the same way, and what torch.load returns is new 
 DCP reads each item into a temporary and copies it into the state dict it loads
 (FileSystemReader.read_data), so the heap serves every item again except one of at least
 Storage.fresh_item_bytes, which malloc maps afresh: fresh pages the read first-touches
-(at the rate of a copy into fresh memory, Storage.stage_bytes_per_s; a one-off check of
-the rates is in docs/log.md). A whole file torch.load'ed into one dict (a full state dict
-on rank 0, DeepSpeed's files, an offline conversion) holds every tensor at once: in a new
-process all of it is fresh pages; DeepSpeed's second read of its module file reuses the
+(a copy into fresh memory, Storage.stage_bytes_per_s, less the copy itself,
+Storage.copy_bytes_per_s; a one-off check of the rates is in docs/log.md). A whole file
+torch.load'ed into one dict (a full state dict on rank 0, DeepSpeed's files, an offline
+conversion) holds every tensor at once: in a new process all of it is fresh pages, and
+what is kept as loaded (rank 0's full tensors, DeepSpeed's moments) skips the copy into
+the state that DCP's read makes; DeepSpeed's second read of its module file reuses the
 first's freed heap below that threshold. Under "full", rank 0 moves every full tensor to
 its device before broadcasting it (_state_dict_utils._broadcast_tensors) and each rank
 copies its part into its shards (_distribute_tensors). A program whose state dict is
@@ -64,7 +66,7 @@ and storage tiering.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple, get_args
 
 from zsim.analytic.collectives import CommGroup, collective_time_s
@@ -143,6 +145,8 @@ class _Layout:
     """Bytes the busiest rank reads on a restart's load (rank 0's whole file under "full")."""
     fresh_per_rank: float
     """Of read_per_rank, bytes that land in fresh pages (module docstring)."""
+    copied_per_rank: float
+    """Of read_per_rank, bytes the loader copies on into the state it loads into."""
 
 
 def checkpoint_cost(spec: ModelSpec, hw: HardwareProfile, plan: Plan, *, method: str,
@@ -188,7 +192,7 @@ def checkpoint_cost(spec: ModelSpec, hw: HardwareProfile, plan: Plan, *, method:
         gather_s = gathers.per_unit_s if plan.program.flat_state_dict else gathers.per_tensor_s
         stall = gather_s + lay.total / stage + write_s + create_s
         background = 0.0
-        load_s = _stream_read_s(lay, read.stream, fresh) + lay.total / h2d \
+        load_s = _stream_read_s(lay, read.stream, storage) + lay.total / h2d \
             + _broadcast_s(hw, plan, lay.total) + lay.local_per_rank / copy \
             + flat.full_load_s
         host = lay.total
@@ -211,10 +215,11 @@ def checkpoint_cost(spec: ModelSpec, hw: HardwareProfile, plan: Plan, *, method:
             stall = paid + flat_save + max(lay.local_per_rank / d2h, write_s) + create_s
             background, host = 0.0, 0.0
         # A load first builds the state dict it reads into (get_state_dict), then sets it.
-        load_s = flat_save + _load_s(lay, read, plan, ranks_per_node, target, fresh) \
+        load_s = flat_save + _load_s(lay, read, plan, ranks_per_node, target, storage) \
             + lay.local_per_rank / h2d + flat_load
     # One process loads the whole checkpoint into one state dict: all of it fresh.
-    convert = (lay.total / read.stream + lay.total / fresh
+    whole = replace(lay, read_per_rank=lay.total, fresh_per_rank=lay.total, copied_per_rank=0.0)
+    convert = (_stream_read_s(whole, read.stream, storage)
                + _converted_bytes(spec, method, lay) / write.stream)
     return CheckpointCost(
         method=method, target=target, with_optimizer=with_optimizer, bytes_total=lay.total,
@@ -268,19 +273,24 @@ def _layout(spec: ModelSpec, plan: Plan, method: str, with_optimizer: bool,
         optim = psi * (master + opt_bpp)
         module = psi * dtype_bytes(plan.param_dtype)
         per_rank = optim / partitions
-        # A rank's optimizer file is loaded whole: all of it fresh in a new process.
+        # A rank's optimizer file is loaded whole: all of it fresh in a new process; the
+        # fp32 master partition is copied into the optimizer's, the moments kept as loaded.
+        master_rank = psi * master / partitions
         if plan.shards_params:  # ZeRO-3's model-states files hold empty placeholders
             return _Layout(total=optim, write_per_rank=per_rank, rank0_extra=0.0,
                            local_per_rank=per_rank, items_per_rank=items_per_rank,
-                           files=2 * world, read_per_rank=per_rank, fresh_per_rank=per_rank)
-        # The module file is read twice; the second read reuses the first's small items.
+                           files=2 * world, read_per_rank=per_rank, fresh_per_rank=per_rank,
+                           copied_per_rank=master_rank)
+        # The module file is read twice (the second read reuses the first's small items)
+        # and copied into the module once.
         module_rank = module / mp
         again_fresh = module_rank * _fresh_fraction(
             spec, [(dtype_bytes(plan.param_dtype), 1.0)], mp, fresh_item_bytes)
         return _Layout(total=optim + module, write_per_rank=per_rank, rank0_extra=module_rank,
                        local_per_rank=per_rank + module_rank, items_per_rank=items_per_rank,
                        files=world + mp, read_per_rank=per_rank + 2 * module_rank,
-                       fresh_per_rank=per_rank + module_rank + again_fresh)
+                       fresh_per_rank=per_rank + module_rank + again_fresh,
+                       copied_per_rank=master_rank + module_rank)
     raw = psi * (held_bytes + opt_bpp)
     steps = tensors * (STEP_COUNTER_BYTES + DCP_ITEM_BYTES) if with_optimizer else 0
     sharded_items = (tensors * (1 + (state_copies if with_optimizer else 0))
@@ -291,14 +301,15 @@ def _layout(spec: ModelSpec, plan: Plan, method: str, with_optimizer: bool,
     largest = max(_numel(s) for _, s in spec.parameter_tensors()) * held_bytes / shards
     items = [(held_bytes, 1.0)] + ([(dtype_bytes(plan.optimizer_state_dtype), state_copies)]
                                    if with_optimizer else [])
-    if method == "full":  # rank 0 loads the whole file into one dict
-        read, fresh = total, total
-    else:  # each rank its shards, item by item
+    if method == "full":  # rank 0 loads the whole file into one dict, broadcast from it
+        read, fresh, copied = total, total, 0.0
+    else:  # each rank its shards, item by item, copied into its state dict
         read, fresh = local, local * _fresh_fraction(spec, items, shards, fresh_item_bytes)
+        copied = read
     return _Layout(total=total, write_per_rank=max(total / world, largest), rank0_extra=0.0,
                    local_per_rank=local, items_per_rank=items_per_rank,
                    files=1 if method == "full" else world + 1, read_per_rank=read,
-                   fresh_per_rank=fresh)
+                   fresh_per_rank=fresh, copied_per_rank=copied)
 
 
 def _fresh_fraction(spec: ModelSpec, items: list[tuple[float, float]], shards: int,
@@ -343,20 +354,25 @@ def _rates(hw: HardwareProfile, storage: Storage, target: str, *, write: bool) -
 
 
 def _load_s(lay: _Layout, read: _Rates, plan: Plan, ranks_per_node: int, target: str,
-            fresh_bytes_per_s: float) -> float:
+            storage: Storage) -> float:
     """Every rank reads its local state (a replica reads what another wrote: DCP loads
     by the plan, not by who saved), DeepSpeed ranks also the module file under ZeRO-1/2."""
     node = lay.read_per_rank * ranks_per_node
     everyone = lay.read_per_rank * plan.world_size
-    return max(_stream_read_s(lay, read.stream, fresh_bytes_per_s),
+    return max(_stream_read_s(lay, read.stream, storage),
                node / read.client,
                everyone / read.aggregate if target == "shared" else 0.0)
 
 
-def _stream_read_s(lay: _Layout, stream_bytes_per_s: float, fresh_bytes_per_s: float) -> float:
-    """One reader thread's seconds for the busiest rank's load: the read, and a first
-    touch of the fresh pages it lands in."""
-    return lay.read_per_rank / stream_bytes_per_s + lay.fresh_per_rank / fresh_bytes_per_s
+def _stream_read_s(lay: _Layout, stream_bytes_per_s: float, storage: Storage) -> float:
+    """One reader thread's seconds for the busiest rank's load: the read (its stream rate
+    includes one copy on into existing memory, Storage.copy_bytes_per_s, which bytes not
+    copied on do not pay), and the first touch of the fresh pages it lands in (a copy into
+    fresh memory, less the copy)."""
+    copy = storage.copy_bytes_per_s
+    not_copied = lay.read_per_rank - lay.copied_per_rank
+    return (lay.read_per_rank / stream_bytes_per_s - not_copied / copy
+            + lay.fresh_per_rank * (1 / storage.stage_bytes_per_s - 1 / copy))
 
 
 class _FlatCost(NamedTuple):

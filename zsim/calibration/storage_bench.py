@@ -21,8 +21,10 @@ checkpoint's items, the serialization included: items torch.save'd one after ano
 into one file, then fsync (FileSystemWriter's _write_item: each a zip archive whose
 records are CRC-32'd as they are copied), torch.save of one tensor to a path without fsync
 (DeepSpeed's checkpoint engine), torch.load of each item from its slice of the file and a
-copy into an existing tensor (FileSystemReader's read_data, into the model's state), and
-a copy into freshly mapped memory (async_save's default stager's new tensors). The items are
+copy into an existing tensor (FileSystemReader's read_data, into the model's state), a
+copy into freshly mapped memory (async_save's default stager's new tensors), and a copy
+into memory already touched (what the load's rate and the stage's include besides the
+read and the first touch of fresh pages). The items are
 smaller than glibc's default mmap threshold (zsim.spec.storage.FRESH_ITEM_MIB_DEFAULT),
 so the load reuses freed heap: the cost of a larger item's fresh pages is the stage's,
 which the checkpoint model adds itself. Only it imports torch.
@@ -129,6 +131,8 @@ class StreamFigures:
     tensor."""
     stage_bytes_per_s: float
     """Copy the tensor into freshly mapped memory (first-touch page faults)."""
+    copy_bytes_per_s: float
+    """Copy the tensor into memory already touched."""
     tensor_bytes: int
     item_bytes: int
     repeats: int
@@ -156,8 +160,9 @@ def measure_streams(directory: str | Path, *, tensor_bytes: int = 256 * MiB,
     # Own storages: torch.save of a view would write the whole tensor's storage.
     items = [c.clone() for c in t.split(item_bytes // 4)]
     dests = [torch.zeros_like(i) for i in items]  # touched: the model's existing state
+    touched = torch.zeros_like(t)
     path = root / "storage_bench_stream.distcp"
-    saves, buffered, loads, stages = [], [], [], []
+    saves, buffered, loads, stages, copies = [], [], [], [], []
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as a backend rank runs (zsim.backend.runner)
     try:
@@ -190,6 +195,9 @@ def measure_streams(directory: str | Path, *, tensor_bytes: int = 256 * MiB,
                 staged.copy_(t)
                 stages.append(time.perf_counter() - t0)
                 del staged
+            t0 = time.perf_counter()
+            touched.copy_(t)
+            copies.append(time.perf_counter() - t0)
     finally:
         torch.set_num_threads(threads)
         path.unlink(missing_ok=True)
@@ -198,7 +206,8 @@ def measure_streams(directory: str | Path, *, tensor_bytes: int = 256 * MiB,
                          buffered_save_bytes_per_s=n / statistics.median(buffered),
                          load_bytes_per_s=n / statistics.median(loads),
                          stage_bytes_per_s=n / statistics.median(stages),
-                         tensor_bytes=n, item_bytes=items[0].numel() * 4, repeats=repeats)
+                         copy_bytes_per_s=n / statistics.median(copies), tensor_bytes=n,
+                         item_bytes=items[0].numel() * 4, repeats=repeats)
 
 
 def slowest_streams(figures: list[StreamFigures]) -> StreamFigures:
@@ -211,6 +220,7 @@ def slowest_streams(figures: list[StreamFigures]) -> StreamFigures:
         buffered_save_bytes_per_s=min(f.buffered_save_bytes_per_s for f in figures),
         load_bytes_per_s=min(f.load_bytes_per_s for f in figures),
         stage_bytes_per_s=min(f.stage_bytes_per_s for f in figures),
+        copy_bytes_per_s=min(f.copy_bytes_per_s for f in figures),
         tensor_bytes=figures[0].tensor_bytes, item_bytes=figures[0].item_bytes,
         repeats=figures[0].repeats)
 
@@ -232,6 +242,7 @@ def storage_section(disk: StorageFigures, streams: StreamFigures, *, plan_item_u
         "stream_buffered_write_gb_per_s": round(streams.buffered_save_bytes_per_s / gb, 3),
         "stream_read_gb_per_s": round(streams.load_bytes_per_s / gb, 3),
         "stage_gb_per_s": round(streams.stage_bytes_per_s / gb, 3),
+        "copy_gb_per_s": round(streams.copy_bytes_per_s / gb, 3),
         "file_create_ms": round(disk.file_create_s * 1e3, 3),
         "fresh_item_mib": fresh_item_mib,
         "plan_item_us": plan_item_us,

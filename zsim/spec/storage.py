@@ -10,6 +10,7 @@ Node-local NVMe rates are the node section's (HardwareProfile.nvme_*_bytes_per_s
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +24,7 @@ KEYS: tuple[str, ...] = (
     "stage_gb_per_s", "file_create_ms", "plan_item_us", "source")
 """Keys of the storage section, all required."""
 
-OPTIONAL_KEYS: tuple[str, ...] = ("fresh_item_mib",)
+OPTIONAL_KEYS: tuple[str, ...] = ("fresh_item_mib", "copy_gb_per_s")
 """Keys of the storage section a profile may leave out (their defaults below)."""
 
 FRESH_ITEM_MIB_DEFAULT = 32
@@ -57,13 +58,18 @@ class Storage:
     """One rank's copy of its state into freshly allocated host memory (async_save's
     default stager; on a GPU the pageable device-to-host copy, on a CPU device a clone),
     bytes/s. Staging into cached pinned buffers runs at the pinned PCIe rate instead."""
+    copy_bytes_per_s: float
+    """One thread's copy within host memory into pages already touched, bytes/s. The read
+    stream's rate includes one such copy (DCP copies each item it reads into the state
+    dict) and the stage's one (into fresh pages): a whole file torch.load'ed into one dict
+    reads at 1/(1/stream_read - 1/copy), a fresh page's first touch costs 1/stage -
+    1/copy. Unmeasured (a profile without the key): infinite, each charged whole."""
     file_create_s: float
     """Creating, closing and syncing one file, seconds (metadata server round trips)."""
     fresh_item_bytes: float
     """Host allocations at least this large are fresh pages (FRESH_ITEM_MIB_DEFAULT;
     zsim's CPU backend ranks raise glibc's threshold to 1 GiB): a checkpoint load's
-    items that large pay a copy into fresh memory (stage_bytes_per_s) besides the
-    read, bytes."""
+    items that large pay the first touch of fresh pages besides the read, bytes."""
     plan_item_s: float
     """Host time torch.distributed.checkpoint's coordinator spends per item of the global
     save plan (one tensor of one rank: unpickling the gathered local plans, deduplicating,
@@ -101,6 +107,8 @@ class Storage:
             stream_buffered_write_bytes_per_s=rate["stream_buffered_write_gb_per_s"] * GB,
             stream_read_bytes_per_s=rate["stream_read_gb_per_s"] * GB,
             stage_bytes_per_s=rate["stage_gb_per_s"] * GB,
+            copy_bytes_per_s=(_positive(data, "copy_gb_per_s") * GB if "copy_gb_per_s" in data
+                              else math.inf),
             file_create_s=_positive(data, "file_create_ms") * MS,
             fresh_item_bytes=(_positive(data, "fresh_item_mib") if "fresh_item_mib" in data
                               else FRESH_ITEM_MIB_DEFAULT) * MiB,
