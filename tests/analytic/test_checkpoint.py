@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from zsim.analytic.checkpoint import checkpoint_cost
+from zsim.analytic.checkpoint import _gathers_s, checkpoint_cost
 from zsim.analytic.collectives import BASE_LATENCY_S, CommGroup, ring_latency_s
 from zsim.api import build_plan
 from zsim.errors import ConfigError
@@ -220,6 +220,31 @@ def test_fsdp1_gathers_its_whole_state_to_build_a_sharded_state_dict(
     rest = full2.bytes_total * (1 / storage.stage_bytes_per_s
                                 + 1 / storage.stream_write_bytes_per_s) + 2 * storage.file_create_s
     assert ring <= full2.save_stall_s - rest <= ring + 3 * tensors * call_s
+def test_a_full_state_dict_of_a_tp_plan_also_gathers_over_the_tp_group(
+        h100: HardwareProfile) -> None:
+    # DTensor.full_tensor of a (dp_shard, tp) DTensor gathers over both mesh dimensions:
+    # after its data-parallel shards, each whole tensor (12 bytes a parameter with AdamW)
+    # over the 2 TP ranks of one NVLink domain: a 2-rank ring moves half of it, at most
+    # at NVLink's achievable rate, plus a Simple ring's latency per call (3 a tensor).
+    spec = resolve_model("13b")
+    plan = _plan(spec, 128, "fsdp", tp=2)
+    gathers = _gathers_s(spec, h100, plan, with_optimizer=True)
+    tp = gathers.tp_full_s
+    group = CommGroup(ranks=2, ranks_per_node=2)
+    call_s = BASE_LATENCY_S[("ring", "Simple")] + ring_latency_s("all_gather", group, h100)
+    low = 12 * spec.num_params / 2 / h100.intra_node.achievable_bytes_per_s
+    assert low <= tp <= low + 3 * len(spec.parameter_tensors()) * call_s
+    assert _gathers_s(spec, h100, _plan(spec, 128, "fsdp"), with_optimizer=True).tp_full_s == 0
+    # The full save: both gathers, the copy into rank 0's host memory, one stream's write.
+    full = checkpoint_cost(spec, h100, plan, method="full")
+    storage = h100.storage
+    assert storage is not None
+    assert full.save_stall_s == pytest.approx(
+        tp + gathers.per_tensor_s + full.bytes_total * (1 / storage.stage_bytes_per_s
+                                                         + 1 / storage.stream_write_bytes_per_s)
+        + 2 * storage.file_create_s, rel=1e-9)
+
+
 def test_a_load_first_touches_fresh_memory_for_its_large_items() -> None:
     # 2 CPU ranks (local-cpu: tensors on the host, no copy to a device), FSDP2, a 117M
     # model: the embedding and output (32,000 x 1,024 fp32) are 65.5 MB a rank and so are

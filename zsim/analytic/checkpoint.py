@@ -189,7 +189,8 @@ def checkpoint_cost(spec: ModelSpec, hw: HardwareProfile, plan: Plan, *, method:
         # Gathered (unit by unit from flat parameters) into fresh host memory on rank 0
         # (cpu_offload), then one torch.save.
         write_s = lay.total / write.stream
-        gather_s = gathers.per_unit_s if plan.program.flat_state_dict else gathers.per_tensor_s
+        gather_s = gathers.tp_full_s + (gathers.per_unit_s if plan.program.flat_state_dict
+                                        else gathers.per_tensor_s)
         stall = gather_s + lay.total / stage + write_s + create_s
         background = 0.0
         load_s = _stream_read_s(lay, read.stream, storage) + lay.total / h2d \
@@ -392,6 +393,9 @@ class _Gathers(NamedTuple):
     """Every unit's flat parameter, one call each."""
     per_unit_s: float
     """Every unit's flat parameter and flat optimizer states, one call each."""
+    tp_full_s: float
+    """Every parameter and optimizer state, gathered whole over the tensor-parallel group
+    once its data-parallel shards are (a full state dict of a 2-D DTensor)."""
     params_bytes: float
     """A rank's parameters, unsharded, in the dtype they are held in."""
     states_bytes: float
@@ -403,7 +407,8 @@ def _gathers_s(spec: ModelSpec, hw: HardwareProfile, plan: Plan,
     """All-gathers of a rank's sharded state, tensor by tensor (FSDP2's full state dict,
     DTensor.full_tensor in _gather_state_dict) or unit by unit (FSDP1's flat parameters; a
     unit is a block, the rest one root unit), at the profile's collective cost over the
-    shard group. A rank holds 1/tp of each tensor and its pipeline stage's units only."""
+    shard group; a full state dict also gathers each tensor over the tensor-parallel
+    group. A rank holds 1/tp of each tensor and its pipeline stage's units only."""
     n = plan.dp_shard_cp if plan.shards_params else 1
     held = dtype_bytes(plan.master_dtype if plan.has_master_copy else plan.param_dtype)
     copies = OPTIMIZER_STATE_COPIES.get(plan.optimizer, 2) if with_optimizer else 0
@@ -413,23 +418,27 @@ def _gathers_s(spec: ModelSpec, hw: HardwareProfile, plan: Plan,
         unit = ".".join(name.split(".")[:2]) if name.startswith("layers.") else ""
         units[unit] = units.get(unit, 0.0) + _numel(shape) / plan.tp
     numel = sum(units.values()) / plan.pp
+    groups = place(plan, hw).groups
+    times: dict[tuple[str, float], float] = {}  # a model's tensors come in a few sizes
+
+    def gather(axis: str, nbytes: float) -> float:
+        if (axis, nbytes) not in times:
+            times[axis, nbytes] = collective_time_s("all_gather", nbytes, groups[axis], hw)
+        return times[axis, nbytes]
+
+    def per_tensor(axis: str, split: int) -> float:
+        return sum(gather(axis, _numel(shape) / split * held)
+                   + copies * gather(axis, _numel(shape) / split * state)
+                   for _, shape in spec.parameter_tensors()) / plan.pp
+
+    tp_full = per_tensor("tp", 1) if plan.tp > 1 else 0.0
     if n == 1:
-        return _Gathers(0.0, 0.0, 0.0, numel * held, numel * copies * state)
-    group = place(plan, hw).groups["dp_shard_cp"]
-    times: dict[float, float] = {}  # a model's tensors come in a few sizes
-
-    def gather(nbytes: float) -> float:
-        if nbytes not in times:
-            times[nbytes] = collective_time_s("all_gather", nbytes, group, hw)
-        return times[nbytes]
-
-    per_tensor = sum(gather(_numel(shape) / plan.tp * held)
-                     + copies * gather(_numel(shape) / plan.tp * state)
-                     for _, shape in spec.parameter_tensors())
-    unit_params = sum(gather(u * held) for u in units.values())
-    unit_states = sum(copies * gather(u * state) for u in units.values())
-    return _Gathers(per_tensor_s=per_tensor / plan.pp, unit_params_s=unit_params / plan.pp,
-                    per_unit_s=(unit_params + unit_states) / plan.pp,
+        return _Gathers(0.0, 0.0, 0.0, tp_full, numel * held, numel * copies * state)
+    unit_params = sum(gather("dp_shard_cp", u * held) for u in units.values())
+    unit_states = sum(copies * gather("dp_shard_cp", u * state) for u in units.values())
+    return _Gathers(per_tensor_s=per_tensor("dp_shard_cp", plan.tp),
+                    unit_params_s=unit_params / plan.pp,
+                    per_unit_s=(unit_params + unit_states) / plan.pp, tp_full_s=tp_full,
                     params_bytes=numel * held, states_bytes=numel * copies * state)
 
 
