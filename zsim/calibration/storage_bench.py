@@ -26,8 +26,8 @@ copy into freshly mapped memory (async_save's default stager's new tensors), and
 into memory already touched (what the load's rate and the stage's include besides the
 read and the first touch of fresh pages). The items are
 smaller than glibc's default mmap threshold (zsim.spec.storage.FRESH_ITEM_MIB_DEFAULT),
-so the load reuses freed heap: the cost of a larger item's fresh pages is the stage's,
-which the checkpoint model adds itself. Only it imports torch.
+so the load reuses freed heap: the cost of a larger item's fresh pages is the stage's
+less the copy, which the checkpoint model adds itself. Only it imports torch.
 """
 
 from __future__ import annotations
