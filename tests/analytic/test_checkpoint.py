@@ -317,6 +317,26 @@ def test_a_full_state_dict_load_on_gpus_moves_it_all_to_rank_0s_device(
         pytest.approx(full.bytes_total / h2d, rel=1e-6)
 
 
+@pytest.mark.parametrize(("strategy", "method"), [("fsdp", "dcp"), ("zero2", "deepspeed")])
+def test_offline_conversion_loads_everything_whole_and_writes_one_file(
+        strategy: str, method: str) -> None:
+    # One process: dcp_to_torch_save or zero_to_fp32 torch.load's every file into one
+    # state dict (all of it fresh pages, none copied on), then torch.save's one file: the
+    # whole checkpoint (DCP) or the fp32 weights, 4 bytes a parameter (zero_to_fp32).
+    hw = resolve_hardware("local-cpu")
+    storage = hw.storage
+    assert storage is not None
+    plan = Plan.for_strategy(strategy, gpus=2, seq_len=32, micro_batch=1,
+                             impl="deepspeed" if method == "deepspeed" else "fsdp2")
+    cost = checkpoint_cost(SPEC_117M, hw, plan, method=method)
+    total, copy = cost.bytes_total, storage.copy_bytes_per_s
+    written = total if method == "dcp" else 4 * SPEC_117M.num_params
+    assert cost.convert_offline_s == pytest.approx(
+        total / storage.stream_read_bytes_per_s - total / copy
+        + total * (1 / storage.stage_bytes_per_s - 1 / copy)
+        + written / storage.stream_write_bytes_per_s, rel=1e-9)
+
+
 @pytest.mark.parametrize("copy_gb_per_s", [None, 8.0])
 @pytest.mark.parametrize("strategy", ["zero2", "zero3"])
 def test_deepspeed_loads_its_files_whole_into_fresh_pages(strategy: str,

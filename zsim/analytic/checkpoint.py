@@ -176,16 +176,18 @@ def checkpoint_cost(spec: ModelSpec, hw: HardwareProfile, plan: Plan, *, method:
     d2h = math.inf if on_host else hw.pageable_pcie_bytes_per_s.get("d2h", pcie)
     h2d = math.inf if on_host else hw.pageable_pcie_bytes_per_s.get("h2d", pcie)
     fresh = storage.stage_bytes_per_s
-    copy = _device_copy_bytes_per_s(hw)
-    gathers = _gathers_s(spec, hw, plan, with_optimizer)
+    # Only a full state dict and a flat-parameter program gather their state.
+    gathers = (_gathers_s(spec, hw, plan, with_optimizer)
+               if method == "full" or plan.program.flat_state_dict else None)
     flat = (_flat_state_dict_s(hw, plan, gathers, on_host=on_host, fresh_bytes_per_s=fresh)
-            if plan.program.flat_state_dict else _FlatCost(0.0, 0.0, 0.0))
+            if gathers is not None and plan.program.flat_state_dict else _NO_FLAT)
     flat_save, flat_load = (flat.save_s, flat.load_s) if method in ("dcp", "dcp-async") \
         else (0.0, 0.0)
     create_s = storage.file_create_s * (2 if method == "full" else 1)
     plan_s = (storage.plan_item_s * lay.items_per_rank * plan.world_size
               if method in ("dcp", "dcp-async") else 0.0)
     if method == "full":
+        assert gathers is not None
         # Gathered (unit by unit from flat parameters) into fresh host memory on rank 0
         # (cpu_offload), then one torch.save.
         write_s = lay.total / write.stream
@@ -194,7 +196,8 @@ def checkpoint_cost(spec: ModelSpec, hw: HardwareProfile, plan: Plan, *, method:
         stall = gather_s + lay.total / stage + write_s + create_s
         background = 0.0
         load_s = _stream_read_s(lay, read.stream, storage) + lay.total / h2d \
-            + _broadcast_s(hw, plan, lay.total) + lay.local_per_rank / copy \
+            + _broadcast_s(hw, plan, lay.total) \
+            + lay.local_per_rank / _device_copy_bytes_per_s(hw) \
             + flat.full_load_s
         host = lay.total
     else:
@@ -384,6 +387,10 @@ class _FlatCost(NamedTuple):
     full_load_s: float
 
 
+_NO_FLAT = _FlatCost(0.0, 0.0, 0.0)
+"""A program whose state is saved as the shards it is held in."""
+
+
 class _Gathers(NamedTuple):
     """Seconds a rank spends all-gathering its state over the shard group (_gathers_s)."""
 
@@ -463,7 +470,7 @@ def _flat_state_dict_s(hw: HardwareProfile, plan: Plan, g: _Gathers, *, on_host:
     the flattening are copies in HBM."""
     n = plan.dp_shard_cp if plan.shards_params else 1
     if n == 1:
-        return _FlatCost(0.0, 0.0, 0.0)
+        return _NO_FLAT
     params, states = g.params_bytes, g.states_bytes
     # The unsharded parameters, the flattened states and their shard's clone.
     full_copied = params + states + states / n
