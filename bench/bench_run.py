@@ -6,7 +6,8 @@ Prints the wall seconds the simulation took and its outcome, then the best inter
 grid around Young's (common random numbers over 4 seeds) against Young's and Daly's.
 
 Last, `zsim run` end to end in a fresh process (planning, the step, every checkpoint
-method, the interval search): 13B on 128 GPUs and 405B on 16,384 (fsdp, tp 8).
+method, the interval search): 13B on 128 GPUs, 405B on 16,384 (zsim plan's pick, then
+fsdp at tp 8).
 
 Run: python bench/bench_run.py
 Targets: the 30-day run simulates in < 10 s; each `zsim run` answers in about a second.
@@ -71,6 +72,7 @@ def main() -> None:
         mean = sum(o.goodput for o in outcomes[c]) / len(outcomes[c])
         print(f"  {c:4d} steps: mean goodput {mean:.4f}")
     for args in (["--model", "13b", "--gpus", "128"],
+                 ["--model", "405b", "--gpus", "16384"],
                  ["--model", "405b", "--gpus", "16384", "--strategy", "fsdp", "--ac", "full",
                   "--tp", "8"]):
         t0 = time.perf_counter()

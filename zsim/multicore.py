@@ -1,23 +1,25 @@
-"""Simulate many plans on every local core, with the results in the order asked.
+"""Simulate (or estimate) many plans on every local core, with the results in the order
+asked.
 
-Owns `simulate_all`: the planner's candidates (and any other batch of plans) shared
-between this process and forked workers, which inherit the imported simulator and so
-start in milliseconds. Each process takes the next plan nobody has taken (a counter in
-shared memory) until none is left, so plans that differ fourfold in cost (a ZeRO-3
-candidate's per-submodule schedule against an FSDP one) still keep every core busy; a
-worker sends its Results back once, when it runs out of plans. Each plan is simulated
-exactly as `zsim.simulate.simulate` does in this process, so the results are the same,
-byte for byte, whatever the number of workers; only the wall time changes. Where fork is
-unavailable (Windows, macOS's default), or for a batch too small to repay a worker's
-start, the plans run here, one after another.
+Owns `fan_out`: a function of one plan applied to a batch of plans shared between this
+process and forked workers, which inherit the imported simulator (and the function, so it
+need not pickle) and so start in milliseconds; `simulate_all` is its use for the engine.
+Each process takes the next plan nobody has taken (a counter in shared memory) until none
+is left, so plans that differ fourfold in cost (a ZeRO-3 candidate's per-submodule
+schedule against an FSDP one) still keep every core busy; a worker sends its results back
+once, when it runs out of plans. Each plan is worked on exactly as in this process, so the
+results are the same, byte for byte, whatever the number of workers; only the wall time
+changes. Where fork is unavailable (Windows, macOS's default), or for a batch too small
+to repay a worker's start, the plans run here, one after another.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from zsim.cores import usable_cores
 from zsim.result import Result
@@ -30,63 +32,80 @@ if TYPE_CHECKING:  # imports ctypes: left to the first fan-out
     from multiprocessing.sharedctypes import Synchronized
 
 MIN_PLANS_PER_WORKER = 4
-"""A process takes part only for at least this many plans (a fork and the return of its
-Results cost a few milliseconds; a plan's simulation tens)."""
+"""A process takes part in a fan-out (or a sweep's pool, zsim.executor) only for at least
+this many items, unless told otherwise (a fork and the return of its results cost a few
+milliseconds; an item's work, about one and up)."""
 
-Outcomes = dict[int, Result | Exception]
-"""Plan index -> its Result, or the error `simulate` raised on it."""
+T = TypeVar("T")
+R = TypeVar("R")
 
 
-def workers_for(count: int) -> int:
+def workers_for(count: int, per_worker: int = MIN_PLANS_PER_WORKER) -> int:
     """Processes (this one and forked workers) for `count` plans: the cores this process
-    may use (the ZSIM_WORKERS environment variable caps it), one per
-    MIN_PLANS_PER_WORKER plans."""
+    may use (the ZSIM_WORKERS environment variable caps it), one per `per_worker`
+    plans."""
     cores = usable_cores()
     cap = os.environ.get("ZSIM_WORKERS", "")
     if cap.isdigit() and int(cap) > 0:
         cores = min(cores, int(cap))
-    return max(1, min(cores, count // MIN_PLANS_PER_WORKER))
+    return max(1, min(cores, count // per_worker))
 
 
 def simulate_all(model: ModelSpec, hw: HardwareProfile, plans: list[Plan]) -> list[Result]:
     """`simulate(model, hw, plan)` for every plan, in the order of `plans`, without the
     reserved-memory replay (reserved_memory_bytes None: the planner ranks on allocated
-    memory, and the replay costs about as much as the engine).
+    memory, and the replay costs about as much as the engine). A fork and the return of
+    its Results cost a few milliseconds, a plan's simulation one (a small model) to two
+    hundred (405B's 126 layers): a worker for each plan beyond the first, as cores allow.
 
     Raises:
         ConfigError: the first plan (in order) the simulator rejects, as `simulate`
             would raise it here.
         RuntimeError: a worker died without sending its Results back.
     """
-    workers = workers_for(len(plans))
+    return fan_out(lambda p: simulate(model, hw, p, reserved=False), plans, per_worker=1)
+
+
+def fan_out(work: Callable[[T], R], items: Sequence[T], *,
+            per_worker: int = MIN_PLANS_PER_WORKER) -> list[R]:
+    """`work(item)` for every item, in the order of `items`, on up to
+    workers_for(len(items), per_worker) processes (module docstring). `work` runs in
+    forked workers too, so it must not rely on state it changes; its results must pickle.
+
+    Raises:
+        Exception: the first (in order) that `work` raises, as a serial loop would.
+        RuntimeError: a worker died without sending its results back.
+    """
+    workers = workers_for(len(items), per_worker)
     if workers == 1 or "fork" not in mp.get_all_start_methods():
-        return [simulate(model, hw, p, reserved=False) for p in plans]
+        return [work(item) for item in items]
     ctx = mp.get_context("fork")
     taken = ctx.Value("i", 0)
     started: list[tuple[mp.process.BaseProcess, Connection]] = []
     for _ in range(workers - 1):
         receive, send = ctx.Pipe(duplex=False)
-        worker = ctx.Process(target=_work, args=(model, hw, plans, taken, send), daemon=True)
+        worker = ctx.Process(target=_work, args=(_Share(work, items, taken), send),
+                             daemon=True)
         worker.start()
         send.close()
         started.append((worker, receive))
-    outcomes = _take_plans(model, hw, plans, taken)
+    outcomes = _Share(work, items, taken).take()
     for worker, receive in started:
         with receive:
             try:
-                share: Outcomes | None = receive.recv()
+                share: dict[int, R | Exception] | None = receive.recv()
             except EOFError:
                 share = None
         worker.join()
         if share is None:
             raise RuntimeError(f"a simulation worker died (exit code {worker.exitcode}) "
-                               "without sending its Results back")
+                               "without sending its results back")
         outcomes.update(share)
-    # Plans are taken in order and every plan taken is finished, so the first error in
-    # plan order is the one a serial run would have stopped at (and no plan after it
+    # Items are taken in order and every item taken is finished, so the first error in
+    # item order is the one a serial run would have stopped at (and no item after it
     # need have been taken).
     results = []
-    for i in range(len(plans)):
+    for i in range(len(items)):
         outcome = outcomes[i]
         if isinstance(outcome, Exception):
             raise outcome
@@ -94,25 +113,31 @@ def simulate_all(model: ModelSpec, hw: HardwareProfile, plans: list[Plan]) -> li
     return results
 
 
-def _take_plans(model: ModelSpec, hw: HardwareProfile, plans: list[Plan],
-                taken: Synchronized) -> Outcomes:
-    """Simulate the next plan nobody has taken until none is left, or until one fails."""
-    out: Outcomes = {}
-    while True:
-        with taken.get_lock():
-            i = taken.value
-            taken.value = i + 1
-        if i >= len(plans):
-            return out
-        try:
-            out[i] = simulate(model, hw, plans[i], reserved=False)
-        except Exception as e:  # raised in plan order by simulate_all
-            out[i] = e
-            return out
+class _Share(Generic[T, R]):
+    """What one process of a fan-out works through: the items nobody has taken."""
+
+    def __init__(self, work: Callable[[T], R], items: Sequence[T],
+                 taken: Synchronized) -> None:
+        self.work, self.items, self.taken = work, items, taken
+
+    def take(self) -> dict[int, R | Exception]:
+        """Item index -> its result, or the error `work` raised on it: the next item
+        nobody has taken until none is left, or until one fails."""
+        out: dict[int, R | Exception] = {}
+        while True:
+            with self.taken.get_lock():
+                i = self.taken.value
+                self.taken.value = i + 1
+            if i >= len(self.items):
+                return out
+            try:
+                out[i] = self.work(self.items[i])
+            except Exception as e:  # raised in item order by fan_out
+                out[i] = e
+                return out
 
 
-def _work(model: ModelSpec, hw: HardwareProfile, plans: list[Plan], taken: Synchronized,
-          send: Connection) -> None:
-    """A forked worker: its share of the plans, sent back in one message."""
-    send.send(_take_plans(model, hw, plans, taken))
+def _work(share: _Share[T, R], send: Connection) -> None:
+    """A forked worker: its share of the items, sent back in one message."""
+    send.send(share.take())
     send.close()

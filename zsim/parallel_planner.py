@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from zsim.engine.pipeline_replay import run_pipeline
 from zsim.errors import ConfigError
-from zsim.multicore import simulate_all
+from zsim.multicore import fan_out, simulate_all
 from zsim.recommend import Ranked
 from zsim.result import Result
 from zsim.schedule.lower import (
@@ -303,7 +303,7 @@ def choose_parallel(model: ModelSpec, hw: HardwareProfile, plans: list[Plan], *,
     simulations), rank: the simulated fitting plans by simulated
     throughput, then the other fitting estimates by estimated throughput, then the rest
     by peak. Ties keep the order of `plans`."""
-    estimates = [estimate(model, hw, p) for p in plans]
+    estimates = fan_out(lambda p: estimate(model, hw, p), plans)
     # A pipeline's simulation is the replay its estimate already ran: every fitting PP
     # plan keeps its Result. Without PP the engine runs the fastest fitting estimates.
     results: dict[int, Result] = {

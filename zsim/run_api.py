@@ -108,6 +108,7 @@ def run(spec: ModelSpec, hw: HardwareProfile, plan: Plan, options: RunOptions, *
         ConfigError: a plan that does not fit or was not simulated to its end, an unknown
             fleet or method, a profile without storage, non-positive days.
     """
+    from zsim.multicore import fan_out
     from zsim.simulate import simulate
 
     if not (math.isfinite(options.days) and options.days > 0):
@@ -120,26 +121,20 @@ def run(spec: ModelSpec, hw: HardwareProfile, plan: Plan, options: RunOptions, *
     step_s = _step_time(result, plan)
     factors = _stragglers(result, plan, options)
     rate = job_failures_per_day(fleet, plan.world_size, hw.gpus_per_node)
-    total = len(methods) * (1 + (len(GPU_FACTORS) if options.gpu_curve else 0))
-    done = 0
-    records = []
-    for m in methods:
-        records.append(_method_record(spec, hw, plan, m, options, fleet, step_s, factors))
-        done += 1
-        if progress:
-            progress(done, total, m)
+    sizes = _gpu_sizes(plan, hw) if options.gpu_curve else []
+    total = len(methods) + len(sizes)
+    # Each method's interval search, and each size of the curve, on its own core.
+    records = fan_out(lambda m: _method_record(spec, hw, plan, m, options, fleet, step_s,
+                                               factors), methods, per_worker=1)
+    if progress:
+        progress(len(methods), total, "checkpoint intervals")
     fitting = [r for r in records if r["fits_host"]]
     best = max(fitting or records, key=lambda r: r["tokens_per_day"])
-    by_gpus = []
-    if options.gpu_curve:
-        for g in _gpu_sizes(plan, hw):
-            scaled = _scaled(plan, g)
-            for m in methods:
-                if scaled is not None:
-                    by_gpus.append(_by_gpus_row(spec, hw, scaled, m, options, fleet))
-                done += 1
-                if progress:
-                    progress(done, total, f"{m} at {g} GPUs")
+    by_gpus = [row for rows in fan_out(
+        lambda g: _by_gpus_rows(spec, hw, plan, g, methods, options, fleet), sizes,
+        per_worker=1) for row in rows]
+    if progress and sizes:
+        progress(total, total, "goodput against GPUs")
     return {
         "model": spec.name, "num_params": spec.num_params, "hardware": hw.name,
         "gpus": plan.world_size, "gpus_per_node": hw.gpus_per_node,
@@ -292,22 +287,30 @@ def _scaled(plan: Plan, gpus: int) -> Plan | None:
         return None
 
 
-def _by_gpus_row(spec: ModelSpec, hw: HardwareProfile, plan: Plan, method: str,
-                 options: RunOptions, fleet: FailureModel) -> dict[str, Any]:
-    """One point of the goodput-against-GPUs curve: the scaled plan's own step (simulated
-    again: its collectives grow with it) at its own best interval, one seed fewer."""
+def _by_gpus_rows(spec: ModelSpec, hw: HardwareProfile, plan: Plan, gpus: int,
+                  methods: Sequence[str], options: RunOptions, fleet: FailureModel
+                  ) -> list[dict[str, Any]]:
+    """The goodput-against-GPUs curve at `gpus`, one point per method: the plan scaled to
+    it (none where its size does not divide), with its own step (simulated again: its
+    collectives grow with it) at its own best interval, one seed fewer."""
     from zsim.simulate import simulate
 
-    result = simulate(spec, hw, plan, reserved=False)
+    scaled = _scaled(plan, gpus)
+    if scaled is None:
+        return []
+    result = simulate(spec, hw, scaled, reserved=False)
     if result.step_time_s is None or not result.fits:
-        return {"gpus": plan.world_size, "method": method, "fits": False}
+        return [{"gpus": gpus, "method": m, "fits": False} for m in methods]
     quick = replace(options, seeds=max(1, options.seeds // 2), interval_steps=None,
                     jitter=None)
-    rec = _method_record(spec, hw, plan, method, quick, fleet, result.step_time_s, None)
-    return {"gpus": plan.world_size, "method": method, "fits": True,
-            "step_time_s": result.step_time_s, "goodput": rec["goodput"],
-            "tokens_per_day": rec["tokens_per_day"],
-            "best_interval_min": rec["best_interval_min"]}
+    rows = []
+    for m in methods:
+        rec = _method_record(spec, hw, scaled, m, quick, fleet, result.step_time_s, None)
+        rows.append({"gpus": gpus, "method": m, "fits": True,
+                     "step_time_s": result.step_time_s, "goodput": rec["goodput"],
+                     "tokens_per_day": rec["tokens_per_day"],
+                     "best_interval_min": rec["best_interval_min"]})
+    return rows
 
 
 PLAN_COLUMN_SEEDS = 4

@@ -65,3 +65,21 @@ def test_a_worker_that_dies_is_an_error_not_a_hang(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(multicore, "simulate", dies_in_a_worker)
     with pytest.raises(RuntimeError, match="exit code 3"):
         multicore.simulate_all(MODEL, HW, PLANS)
+
+
+def _square_or_fail(n: int) -> int:
+    if n in (5, 9):
+        raise ValueError(f"item {n}")
+    return n * n
+
+
+def test_a_fan_out_keeps_order_and_raises_the_first_error_in_order(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any function of one item: results in item order from every worker, and of two
+    failing items the earlier one's error, as a serial loop gives them."""
+    monkeypatch.setenv("ZSIM_WORKERS", "2")
+    assert multicore.workers_for(2, per_worker=1) == min(2, multicore.usable_cores())
+    assert multicore.fan_out(lambda n: n * n, list(range(40)), per_worker=1) == [
+        n * n for n in range(40)]
+    with pytest.raises(ValueError, match="item 5"):
+        multicore.fan_out(_square_or_fail, list(range(40)), per_worker=1)

@@ -187,6 +187,7 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
     # planner's one-stage pipeline, and may have CP).
     shard, repl = placement.group("dp_shard_cp"), placement.group("dp_replicate")
     block_shapes = [s for _, s in model.block_tensors()]
+    block_params = sum(math.prod(s) for s in block_shapes)
     block_shard, expert_shard = block_shard_elems(model, p.dp_shard_cp, p.expert_shard_ranks,
                                                   shard_elems)
     unit_shard = p.unit_size * block_shard
@@ -211,18 +212,17 @@ def pipeline_work(model: ModelSpec, hw: HardwareProfile, plan: Plan) -> Pipeline
     tp_bus = 0.0
     for rank in range(p.pp):
         stages = rank_stages(p, rank)
-        shapes = block_shapes * rank_layers(p, model.num_layers, rank)
-        roots = [t for t in model.root_tensors()
-                 if (0 in stages and "embeddings" in t[0])
-                 or (n_stages - 1 in stages and "embeddings" not in t[0])]
-        shapes += [s for _, s in roots]
         here = rank_layers(p, model.num_layers, rank)
+        roots = [s for name, s in model.root_tensors()
+                 if (0 in stages and "embeddings" in name)
+                 or (n_stages - 1 in stages and "embeddings" not in name)]
+        tensors = here * len(block_shapes) + len(roots)
         all_to_all.append(here * p.grad_accum * a2a_calls * a2a_s)
-        local = shard_elems([s for _, s in roots], p.dp_shard_cp) + here * block_shard
-        params = sum(math.prod(s) for s in shapes)
+        local = shard_elems(roots, p.dp_shard_cp) + here * block_shard
+        params = here * block_params + sum(math.prod(s) for s in roots)
         # Foreach AdamW over the rank's shard (zsim.analytic.compute.optimizer_flops).
         opt = b.compute(optimizer_flops(
-            local, optimizer=p.optimizer, tensors=len(shapes), master_bytes=at_rest,
+            local, optimizer=p.optimizer, tensors=tensors, master_bytes=at_rest,
             state_bytes_per_param=optimizer_bytes_per_param(p), grad_bytes=at_rest,
             param_copy_bytes=a if p.has_master_copy else 0, foreach=hw.foreach_kernels))
         head_s.append(first_ag)
