@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from zsim.analytic.checkpoint import _gathers_s, checkpoint_cost
+from zsim.analytic.checkpoint import _gathers_s, checkpoint_cost, checkpoint_methods
 from zsim.analytic.collectives import BASE_LATENCY_S, CommGroup, ring_latency_s
 from zsim.api import build_plan
 from zsim.errors import ConfigError
@@ -379,6 +379,19 @@ def test_bad_choices_name_the_field(h100: HardwareProfile, kw: dict[str, Any],
     with pytest.raises(ConfigError) as err:
         checkpoint_cost(spec, h100, _plan(spec, 8, "fsdp"), **kw)
     assert err.value.field == field
+
+
+def test_a_pipeline_plan_has_no_full_state_dict(h100: HardwareProfile) -> None:
+    """get_model_state_dict(full_state_dict=True, cpu_offload=True) keeps the gathered
+    state on global rank 0 alone: under PP the other stages' state would be lost."""
+    spec = resolve_model("70b")
+    pipeline = _plan(spec, 64, "fsdp", tp=8, pp=2)
+    assert "full" not in checkpoint_methods(pipeline)
+    assert "full" in checkpoint_methods(_plan(spec, 64, "fsdp", tp=8))
+    with pytest.raises(ConfigError) as err:
+        checkpoint_cost(spec, h100, pipeline, method="full")
+    assert err.value.field == "checkpoint" and "pp=2" in str(err.value)
+    assert checkpoint_cost(spec, h100, pipeline, method="dcp").files == 64 + 1
 
 
 def test_a_profile_without_storage_is_refused(two_tier_hw: HardwareProfile) -> None:

@@ -21,6 +21,8 @@ What is written (read from the libraries; the real-run tests count the bytes on 
   cpu_offload=True; FSDP1 FULL_STATE_DICT with rank0_only): every sharded tensor is
   all-gathered over its shard group, rank 0 keeps a host copy of all of it and writes one
   torch.save file with one thread. Rank 0's node must hold the whole state in host memory.
+  Not under PP: rank 0 holds its own stage alone, and the other stages' gathered state is
+  dropped (checkpoint_methods).
 - DeepSpeed (engine.save_checkpoint): every rank writes its ZeRO partition of the fp32
   master weights and Adam moments (`*_optim_states.pt`); under ZeRO-1/2 data-parallel rank
   0 also writes the module's weights in their training dtype (`mp_rank_00_model_states.pt`),
@@ -236,10 +238,14 @@ def checkpoint_cost(spec: ModelSpec, hw: HardwareProfile, plan: Plan, *, method:
 
 
 def checkpoint_methods(plan: Plan) -> tuple[str, ...]:
-    """The methods the plan's program saves with."""
+    """The methods the plan's program saves with: DeepSpeed's own, else DCP's, and a full
+    state dict without PP. Under PP a stage's ranks hold only its tensors, and
+    get_model_state_dict(full_state_dict=True, cpu_offload=True) keeps the gathered state
+    on global rank 0 alone (_state_dict_utils._iterate_state_dict, ranks_only=(0,)): the
+    other stages' state is dropped."""
     if plan.program.name == "deepspeed":
         return ("deepspeed",)
-    return DCP_METHODS
+    return DCP_METHODS if plan.pp == 1 else tuple(m for m in DCP_METHODS if m != "full")
 
 
 def _check(hw: HardwareProfile, plan: Plan, method: str, target: str,
@@ -249,6 +255,10 @@ def _check(hw: HardwareProfile, plan: Plan, method: str, target: str,
     if target not in TARGETS:
         raise ConfigError("checkpoint_target", target, f"expected one of {', '.join(TARGETS)}")
     if method not in checkpoint_methods(plan):
+        if method == "full" and plan.pp > 1:
+            raise ConfigError("checkpoint", method, f"pp={plan.pp}: a full state dict keeps "
+                              "global rank 0's pipeline stage only; save sharded (dcp) and "
+                              "convert offline")
         raise ConfigError("checkpoint", method, f"{plan.program.title} saves with "
                           f"{', '.join(checkpoint_methods(plan))}")
     if method == "deepspeed" and not with_optimizer:
