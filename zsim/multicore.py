@@ -1,16 +1,16 @@
-"""Simulate (or estimate) many plans on every local core, with the results in the order
-asked.
+"""Work on many items (plans, checkpoint methods, GPU counts) on every local core, with the
+results in the order asked.
 
-Owns `fan_out`: a function of one plan applied to a batch of plans shared between this
-process and forked workers, which inherit the imported simulator (and the function, so it
-need not pickle) and so start in milliseconds; `simulate_all` is its use for the engine.
-Each process takes the next plan nobody has taken (a counter in shared memory) until none
-is left, so plans that differ fourfold in cost (a ZeRO-3 candidate's per-submodule
-schedule against an FSDP one) still keep every core busy; a worker sends its results back
-once, when it runs out of plans. Each plan is worked on exactly as in this process, so the
+Owns `fan_out`: a function of one item applied to a batch shared between this process and
+forked workers, which inherit the imported simulator (and the function, so it need not
+pickle) and so start in milliseconds; `simulate_all` is its use for the engine. Each
+process takes the next item nobody has taken (a counter in shared memory) until none is
+left, so items that differ fourfold in cost (a ZeRO-3 candidate's per-submodule schedule
+against an FSDP one) still keep every core busy; a worker sends its results back once,
+when it runs out of items. Each item is worked on exactly as in this process, so the
 results are the same, byte for byte, whatever the number of workers; only the wall time
 changes. Where fork is unavailable (Windows, macOS's default), or for a batch too small
-to repay a worker's start, the plans run here, one after another.
+to repay a worker's start, the items are worked on here, one after another.
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ R = TypeVar("R")
 
 
 def workers_for(count: int, per_worker: int = MIN_PLANS_PER_WORKER) -> int:
-    """Processes (this one and forked workers) for `count` plans: the cores this process
+    """Processes (this one and forked workers) for `count` items: the cores this process
     may use (the ZSIM_WORKERS environment variable caps it), one per `per_worker`
-    plans."""
+    items."""
     cores = usable_cores()
     cap = os.environ.get("ZSIM_WORKERS", "")
     if cap.isdigit() and int(cap) > 0:
@@ -98,8 +98,8 @@ def fan_out(work: Callable[[T], R], items: Sequence[T], *,
                 share = None
         worker.join()
         if share is None:
-            raise RuntimeError(f"a simulation worker died (exit code {worker.exitcode}) "
-                               "without sending its results back")
+            raise RuntimeError(f"a worker died (exit code {worker.exitcode}) without "
+                               "sending its results back")
         outcomes.update(share)
     # Items are taken in order and every item taken is finished, so the first error in
     # item order is the one a serial run would have stopped at (and no item after it
