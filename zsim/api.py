@@ -25,7 +25,7 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
          precision: str | None = None, ds_config: Path | None = None,
          fsdp_config: Path | None = None, global_batch: str | None = None,
          parallel: dict[str, Any] | None = None, run_days: float | None = None,
-         fleet: str = "llama3") -> dict[str, Any]:
+         fleet: str = "llama3", restart_s: float | None = None) -> dict[str, Any]:
     """Rank candidate plans for a model on `gpus` GPUs of a hardware profile, all at one
     global batch: every strategy and program (zsim.planner.candidate_plans) at the
     largest micro-batch that fits (zsim.planner.choose; the rest of each GPU's share of
@@ -44,7 +44,8 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
 
     With `run_days`, every fitting plan of the 1-D table and the first RUN_PARALLEL_ROWS of
     the 2-D one also get what they deliver over that many days of `fleet`'s failures
-    (zsim.run_api.run_columns: run_checkpoint, run_checkpoint_interval_min, run_goodput,
+    (zsim.run_api.run_columns, `restart_s` in place of the fleet's restart time where
+    given: run_checkpoint, run_checkpoint_interval_min, run_goodput,
     run_tokens_per_day), and the result a "run" entry naming the plan that delivers the
     most tokens per day.
 
@@ -130,7 +131,7 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
                        key=lambda r: rank[id(contenders[id(r)])])
         return first + [r for r in table if id(contenders.get(id(r))) not in rank]
 
-    per_day = _per_day(spec, hw, run_days, fleet)
+    per_day = _per_day(spec, hw, run_days, fleet, restart_s)
     candidates = []
     for row in order(ranked):
         tier, why = place(row)
@@ -155,7 +156,8 @@ def plan(*, model: str | None, params: float | None, gpus: int, hardware: str,
         "recommended": None if rec is None else rec.pick.plan.label,
         "recommended_plan": None if rec is None else rec.pick.plan.to_dict(),
         "run": None if run_days is None else _most_per_day(
-            run_days, fleet, [*candidates, *(parallel_rows or {}).get("candidates", [])]),
+            run_days, fleet, restart_s,
+            [*candidates, *(parallel_rows or {}).get("candidates", [])]),
         "recommended_table": None if rec is None else (
             "1-D" if any(contenders.get(id(r)) is rec.pick for r in ranked) else "2-D"),
         "recommendation": _no_fit_hint(rows, hw, seq_len, searched is not None)
@@ -173,15 +175,15 @@ RUN_PARALLEL_ROWS = 20
 columns (the table prints 20)."""
 
 
-def _per_day(spec: ModelSpec, hw: Any, run_days: float | None, fleet: str
-             ) -> Callable[[Ranked], dict[str, Any]]:
+def _per_day(spec: ModelSpec, hw: Any, run_days: float | None, fleet: str,
+             restart_s: float | None) -> Callable[[Ranked], dict[str, Any]]:
     """A row's per-day columns (zsim.run_api.run_columns), {} without `run_days`."""
     if run_days is None:
         return lambda row: {}
     from zsim.run_api import run_columns
     from zsim.spec.failures import failure_model
 
-    failure_model(fleet)  # an unknown fleet is refused before any work
+    failure_model(fleet, restart_s=restart_s)  # refused before any work
     if not (run_days > 0 and run_days < float("inf")):
         raise ConfigError("run_days", run_days, "must be a positive number of days")
 
@@ -189,17 +191,18 @@ def _per_day(spec: ModelSpec, hw: Any, run_days: float | None, fleet: str
         r = row.result
         if r is None or not r.fits or r.step_time_s is None:
             return {}
-        return run_columns(spec, hw, row.plan, r.step_time_s, days=run_days, fleet=fleet)
+        return run_columns(spec, hw, row.plan, r.step_time_s, days=run_days, fleet=fleet,
+                           restart_s=restart_s)
 
     return columns
 
 
-def _most_per_day(days: float, fleet: str, records: Sequence[dict[str, Any]]
-                  ) -> dict[str, Any]:
+def _most_per_day(days: float, fleet: str, restart_s: float | None,
+                  records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The plan whose row delivers the most tokens per day."""
     rows = [r for r in records if r.get("run_tokens_per_day") is not None]
     best = max(rows, key=lambda r: r["run_tokens_per_day"]) if rows else None
-    return {"days": days, "fleet": fleet,
+    return {"days": days, "fleet": fleet, "restart_s": restart_s,
             "most_tokens_per_day": None if best is None else best["plan"]}
 
 

@@ -51,6 +51,8 @@ class RunOptions:
 
     days: float = 30.0
     fleet: str = "llama3"
+    restart_s: float | None = None
+    """Seconds from a failure to training again, without the load (None: the fleet's)."""
     methods: tuple[str, ...] = ()
     """Checkpoint methods to compare (empty: every one the plan's program saves with)."""
     target: str = "shared"
@@ -113,7 +115,7 @@ def run(spec: ModelSpec, hw: HardwareProfile, plan: Plan, options: RunOptions, *
 
     if not (math.isfinite(options.days) and options.days > 0):
         raise ConfigError("days", options.days, "must be a positive number of days")
-    fleet = failure_model(options.fleet)
+    fleet = failure_model(options.fleet, restart_s=options.restart_s)
     methods = options.methods or checkpoint_methods(plan)
     for m in methods:  # every method checked before any work
         checkpoint_cost(spec, hw, plan, method=m, target=options.target)
@@ -143,7 +145,7 @@ def run(spec: ModelSpec, hw: HardwareProfile, plan: Plan, options: RunOptions, *
         "fleet": {"name": options.fleet, "gpu_failures_per_gpu_day":
                   fleet.gpu_failures_per_gpu_day, "node_failures_per_node_day":
                   fleet.node_failures_per_node_day, "restart_s": fleet.restart_s,
-                  "source": fleet.source},
+                  "restart_assumed": fleet.restart_assumed, "source": fleet.source},
         "failures_per_day": rate, "mtbf_h": 24.0 / rate if rate > 0 else None,
         "step": {"time_s": step_s, "tokens": plan.tokens_per_step,
                  "p50_factor": factors.p50 if factors else 1.0,
@@ -318,22 +320,24 @@ PLAN_COLUMN_SEEDS = 4
 
 
 def run_columns(spec: ModelSpec, hw: HardwareProfile, plan: Plan, step_s: float, *,
-                days: float, fleet: str, seed: int = 0) -> dict[str, Any]:
+                days: float, fleet: str, restart_s: float | None = None,
+                seed: int = 0) -> dict[str, Any]:
     """What `zsim plan --run-days` adds to a plan's row: the checkpoint method (among
     those of its program whose save fits the host) that delivers the most tokens per
-    day, checkpointing at Young's interval, over PLAN_COLUMN_SEEDS runs of `days`.
+    day, checkpointing at Young's interval, over PLAN_COLUMN_SEEDS runs of `days` of
+    `fleet`'s failures (`restart_s`: its restart time replaced, as in RunOptions).
     Cheaper than `run` (no interval search), so that every fitting plan gets one.
 
     Returns:
         {"run_checkpoint", "run_checkpoint_interval_min", "run_goodput",
         "run_tokens_per_day"}; None values where no method fits the host.
     """
-    failures = failure_model(fleet)
+    failures = failure_model(fleet, restart_s=restart_s)
     rate = job_failures_per_day(failures, plan.world_size, hw.gpus_per_node)
     mtbf_s = DAY_S / rate if rate > 0 else math.inf
     best: dict[str, Any] = {"run_checkpoint": None, "run_checkpoint_interval_min": None,
                             "run_goodput": None, "run_tokens_per_day": None}
-    options = RunOptions(days=days, fleet=fleet, seed=seed)
+    options = RunOptions(days=days, fleet=fleet, restart_s=restart_s, seed=seed)
     for method in checkpoint_methods(plan):
         cost = checkpoint_cost(spec, hw, plan, method=method)
         if not cost.fits_host:

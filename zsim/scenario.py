@@ -35,6 +35,7 @@ sweep:                      # optional grid: every plan runs once per combinatio
 where: "gpus * unit_size <= 512"  # optional filter: a run is kept where it is true
 run_days: 30                # optional: each run's row also says what the plan delivers over
 fleet: llama3               # that many days of this fleet's failures (zsim.run_api.run_columns)
+restart_s: 300              # optional: your restart time in place of the fleet's (600 s, assumed)
 report:                     # optional
   template: report.md       # markdown template (zsim.report.markdown), relative to this file
   memory_curves: [fsdp]     # runs whose memory curve is plotted (default: every run)
@@ -95,7 +96,8 @@ replaces the hardware profile's inter-node link bandwidth (GB/s per GPU per dire
 every other number of the profile kept."""
 
 TOP_KEYS: tuple[str, ...] = ("name", "description", "source", "model", "hardware", "plans",
-                             "sweep", "where", "report", "run_days", "fleet", *RUN_KEYS)
+                             "sweep", "where", "report", "run_days", "fleet", "restart_s",
+                             *RUN_KEYS)
 REQUIRED_TOP_KEYS: tuple[str, ...] = ("name", "model", "hardware", "plans")
 REPORT_KEYS: tuple[str, ...] = ("template", "memory_curves", "figures", "heatmap", "gantt")
 REPORT_FIGURES: tuple[str, ...] = ("step_time", "memory", "memory_curve", "pareto",
@@ -141,6 +143,8 @@ class Run:
     """Days over which the run's row also gives tokens per day and goodput (None: not)."""
     fleet: str = "llama3"
     """The failure statistics of those days (zsim.spec.failures)."""
+    restart_s: float | None = None
+    """The restart time of those days, seconds (None: the fleet's)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -270,7 +274,7 @@ def scenario_from_dict(data: Any, *, base_dir: Path) -> Scenario:
                           f"most {MAX_COMBINATIONS:,}")
     keep = (None if "where" not in data else
             compile_expression(data["where"], field="where", names=RUN_KEYS))
-    run_days, fleet = _run_days(data)
+    run_days, fleet, restart_s = _run_days(data)
     runs: list[Run] = []
     for plan_name, settings in plans.items():
         where = f"plans.{plan_name}"
@@ -290,7 +294,8 @@ def scenario_from_dict(data: Any, *, base_dir: Path) -> Scenario:
             if keep is not None and not _kept(keep, merged, model, hw, run_name):
                 continue
             runs.append(replace(_run(run_name, plan_name, swept, merged, model, hw, where,
-                                     base_dir), run_days=run_days, fleet=fleet))
+                                     base_dir), run_days=run_days, fleet=fleet,
+                                restart_s=restart_s))
     if not runs:
         raise ConfigError("where", data.get("where"), "keeps no run")
     names = [r.name for r in runs]
@@ -572,8 +577,9 @@ def _figures(report: dict[str, Any], names: list[str], curves: tuple[str, ...],
 
 
 # ---------------------------------------------------------------------- one run
-def _run_days(data: dict[str, Any]) -> tuple[float | None, str]:
-    """The top-level run_days (a positive number of days, or absent) and fleet."""
+def _run_days(data: dict[str, Any]) -> tuple[float | None, str, float | None]:
+    """The top-level run_days (a positive number of days, or absent), fleet and
+    restart_s (seconds, or absent)."""
     from zsim.spec.failures import failure_model
 
     days = data.get("run_days")
@@ -583,8 +589,10 @@ def _run_days(data: dict[str, Any]) -> tuple[float | None, str]:
     fleet = data.get("fleet", "llama3")
     if not isinstance(fleet, str):
         raise ConfigError("fleet", fleet, "must be a fleet name")
-    failure_model(fleet)
-    return (None if days is None else float(days)), fleet
+    restart_s = data.get("restart_s")
+    failure_model(fleet, restart_s=restart_s)
+    return (None if days is None else float(days)), fleet, (
+        None if restart_s is None else float(restart_s))
 
 
 def _run(name: str, plan_name: str, swept: tuple[tuple[str, Any], ...],

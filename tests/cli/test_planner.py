@@ -65,5 +65,5 @@ def test_cli_passes_flags_to_api_unchanged(monkeypatch: pytest.MonkeyPatch) -> N
     assert seen == {"model": "7b", "params": None, "gpus": 16, "hardware": "dgx-a100",
                     "seq": 512, "micro_batch": 3, "grad_accum": 2, "precision": "fp32",
                     "ds_config": None, "fsdp_config": None, "global_batch": None,
-                    "parallel": {}, "run_days": None, "fleet": "llama3"}
+                    "parallel": {}, "run_days": None, "fleet": "llama3", "restart_s": None}
     assert json.loads(result.stdout) == canned

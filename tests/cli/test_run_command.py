@@ -92,6 +92,25 @@ def test_stragglers_slow_every_step_and_are_charged(small: dict[str, Any]) -> No
     assert m["tokens_per_day"] < small["methods"][0]["tokens_per_day"]
 
 
+def test_ones_own_restart_time_is_charged_per_failure_with_the_load(
+        small: dict[str, Any]) -> None:
+    """--restart-s replaces the fleet's assumed 600 s: each failure costs it plus the
+    checkpoint's load (the seeds' failures are rare enough that none lands in a
+    restart)."""
+    assert small["fleet"]["restart_assumed"] and small["fleet"]["restart_s"] == 600
+    r = _json([*SMALL, "--restart-s", "3600"])
+    assert r["fleet"]["restart_s"] == 3600 and not r["fleet"]["restart_assumed"]
+    wall = r["days"] * 86_400
+    for m, before in zip(r["methods"], small["methods"], strict=True):
+        assert m["failures"] > 0
+        assert m["restart_frac"] * wall == pytest.approx(
+            m["failures"] * (3600 + m["load_s"]), rel=0.02)
+        assert m["restart_frac"] > before["restart_frac"]
+    text = CliRunner().invoke(app, SMALL).stdout
+    assert "600 s (assumed" in text
+    assert "(assumed" not in CliRunner().invoke(app, [*SMALL, "--restart-s", "60"]).stdout
+
+
 def test_table_fits_120_columns_and_names_the_pick() -> None:
     result = CliRunner().invoke(app, ["run", "--model", "405b", "--gpus", "16384",
                                       "--strategy", "fsdp", "--ac", "full", "--tp", "8",
@@ -116,6 +135,7 @@ def test_plot_is_written_with_both_panels(tmp_path: Path) -> None:
     (["--fleet", "nope"], "failures"),
     (["--checkpoint", "deepspeed"], "checkpoint"),
     (["--days", "0"], "days"),
+    (["--restart-s", "-1"], "restart_s"),
     (["--hardware", "tests/data/no-such.yaml"], "hardware"),
 ])
 def test_bad_input_is_one_line_and_exit_2(extra: list[str], field: str) -> None:
@@ -158,8 +178,9 @@ def test_plan_run_days_adds_per_day_columns_to_every_fitting_plan() -> None:
             assert "run_tokens_per_day" not in c
 
 
-@pytest.mark.parametrize(("extra", "field"), [(["--run-days", "0"], "run_days"),
-                                              (["--run-days", "3", "--fleet", "x"], "failures")])
+@pytest.mark.parametrize(("extra", "field"), [
+    (["--run-days", "0"], "run_days"), (["--run-days", "3", "--fleet", "x"], "failures"),
+    (["--run-days", "3", "--restart-s", "nan"], "restart_s")])
 def test_plan_run_days_bad_input_is_one_line(extra: list[str], field: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "zsim", "plan", "--model", "7b", "--gpus",
                            "64", *extra], capture_output=True, text=True, timeout=120)
@@ -179,6 +200,12 @@ def test_a_scenario_with_run_days_gives_each_row_its_per_day_columns(tmp_path: P
     for r in rows.values():
         ideal = r["tokens_per_s"] * 86_400
         assert r["run_tokens_per_day"] == pytest.approx(r["run_goodput"] * ideal, rel=2e-3)
+    own = tmp_path / "own.yaml"
+    own.write_text(scenario.read_text().replace("run_days: 10\n",
+                                                "run_days: 10\nrestart_s: 36000\n"))
+    slower = {r["run"]: r for r in json.loads(CliRunner().invoke(
+        app, ["sweep", "--scenario", str(own), "--format", "json"]).stdout)}
+    assert all(slower[k]["run_goodput"] < rows[k]["run_goodput"] for k in rows)
     plain = tmp_path / "plain.yaml"
     plain.write_text(scenario.read_text().replace("run_days: 10\n", ""))
     rows = json.loads(CliRunner().invoke(

@@ -62,3 +62,19 @@ def test_bad_input_names_the_field(call, field: str) -> None:  # type: ignore[no
 def test_unknown_fleet_lists_the_known_ones() -> None:
     with pytest.raises(ConfigError, match="llama3"):
         failure_model("rsc1")
+
+
+def test_a_restart_time_of_ones_own_replaces_the_assumed_one() -> None:
+    fleet = failure_model("llama3")
+    assert fleet.restart_assumed
+    own = failure_model("llama3", restart_s=120)
+    assert own.restart_s == 120.0 and not own.restart_assumed
+    assert (own.gpu_failures_per_gpu_day, own.node_failures_per_node_day, own.source) == (
+        fleet.gpu_failures_per_gpu_day, fleet.node_failures_per_node_day, fleet.source)
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), True, "5m"])
+def test_a_bad_restart_time_names_the_field(bad: object) -> None:
+    with pytest.raises(ConfigError) as err:
+        failure_model("llama3", restart_s=bad)  # type: ignore[arg-type]
+    assert err.value.field == "restart_s"

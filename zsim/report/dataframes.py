@@ -88,7 +88,7 @@ def _per_day(run: Run, r: Result) -> dict[str, object]:
                 "run_goodput": None, "run_tokens_per_day": None}
     assert run.run_days is not None
     return run_columns(run.model, run.hardware, run.plan, r.step_time_s, days=run.run_days,
-                       fleet=run.fleet)
+                       fleet=run.fleet, restart_s=run.restart_s)
 
 
 def memory_curve_frame(curves: Mapping[str, Sequence[tuple[float, int]]],

@@ -177,8 +177,11 @@ def _per_day_lines(result: dict[str, Any]) -> list[str]:
         return []
     headers = {"step": ("step", "s"), "every": ("every", "min"), "goodput": ("goodput", "%"),
                "tokens/day": ("tokens/day", "B")}
-    out = ["", f"over {run['days']:g} days ({run['fleet']} failure rates, each plan's best "
-               f"checkpoint at Young's interval; zsim run searches the interval):",
+    restart = ("" if run.get("restart_s") is None
+               else f", restart {run['restart_s']:g} s + the load")
+    out = ["", f"over {run['days']:g} days ({run['fleet']} failure rates{restart}, each "
+               f"plan's best checkpoint at Young's interval; zsim run searches the "
+               f"interval):",
            text_table(rows, list(rows[0]), headers=headers, left=("plan", "ac", "checkpoint")),
            ""]
     most = records[0]

@@ -47,6 +47,8 @@ def run_figure(r: dict[str, Any]) -> Figure:
     right.grid(alpha=0.3)
     context = (f"{r['model']} ({r['num_params'] / 1e9:.1f}B parameters), {r['plan_label']} on "
                f"{r['gpus']:,} GPUs of {r['hardware']}; failures: {r['fleet']['name']} fleet, "
+               f"restart {r['fleet']['restart_s']:g} s"
+               f"{' (assumed)' if r['fleet']['restart_assumed'] else ''}, "
                f"{r['days']:g} days per run")
     set_title(fig, "Goodput against checkpoint interval and job size", context)
     fig.tight_layout()

@@ -80,7 +80,10 @@ def _head(r: dict[str, Any]) -> list[str]:
         f"({r['plan_source']})",
         f"step        {step['time_s']:.4g} s, {step['tokens']:,} tokens; {slow}",
         f"failures    {r['failures_per_day']:.3g} per day at this size ({mtbf}), fleet "
-        f"{fleet['name']}; restart {fleet['restart_s']:.0f} s + the checkpoint's load",
+        f"{fleet['name']}",
+        f"restart     {fleet['restart_s']:.0f} s"
+        f"{' (assumed: --restart-s sets it)' if fleet['restart_assumed'] else ''} + the "
+        "checkpoint's load",
         f"run         {r['days']:g} days simulated per interval, checkpoints to "
         f"{'the shared file system' if r['target'] == 'shared' else 'local NVMe'}",
     ]

@@ -8,7 +8,7 @@ from published statistics (`FLEETS`, `failure_model`) and a job's failure rate
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from zsim.errors import ConfigError
 
@@ -29,7 +29,9 @@ class FailureModel:
     adds it): re-launch of the job, re-init of the process groups and the data loader,
     warm-up steps."""
     source: str
-    """Where the rates and the restart time come from."""
+    """Where the rates come from."""
+    restart_assumed: bool = False
+    """restart_s is an assumption, not a measured or published figure."""
 
     def __post_init__(self) -> None:
         for name in ("gpu_failures_per_gpu_day", "node_failures_per_node_day", "restart_s"):
@@ -60,8 +62,9 @@ the node causes do, so they go here rather than into a constant per-job term."""
 
 ASSUMED_RESTART_S = 600.0
 """Restart time the fleets below take: 10 minutes, an ASSUMPTION (neither source gives
-the time from a failure to training again without the checkpoint load); set
-FailureModel.restart_s for a measured figure."""
+the time from a failure to training again without the checkpoint load); failure_model's
+restart_s (`--restart-s`, a scenario's `restart_s`) puts a measured figure in its
+place."""
 
 FLEETS: dict[str, FailureModel] = {
     "llama3": FailureModel(
@@ -69,26 +72,33 @@ FLEETS: dict[str, FailureModel] = {
         / (LLAMA3_GPUS * LLAMA3_DAYS),
         node_failures_per_node_day=sum(LLAMA3_NODE_CAUSES.values())
         / (LLAMA3_GPUS // LLAMA3_GPUS_PER_NODE * LLAMA3_DAYS),
-        restart_s=ASSUMED_RESTART_S,
+        restart_s=ASSUMED_RESTART_S, restart_assumed=True,
         source="Dubey et al. 2024, The Llama 3 Herd of Models, Sec. 3.3.4, Table 5: 419 "
                "unexpected interruptions in 54 days on 16,384 H100 GPUs (268 GPU causes "
-               "per GPU, 151 other causes per 8-GPU node); restart 600 s assumed"),
+               "per GPU, 151 other causes per 8-GPU node)"),
 }
 """Named fleets. Kokolis et al. 2024 (Meta RSC-1/RSC-2, "Revisiting Reliability in
 Large-Scale Machine Learning Research Clusters", arXiv:2410.21680) is left out: its
 failure rates per 1000 node-days could not be confirmed from a source at hand."""
 
 
-def failure_model(name: str) -> FailureModel:
-    """The named fleet's failure model (FLEETS).
+def failure_model(name: str, *, restart_s: float | None = None) -> FailureModel:
+    """The named fleet's failure model (FLEETS), with `restart_s` (seconds, the user's
+    own figure) in place of its restart time where given.
 
     Raises:
-        ConfigError: an unknown name; the message lists the known fleets.
+        ConfigError: an unknown name (the message lists the known fleets); a restart_s
+            that is not a finite number of seconds >= 0.
     """
     model = FLEETS.get(name)
     if model is None:
         raise ConfigError("failures", name, f"unknown fleet; known: {', '.join(FLEETS)}")
-    return model
+    if restart_s is None:
+        return model
+    if (isinstance(restart_s, bool) or not isinstance(restart_s, (int, float))
+            or not (math.isfinite(restart_s) and restart_s >= 0)):
+        raise ConfigError("restart_s", restart_s, "must be a finite number of seconds >= 0")
+    return replace(model, restart_s=float(restart_s), restart_assumed=False)
 
 
 def job_failures_per_day(model: FailureModel, gpus: int, gpus_per_node: int) -> float:
