@@ -111,7 +111,9 @@ def plan(
         help="Also what each plan delivers over this many days: tokens per day, goodput, "
              "its best checkpoint (checkpoints, failures and restarts simulated).")] = None,
     fleet: Annotated[str, typer.Option(
-        help="Failure statistics for --run-days: llama3.")] = "llama3",
+        help="Failure statistics for --run-days: llama3, or a fleet file (.yaml: "
+             "gpu_failures_per_gpu_day, node_failures_per_node_day, source, "
+             "restart_s).")] = "llama3",
     restart_s: RestartOpt = None,
     format: FormatOpt = Format.table,
 ) -> None:
@@ -310,7 +312,9 @@ def run_(
     cp: CpOpt = 1,
     days: Annotated[float, typer.Option(help="Wall time of each simulated run, days.")] = 30.0,
     fleet: Annotated[str, typer.Option(
-        help="Failure statistics: llama3 (Llama 3's 54 days on 16,384 H100s).")] = "llama3",
+        help="Failure statistics: llama3 (Llama 3's 54 days on 16,384 H100s), or a fleet "
+             "file (.yaml: gpu_failures_per_gpu_day, node_failures_per_node_day, source, "
+             "restart_s).")] = "llama3",
     restart_s: RestartOpt = None,
     checkpoint: Annotated[list[Method] | None, typer.Option(
         help="Checkpoint method to compare (repeatable; default every one the program "
@@ -341,6 +345,9 @@ def run_(
               if straggler_prob > 0 or jitter_cv > 0 else None)
 
     def go() -> dict[str, Any]:
+        from zsim.spec.failures import failure_model
+
+        failure_model(fleet, restart_s=restart_s)  # refused before the planner runs
         spec, hw, plan_, source = run_api.resolve_plan(
             model=model, gpus=gpus, hardware=hardware,
             strategy=strategy.value if strategy else None, seq=seq, micro_batch=micro_batch,

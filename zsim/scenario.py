@@ -34,7 +34,8 @@ sweep:                      # optional grid: every plan runs once per combinatio
     micro_batch: [2, 1]
 where: "gpus * unit_size <= 512"  # optional filter: a run is kept where it is true
 run_days: 30                # optional: each run's row also says what the plan delivers over
-fleet: llama3               # that many days of this fleet's failures (zsim.run_api.run_columns)
+fleet: llama3               # that many days of this fleet's failures (zsim.run_api.run_columns;
+                            # or a fleet file beside this one, zsim.spec.failures)
 restart_s: 300              # optional: your restart time in place of the fleet's (600 s, assumed)
 report:                     # optional
   template: report.md       # markdown template (zsim.report.markdown), relative to this file
@@ -274,7 +275,7 @@ def scenario_from_dict(data: Any, *, base_dir: Path) -> Scenario:
                           f"most {MAX_COMBINATIONS:,}")
     keep = (None if "where" not in data else
             compile_expression(data["where"], field="where", names=RUN_KEYS))
-    run_days, fleet, restart_s = _run_days(data)
+    run_days, fleet, restart_s = _run_days(data, base_dir)
     runs: list[Run] = []
     for plan_name, settings in plans.items():
         where = f"plans.{plan_name}"
@@ -577,9 +578,10 @@ def _figures(report: dict[str, Any], names: list[str], curves: tuple[str, ...],
 
 
 # ---------------------------------------------------------------------- one run
-def _run_days(data: dict[str, Any]) -> tuple[float | None, str, float | None]:
-    """The top-level run_days (a positive number of days, or absent), fleet and
-    restart_s (seconds, or absent)."""
+def _run_days(data: dict[str, Any], base_dir: Path) -> tuple[float | None, str, float | None]:
+    """The top-level run_days (a positive number of days, or absent), fleet (a fleet
+    file's path relative to `base_dir`, the scenario's folder) and restart_s (seconds, or
+    absent)."""
     from zsim.spec.failures import failure_model
 
     days = data.get("run_days")
@@ -588,7 +590,9 @@ def _run_days(data: dict[str, Any]) -> tuple[float | None, str, float | None]:
         raise ConfigError("run_days", days, "must be a positive number of days")
     fleet = data.get("fleet", "llama3")
     if not isinstance(fleet, str):
-        raise ConfigError("fleet", fleet, "must be a fleet name")
+        raise ConfigError("fleet", fleet, "must be a fleet name or a fleet file")
+    if fleet.endswith((".yaml", ".yml")):
+        fleet = str(base_dir / fleet)
     restart_s = data.get("restart_s")
     failure_model(fleet, restart_s=restart_s)
     return (None if days is None else float(days)), fleet, (

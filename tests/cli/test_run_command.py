@@ -111,6 +111,20 @@ def test_ones_own_restart_time_is_charged_per_failure_with_the_load(
     assert "(assumed" not in CliRunner().invoke(app, [*SMALL, "--restart-s", "60"]).stdout
 
 
+def test_a_fleet_file_with_llama3s_rates_runs_as_llama3(small: dict[str, Any],
+                                                        tmp_path: Path) -> None:
+    from zsim.spec.failures import failure_model
+
+    llama3 = failure_model("llama3")
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(f"gpu_failures_per_gpu_day: {llama3.gpu_failures_per_gpu_day!r}\n"
+                     f"node_failures_per_node_day: {llama3.node_failures_per_node_day!r}\n"
+                     "source: Llama 3's Table 5, copied\n")
+    r = _json([*SMALL, "--fleet", str(fleet)])
+    assert r["fleet"]["source"] == "Llama 3's Table 5, copied"
+    assert r["methods"] == small["methods"] and r["mtbf_h"] == small["mtbf_h"]
+
+
 def test_table_fits_120_columns_and_names_the_pick() -> None:
     result = CliRunner().invoke(app, ["run", "--model", "405b", "--gpus", "16384",
                                       "--strategy", "fsdp", "--ac", "full", "--tp", "8",
@@ -136,6 +150,7 @@ def test_plot_is_written_with_both_panels(tmp_path: Path) -> None:
     (["--checkpoint", "deepspeed"], "checkpoint"),
     (["--days", "0"], "days"),
     (["--restart-s", "-1"], "restart_s"),
+    (["--fleet", "tests/data/no-such-fleet.yaml"], "fleet"),
     (["--hardware", "tests/data/no-such.yaml"], "hardware"),
 ])
 def test_bad_input_is_one_line_and_exit_2(extra: list[str], field: str) -> None:
@@ -206,6 +221,20 @@ def test_a_scenario_with_run_days_gives_each_row_its_per_day_columns(tmp_path: P
     slower = {r["run"]: r for r in json.loads(CliRunner().invoke(
         app, ["sweep", "--scenario", str(own), "--format", "json"]).stdout)}
     assert all(slower[k]["run_goodput"] < rows[k]["run_goodput"] for k in rows)
+    # The same restart from a fleet file beside the scenario (a path relative to it).
+    from zsim.spec.failures import failure_model
+
+    llama3 = failure_model("llama3")
+    (tmp_path / "fleet.yaml").write_text(
+        f"gpu_failures_per_gpu_day: {llama3.gpu_failures_per_gpu_day!r}\n"
+        f"node_failures_per_node_day: {llama3.node_failures_per_node_day!r}\n"
+        "source: copied\nrestart_s: 36000\n")
+    filed = tmp_path / "filed.yaml"
+    filed.write_text(scenario.read_text().replace("run_days: 10\n",
+                                                  "run_days: 10\nfleet: fleet.yaml\n"))
+    from_file = {r["run"]: r for r in json.loads(CliRunner().invoke(
+        app, ["sweep", "--scenario", str(filed), "--format", "json"]).stdout)}
+    assert all(from_file[k]["run_goodput"] == slower[k]["run_goodput"] for k in rows)
     plain = tmp_path / "plain.yaml"
     plain.write_text(scenario.read_text().replace("run_days: 10\n", ""))
     rows = json.loads(CliRunner().invoke(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from zsim.errors import ConfigError
@@ -78,3 +80,42 @@ def test_a_bad_restart_time_names_the_field(bad: object) -> None:
     with pytest.raises(ConfigError) as err:
         failure_model("llama3", restart_s=bad)  # type: ignore[arg-type]
     assert err.value.field == "restart_s"
+
+
+def _fleet_file(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "ours.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_a_fleet_file_gives_its_own_rates_and_marks_a_missing_restart_assumed(
+        tmp_path: Path) -> None:
+    ours = failure_model(_fleet_file(tmp_path, (
+        "gpu_failures_per_gpu_day: 0.0002\nnode_failures_per_node_day: 0.001\n"
+        "source: our scheduler's 2026 logs\n")))
+    assert (ours.gpu_failures_per_gpu_day, ours.node_failures_per_node_day) == (0.0002, 0.001)
+    assert ours.restart_assumed and ours.source == "our scheduler's 2026 logs"
+    # 1,024 GPUs on 128 nodes: 1024 x 0.0002 + 128 x 0.001 per day.
+    assert job_failures_per_day(ours, 1024, 8) == pytest.approx(0.3328, rel=1e-12)
+    timed = failure_model(_fleet_file(tmp_path, (
+        "gpu_failures_per_gpu_day: 0\nnode_failures_per_node_day: 0.001\n"
+        "source: ours\nrestart_s: 240\n")))
+    assert timed.restart_s == 240.0 and not timed.restart_assumed
+
+
+@pytest.mark.parametrize(("text", "field"), [
+    ("gpu_failure_per_gpu_day: 1\nnode_failures_per_node_day: 0\nsource: x\n",
+     "fleet.gpu_failure_per_gpu_day"),
+    ("gpu_failures_per_gpu_day: 1\nsource: x\n", "fleet.node_failures_per_node_day"),
+    ("gpu_failures_per_gpu_day: 1\nnode_failures_per_node_day: 0\n", "fleet.source"),
+    ("gpu_failures_per_gpu_day: -1\nnode_failures_per_node_day: 0\nsource: x\n",
+     "fleet.gpu_failures_per_gpu_day"),
+    ("gpu_failures_per_gpu_day: 1\nnode_failures_per_node_day: 0\nsource: x\n"
+     "restart_s: soon\n", "fleet.restart_s"),
+    ("- 1\n", "fleet"),
+    ("gpu_failures_per_gpu_day: [1\n", "fleet"),
+])
+def test_a_bad_fleet_file_names_the_key(tmp_path: Path, text: str, field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        failure_model(_fleet_file(tmp_path, text))
+    assert err.value.field == field

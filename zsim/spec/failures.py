@@ -1,16 +1,19 @@
 """Failure models of training fleets: how often a job is interrupted, per GPU and per node,
 and how long its re-launch takes. Owns `FailureModel`, the registry of named fleets built
-from published statistics (`FLEETS`, `failure_model`) and a job's failure rate
-(`job_failures_per_day`). Pure arithmetic; the run simulation
-(zsim.engine.run_replay) draws failures from these rates.
+from published statistics (`FLEETS`, `failure_model`), fleet files for one's own cluster
+(FLEET_FILE_KEYS) and a job's failure rate (`job_failures_per_day`). Arithmetic, and the
+reading of a fleet file; the run simulation (zsim.engine.run_replay) draws failures from
+these rates.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from zsim.errors import ConfigError
+from zsim.spec.yaml_file import read_yaml
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,23 +85,59 @@ Large-Scale Machine Learning Research Clusters", arXiv:2410.21680) is left out: 
 failure rates per 1000 node-days could not be confirmed from a source at hand."""
 
 
+FLEET_FILE_KEYS: tuple[str, ...] = ("gpu_failures_per_gpu_day", "node_failures_per_node_day",
+                                    "source", "restart_s")
+"""Keys of a fleet file, the first three required: one's own cluster's rates, where they
+come from, and optionally its restart time (else ASSUMED_RESTART_S, marked assumed)."""
+
+
 def failure_model(name: str, *, restart_s: float | None = None) -> FailureModel:
-    """The named fleet's failure model (FLEETS), with `restart_s` (seconds, the user's
-    own figure) in place of its restart time where given.
+    """The named fleet's failure model (FLEETS), or a fleet file's (a path ending in .yaml
+    or .yml, FLEET_FILE_KEYS), with `restart_s` (seconds, the user's own figure) in place
+    of its restart time where given.
 
     Raises:
-        ConfigError: an unknown name (the message lists the known fleets); a restart_s
-            that is not a finite number of seconds >= 0.
+        ConfigError: an unknown name (the message lists the known fleets); a bad fleet
+            file (its key named); a restart_s that is not a finite number of seconds >= 0.
     """
     model = FLEETS.get(name)
+    if model is None and isinstance(name, str) and name.endswith((".yaml", ".yml")):
+        model = _fleet_file(Path(name))
     if model is None:
-        raise ConfigError("failures", name, f"unknown fleet; known: {', '.join(FLEETS)}")
+        raise ConfigError("failures", name, f"unknown fleet; known: {', '.join(FLEETS)}, "
+                          "or a fleet file (.yaml)")
     if restart_s is None:
         return model
     if (isinstance(restart_s, bool) or not isinstance(restart_s, (int, float))
             or not (math.isfinite(restart_s) and restart_s >= 0)):
         raise ConfigError("restart_s", restart_s, "must be a finite number of seconds >= 0")
     return replace(model, restart_s=float(restart_s), restart_assumed=False)
+
+
+def _fleet_file(path: Path) -> FailureModel:
+    """A fleet from a YAML file of FLEET_FILE_KEYS."""
+    data = read_yaml(path, field="fleet")
+    if not isinstance(data, dict):
+        raise ConfigError("fleet", str(path), "a fleet file is a mapping of "
+                          f"{', '.join(FLEET_FILE_KEYS)}")
+    for key, value in data.items():
+        if key not in FLEET_FILE_KEYS:
+            raise ConfigError(f"fleet.{key}", value, f"unknown key in {path}; known: "
+                              f"{', '.join(FLEET_FILE_KEYS)}")
+    for key in FLEET_FILE_KEYS[:3]:
+        if key not in data:
+            raise ConfigError(f"fleet.{key}", None, f"missing from {path}")
+    if not isinstance(data["source"], str) or not data["source"].strip():
+        raise ConfigError("fleet.source", data["source"], "must say where the rates come from")
+    numbers = {k: data.get(k, ASSUMED_RESTART_S) for k in FLEET_FILE_KEYS if k != "source"}
+    for key, value in numbers.items():
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not (math.isfinite(value) and value >= 0)):
+            raise ConfigError(f"fleet.{key}", value, "must be a finite number >= 0")
+    return FailureModel(gpu_failures_per_gpu_day=float(numbers["gpu_failures_per_gpu_day"]),
+                        node_failures_per_node_day=float(numbers["node_failures_per_node_day"]),
+                        restart_s=float(numbers["restart_s"]), source=data["source"],
+                        restart_assumed="restart_s" not in data)
 
 
 def job_failures_per_day(model: FailureModel, gpus: int, gpus_per_node: int) -> float:
