@@ -27,8 +27,9 @@ from zsim.spec.registry import resolve_hardware, resolve_model
 from zsim.units import GB, GiB
 
 INTERVAL_FACTORS: tuple[float, ...] = (0.25, 0.5, 0.71, 1.0, 1.41, 2.0, 4.0)
-"""Checkpoint intervals tried, as multiples of Young's: the simulated optimum is looked for
-among them (two octaves either side)."""
+"""Checkpoint intervals tried, as multiples of Young's (and of an async save's first write
+after a restart, where longer): the simulated optimum is looked for among them (two
+octaves either side)."""
 
 GPU_FACTORS: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)
 """Job sizes of the goodput-against-GPUs curve, as multiples of the plan's."""
@@ -189,11 +190,18 @@ def _inputs(plan: Plan, hw: HardwareProfile, fleet: FailureModel, cost: Checkpoi
                      gpus_per_node=hw.gpus_per_node, failures=fleet,
                      checkpoint_interval_steps=1, checkpoint_stall_s=cost.save_stall_s,
                      checkpoint_background_s=cost.save_background_s, load_s=cost.load_s,
-                     days=options.days, seed=options.seed)
+                     first_checkpoint_extra_s=cost.plan_s, days=options.days,
+                     seed=options.seed)
 
 
-def _candidates(young_s: float, step_s: float, extra: int | None) -> list[int]:
-    steps = sorted({max(1, round(young_s * f / step_s)) for f in INTERVAL_FACTORS})
+def _candidates(young_s: float, step_s: float, extra: int | None,
+                first_write_s: float = 0.0) -> list[int]:
+    """Intervals (steps) to simulate: INTERVAL_FACTORS times Young's, and times the first
+    async write after a (re)start where that is longer (an interval that lets it end
+    before the next checkpoint may beat a wait for it), and `extra`."""
+    scales = [young_s] + ([first_write_s] if first_write_s > young_s else [])
+    steps = sorted({max(1, round(scale * f / step_s)) for scale in scales
+                    for f in INTERVAL_FACTORS})
     if extra is not None and extra not in steps:
         steps = sorted([*steps, extra])
     return steps
@@ -211,7 +219,8 @@ def _method_record(spec: ModelSpec, hw: HardwareProfile, plan: Plan, method: str
     young = young_interval_s(stall, mtbf_s) if math.isfinite(mtbf_s) else options.days * DAY_S
     daly = daly_interval_s(stall, mtbf_s) if math.isfinite(mtbf_s) else young
     inputs = _inputs(plan, hw, fleet, cost, step_s, factors, options)
-    cands = _candidates(young, step_s, options.interval_steps)
+    first_write = cost.plan_s + cost.save_background_s if cost.save_background_s else 0.0
+    cands = _candidates(young, step_s, options.interval_steps, first_write)
     per_run = rate * options.days
     seeds = max(options.seeds, min(MAX_SEEDS, math.ceil(FAILURES_PER_SEARCH / per_run)))\
         if per_run > 0 else options.seeds

@@ -90,6 +90,43 @@ def test_mean_goodput_matches_first_order_closed_form(interval_steps: int) -> No
     assert mean == pytest.approx(closed, rel=0.02)
 
 
+def test_the_first_checkpoint_of_a_process_pays_its_planning_once() -> None:
+    """Without failures only the job's first checkpoint pays the extra: in its stall
+    (sync), or in its write, which the next checkpoint then waits for (async)."""
+    # 100 whole cycles of 830 s (80 steps and the stall), then 500 s: both runs end
+    # training, after 100 stalls.
+    quiet = replace(BASE, failures=NEVER, days=(100 * 830 + 500) / 86_400)
+    plain, extra = simulate_run(quiet), simulate_run(replace(quiet,
+                                                             first_checkpoint_extra_s=100.0))
+    assert extra.checkpoint_stall_s - plain.checkpoint_stall_s == pytest.approx(100.0)
+    assert plain.checkpoint_wait_s == extra.checkpoint_wait_s == 0.0
+    # Async: 80 steps of 10 s train while a 10 s write runs; the first write runs 1,000 s
+    # more, so the second checkpoint waits 10 + 1,000 - 800 = 210 s, and no later one.
+    async_ = replace(quiet, checkpoint_stall_s=1.0, checkpoint_background_s=10.0)
+    first = simulate_run(replace(async_, first_checkpoint_extra_s=1000.0))
+    assert simulate_run(async_).checkpoint_wait_s == 0.0
+    assert first.checkpoint_wait_s == pytest.approx(210.0)
+    for out in (plain, extra, first):
+        assert _parts_s(out) == pytest.approx(out.wall_s, rel=1e-12)
+
+
+def test_every_restart_pays_the_first_checkpoints_planning_again() -> None:
+    """The failure times of a seed do not depend on the extra (common random numbers).
+    A restart pays it again at its first stall, unless the next failure comes first:
+    within the restart, the load, 80 steps and the stall (1,190 s), with probability
+    1 - exp(-1190 / MTBF) = 10%. Four seeds of ~240 failures: 10% relative."""
+    reach = math.exp(-(BASE.failures.restart_s + BASE.load_s + 80 * BASE.step_time_s
+                       + BASE.checkpoint_stall_s) / MTBF_S)
+    plain = [simulate_run(replace(BASE, seed=s)) for s in range(4)]
+    extra = [simulate_run(replace(BASE, seed=s, first_checkpoint_extra_s=1.0))
+             for s in range(4)]
+    assert [o.failures for o in extra] == [o.failures for o in plain]
+    paid = math.fsum(e.checkpoint_stall_s - p.checkpoint_stall_s
+                     for p, e in zip(plain, extra, strict=True))
+    expected = math.fsum(1.0 + reach * o.failures for o in extra)
+    assert paid == pytest.approx(expected, rel=0.1)
+
+
 def test_best_simulated_interval_is_near_young_and_daly() -> None:
     young = young_interval_s(BASE.checkpoint_stall_s, MTBF_S)
     candidates = [round(young / BASE.step_time_s * f)

@@ -57,7 +57,8 @@ state on every sharded save and load (_flat_state_dict_s); FSDP2's and DeepSpeed
 is saved as the shards it is held in. DCP's coordinator pays a host cost per item of the
 global plan (Storage.plan_item_s x items x ranks) on a save whose plan is not cached; a
 cached plan (DefaultSavePlanner enable_plan_caching, the PyTorch team's fix at 1,856
-GPUs) pays it on the first save only.
+GPUs) pays it on the first save of each process only: after the job's start and after
+every restart (zsim.engine.run_replay charges it there).
 Not modelled: the training slow-down while a thread-based async write contends for the
 GIL (a process-based async_save avoids it); the write-back after DeepSpeed's unsynced
 save (a failure before it loses the checkpoint; a page cache slower to fill than the

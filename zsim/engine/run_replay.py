@@ -8,7 +8,10 @@ interrupts the first wherever it is: training, a checkpoint, a wait, or a restar
 then starts over). A failure loses every step since the last completed checkpoint, then
 costs the restart and the checkpoint load. An async checkpoint's write runs on in the
 background after its stall; the next checkpoint waits for it to end, and a failure before
-it ends loses that checkpoint too (recovery goes back to the one before).
+it ends loses that checkpoint too (recovery goes back to the one before). The first
+checkpoint of each process (the job's start and every restart) pays a one-off extra,
+DCP's planning of a save plan no process has cached yet: in its stall, or in an async
+save's background write.
 
 Without slowdown samples, whole checkpoint cycles (a segment and its stall) that no
 failure interrupts run as one timeout: a run of millions of steps with a checkpoint every
@@ -66,6 +69,10 @@ class RunInputs:
     """Seconds an async save's write runs on while training goes on (0: none)."""
     load_s: float = 0.0
     """Seconds to load the checkpoint on a restart (added to failures.restart_s)."""
+    first_checkpoint_extra_s: float = 0.0
+    """Seconds the first checkpoint after the start and after every restart takes beyond
+    the others (DCP's uncached planning, zsim.analytic.checkpoint plan_s): added to its
+    stall, or to its background write where the save is async."""
     days: float
     """Wall time simulated, days."""
     seed: int = 0
@@ -81,7 +88,8 @@ class RunInputs:
         if not isinstance(self.failures, FailureModel):
             raise ConfigError("failures", self.failures, "must be a FailureModel")
         _integer("checkpoint_interval_steps", self.checkpoint_interval_steps, low=0)
-        for name in ("checkpoint_stall_s", "checkpoint_background_s", "load_s"):
+        for name in ("checkpoint_stall_s", "checkpoint_background_s", "load_s",
+                     "first_checkpoint_extra_s"):
             _finite(name, getattr(self, name), low=0.0)
         _finite("days", self.days, low=0.0, open_low=True)
         _integer("seed", self.seed, low=0)
@@ -200,6 +208,9 @@ class _Run:
         self.open = _Work()
         """Steps since the last checkpoint's snapshot."""
         self.recovering = False
+        self.first = inputs.first_checkpoint_extra_s > 0
+        """The process has not completed a checkpoint's stall yet, and its first one pays
+        first_checkpoint_extra_s."""
         self.batch_cycles = 0
         """Checkpoint cycles of the running "cycles" phase."""
         self.stall_s = self.wait_s = self.lost_s = self.restart_s = 0.0
@@ -271,7 +282,9 @@ class _Run:
         if every and self.open.steps == every:
             if self.pending is not None:
                 return "wait", self.write_end_s - self.env.now, None
-            return "stall", x.checkpoint_stall_s, None
+            extra = (x.first_checkpoint_extra_s
+                     if self.first and not x.checkpoint_background_s else 0.0)
+            return "stall", x.checkpoint_stall_s + extra, None
         left_s = self.end_s - self.env.now
         n = min(MAX_SEGMENT_STEPS, math.ceil(left_s / x.step_time_s) + 1)
         if every:
@@ -319,7 +332,7 @@ class _Run:
         x = self.x
         train_s = x.checkpoint_interval_steps * x.step_time_s
         if (not x.checkpoint_interval_steps or self.samples.size or self.open.steps
-                or x.checkpoint_background_s > train_s
+                or self.first or x.checkpoint_background_s > train_s
                 or (self.pending is not None and self.write_end_s - self.env.now > train_s)):
             return 0
         return int((self.end_s - self.env.now) // self._cycle_s())
@@ -356,12 +369,15 @@ class _Run:
 
     def _snapshot(self) -> None:
         """A checkpoint's stall ended: its write runs on, or it is complete."""
-        if self.x.checkpoint_background_s > 0:
+        x = self.x
+        if x.checkpoint_background_s > 0:
             self.pending = self.open
-            self.write_end_s = self.env.now + self.x.checkpoint_background_s
+            self.write_end_s = self.env.now + x.checkpoint_background_s + (
+                x.first_checkpoint_extra_s if self.first else 0.0)
         else:
             self._commit(self.open)
         self.open = _Work()
+        self.first = False
 
     def _settle(self, now: float) -> None:
         """Complete the pending checkpoint if its write ended by `now`."""
@@ -384,3 +400,4 @@ class _Run:
         self.pending = None
         self.open = _Work()
         self.recovering = True
+        self.first = self.x.first_checkpoint_extra_s > 0

@@ -115,9 +115,10 @@ def _notes(r: dict[str, Any]) -> list[str]:
                    f"from flat parameters (all-gathers of the whole state); FSDP2 saves its "
                    f"shards as held")
     if planning:
-        out.append(f"{', '.join(m['method'] for m in planning)}: the first save plans for "
+        out.append(f"{', '.join(m['method'] for m in planning)}: the first save after the "
+                   f"start and after each restart plans for "
                    f"{planning[0]['first_save_planning_s']:,.0f} s more (DCP's coordinator; "
-                   f"later saves reuse a cached plan)")
+                   f"later saves reuse the cached plan), charged in the run")
     out.append("rank: the most one rank writes; stall: training blocked per checkpoint; "
                "write: the async save's background write; young, best: Young's and the "
                "simulated best interval; ckpt, lost, restart, slow: wall time in checkpoint "

@@ -74,7 +74,8 @@ class Storage:
     """Host time torch.distributed.checkpoint's coordinator spends per item of the global
     save plan (one tensor of one rank: unpickling the gathered local plans, deduplicating,
     building the metadata), seconds. A cached plan (DefaultSavePlanner
-    enable_plan_caching) pays it on the first save only."""
+    enable_plan_caching) pays it on the first save of each process only (the job's start
+    and every restart: the cache is in memory)."""
     source: str
 
     @classmethod
