@@ -333,9 +333,11 @@ def run_columns(spec: ModelSpec, hw: HardwareProfile, plan: Plan, step_s: float,
                 seed: int = 0) -> dict[str, Any]:
     """What `zsim plan --run-days` adds to a plan's row: the checkpoint method (among
     those of its program whose save fits the host) that delivers the most tokens per
-    day, checkpointing at Young's interval, over PLAN_COLUMN_SEEDS runs of `days` of
-    `fleet`'s failures (`restart_s`: its restart time replaced, as in RunOptions).
-    Cheaper than `run` (no interval search), so that every fitting plan gets one.
+    day, checkpointing at Young's interval (or, for an async save whose first write after
+    a restart outlasts it, that write's length where better), over PLAN_COLUMN_SEEDS runs
+    of `days` of `fleet`'s failures (`restart_s`: its restart time replaced, as in
+    RunOptions). Cheaper than `run` (no interval search), so that every fitting plan
+    gets one.
 
     Returns:
         {"run_checkpoint", "run_checkpoint_interval_min", "run_goodput",
@@ -353,13 +355,19 @@ def run_columns(spec: ModelSpec, hw: HardwareProfile, plan: Plan, step_s: float,
             continue
         young = (young_interval_s(max(cost.save_stall_s, 1e-9), mtbf_s)
                  if math.isfinite(mtbf_s) else days * DAY_S)
-        steps = max(1, round(young / step_s))
-        inputs = replace(_inputs(plan, hw, failures, cost, step_s, None, options),
-                         checkpoint_interval_steps=steps)
-        mean = _mean([simulate_run(replace(inputs, seed=seed + i))
-                      for i in range(PLAN_COLUMN_SEEDS)])
-        if best["run_tokens_per_day"] is None or mean["tokens_per_day"] > \
-                best["run_tokens_per_day"]:
-            best = {"run_checkpoint": method, "run_checkpoint_interval_min": steps * step_s / 60,
-                    "run_goodput": mean["goodput"], "run_tokens_per_day": mean["tokens_per_day"]}
+        # An async save's first write after a restart (DCP's uncached planning) may
+        # outlast Young's interval: an interval that long is tried too.
+        first_write = cost.plan_s + cost.save_background_s if cost.save_background_s else 0.0
+        inputs = _inputs(plan, hw, failures, cost, step_s, None, options)
+        for interval_s in (young, *([first_write] if first_write > young else [])):
+            steps = max(1, round(interval_s / step_s))
+            mean = _mean([simulate_run(replace(inputs, checkpoint_interval_steps=steps,
+                                               seed=seed + i))
+                          for i in range(PLAN_COLUMN_SEEDS)])
+            if best["run_tokens_per_day"] is None or mean["tokens_per_day"] > \
+                    best["run_tokens_per_day"]:
+                best = {"run_checkpoint": method,
+                        "run_checkpoint_interval_min": steps * step_s / 60,
+                        "run_goodput": mean["goodput"],
+                        "run_tokens_per_day": mean["tokens_per_day"]}
     return best
