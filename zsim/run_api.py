@@ -194,6 +194,12 @@ def _inputs(plan: Plan, hw: HardwareProfile, fleet: FailureModel, cost: Checkpoi
                      seed=options.seed)
 
 
+def _first_write_s(cost: CheckpointCost) -> float:
+    """An async save's first background write after a (re)start, its uncached planning
+    included (0 for a sync save: nothing waits for it)."""
+    return cost.plan_s + cost.save_background_s if cost.save_background_s else 0.0
+
+
 def _candidates(young_s: float, step_s: float, extra: int | None,
                 first_write_s: float = 0.0) -> list[int]:
     """Intervals (steps) to simulate: INTERVAL_FACTORS times Young's, and times the first
@@ -219,8 +225,7 @@ def _method_record(spec: ModelSpec, hw: HardwareProfile, plan: Plan, method: str
     young = young_interval_s(stall, mtbf_s) if math.isfinite(mtbf_s) else options.days * DAY_S
     daly = daly_interval_s(stall, mtbf_s) if math.isfinite(mtbf_s) else young
     inputs = _inputs(plan, hw, fleet, cost, step_s, factors, options)
-    first_write = cost.plan_s + cost.save_background_s if cost.save_background_s else 0.0
-    cands = _candidates(young, step_s, options.interval_steps, first_write)
+    cands = _candidates(young, step_s, options.interval_steps, _first_write_s(cost))
     per_run = rate * options.days
     seeds = max(options.seeds, min(MAX_SEEDS, math.ceil(FAILURES_PER_SEARCH / per_run)))\
         if per_run > 0 else options.seeds
@@ -357,7 +362,7 @@ def run_columns(spec: ModelSpec, hw: HardwareProfile, plan: Plan, step_s: float,
                  if math.isfinite(mtbf_s) else days * DAY_S)
         # An async save's first write after a restart (DCP's uncached planning) may
         # outlast Young's interval: an interval that long is tried too.
-        first_write = cost.plan_s + cost.save_background_s if cost.save_background_s else 0.0
+        first_write = _first_write_s(cost)
         inputs = _inputs(plan, hw, failures, cost, step_s, None, options)
         for interval_s in (young, *([first_write] if first_write > young else [])):
             steps = max(1, round(interval_s / step_s))
