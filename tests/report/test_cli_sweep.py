@@ -159,3 +159,18 @@ def test_a_sweep_above_the_report_limit_writes_the_results_only(
     # No memory curve is kept when no report will plot it.
     assert '"curve":null' in (out / "journal.jsonl").read_text()
     assert '"curve":[' not in (out / "journal.jsonl").read_text()
+
+
+def test_a_pipeline_plan_sweeps_and_reports_without_a_reserved_peak(tmp_path: Path) -> None:
+    """A PP plan's Result is its pipeline replay, with no allocator replay (reserved
+    memory None): its row says so, and the report is still written."""
+    scenario = tmp_path / "pp.yaml"
+    scenario.write_text("name: pp\nmodel: 7b\nhardware: dgx-h100\ngpus: 64\nseq_len: 4096\n"
+                        "plans:\n  pp2: {strategy: fsdp, tp: 8, pp: 2, grad_accum: 2}\n")
+    out = tmp_path / "out"
+    code, stdout, stderr = sweep("--scenario", str(scenario), "--out", str(out),
+                                 "--format", "json")
+    assert code == 0, stderr
+    (row,) = json.loads(stdout)
+    assert row["fits"] and row["step_time_s"] > 0 and row["reserved_memory_gib"] is None
+    assert (out / "pp.md").is_file()

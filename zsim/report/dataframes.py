@@ -63,7 +63,8 @@ def sweep_row(run: Run, r: Result) -> dict[str, object]:
         row[f"{kind}_busy_s"] = r.comm_busy_s.get(kind, 0.0) if r.simulated else None
     row |= {
         "peak_memory_gib": r.peak_memory_bytes / GiB,
-        "reserved_memory_gib": r.reserved_memory_bytes / GiB,
+        "reserved_memory_gib": (None if r.reserved_memory_bytes is None
+                                else r.reserved_memory_bytes / GiB),
         "baseline_memory_gib": r.baseline_memory_bytes / GiB,
         "closed_form_model_state_gib":
             model_state_bytes(run.model.num_params, p).total / GiB,
