@@ -85,3 +85,23 @@ def test_card_memory_table_is_the_cards_closed_form() -> None:
         assert gb == pytest.approx(bytes_per_param * 7.0, rel=1e-5)
         assert gb == pytest.approx(card[run], rel=0.02)
     assert rows["ddp"]["fits"] == "False"
+
+
+def test_the_goodput_study_says_what_its_prose_claims() -> None:
+    """The 405B study's prose (scenarios/goodput-405b-16384.template.md) claims that
+    DeepSpeed's per-rank files keep more of the day than DCP's plans, whose first write
+    after each restart stretches their interval, and that FSDP1's lead over ZeRO-3
+    shrinks from tokens per second to tokens per day."""
+    rows = {r["run"]: r for r in csv.DictReader(io.StringIO(
+        (REPO / "reports" / "goodput-405b-16384.csv").read_text()))}
+    zero3, fsdp1 = rows["zero3"], rows["fsdp1"]
+    assert zero3["run_checkpoint"] == "deepspeed"
+    assert all(rows[r]["run_checkpoint"] == "dcp-async" for r in ("fsdp2-tp8", "fsdp2",
+                                                                   "fsdp1"))
+    for dcp in ("fsdp2-tp8", "fsdp2", "fsdp1"):
+        assert float(rows[dcp]["run_goodput"]) < float(zero3["run_goodput"])
+        assert float(rows[dcp]["run_checkpoint_interval_min"]) > 10 * float(
+            zero3["run_checkpoint_interval_min"])
+    per_s = float(fsdp1["tokens_per_s"]) / float(zero3["tokens_per_s"])
+    per_day = float(fsdp1["run_tokens_per_day"]) / float(zero3["run_tokens_per_day"])
+    assert 1 < per_day < per_s
