@@ -183,7 +183,7 @@ def _per_day(spec: ModelSpec, hw: Any, run_days: float | None, fleet: str,
     from zsim.run_api import run_columns
     from zsim.spec.failures import failure_model
 
-    failure_model(fleet, restart_s=restart_s)  # refused before any work
+    failures = failure_model(fleet, restart_s=restart_s)  # refused before any work
     if not (run_days > 0 and run_days < float("inf")):
         raise ConfigError("run_days", run_days, "must be a positive number of days")
 
@@ -191,8 +191,8 @@ def _per_day(spec: ModelSpec, hw: Any, run_days: float | None, fleet: str,
         r = row.result
         if r is None or not r.fits or r.step_time_s is None:
             return {}
-        return run_columns(spec, hw, row.plan, r.step_time_s, days=run_days, fleet=fleet,
-                           restart_s=restart_s)
+        return run_columns(spec, hw, row.plan, r.step_time_s, days=run_days,
+                           failures=failures)
 
     return columns
 

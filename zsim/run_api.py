@@ -334,26 +334,23 @@ PLAN_COLUMN_SEEDS = 4
 
 
 def run_columns(spec: ModelSpec, hw: HardwareProfile, plan: Plan, step_s: float, *,
-                days: float, fleet: str, restart_s: float | None = None,
-                seed: int = 0) -> dict[str, Any]:
+                days: float, failures: FailureModel, seed: int = 0) -> dict[str, Any]:
     """What `zsim plan --run-days` adds to a plan's row: the checkpoint method (among
     those of its program whose save fits the host) that delivers the most tokens per
     day, checkpointing at Young's interval (or, for an async save whose first write after
     a restart outlasts it, that write's length where better), over PLAN_COLUMN_SEEDS runs
-    of `days` of `fleet`'s failures (`restart_s`: its restart time replaced, as in
-    RunOptions). Cheaper than `run` (no interval search), so that every fitting plan
-    gets one.
+    of `days` of `failures` (zsim.spec.failures.failure_model). Cheaper than `run` (no
+    interval search), so that every fitting plan gets one.
 
     Returns:
         {"run_checkpoint", "run_checkpoint_interval_min", "run_goodput",
         "run_tokens_per_day"}; None values where no method fits the host.
     """
-    failures = failure_model(fleet, restart_s=restart_s)
     rate = job_failures_per_day(failures, plan.world_size, hw.gpus_per_node)
     mtbf_s = DAY_S / rate if rate > 0 else math.inf
     best: dict[str, Any] = {"run_checkpoint": None, "run_checkpoint_interval_min": None,
                             "run_goodput": None, "run_tokens_per_day": None}
-    options = RunOptions(days=days, fleet=fleet, restart_s=restart_s, seed=seed)
+    options = RunOptions(days=days, seed=seed)
     for method in checkpoint_methods(plan):
         cost = checkpoint_cost(spec, hw, plan, method=method)
         if not cost.fits_host:

@@ -71,6 +71,7 @@ from zsim.errors import ConfigError
 from zsim.result import Result
 from zsim.spec.consistency import check_plan
 from zsim.spec.expression import Expression, compile_expression
+from zsim.spec.failures import FailureModel, failure_model
 from zsim.spec.hardware import HardwareProfile
 from zsim.spec.model import ModelSpec
 from zsim.spec.plan import Plan, precision_knobs
@@ -142,10 +143,9 @@ class Run:
     """Keys of the run's ds_config / fsdp_config read but not modelled."""
     run_days: float | None = None
     """Days over which the run's row also gives tokens per day and goodput (None: not)."""
-    fleet: str = "llama3"
-    """The failure statistics of those days (zsim.spec.failures)."""
-    restart_s: float | None = None
-    """The restart time of those days, seconds (None: the fleet's)."""
+    failures: FailureModel | None = None
+    """The failure statistics of those days, the scenario's fleet with its restart_s
+    (zsim.spec.failures); None without run_days."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -275,7 +275,7 @@ def scenario_from_dict(data: Any, *, base_dir: Path) -> Scenario:
                           f"most {MAX_COMBINATIONS:,}")
     keep = (None if "where" not in data else
             compile_expression(data["where"], field="where", names=RUN_KEYS))
-    run_days, fleet, restart_s = _run_days(data, base_dir)
+    run_days, failures = _run_days(data, base_dir)
     runs: list[Run] = []
     for plan_name, settings in plans.items():
         where = f"plans.{plan_name}"
@@ -295,8 +295,7 @@ def scenario_from_dict(data: Any, *, base_dir: Path) -> Scenario:
             if keep is not None and not _kept(keep, merged, model, hw, run_name):
                 continue
             runs.append(replace(_run(run_name, plan_name, swept, merged, model, hw, where,
-                                     base_dir), run_days=run_days, fleet=fleet,
-                                restart_s=restart_s))
+                                     base_dir), run_days=run_days, failures=failures))
     if not runs:
         raise ConfigError("where", data.get("where"), "keeps no run")
     names = [r.name for r in runs]
@@ -578,12 +577,11 @@ def _figures(report: dict[str, Any], names: list[str], curves: tuple[str, ...],
 
 
 # ---------------------------------------------------------------------- one run
-def _run_days(data: dict[str, Any], base_dir: Path) -> tuple[float | None, str, float | None]:
-    """The top-level run_days (a positive number of days, or absent), fleet (a fleet
-    file's path relative to `base_dir`, the scenario's folder) and restart_s (seconds, or
-    absent)."""
-    from zsim.spec.failures import failure_model
-
+def _run_days(data: dict[str, Any], base_dir: Path
+              ) -> tuple[float | None, FailureModel | None]:
+    """The top-level run_days (a positive number of days, or absent) and the failure
+    model of its fleet (a name, or a fleet file's path relative to `base_dir`, the
+    scenario's folder) with its restart_s (seconds, or absent), None without run_days."""
     days = data.get("run_days")
     if days is not None and (isinstance(days, bool) or not isinstance(days, (int, float))
                              or not 0 < days < math.inf):
@@ -593,10 +591,8 @@ def _run_days(data: dict[str, Any], base_dir: Path) -> tuple[float | None, str, 
         raise ConfigError("fleet", fleet, "must be a fleet name or a fleet file")
     if fleet.endswith((".yaml", ".yml")):
         fleet = str(base_dir / fleet)
-    restart_s = data.get("restart_s")
-    failure_model(fleet, restart_s=restart_s)
-    return (None if days is None else float(days)), fleet, (
-        None if restart_s is None else float(restart_s))
+    failures = failure_model(fleet, restart_s=data.get("restart_s"))
+    return (None, None) if days is None else (float(days), failures)
 
 
 def _run(name: str, plan_name: str, swept: tuple[tuple[str, Any], ...],

@@ -44,7 +44,8 @@ class SweepRows:
 
 def plan_ids(runs: Sequence[Run]) -> list[str]:
     """A stable id per run: the SHA-256 (hex, first 24 digits) of the simulator's source
-    and the run's name, gpus, model, hardware profile and plan, so that a journal row is
+    and the run's name, gpus, model, hardware profile, plan and run-days failure model
+    (a fleet file's rates and the restart time included), so that a journal row is
     reused only for the very run it was computed for, by the same simulator (an edited
     scenario recomputes the runs it changed; an updated zsim recomputes them all)."""
     specs: dict[int, str] = {}  # runs of a scenario share their model and hardware objects
@@ -57,7 +58,7 @@ def plan_ids(runs: Sequence[Run]) -> list[str]:
     code = simulator_digest()
     return [hashlib.sha256(json.dumps(
         [code, run.name, run.gpus, spec(run.model), spec(run.hardware), repr(run.plan),
-         run.run_days, run.fleet]
+         run.run_days, repr(run.failures)]
     ).encode()).hexdigest()[:24] for run in runs]
 
 

@@ -256,3 +256,25 @@ def test_a_scenario_with_run_days_gives_each_row_its_per_day_columns(tmp_path: P
     rows = json.loads(CliRunner().invoke(
         app, ["sweep", "--scenario", str(plain), "--format", "json"]).stdout)
     assert all("run_tokens_per_day" not in r for r in rows)
+
+
+def test_a_sweeps_journal_ids_see_the_run_days_failure_model(tmp_path: Path) -> None:
+    """An edited scenario recomputes the runs it changed: its restart_s, or its fleet
+    file's rates, change the ids that journal rows are reused by."""
+    from zsim.scenario import load_scenario
+    from zsim.sweep import plan_ids
+
+    fleet = tmp_path / "fleet.yaml"
+    base = ("name: ids\nmodel: 7b\nhardware: dgx-h100\ngpus: 64\nrun_days: 10\n"
+            "fleet: fleet.yaml\nplans:\n  fsdp: {strategy: fsdp}\n")
+    scenario = tmp_path / "ids.yaml"
+
+    def ids(rates: str, extra: str = "") -> list[str]:
+        fleet.write_text(rates + "node_failures_per_node_day: 0.001\nsource: ours\n")
+        scenario.write_text(base + extra)
+        return plan_ids(load_scenario(scenario).runs)
+
+    first = ids("gpu_failures_per_gpu_day: 0.0002\n")
+    assert ids("gpu_failures_per_gpu_day: 0.0002\n") == first
+    assert ids("gpu_failures_per_gpu_day: 0.0003\n") != first
+    assert ids("gpu_failures_per_gpu_day: 0.0002\n", "restart_s: 60\n") != first

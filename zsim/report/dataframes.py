@@ -87,9 +87,9 @@ def _per_day(run: Run, r: Result) -> dict[str, object]:
     if not r.fits or r.step_time_s is None:
         return {"run_checkpoint": None, "run_checkpoint_interval_min": None,
                 "run_goodput": None, "run_tokens_per_day": None}
-    assert run.run_days is not None
+    assert run.run_days is not None and run.failures is not None
     return run_columns(run.model, run.hardware, run.plan, r.step_time_s, days=run.run_days,
-                       fleet=run.fleet, restart_s=run.restart_s)
+                       failures=run.failures)
 
 
 def memory_curve_frame(curves: Mapping[str, Sequence[tuple[float, int]]],

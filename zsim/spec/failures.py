@@ -16,6 +16,18 @@ from zsim.errors import ConfigError
 from zsim.spec.yaml_file import read_yaml
 
 
+def _non_negative(field: str, value: object) -> float:
+    """`value`, a finite number >= 0 (not a bool), as a float.
+
+    Raises:
+        ConfigError: naming `field`.
+    """
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not (math.isfinite(value) and value >= 0)):
+        raise ConfigError(field, value, "must be a finite number >= 0")
+    return float(value)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FailureModel:
     """Rates of the failures that interrupt a training job, and its restart time. A job
@@ -38,9 +50,7 @@ class FailureModel:
 
     def __post_init__(self) -> None:
         for name in ("gpu_failures_per_gpu_day", "node_failures_per_node_day", "restart_s"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise ConfigError(f"failures.{name}", value, "must be finite and >= 0")
+            _non_negative(f"failures.{name}", getattr(self, name))
 
 
 # Llama 3: Dubey et al. 2024, "The Llama 3 Herd of Models" (arXiv:2407.21783), Sec. 3.3.4,
@@ -108,10 +118,8 @@ def failure_model(name: str, *, restart_s: float | None = None) -> FailureModel:
                           "or a fleet file (.yaml)")
     if restart_s is None:
         return model
-    if (isinstance(restart_s, bool) or not isinstance(restart_s, (int, float))
-            or not (math.isfinite(restart_s) and restart_s >= 0)):
-        raise ConfigError("restart_s", restart_s, "must be a finite number of seconds >= 0")
-    return replace(model, restart_s=float(restart_s), restart_assumed=False)
+    return replace(model, restart_s=_non_negative("restart_s", restart_s),
+                   restart_assumed=False)
 
 
 def _fleet_file(path: Path) -> FailureModel:
@@ -129,14 +137,9 @@ def _fleet_file(path: Path) -> FailureModel:
             raise ConfigError(f"fleet.{key}", None, f"missing from {path}")
     if not isinstance(data["source"], str) or not data["source"].strip():
         raise ConfigError("fleet.source", data["source"], "must say where the rates come from")
-    numbers = {k: data.get(k, ASSUMED_RESTART_S) for k in FLEET_FILE_KEYS if k != "source"}
-    for key, value in numbers.items():
-        if (isinstance(value, bool) or not isinstance(value, (int, float))
-                or not (math.isfinite(value) and value >= 0)):
-            raise ConfigError(f"fleet.{key}", value, "must be a finite number >= 0")
-    return FailureModel(gpu_failures_per_gpu_day=float(numbers["gpu_failures_per_gpu_day"]),
-                        node_failures_per_node_day=float(numbers["node_failures_per_node_day"]),
-                        restart_s=float(numbers["restart_s"]), source=data["source"],
+    numbers = {k: _non_negative(f"fleet.{k}", data.get(k, ASSUMED_RESTART_S))
+               for k in FLEET_FILE_KEYS if k != "source"}
+    return FailureModel(**numbers, source=data["source"],
                         restart_assumed="restart_s" not in data)
 
 
